@@ -1,0 +1,3 @@
+from notify.cli import main
+
+main()

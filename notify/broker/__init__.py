@@ -1,0 +1,1 @@
+"""The broker process: connections, command handlers, lifecycle."""

@@ -1,0 +1,224 @@
+"""The broker process: config, store, flusher, service and listening socket, and their
+lifecycle (start, periodic jobs, config reload, graceful stop).
+
+Config reload (new ``[topic=...]`` sections, changed per-topic settings) happens on any of:
+SIGHUP, the wire ``reload`` command (``notify config reload``), or the file watch that
+checks the ini file's mtime every ``configWatchInterval`` ms (0 turns it off). ``[system]``
+changes other than per-topic defaults need a restart and are reported as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import replace
+from typing import Final
+
+from notify.broker.connection import Connection
+from notify.broker.service import BrokerService
+from notify.config import ServerConfig, TopicConfig, load_config
+from notify.errors import ConfigError, NotifyError
+from notify.store.flusher import Flusher
+from notify.store.manager import MessageStore
+
+log = logging.getLogger("notify.broker")
+
+TICK_S: Final = 0.05
+RECOVERY_POINT_EVERY_S: Final = 1.0
+
+
+class Broker:
+    """A running broker. ``await start()``, then ``await wait_closed()`` / ``await stop()``."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.store = MessageStore(config)
+        self.service: BrokerService | None = None
+        self.flusher: Flusher | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+        self._config_mtime: float | None = None
+        self.port = config.system.server_port
+        self.host = config.system.host_name
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        reports = self.store.open()
+        for r in reports:
+            if r.truncated_bytes:
+                log.warning(
+                    "recovery %s-%d: cut %d bytes of torn tail from %s (%s)",
+                    r.topic,
+                    r.partition,
+                    r.truncated_bytes,
+                    r.segment,
+                    r.reason,
+                )
+        scanned = sum(r.scanned_bytes for r in reports)
+        log.info(
+            "store open: %d partitions, %d bytes scanned in recovery, %d truncated",
+            len(self.store.partitions),
+            scanned,
+            sum(r.truncated_bytes for r in reports),
+        )
+        store = self.store
+        self.flusher = Flusher(
+            loop,
+            threshold_of=lambda p: store.topics[p.topic].unflush_threshold,
+            interval_ms_of=lambda p: store.topics[p.topic].unflush_interval_ms,
+        )
+        self.service = BrokerService(self.config, self.store, self.flusher, loop, self.reload)
+        service = self.service
+        self._server = await loop.create_server(
+            lambda: Connection(service),
+            self.config.system.host_name,
+            self.config.system.server_port,
+            reuse_address=True,
+            backlog=1024,
+        )
+        sock = self._server.sockets[0]
+        self.host, self.port = sock.getsockname()[:2]
+        self._config_mtime = self._mtime()
+        self._tasks.append(loop.create_task(self._ticker(), name="notify-ticker"))
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, self._reload_logged)
+        log.info(
+            "broker %d listening on %s:%d, data in %s",
+            self.config.system.broker_id,
+            self.host,
+            self.port,
+            self.config.system.data_path,
+        )
+
+    async def stop(self) -> None:
+        """Stop accepting, finish pending writes, fsync and close everything."""
+        if self._stopped.is_set():
+            return
+        if self._server is not None:
+            self._server.close()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self.service is not None:
+            self.service.commit()
+            if self.service.transactions is not None:
+                await self.service.transactions.close()
+            for conn in list(self.service.connections):
+                if conn.transport is not None:
+                    conn.pump()
+                    conn.transport.close()
+        # let in-flight fsync callbacks land before closing the files
+        for part in self.store.all_partitions():
+            for fut in (part.flush_inflight, part.flush_next):
+                if isinstance(fut, asyncio.Future):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(asyncio.shield(fut), 5)
+        self.store.close()
+        if self.flusher is not None:
+            self.flusher.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+        self._stopped.set()
+        log.info("broker stopped")
+
+    async def wait_closed(self) -> None:
+        await self._stopped.wait()
+
+    # ------------------------------------------------------------------ periodic work
+
+    async def _ticker(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_points = last_stats = last_watch = time.monotonic()
+        watch_s = self.config.system.config_watch_interval_ms / 1000.0
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = time.monotonic()
+            assert self.flusher is not None and self.service is not None
+            self.flusher.tick(self.store.all_partitions())
+            if now - last_stats >= 1.0:
+                last_stats = now
+                self.service.stats.snapshot()
+            if now - last_points >= RECOVERY_POINT_EVERY_S:
+                last_points = now
+                await loop.run_in_executor(None, self.store.write_recovery_points)
+            if watch_s > 0 and now - last_watch >= watch_s:
+                last_watch = now
+                mtime = self._mtime()
+                if mtime is not None and mtime != self._config_mtime:
+                    self._config_mtime = mtime
+                    self._reload_logged()
+
+    # ------------------------------------------------------------------ reload
+
+    def _mtime(self) -> float | None:
+        src = self.config.source
+        if src is None:
+            return None
+        try:
+            return src.stat().st_mtime
+        except OSError:
+            return None
+
+    def _reload_logged(self) -> None:
+        try:
+            log.info("config reload: %s", self.reload())
+        except NotifyError as e:
+            log.error("config reload failed, keeping the running config: %s", e)
+
+    def reload(self) -> str:
+        """Re-read server.ini; open new topics and partitions; apply per-topic settings."""
+        src = self.config.source
+        if src is None:
+            raise ConfigError("this broker was not started from a config file")
+        new = load_config(src)
+        self._config_mtime = self._mtime()
+        added: list[str] = []
+        changed: list[str] = []
+        restart: list[str] = []
+        old_sys = self.config.system
+        for f in ("server_port", "host_name", "data_path", "broker_id", "max_segment_size"):
+            if getattr(new.system, f) != getattr(old_sys, f):
+                restart.append(f)
+        for name, tc in new.topics.items():
+            old = self.config.topics.get(name)
+            if old is None:
+                added.append(name)
+            elif old != tc:
+                if tc.num_partitions < old.num_partitions:
+                    raise ConfigError(
+                        f"[topic={name}] numPartitions: cannot shrink {old.num_partitions} -> "
+                        f"{tc.num_partitions} while running (partitions hold data)"
+                    )
+                if tc.data_path != old.data_path:
+                    restart.append(f"topic={name}.dataPath")
+                    tc = replace(tc, data_path=old.data_path)
+                changed.append(name)
+            self._apply_topic(tc)
+        removed = [n for n in self.config.topics if n not in new.topics]
+        self.config = replace(
+            new, topics={**{n: self.config.topics[n] for n in removed}, **new.topics}
+        )
+        if self.service is not None:
+            self.service.config = self.config
+            self.service.refresh_topics()
+        parts = [
+            f"added topics: {', '.join(added) or '-'}",
+            f"changed topics: {', '.join(changed) or '-'}",
+        ]
+        if removed:
+            parts.append(f"still served until restart (removed from file): {', '.join(removed)}")
+        if restart:
+            parts.append(f"need a restart to change: {', '.join(restart)}")
+        return "; ".join(parts)
+
+    def _apply_topic(self, tc: TopicConfig) -> None:
+        self.store.add_topic(tc)

@@ -1,0 +1,558 @@
+"""Request handling: what the broker does with each decoded command.
+
+Puts are not written one by one. Every put accepted during one turn of the event loop,
+from every connection, is collected per partition; a single callback scheduled with
+``call_soon`` then encodes each partition's records into one buffer, writes it with one
+``pwrite`` and hands the flush policy its chance to make the replies wait for an fsync
+(group commit). Message ids are allocated in blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import struct
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from notify.broker.connection import Connection, PendingReplies
+from notify.broker.idgen import MAX_BATCH, IdGenerator
+from notify.broker.stats import BrokerStats
+from notify.codec import records
+from notify.codec.wire import (
+    Auth,
+    Get,
+    MultiPut,
+    Offset,
+    Put,
+    Quit,
+    Reload,
+    Request,
+    Stats,
+    Sync,
+    Transaction,
+    Version,
+    encode_error,
+    encode_result,
+    encode_stats_body,
+    encode_value_header,
+)
+from notify.config import ServerConfig, describe, validate_topic
+from notify.errors import (
+    InvalidTopicError,
+    NotifyError,
+    OffsetOutOfRangeError,
+    ProtocolError,
+    StoreFullError,
+)
+from notify.store.flusher import Flusher
+from notify.store.manager import MessageStore
+from notify.store.partition import Partition
+from notify.version import __version__
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("notify.broker")
+
+_HEADER = records.HEADER
+_CRC_MASK: Final = 0x7FFFFFFF
+_ID_AT = struct.Struct(">q")
+MPUT_MAX_BYTES: Final = 16 * 1024 * 1024
+STATS_ITEMS: Final = ("", "topics", "offsets", "realtime", "config", "reset", "help")
+
+
+class _Batch:
+    """Puts for one partition collected during one event-loop turn."""
+
+    __slots__ = ("count", "groups", "nbytes")
+
+    def __init__(self) -> None:
+        self.groups: list[PendingReplies] = []
+        self.count = 0
+        self.nbytes = 0
+
+
+class _IdStream:
+    """Hands out message ids from blocks of up to 4096 consecutive ids."""
+
+    __slots__ = ("_gen", "_left_total", "_next", "_remaining")
+
+    def __init__(self, gen: IdGenerator, total: int):
+        self._gen = gen
+        self._left_total = total
+        self._next = 0
+        self._remaining = 0
+
+    def take(self, n: int) -> int:
+        if n > self._remaining:
+            size = min(MAX_BATCH, max(n, self._left_total))
+            self._next = self._gen.next_block(size)
+            self._remaining = size
+        first = self._next
+        self._next += n
+        self._remaining -= n
+        self._left_total -= n
+        return first
+
+
+class BrokerService:
+    """The broker's command handlers over a :class:`MessageStore`."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        store: MessageStore,
+        flusher: Flusher,
+        loop: asyncio.AbstractEventLoop,
+        reload: Callable[[], str] | None = None,
+    ):
+        self.config = config
+        self.store = store
+        self.flusher = flusher
+        self.loop = loop
+        self.stats = BrokerStats()
+        self.ids = IdGenerator(config.system.broker_id)
+        self.max_message = config.system.max_message_size
+        self.max_frame_body = max(self.max_message, MPUT_MAX_BYTES)
+        self.max_transfer = config.system.max_transfer_size
+        self.auth_required = bool(config.system.auth_secret)
+        self.connections: set[Connection] = set()
+        self._pending: dict[Partition, _Batch] = {}
+        self._commit_scheduled = False
+        self._reload = reload
+        self._topic_parts: dict[str, list[Partition]] = {}
+        self._accept: dict[str, tuple[bool, bool]] = {}
+        self.transactions: Any = None  # set by the transaction manager when enabled
+        self.refresh_topics()
+
+    def refresh_topics(self) -> None:
+        """Re-read the topic table from the store (after a config reload)."""
+        self._topic_parts = {t: self.store.topic_partitions(t) for t in self.store.topics}
+        self._accept = {
+            t: (c.accept_publish, c.accept_subscribe) for t, c in self.store.topics.items()
+        }
+
+    # ------------------------------------------------------------------ connections
+
+    def connection_opened(self, conn: Connection) -> bool:
+        if len(self.connections) >= self.config.system.max_connections:
+            self.stats.connections_refused += 1
+            return False
+        self.connections.add(conn)
+        self.stats.connections_total += 1
+        self.stats.connections_current = len(self.connections)
+        return True
+
+    def connection_closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        self.stats.connections_current = len(self.connections)
+        if self.transactions is not None:
+            self.transactions.connection_closed(conn)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def handle(self, conn: Connection, reqs: list[Request | ProtocolError]) -> None:
+        for r in reqs:
+            t = type(r)
+            if not conn.authenticated and t is not Auth and t is not Quit:
+                self._auth_required(conn, r)
+                continue
+            if t is Put:
+                self._put(conn, r)  # type: ignore[arg-type]
+                continue
+            if self._pending:
+                self.commit()
+            if t is Get:
+                self._get(conn, r)  # type: ignore[arg-type]
+            elif t is MultiPut:
+                self._mput(conn, r)  # type: ignore[arg-type]
+            elif t is Offset:
+                self._offset(conn, r)  # type: ignore[arg-type]
+            elif isinstance(r, ProtocolError):
+                self.stats.protocol_errors += 1
+                conn.send(encode_error(r))
+                if r.fatal:
+                    conn.close_after_replies()
+                    break
+            else:
+                self.stats.cmd_other += 1
+                self._other(conn, r)
+            if conn.closing:
+                break
+        if self._pending and not self._commit_scheduled:
+            self._commit_scheduled = True
+            self.loop.call_soon(self.commit)
+
+    def _auth_required(self, conn: Connection, r: Request | ProtocolError) -> None:
+        opaque = getattr(r, "opaque", 0)
+        conn.send(encode_result(403, opaque, b"authentication required: send auth first"))
+
+    def _error(self, conn: Connection, code: int, opaque: int, message: str) -> None:
+        conn.send(encode_result(code, opaque, message.encode("utf-8", "replace")))
+
+    def _lookup(
+        self, conn: Connection, topic: str, partition: int, opaque: int
+    ) -> Partition | None:
+        parts = self._topic_parts.get(topic)
+        if parts is None:
+            try:
+                validate_topic(topic)
+            except InvalidTopicError as e:
+                self._error(conn, 400, opaque, str(e))
+                return None
+            self._error(conn, 404, opaque, f"topic {topic!r} does not exist on this broker")
+            return None
+        if not 0 <= partition < len(parts):
+            self._error(
+                conn,
+                404,
+                opaque,
+                f"partition {partition} of topic {topic!r} does not exist "
+                f"(partitions 0..{len(parts) - 1})",
+            )
+            return None
+        return parts[partition]
+
+    # ------------------------------------------------------------------ put
+
+    def _put(self, conn: Connection, r: Put) -> None:
+        self.stats.cmd_put += 1
+        part = self._lookup(conn, r.topic, r.partition, r.opaque)
+        if part is None:
+            self.stats.put_failed += 1
+            return
+        body = r.body
+        if not self._accept[r.topic][0]:
+            self.stats.put_failed += 1
+            return self._error(conn, 403, r.opaque, f"topic {r.topic!r} does not accept publish")
+        if len(body) > self.max_message:
+            self.stats.put_failed += 1
+            return self._error(
+                conn,
+                400,
+                r.opaque,
+                f"message of {len(body)} bytes exceeds maxMessageSize {self.max_message}",
+            )
+        crc = zlib.crc32(body) & _CRC_MASK
+        if r.checksum != -1 and r.checksum != crc:
+            self.stats.put_failed += 1
+            return self._error(
+                conn, 400, r.opaque, f"checksum mismatch: sent {r.checksum}, body has {crc}"
+            )
+        if r.tx_key is not None:
+            return self._tx_put(conn, r, crc)
+        if part.failed:
+            self.stats.put_failed += 1
+            return self._error(conn, 500, r.opaque, part.failed)
+        key = (r.topic, r.partition)
+        group = conn.open_groups.get(key)
+        if group is None:
+            group = conn.open_groups[key] = PendingReplies(conn, r.partition)
+            conn.send(group)
+            batch = self._pending.get(part)
+            if batch is None:
+                batch = self._pending[part] = _Batch()
+            batch.groups.append(group)
+        else:
+            batch = self._pending[part]
+        group.items.append([r.opaque, body, crc, r.flag, 0, 0])
+        batch.count += 1
+        batch.nbytes += len(body)
+
+    def _mput(self, conn: Connection, r: MultiPut) -> None:
+        self.stats.cmd_mput += 1
+        part = self._lookup(conn, r.topic, r.partition, r.opaque)
+        if part is None:
+            return
+        if not self._accept[r.topic][0]:
+            return self._error(conn, 403, r.opaque, f"topic {r.topic!r} does not accept publish")
+        if not 1 <= r.count <= MAX_BATCH:
+            return self._error(conn, 400, r.opaque, f"mput count {r.count} outside 1..{MAX_BATCH}")
+        buf = bytearray(r.records)
+        err = self._check_records(buf, r.count)
+        if err:
+            return self._error(conn, 400, r.opaque, f"mput: {err}")
+        if r.tx_key is not None:
+            return self._tx_mput(conn, r, buf)
+        if part.failed:
+            return self._error(conn, 500, r.opaque, part.failed)
+        base = part.end
+        first_id = self.ids.next_block(r.count)
+        _stamp_ids(buf, first_id)
+        try:
+            part.append(buf)
+        except NotifyError as e:
+            code = 503 if isinstance(e, StoreFullError) else 500
+            return self._error(conn, code, r.opaque, str(e))
+        self._count_put(r.topic, r.count, len(buf) - r.count * records.HEADER_SIZE)
+        group = PendingReplies(conn, r.partition)
+        group.items.append([r.opaque])
+        group.body = encode_result(
+            200, r.opaque, b"%d %d %d %d" % (first_id, r.partition, base, r.count)
+        )
+        conn.send(group)
+        fut = self.flusher.after_append(part, r.count)
+        if fut is None:
+            group.resolve()
+        else:
+            fut.add_done_callback(lambda f: _settle([group], f))
+
+    def _check_records(self, buf: bytearray, count: int) -> str | None:
+        """Validate ``count`` whole records with correct checksums filling ``buf``."""
+        mv = memoryview(buf)
+        n = len(buf)
+        pos = 0
+        seen = 0
+        unpack = _HEADER.unpack_from
+        crc32 = zlib.crc32
+        max_msg = self.max_message
+        try:
+            while pos < n:
+                if n - pos < records.HEADER_SIZE:
+                    return f"record {seen}: incomplete header"
+                length, crc, _mid, _flag = unpack(mv, pos)
+                if length < 0 or length > max_msg:
+                    return f"record {seen}: length {length} outside 0..{max_msg}"
+                end = pos + records.HEADER_SIZE + length
+                if end > n:
+                    return f"record {seen}: length {length} runs past the body"
+                if crc32(mv[pos + records.HEADER_SIZE : end]) & _CRC_MASK != crc:
+                    return f"record {seen}: checksum mismatch"
+                pos = end
+                seen += 1
+        finally:
+            mv.release()
+        if seen != count:
+            return f"body holds {seen} records, header says {count}"
+        return None
+
+    def _count_put(self, topic: str, count: int, nbytes: int) -> None:
+        st = self.stats
+        st.put_messages += count
+        st.put_bytes += nbytes
+        tc = st.topic(topic)
+        tc.put_messages += count
+        tc.put_bytes += nbytes
+
+    def commit(self) -> None:
+        """Write every pending batch: one buffer and one write per partition."""
+        self._commit_scheduled = False
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = {}
+        pack = _HEADER.pack
+        for part, batch in pending.items():
+            groups = batch.groups
+            for g in groups:
+                g.conn.open_groups.clear()
+            ids = _IdStream(self.ids, batch.count)
+            offset = base = part.end
+            chunks: list[bytes] = []
+            add = chunks.append
+            for g in groups:
+                items = g.items
+                first = ids.take(len(items))
+                for it in items:
+                    body = it[1]
+                    add(pack(len(body), it[2], first, it[3]))
+                    add(body)
+                    it[1] = None  # the body is not needed for the reply
+                    it[4] = first
+                    it[5] = offset
+                    first += 1
+                    offset += 20 + len(body)
+            try:
+                part.append(b"".join(chunks))
+            except NotifyError as e:
+                code = 503 if isinstance(e, StoreFullError) else 500
+                log.error("append to %s-%d failed: %s", part.topic, part.index, e)
+                self.stats.put_failed += batch.count
+                for g in groups:
+                    g.fail(code, str(e))
+                continue
+            assert offset - base == batch.count * 20 + batch.nbytes
+            self._count_put(part.topic, batch.count, batch.nbytes)
+            fut = self.flusher.after_append(part, batch.count)
+            if fut is None:
+                for g in groups:
+                    g.resolve()
+            else:
+                fut.add_done_callback(lambda f, gs=groups: _settle(gs, f))  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ get / offset
+
+    def _get(self, conn: Connection, r: Get) -> None:
+        st = self.stats
+        st.cmd_get += 1
+        part = self._lookup(conn, r.topic, r.partition, r.opaque)
+        if part is None:
+            return
+        if not self._accept[r.topic][1]:
+            return self._error(conn, 403, r.opaque, f"topic {r.topic!r} does not accept subscribe")
+        if r.max_size <= 0:
+            return self._error(conn, 400, r.opaque, f"Bad request,invalid max size {r.max_size}")
+        tc = st.topic(r.topic)
+        tc.get_requests += 1
+        try:
+            sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
+        except OffsetOutOfRangeError as e:
+            return conn.send(encode_result(301, r.opaque, b"%d" % e.nearest))
+        if sl is None:
+            st.get_misses += 1
+            tc.get_misses += 1
+            return self._error(
+                conn, 404, r.opaque, f"no message at offset {r.offset} of {r.topic}-{r.partition}"
+            )
+        st.get_bytes += sl.length
+        tc.get_bytes += sl.length
+        conn.send(encode_value_header(sl.length, r.opaque))
+        conn.send(sl)
+
+    def _offset(self, conn: Connection, r: Offset) -> None:
+        self.stats.cmd_offset += 1
+        part = self._lookup(conn, r.topic, r.partition, r.opaque)
+        if part is None:
+            return
+        conn.send(encode_result(200, r.opaque, b"%d" % part.nearest_offset(r.offset)))
+
+    # ------------------------------------------------------------------ the rest
+
+    def _other(self, conn: Connection, r: Request | ProtocolError) -> None:
+        if isinstance(r, Version):
+            conn.send(encode_result(200, r.opaque, __version__.encode()))
+        elif isinstance(r, Stats):
+            self._stats(conn, r)
+        elif isinstance(r, Quit):
+            conn.close_after_replies()
+        elif isinstance(r, Auth):
+            self._auth(conn, r)
+        elif isinstance(r, Reload):
+            self._do_reload(conn, r)
+        elif isinstance(r, Transaction):
+            if self.transactions is None:
+                self._error(conn, 500, r.opaque, "transactions are not enabled on this broker")
+            else:
+                self.transactions.handle(conn, r)
+        elif isinstance(r, Sync):
+            self._error(conn, 403, r.opaque, "this broker is not a synchronous slave")
+
+    def _tx_put(self, conn: Connection, r: Put, crc: int) -> None:
+        if self.transactions is None:
+            return self._error(conn, 500, r.opaque, "transactions are not enabled on this broker")
+        self.transactions.put(conn, r, crc)
+
+    def _tx_mput(self, conn: Connection, r: MultiPut, buf: bytearray) -> None:
+        if self.transactions is None:
+            return self._error(conn, 500, r.opaque, "transactions are not enabled on this broker")
+        self.transactions.mput(conn, r, buf)
+
+    def _auth(self, conn: Connection, r: Auth) -> None:
+        secret = self.config.system.auth_secret
+        if not secret:
+            conn.authenticated = True
+            return conn.send(encode_result(200, r.opaque, b"authentication not required"))
+        if hmac.compare_digest(r.secret.encode(), secret.encode()):
+            conn.authenticated = True
+            return conn.send(encode_result(200, r.opaque, b"ok"))
+        log.warning("failed authentication from %s", conn.peer)
+        conn.send(encode_result(403, r.opaque, b"authentication failed"))
+        conn.close_after_replies()
+
+    def _do_reload(self, conn: Connection, r: Reload) -> None:
+        if self._reload is None:
+            return self._error(conn, 500, r.opaque, "reload is not available")
+        try:
+            summary = self._reload()
+        except NotifyError as e:
+            return self._error(conn, 500, r.opaque, f"reload failed, config unchanged: {e}")
+        conn.send(encode_result(200, r.opaque, summary.encode()))
+
+    def _stats(self, conn: Connection, r: Stats) -> None:
+        item = r.item or ""
+        st = self.stats
+        items: list[tuple[str, object]]
+        if item == "":
+            items = [
+                ("version", __version__),
+                ("broker_id", self.config.system.broker_id),
+                *st.system(),
+                ("topics", len(self._topic_parts)),
+                ("fsyncs", self.flusher.fsyncs),
+                ("fsync_seconds", round(self.flusher.fsync_seconds, 3)),
+            ]
+        elif item == "topics":
+            items = []
+            for t, parts in sorted(self._topic_parts.items()):
+                tc = st.topic(t)
+                pub, sub = self._accept[t]
+                size = sum(p.size_bytes for p in parts)
+                items.append(
+                    (
+                        t,
+                        f"partitions={len(parts)} bytes={size} put_messages={tc.put_messages} "
+                        f"put_bytes={tc.put_bytes} get_requests={tc.get_requests} "
+                        f"accept_publish={str(pub).lower()} accept_subscribe={str(sub).lower()}",
+                    )
+                )
+        elif item == "offsets":
+            items = [
+                (
+                    f"{t}-{p.index}",
+                    f"min_offset={p.min_offset} max_offset={p.visible_end} "
+                    f"flushed_offset={p.flushed_end} segments={len(p.segments)}",
+                )
+                for t, parts in sorted(self._topic_parts.items())
+                for p in parts
+            ]
+        elif item == "realtime":
+            items = st.realtime()
+        elif item == "config":
+            items = describe(self.config)
+        elif item == "reset":
+            st.reset()
+            items = [("reset", "ok")]
+        elif item == "help":
+            items = [(i or "(empty)", "") for i in (*STATS_ITEMS, "<topic>")]
+        elif item in self._topic_parts:
+            parts = self._topic_parts[item]
+            tc = st.topic(item)
+            items = [
+                ("topic", item),
+                ("partitions", len(parts)),
+                ("put_messages", tc.put_messages),
+                ("put_bytes", tc.put_bytes),
+                ("put_failed", tc.put_failed),
+                ("get_requests", tc.get_requests),
+                ("get_misses", tc.get_misses),
+                ("get_bytes", tc.get_bytes),
+            ] + [(f"partition.{p.index}", f"min={p.min_offset} max={p.visible_end}") for p in parts]
+        else:
+            return self._error(conn, 404, r.opaque, f"unknown stats item {item!r}")
+        conn.send(encode_result(200, r.opaque, encode_stats_body(items)))
+
+
+def _stamp_ids(buf: bytearray, first_id: int) -> None:
+    """Write consecutive message ids into the records of ``buf`` (validated beforehand)."""
+    pos = 0
+    n = len(buf)
+    mid = first_id
+    unpack = _HEADER.unpack_from
+    pack_id = _ID_AT.pack_into
+    while pos < n:
+        length = unpack(buf, pos)[0]
+        pack_id(buf, pos + 8, mid)
+        mid += 1
+        pos += records.HEADER_SIZE + length
+
+
+def _settle(groups: list[PendingReplies], fut: asyncio.Future[int]) -> None:
+    exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+    for g in groups:
+        if exc is None:
+            g.resolve()
+        else:
+            g.fail(500, f"flush failed, message not acknowledged: {exc}")

@@ -1,0 +1,104 @@
+"""Broker counters behind the ``stats`` command (and later HTTP ``/stats`` and ``/metrics``).
+
+Counters are plain ints bumped on the event loop; ``realtime`` rates are computed from a
+ring of one-second snapshots covering the last minute.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+REALTIME_WINDOW_S = 60
+
+
+@dataclass
+class TopicCounters:
+    put_messages: int = 0
+    put_bytes: int = 0
+    put_failed: int = 0
+    get_requests: int = 0
+    get_misses: int = 0
+    get_bytes: int = 0
+
+
+@dataclass
+class BrokerStats:
+    """All counters of one broker process."""
+
+    started: float = field(default_factory=time.time)
+    cmd_put: int = 0
+    cmd_mput: int = 0
+    cmd_get: int = 0
+    cmd_offset: int = 0
+    cmd_other: int = 0
+    put_messages: int = 0
+    put_bytes: int = 0
+    put_failed: int = 0
+    get_misses: int = 0
+    get_bytes: int = 0
+    protocol_errors: int = 0
+    connections_total: int = 0
+    connections_current: int = 0
+    connections_refused: int = 0
+    topics: dict[str, TopicCounters] = field(default_factory=dict)
+    _ring: deque[tuple[float, int, int, int]] = field(
+        default_factory=lambda: deque(maxlen=REALTIME_WINDOW_S + 1)
+    )
+
+    def topic(self, name: str) -> TopicCounters:
+        tc = self.topics.get(name)
+        if tc is None:
+            tc = self.topics[name] = TopicCounters()
+        return tc
+
+    def snapshot(self) -> None:
+        """Record a point for the realtime rates (called once a second)."""
+        self._ring.append((time.monotonic(), self.put_messages, self.cmd_get, self.put_bytes))
+
+    def realtime(self) -> list[tuple[str, object]]:
+        if len(self._ring) < 2:
+            return [("put_tps", 0.0), ("get_tps", 0.0), ("put_bytes_per_sec", 0.0)]
+        t0, p0, g0, b0 = self._ring[0]
+        t1, p1, g1, b1 = self._ring[-1]
+        dt = max(t1 - t0, 1e-9)
+        return [
+            ("window_seconds", round(dt, 1)),
+            ("put_tps", round((p1 - p0) / dt, 1)),
+            ("get_tps", round((g1 - g0) / dt, 1)),
+            ("put_bytes_per_sec", round((b1 - b0) / dt, 1)),
+        ]
+
+    def reset(self) -> None:
+        keep_started = self.started
+        current = self.connections_current
+        self.__init__()  # type: ignore[misc]
+        self.started = keep_started
+        self.connections_current = current
+
+    def system(self) -> list[tuple[str, object]]:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return [
+            ("pid", os.getpid()),
+            ("uptime", int(time.time() - self.started)),
+            ("curr_connections", self.connections_current),
+            ("total_connections", self.connections_total),
+            ("refused_connections", self.connections_refused),
+            ("cmd_put", self.cmd_put),
+            ("cmd_mput", self.cmd_mput),
+            ("cmd_get", self.cmd_get),
+            ("cmd_offset", self.cmd_offset),
+            ("cmd_other", self.cmd_other),
+            ("put_messages", self.put_messages),
+            ("put_bytes", self.put_bytes),
+            ("put_failed", self.put_failed),
+            ("get_miss", self.get_misses),
+            ("get_bytes", self.get_bytes),
+            ("protocol_errors", self.protocol_errors),
+            ("rusage_user", round(ru.ru_utime, 3)),
+            ("rusage_system", round(ru.ru_stime, 3)),
+            ("max_rss_kb", ru.ru_maxrss),
+        ]

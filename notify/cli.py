@@ -1,0 +1,187 @@
+"""The ``notify`` command line: a thin layer over plain functions.
+
+Exit codes: 0 ok, 1 runtime failure (broker unreachable, error reply), 2 usage or config error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+import click
+
+from notify.config import ServerConfig, load_config
+from notify.errors import ConfigError, NotifyError
+
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+DEFAULT_CONFIG: Final = "conf/server.ini"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed, the stdlib loop otherwise."""
+    try:
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        return loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.new_event_loop()
+
+
+async def serve(config: ServerConfig, ready: Any = None) -> None:
+    """Run a broker until SIGTERM/SIGINT (or until the task is cancelled)."""
+    from notify.broker.app import Broker
+
+    broker = Broker(config)
+    await broker.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready(broker)
+    try:
+        await stop.wait()
+    finally:
+        await broker.stop()
+
+
+def _fail(message: str, code: int = EXIT_FAILURE) -> None:
+    click.echo(f"notify: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group()
+@click.version_option(package_name="notify")
+def main() -> None:
+    """notify: transactional messaging in the line of MetaQ and Notify."""
+
+
+@main.group()
+def broker() -> None:
+    """Run the broker."""
+
+
+@broker.command("start")
+@click.option("-c", "--config", "config_path", default=DEFAULT_CONFIG, show_default=True)
+@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="write {host, port, pid} as JSON here once listening (for scripts and tests)",
+)
+def broker_start(config_path: str, log_level: str, ready_file: str | None) -> None:
+    """Start a broker in the foreground (SIGTERM/Ctrl-C stops it cleanly, SIGHUP reloads)."""
+    _setup_logging(log_level)
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        _fail(str(e), EXIT_USAGE)
+
+    def ready(b: Any) -> None:
+        if ready_file:
+            tmp = Path(ready_file + ".tmp")
+            tmp.write_text(json.dumps({"host": b.host, "port": b.port, "pid": os.getpid()}))
+            tmp.replace(ready_file)
+
+    try:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            runner.run(serve(config, ready))
+    except NotifyError as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot start broker: {e}")
+
+
+@main.group()
+def config() -> None:
+    """Check or reload server.ini."""
+
+
+@config.command("check")
+@click.option("-c", "--config", "config_path", default=DEFAULT_CONFIG, show_default=True)
+def config_check(config_path: str) -> None:
+    """Parse server.ini and print the topics it defines."""
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as e:
+        _fail(str(e), EXIT_USAGE)
+    click.echo(f"{config_path}: ok; dataPath={cfg.system.data_path}")
+    for t in cfg.topics.values():
+        click.echo(f"  topic {t.name}: {t.num_partitions} partitions")
+
+
+@config.command("reload")
+@click.option("-s", "--server", default="127.0.0.1:8123", show_default=True)
+@click.option("--secret", envvar="NOTIFY_SECRET", default=None)
+def config_reload(server: str, secret: str | None) -> None:
+    """Ask a running broker to re-read its server.ini."""
+    from notify.admin import request
+    from notify.codec.wire import encode_line
+
+    try:
+        reply = request(server, encode_line("reload", 1), secret)
+    except NotifyError as e:
+        _fail(str(e))
+    click.echo(reply.body.decode())
+
+
+@main.command("stats")
+@click.argument("item", required=False, default="")
+@click.option("-s", "--server", default="127.0.0.1:8123", show_default=True)
+@click.option("--secret", envvar="NOTIFY_SECRET", default=None)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def stats(item: str, server: str, secret: str | None, as_json: bool) -> None:
+    """Show a broker's stats (items: topics, offsets, realtime, config, reset, <topic>)."""
+    from notify.admin import parse_stats, request
+    from notify.codec.wire import encode_line
+
+    frame = encode_line("stats", item, 1) if item else encode_line("stats", 1)
+    try:
+        pairs = parse_stats(request(server, frame, secret).body)
+    except NotifyError as e:
+        _fail(str(e))
+    if as_json:
+        click.echo(json.dumps(dict(pairs), indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"stats {item}".strip())
+    table.add_column("key")
+    table.add_column("value")
+    for k, v in pairs:
+        table.add_row(k, v)
+    Console().print(table)
+
+
+@main.command("demo")
+@click.option("-c", "--config", "config_path", default=DEFAULT_CONFIG, show_default=True)
+def demo(config_path: str) -> None:
+    """Quickstart: a broker on embedded defaults, a producer, a consumer and a transaction."""
+    from notify.demo import run_demo
+
+    try:
+        run_demo(Path(config_path))
+    except ConfigError as e:
+        _fail(str(e), EXIT_USAGE)
+    except NotifyError as e:
+        _fail(str(e))

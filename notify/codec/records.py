@@ -1,0 +1,180 @@
+"""Message records: the one byte layout shared by the segment files and the ``get`` reply.
+
+Pure functions over bytes; no I/O. All integers big-endian (MetaQ 1.4 layout)::
+
+    offset  size  field
+    0       4     length    int32, payload length in bytes (attribute block included)
+    4       4     checksum  int32, zlib.crc32(payload) & 0x7FFFFFFF
+    8       8     msgId     int64, snowflake-like id assigned by the broker
+    16      4     flag      int32, bit 0 (FLAG_ATTRIBUTE) = payload starts with an attribute
+    20      len   payload
+
+    payload when flag & 1:
+    0       4     attrLen   int32, length of the UTF-8 attribute
+    4       n     attribute UTF-8 text
+    4+n     ...   body      the application's bytes
+
+A record is 20 + length bytes. Offsets in a partition are byte offsets of the first header
+byte; records never span segment files.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+HEADER = struct.Struct(">iiqi")
+HEADER_SIZE = HEADER.size  # 20
+FLAG_ATTRIBUTE = 1
+_ATTR_LEN = struct.Struct(">i")
+_CRC_MASK = 0x7FFFFFFF
+
+
+def checksum(payload: bytes | memoryview) -> int:
+    """MetaQ's message checksum: CRC32 of the payload masked to a positive int32."""
+    return zlib.crc32(payload) & _CRC_MASK
+
+
+def make_payload(body: bytes, attribute: str | None) -> tuple[bytes, int]:
+    """Return ``(payload, flag)`` for a body and optional attribute, as MetaQ clients build it."""
+    if attribute is None:
+        return body, 0
+    attr = attribute.encode("utf-8")
+    return _ATTR_LEN.pack(len(attr)) + attr + body, FLAG_ATTRIBUTE
+
+
+def split_payload(payload: bytes, flag: int) -> tuple[str | None, bytes]:
+    """Inverse of :func:`make_payload`: ``(attribute, body)``.
+
+    Raises ValueError when the attribute block does not fit in the payload.
+    """
+    if not flag & FLAG_ATTRIBUTE:
+        return None, payload
+    if len(payload) < 4:
+        raise ValueError("payload too short for its attribute length")
+    (n,) = _ATTR_LEN.unpack_from(payload, 0)
+    if n < 0 or 4 + n > len(payload):
+        raise ValueError(f"attribute length {n} does not fit a {len(payload)}-byte payload")
+    return payload[4 : 4 + n].decode("utf-8"), payload[4 + n :]
+
+
+def encode(msg_id: int, flag: int, payload: bytes, crc: int | None = None) -> bytes:
+    """Encode one record (header + payload)."""
+    if crc is None:
+        crc = checksum(payload)
+    return HEADER.pack(len(payload), crc, msg_id, flag) + payload
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded record. ``offset`` is its byte offset in the partition."""
+
+    offset: int
+    msg_id: int
+    flag: int
+    payload: bytes
+
+    @property
+    def size(self) -> int:
+        return HEADER_SIZE + len(self.payload)
+
+    @property
+    def attribute(self) -> str | None:
+        return split_payload(self.payload, self.flag)[0]
+
+    @property
+    def body(self) -> bytes:
+        return split_payload(self.payload, self.flag)[1]
+
+
+class CorruptRecordError(ValueError):
+    """A record whose length or checksum is invalid (not merely incomplete)."""
+
+    def __init__(self, message: str, position: int):
+        super().__init__(message)
+        self.position = position
+
+
+def scan(
+    buf: bytes | bytearray | memoryview,
+    max_payload: int = 2**31 - 1,
+    reject_zero_id: bool = True,
+) -> tuple[int, str | None]:
+    """Validate whole records at the start of ``buf`` without building objects.
+
+    Returns ``(valid_bytes, reason)``: ``valid_bytes`` is the length of the prefix made of
+    whole, checksum-correct records; ``reason`` is None when the buffer ends exactly on a
+    record boundary, otherwise why scanning stopped (``"incomplete header"``,
+    ``"incomplete payload"``, ``"bad length"``, ``"checksum mismatch"``, ``"zero msgId"``).
+    The broker never assigns message id 0, so a zero id (a zero-filled area a crash left
+    behind, which would otherwise pass as an empty record with CRC 0) ends the valid prefix.
+    """
+    mv = memoryview(buf)
+    n = len(mv)
+    pos = 0
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    while pos < n:
+        if n - pos < HEADER_SIZE:
+            return pos, "incomplete header"
+        length, crc, mid, _flag = unpack(mv, pos)
+        if length < 0 or length > max_payload:
+            return pos, "bad length"
+        if mid == 0 and reject_zero_id:
+            return pos, "zero msgId"
+        end = pos + HEADER_SIZE + length
+        if end > n:
+            return pos, "incomplete payload"
+        if crc32(mv[pos + HEADER_SIZE : end]) & _CRC_MASK != crc:
+            return pos, "checksum mismatch"
+        pos = end
+    return pos, None
+
+
+def decode_all(
+    buf: bytes | bytearray | memoryview, base_offset: int = 0, verify: bool = True
+) -> tuple[list[Record], int]:
+    """Decode the whole records at the start of ``buf``.
+
+    Returns ``(records, consumed)``. A trailing partial record (a fetch window that ends
+    mid-record) is not an error: it is left unconsumed. A record whose checksum does not
+    match raises :class:`CorruptRecordError` when ``verify`` is set.
+    """
+    mv = memoryview(buf)
+    n = len(mv)
+    pos = 0
+    out: list[Record] = []
+    append = out.append
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    while n - pos >= HEADER_SIZE:
+        length, crc, mid, flag = unpack(mv, pos)
+        if length < 0:
+            raise CorruptRecordError(f"negative record length {length}", base_offset + pos)
+        end = pos + HEADER_SIZE + length
+        if end > n:
+            break
+        payload = bytes(mv[pos + HEADER_SIZE : end])
+        if verify and crc32(payload) & _CRC_MASK != crc:
+            raise CorruptRecordError(
+                f"checksum mismatch in record at offset {base_offset + pos}", base_offset + pos
+            )
+        append(Record(base_offset + pos, mid, flag, payload))
+        pos = end
+    return out, pos
+
+
+def iter_records(buf: bytes | bytearray | memoryview, base_offset: int = 0) -> Iterator[Record]:
+    """Iterate the whole, verified records of ``buf`` (see :func:`decode_all`)."""
+    records, _ = decode_all(buf, base_offset)
+    yield from records
+
+
+def first_record_size(header: bytes | bytearray | memoryview) -> int | None:
+    """Total size of the record whose header starts ``header`` (None if under 4 bytes)."""
+    if len(header) < 4:
+        return None
+    length: int = _ATTR_LEN.unpack_from(header, 0)[0]
+    return HEADER_SIZE + length

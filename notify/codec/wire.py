@@ -1,0 +1,613 @@
+"""MetaQ text wire protocol: sans-IO request parser, reply encoder and reply parser.
+
+No sockets here: :class:`RequestParser` turns bytes into request objects (broker side),
+:class:`ResponseParser` turns bytes into replies (client side), and the ``encode_*``
+functions build frames. One header line, tokens separated by one space, ``\\r\\n``
+terminated, UTF-8; some commands carry a binary body whose length is a header field.
+``opaque`` is a client-chosen int32 echoed in the reply, so requests may be pipelined.
+
+Requests (MetaQ 1.4)::
+
+    put <topic> <partition> <len> <flag> <opaque>\\r\\n<body>                      (6 tokens)
+    put <topic> <partition> <len> <flag> <checksum|txKey> <opaque>\\r\\n<body>     (7)
+    put <topic> <partition> <len> <flag> <checksum> <txKey> <opaque>\\r\\n<body>   (8)
+    get <topic> <group> <partition> <offset> <maxSize> <opaque>\\r\\n
+    offset <topic> <group> <partition> <offset> <opaque>\\r\\n
+    stats [<item>] [<opaque>]\\r\\n
+    version [<opaque>]\\r\\n
+    quit\\r\\n
+    transaction <txKey> <sessionId> <TYPE> [<timeout>] [<uniqueQualifier>] <opaque>\\r\\n
+    sync <topic> <partition> <len> <flag> <msgId> <checksum> <opaque>\\r\\n<body>
+
+    In a 7-token put, slot 5 is a checksum if it starts with a digit or '-', else a txKey.
+    checksum -1 means "not supplied". In ``transaction``, one optional slot is a timeout for
+    BEGIN and a uniqueQualifier for every other TYPE (MetaQ mistakes a numeric qualifier for
+    a timeout; we decide by TYPE).
+
+notify extensions (old clients never send them; old brokers answer them with an error)::
+
+    mput <topic> <partition> <len> <count> [<txKey>] <opaque>\\r\\n<records>
+        <records> is <count> records in the on-disk layout (see records.py) with msgId 0;
+        each record's checksum is verified. Reply body: <firstMsgId> <partition>
+        <firstOffset> <count>; record i has id firstMsgId+i and the offset that follows
+        from the sizes of the records before it.
+    get <topic> <group> <partition> <offset> <maxSize> <maxWaitMs> <opaque>\\r\\n   (8)
+        long poll: hold the fetch up to maxWaitMs when no message is there yet.
+    auth <secret> <opaque>\\r\\n       shared-secret authentication (when enabled)
+    reload [<opaque>]\\r\\n            re-read server.ini (new topics, per-topic settings)
+
+Replies::
+
+    result <code> <bodyLen> <opaque>\\r\\n<body>
+    value <len> <opaque>\\r\\n<raw records>
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from notify.errors import FrameTooLargeError, ProtocolError
+
+CRLF: Final = b"\r\n"
+DEFAULT_MAX_HEADER_BYTES: Final = 4096
+#: Beyond this a declared length is treated as a broken stream rather than skipped.
+ABSURD_LENGTH: Final = 1 << 31
+
+TX_TYPES: Final = frozenset(
+    {
+        "BEGIN",
+        "END",
+        "PREPARE",
+        "COMMIT_ONE_PHASE",
+        "COMMIT_TWO_PHASE",
+        "ROLLBACK",
+        "RECOVER",
+        "FORGET",
+    }
+)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class Put:
+    """``put``: one message. ``checksum`` is -1 when not supplied."""
+
+    __slots__ = ("body", "checksum", "flag", "opaque", "partition", "topic", "tx_key")
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        flag: int,
+        checksum: int,
+        tx_key: str | None,
+        opaque: int,
+        body: bytes,
+    ):
+        self.topic = topic
+        self.partition = partition
+        self.flag = flag
+        self.checksum = checksum
+        self.tx_key = tx_key
+        self.opaque = opaque
+        self.body = body
+
+    def __repr__(self) -> str:
+        return (
+            f"Put({self.topic!r}, {self.partition}, flag={self.flag}, "
+            f"checksum={self.checksum}, tx_key={self.tx_key!r}, opaque={self.opaque}, "
+            f"len={len(self.body)})"
+        )
+
+
+class MultiPut:
+    """``mput`` (notify extension): ``count`` records already in the on-disk layout."""
+
+    __slots__ = ("count", "opaque", "partition", "records", "topic", "tx_key")
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        count: int,
+        tx_key: str | None,
+        opaque: int,
+        records: bytes,
+    ):
+        self.topic = topic
+        self.partition = partition
+        self.count = count
+        self.tx_key = tx_key
+        self.opaque = opaque
+        self.records = records
+
+
+@dataclass(slots=True)
+class Get:
+    topic: str
+    group: str
+    partition: int
+    offset: int
+    max_size: int
+    opaque: int
+    max_wait_ms: int = 0
+
+
+@dataclass(slots=True)
+class Offset:
+    topic: str
+    group: str
+    partition: int
+    offset: int
+    opaque: int
+
+
+@dataclass(slots=True)
+class Stats:
+    item: str | None
+    opaque: int
+
+
+@dataclass(slots=True)
+class Version:
+    opaque: int
+
+
+@dataclass(slots=True)
+class Quit:
+    opaque: int = 0
+
+
+@dataclass(slots=True)
+class Transaction:
+    tx_key: str | None
+    session_id: str
+    type: str
+    timeout: int | None
+    unique_qualifier: str | None
+    opaque: int
+
+
+@dataclass(slots=True)
+class Sync:
+    topic: str
+    partition: int
+    flag: int
+    msg_id: int
+    checksum: int
+    opaque: int
+    body: bytes
+
+
+@dataclass(slots=True)
+class Auth:
+    secret: str
+    opaque: int
+
+
+@dataclass(slots=True)
+class Reload:
+    opaque: int
+
+
+Request = (
+    Put | MultiPut | Get | Offset | Stats | Version | Quit | Transaction | Sync | Auth | Reload
+)
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _int(tok: bytes, name: str, opaque: int) -> int:
+    try:
+        return int(tok)
+    except ValueError:
+        raise ProtocolError(
+            f"invalid {name} {tok[:40].decode('latin-1')!r}: not an integer", 400, opaque
+        ) from None
+
+
+def _opaque_of(tokens: list[bytes]) -> int:
+    """Best-effort opaque of a broken request: its last token when it is an int32."""
+    try:
+        v = int(tokens[-1])
+    except (ValueError, IndexError):
+        return 0
+    return v if -(2**31) <= v < 2**31 else 0
+
+
+def _text(tok: bytes, name: str, opaque: int) -> str:
+    try:
+        return tok.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{name} is not valid UTF-8", 400, opaque) from None
+
+
+class RequestParser:
+    """Incremental request decoder (broker side).
+
+    ``feed(data)`` returns the list of complete requests in ``data`` plus what was buffered,
+    interleaved with :class:`ProtocolError` instances for requests that were rejected. A
+    rejected request whose length is known is skipped whole, so the stream stays in sync;
+    when framing is lost (no line end within ``max_header_bytes``, an unreadable body
+    length) the error is ``fatal`` and the parser refuses further input.
+    """
+
+    __slots__ = ("_closed", "_max_body", "_max_header", "_rest", "_skip", "_skip_err")
+
+    def __init__(self, max_body_bytes: int, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES):
+        self._max_body = max_body_bytes
+        self._max_header = max_header_bytes
+        self._rest = b""
+        self._skip = 0  # body bytes of a rejected request still to discard
+        self._skip_err: ProtocolError | None = None
+        self._closed = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held waiting for the rest of a frame."""
+        return len(self._rest)
+
+    def feed(self, data: bytes) -> list[Request | ProtocolError]:
+        out: list[Request | ProtocolError] = []
+        if self._closed:
+            return out
+        if self._skip:
+            if len(data) < self._skip:
+                self._skip -= len(data)
+                return out
+            data = data[self._skip :]
+            self._skip = 0
+        buf = self._rest + data if self._rest else data
+        n = len(buf)
+        pos = 0
+        max_header = self._max_header
+        while pos < n:
+            eol = buf.find(CRLF, pos, pos + max_header + 2)
+            if eol < 0:
+                if n - pos > max_header:
+                    out.append(
+                        FrameTooLargeError(
+                            f"header line longer than {max_header} bytes", 400, 0, fatal=True
+                        )
+                    )
+                    self._closed = True
+                    self._rest = b""
+                    return out
+                break
+            line = buf[pos:eol]
+            tokens = line.split(b" ")
+            cmd = tokens[0]
+            body_start = eol + 2
+            try:
+                if cmd == b"put" or cmd == b"mput" or cmd == b"sync":
+                    length = self._body_length(tokens, cmd)
+                    if n - body_start < length:
+                        break  # wait for the body
+                    body = buf[body_start : body_start + length]
+                    pos = body_start + length
+                    out.append(self._decode_body_command(cmd, tokens, body))
+                    continue
+                pos = body_start
+                out.append(self._decode_line(cmd, tokens))
+            except ProtocolError as e:
+                out.append(e.report if isinstance(e, _SkipBody) else e)
+                if e.fatal:
+                    self._closed = True
+                    self._rest = b""
+                    return out
+                if isinstance(e, _SkipBody):
+                    # framing known: drop the body we are told follows
+                    avail = n - body_start
+                    if avail >= e.length:
+                        pos = body_start + e.length
+                    else:
+                        self._skip = e.length - avail
+                        pos = n
+                else:
+                    pos = max(pos, body_start)
+        self._rest = buf[pos:] if pos < n else b""
+        return out
+
+    # -- helpers
+
+    def _body_length(self, tokens: list[bytes], cmd: bytes) -> int:
+        opaque = _opaque_of(tokens)
+        lengths = {b"put": (6, 8), b"mput": (6, 7), b"sync": (8, 8)}[cmd]
+        name = cmd.decode()
+        if len(tokens) < 4:
+            raise ProtocolError(
+                f"{name}: expected {lengths[0]}-{lengths[1]} tokens, got {len(tokens)}",
+                400,
+                opaque,
+                fatal=True,
+            )
+        try:
+            length = int(tokens[3])
+        except ValueError:
+            raise ProtocolError(
+                f"{name}: body length {tokens[3][:40].decode('latin-1')!r} is not an integer",
+                400,
+                opaque,
+                fatal=True,
+            ) from None
+        if length < 0 or length >= ABSURD_LENGTH:
+            raise ProtocolError(f"{name}: invalid body length {length}", 400, opaque, fatal=True)
+        if not lengths[0] <= len(tokens) <= lengths[1]:
+            raise _SkipBody(
+                f"{name}: expected {lengths[0]}-{lengths[1]} tokens, got {len(tokens)}",
+                400,
+                opaque,
+                length,
+            )
+        if length > self._max_body:
+            raise _SkipBody(
+                f"{name}: message of {length} bytes exceeds the maximum of {self._max_body}",
+                400,
+                opaque,
+                length,
+                too_large=True,
+            )
+        return length
+
+    def _decode_body_command(self, cmd: bytes, t: list[bytes], body: bytes) -> Request:
+        opaque = _int(t[-1], "opaque", 0)
+        topic = _text(t[1], "topic", opaque)
+        partition = _int(t[2], "partition", opaque)
+        if cmd == b"put":
+            flag = _int(t[4], "flag", opaque)
+            checksum = -1
+            tx_key: str | None = None
+            if len(t) == 7:
+                slot = t[5]
+                if slot[:1].isdigit() or slot[:1] == b"-":
+                    checksum = _int(slot, "checksum", opaque)
+                else:
+                    tx_key = _text(slot, "txKey", opaque)
+            elif len(t) == 8:
+                checksum = _int(t[5], "checksum", opaque)
+                tx_key = _text(t[6], "txKey", opaque)
+            if tx_key == "null":
+                tx_key = None
+            return Put(topic, partition, flag, checksum, tx_key, opaque, body)
+        if cmd == b"mput":
+            count = _int(t[4], "count", opaque)
+            mtx = _text(t[5], "txKey", opaque) if len(t) == 7 else None
+            if mtx == "null":
+                mtx = None
+            return MultiPut(topic, partition, count, mtx, opaque, body)
+        # sync
+        return Sync(
+            topic,
+            partition,
+            _int(t[4], "flag", opaque),
+            _int(t[5], "msgId", opaque),
+            _int(t[6], "checksum", opaque),
+            opaque,
+            body,
+        )
+
+    def _decode_line(self, cmd: bytes, t: list[bytes]) -> Request:
+        n = len(t)
+        if cmd == b"get":
+            opaque = _opaque_of(t)
+            if n not in (7, 8):
+                raise ProtocolError(f"get: expected 7 tokens, got {n}", 400, opaque)
+            opaque = _int(t[-1], "opaque", 0)
+            return Get(
+                _text(t[1], "topic", opaque),
+                _text(t[2], "group", opaque),
+                _int(t[3], "partition", opaque),
+                _int(t[4], "offset", opaque),
+                _int(t[5], "maxSize", opaque),
+                opaque,
+                _int(t[6], "maxWaitMs", opaque) if n == 8 else 0,
+            )
+        if cmd == b"offset":
+            opaque = _opaque_of(t)
+            if n != 6:
+                raise ProtocolError(f"offset: expected 6 tokens, got {n}", 400, opaque)
+            opaque = _int(t[5], "opaque", 0)
+            return Offset(
+                _text(t[1], "topic", opaque),
+                _text(t[2], "group", opaque),
+                _int(t[3], "partition", opaque),
+                _int(t[4], "offset", opaque),
+                opaque,
+            )
+        if cmd == b"stats":
+            if n == 1:
+                return Stats(None, 0)
+            if n == 2:
+                tok = t[1]
+                if tok.lstrip(b"-").isdigit():
+                    return Stats(None, int(tok))
+                return Stats(_text(tok, "item", 0) or None, 0)
+            if n == 3:
+                opaque = _int(t[2], "opaque", 0)
+                return Stats(_text(t[1], "item", opaque) or None, opaque)
+            raise ProtocolError(f"stats: expected 1-3 tokens, got {n}", 400, _opaque_of(t))
+        if cmd == b"version":
+            if n == 1:
+                return Version(0)
+            if n == 2:
+                return Version(_int(t[1], "opaque", 0))
+            raise ProtocolError(f"version: expected 1-2 tokens, got {n}", 400, _opaque_of(t))
+        if cmd == b"quit":
+            return Quit(_opaque_of(t) if n > 1 else 0)
+        if cmd == b"transaction":
+            return self._decode_transaction(t)
+        if cmd == b"auth":
+            if n != 3:
+                raise ProtocolError(f"auth: expected 3 tokens, got {n}", 400, _opaque_of(t))
+            opaque = _int(t[2], "opaque", 0)
+            return Auth(_text(t[1], "secret", opaque), opaque)
+        if cmd == b"reload":
+            return Reload(_int(t[1], "opaque", 0) if n > 1 else 0)
+        if not cmd:
+            raise ProtocolError("empty command line", 400, 0)
+        shown = cmd[:40].decode("latin-1")
+        raise ProtocolError(f"unknown command {shown!r}", 400, _opaque_of(t))
+
+    def _decode_transaction(self, t: list[bytes]) -> Transaction:
+        n = len(t)
+        opaque = _opaque_of(t)
+        if not 5 <= n <= 7:
+            raise ProtocolError(f"transaction: expected 5-7 tokens, got {n}", 400, opaque)
+        opaque = _int(t[-1], "opaque", 0)
+        key = _text(t[1], "txKey", opaque)
+        session = _text(t[2], "sessionId", opaque)
+        ttype = _text(t[3], "type", opaque)
+        if ttype not in TX_TYPES:
+            raise ProtocolError(f"transaction: unknown type {ttype[:40]!r}", 400, opaque)
+        timeout: int | None = None
+        uq: str | None = None
+        if n == 6:
+            if ttype == "BEGIN":
+                timeout = _int(t[4], "timeout", opaque)
+            else:
+                uq = _text(t[4], "uniqueQualifier", opaque)
+        elif n == 7:
+            timeout = _int(t[4], "timeout", opaque)
+            uq = _text(t[5], "uniqueQualifier", opaque)
+        return Transaction(None if key == "null" else key, session, ttype, timeout, uq, opaque)
+
+
+class _SkipBody(ProtocolError):
+    """Internal: a rejected body command whose body length is known (skip it)."""
+
+    def __init__(self, message: str, code: int, opaque: int, length: int, too_large: bool = False):
+        super().__init__(message, code, opaque)
+        self.length = length
+        cls = FrameTooLargeError if too_large else ProtocolError
+        self.report: ProtocolError = cls(message, code, opaque)
+
+
+# --------------------------------------------------------------------------- replies
+
+
+def encode_result(code: int, opaque: int, body: bytes = b"") -> bytes:
+    """``result <code> <bodyLen> <opaque>\\r\\n<body>``."""
+    return b"result %d %d %d\r\n%b" % (code, len(body), opaque, body)
+
+
+def encode_error(err: ProtocolError) -> bytes:
+    return encode_result(err.code, err.opaque, str(err).encode("utf-8", "replace"))
+
+
+def encode_value_header(length: int, opaque: int) -> bytes:
+    """``value <len> <opaque>\\r\\n`` (the raw records follow)."""
+    return b"value %d %d\r\n" % (length, opaque)
+
+
+def encode_stats_body(items: list[tuple[str, object]]) -> bytes:
+    """``STATS\\r\\n<key> <value>\\r\\n...END\\r\\n``."""
+    lines = [b"STATS\r\n"]
+    lines.extend(f"{k} {v}\r\n".encode() for k, v in items)
+    lines.append(b"END\r\n")
+    return b"".join(lines)
+
+
+# --------------------------------------------------------------------------- client side
+
+
+def encode_put(
+    topic: str,
+    partition: int,
+    body: bytes,
+    flag: int,
+    opaque: int,
+    checksum: int | None = None,
+    tx_key: str | None = None,
+) -> bytes:
+    """Build a ``put`` frame (8-token form when both checksum and txKey are given)."""
+    head = f"put {topic} {partition} {len(body)} {flag}"
+    if checksum is not None:
+        head += f" {checksum}"
+    if tx_key is not None:
+        head += f" {tx_key}"
+    return f"{head} {opaque}\r\n".encode() + body
+
+
+def encode_mput(
+    topic: str, partition: int, records: bytes, count: int, opaque: int, tx_key: str | None = None
+) -> bytes:
+    tx = f" {tx_key}" if tx_key is not None else ""
+    return f"mput {topic} {partition} {len(records)} {count}{tx} {opaque}\r\n".encode() + records
+
+
+def encode_get(
+    topic: str,
+    group: str,
+    partition: int,
+    offset: int,
+    max_size: int,
+    opaque: int,
+    max_wait_ms: int = 0,
+) -> bytes:
+    wait = f" {max_wait_ms}" if max_wait_ms > 0 else ""
+    return f"get {topic} {group} {partition} {offset} {max_size}{wait} {opaque}\r\n".encode()
+
+
+def encode_offset(topic: str, group: str, partition: int, offset: int, opaque: int) -> bytes:
+    return f"offset {topic} {group} {partition} {offset} {opaque}\r\n".encode()
+
+
+def encode_line(*tokens: object) -> bytes:
+    """Any single-line command: ``encode_line('stats', 'topics', 7)``."""
+    return (" ".join(str(t) for t in tokens) + "\r\n").encode()
+
+
+@dataclass(slots=True)
+class Response:
+    """A decoded reply. ``kind`` is ``"result"`` or ``"value"`` (value implies code 200)."""
+
+    kind: str
+    code: int
+    opaque: int
+    body: bytes
+
+
+class ResponseParser:
+    """Incremental reply decoder (client side)."""
+
+    __slots__ = ("_max_body", "_rest")
+
+    def __init__(self, max_body_bytes: int = 1 << 30):
+        self._rest = b""
+        self._max_body = max_body_bytes
+
+    def feed(self, data: bytes) -> list[Response]:
+        """Decode what is complete; raises ProtocolError when the stream is garbage."""
+        buf = self._rest + data if self._rest else data
+        n = len(buf)
+        pos = 0
+        out: list[Response] = []
+        while pos < n:
+            eol = buf.find(CRLF, pos, pos + DEFAULT_MAX_HEADER_BYTES)
+            if eol < 0:
+                if n - pos > DEFAULT_MAX_HEADER_BYTES:
+                    raise ProtocolError("reply header line too long", fatal=True)
+                break
+            t = buf[pos:eol].split(b" ")
+            try:
+                if t[0] == b"result" and len(t) == 4:
+                    kind, code, length, opaque = "result", int(t[1]), int(t[2]), int(t[3])
+                elif t[0] == b"value" and len(t) == 3:
+                    kind, code, length, opaque = "value", 200, int(t[1]), int(t[2])
+                else:
+                    raise ValueError
+            except ValueError:
+                shown = buf[pos:eol][:80].decode("latin-1")
+                raise ProtocolError(f"malformed reply line {shown!r}", fatal=True) from None
+            if length < 0 or length > self._max_body:
+                raise ProtocolError(f"reply body length {length} out of range", fatal=True)
+            start = eol + 2
+            if n - start < length:
+                break
+            out.append(Response(kind, code, opaque, buf[start : start + length]))
+            pos = start + length
+        self._rest = buf[pos:] if pos < n else b""
+        return out

@@ -1,0 +1,1 @@
+"""The on-disk message store: segment files, partitions, flush policy, recovery."""

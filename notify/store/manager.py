@@ -1,0 +1,153 @@
+"""The message store of one broker: the partitions of every configured topic.
+
+Recovery points file ``<dataPath>/recovery-points`` (text, rewritten atomically)::
+
+    notify-recovery-points 1
+    <topic> <partition> <flushedOffset>
+    ...
+    END <crc32 of every preceding byte, decimal>
+
+Each offset is one every byte before which was fsynced; on open, only what follows it in
+the last segment is scanned. A missing or damaged file just means a full scan of each last
+segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from pathlib import Path
+from typing import Final
+
+from notify.config import ServerConfig, TopicConfig, validate_topic
+from notify.errors import StoreError
+from notify.store.partition import Partition, RecoveryReport
+from notify.store.segment import fsync_dir
+
+log = logging.getLogger("notify.store")
+
+RECOVERY_FILE: Final = "recovery-points"
+_MAGIC: Final = "notify-recovery-points 1"
+
+
+class MessageStore:
+    """Opens, looks up and closes partitions; owns the recovery points file."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.data_path = config.system.data_path
+        self.topics: dict[str, TopicConfig] = {}
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        self._by_topic: dict[str, list[Partition]] = {}
+        self.reports: list[RecoveryReport] = []
+        self._points_written: dict[tuple[str, int], int] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> list[RecoveryReport]:
+        try:
+            self.data_path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create dataPath {self.data_path}: {e.strerror}") from e
+        points = self._read_points()
+        for topic in self.config.topics.values():
+            self.add_topic(topic, points)
+        return self.reports
+
+    def partition_dir(self, topic: TopicConfig, index: int) -> Path:
+        base = topic.data_path or self.data_path
+        return base / f"{validate_topic(topic.name)}-{index}"
+
+    def add_topic(
+        self, topic: TopicConfig, points: dict[tuple[str, int], int] | None = None
+    ) -> list[Partition]:
+        """Open (creating as needed) the partitions of a topic; safe to call again with a
+        changed config (more partitions are opened; flush settings take effect at once)."""
+        self.topics[topic.name] = topic
+        parts = self._by_topic.setdefault(topic.name, [])
+        for part in parts:
+            part.group_commit = topic.unflush_threshold == 0
+        for i in range(len(parts), topic.num_partitions):
+            rp = points.get((topic.name, i)) if points else None
+            part = Partition.open(
+                topic.name,
+                i,
+                self.partition_dir(topic, i),
+                self.config.system.max_segment_size,
+                topic.unflush_threshold == 0,
+                rp,
+            )
+            if part.recovery is not None:
+                self.reports.append(part.recovery)
+            parts.append(part)
+            self.partitions[(topic.name, i)] = part
+        return parts
+
+    def get(self, topic: str, partition: int) -> Partition | None:
+        return self.partitions.get((topic, partition))
+
+    def topic_partitions(self, topic: str) -> list[Partition]:
+        return self._by_topic.get(topic, [])
+
+    def all_partitions(self) -> list[Partition]:
+        return list(self.partitions.values())
+
+    def close(self) -> None:
+        for part in self.partitions.values():
+            part.close()
+        self.write_recovery_points(force=True)
+
+    # ------------------------------------------------------------------ recovery points
+
+    def _points_path(self) -> Path:
+        return self.data_path / RECOVERY_FILE
+
+    def _read_points(self) -> dict[tuple[str, int], int]:
+        path = self._points_path()
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            log.warning("cannot read %s (%s): scanning every last segment", path, e)
+            return {}
+        body, sep, tail = raw.rpartition(b"END ")
+        try:
+            ok = bool(sep) and int(tail.strip()) == zlib.crc32(body)
+        except ValueError:
+            ok = False
+        lines = body.decode("utf-8", "replace").splitlines()
+        if not ok or not lines or lines[0] != _MAGIC:
+            log.warning("%s is damaged: scanning every last segment", path)
+            return {}
+        out: dict[tuple[str, int], int] = {}
+        for line in lines[1:]:
+            t, p, off = line.split(" ")
+            out[(t, int(p))] = int(off)
+        return out
+
+    def write_recovery_points(self, force: bool = False) -> bool:
+        """Persist each partition's flushed offset (atomic replace); skip if unchanged."""
+        current = {k: p.flushed_end for k, p in self.partitions.items()}
+        if not force and current == self._points_written:
+            return False
+        lines = [_MAGIC] + [f"{t} {i} {off}" for (t, i), off in sorted(current.items())]
+        body = ("\n".join(lines) + "\n").encode()
+        data = body + b"END %d\n" % zlib.crc32(body)
+        path = self._points_path()
+        tmp = path.with_suffix(".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            fsync_dir(self.data_path)
+        except OSError as e:
+            log.warning("cannot write %s: %s (recovery will scan more)", path, e)
+            return False
+        self._points_written = current
+        return True

@@ -1,0 +1,319 @@
+"""A partition: ``<dataPath>/<topic>-<partition>/`` holding segment files, offsets in bytes.
+
+Offsets run across segments: segment ``k+1`` starts where segment ``k`` ends. Three marks:
+
+* ``end``          bytes written (page cache);
+* ``flushed_end``  bytes known to be on disk (an fdatasync completed after they were written);
+* ``visible_end``  what consumers are served. Under group commit (``unflushThreshold=0``) it
+                   follows ``flushed_end``, so a consumer never sees a message that a crash
+                   could still take back; otherwise it follows ``end`` as in MetaQ.
+
+Recovery on open: every segment but the last was fsynced when it was rolled, so only the
+last segment is scanned, from the recovery point (the last known-durable offset, when given)
+to its end; each record's length and CRC are checked and a torn or corrupt tail is cut off
+and reported.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from notify.codec import records
+from notify.errors import OffsetOutOfRangeError, StoreCorruptError, StoreError
+from notify.store.segment import Segment, fsync_dir, parse_segment_name
+
+log = logging.getLogger("notify.store")
+
+SCAN_CHUNK: Final = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What opening a partition found: bytes checked and what a torn tail cost."""
+
+    topic: str
+    partition: int
+    segment: str
+    scanned_bytes: int
+    truncated_bytes: int
+    reason: str | None
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """A byte range of one segment to serve: ``length`` bytes at ``file_pos`` of ``segment``."""
+
+    segment: Segment
+    file_pos: int
+    length: int
+    offset: int
+
+
+class Partition:
+    """One topic partition on disk. Used from one thread (the broker's event loop), except
+    :meth:`Segment.sync` of the active segment, which the flusher runs in a worker thread."""
+
+    def __init__(
+        self,
+        topic: str,
+        index: int,
+        directory: Path,
+        max_segment_size: int,
+        group_commit: bool,
+    ):
+        self.topic = topic
+        self.index = index
+        self.directory = directory
+        self.max_segment_size = max_segment_size
+        self.group_commit = group_commit
+        self.segments: list[Segment] = []
+        self._starts: list[int] = []
+        self.flushed_end = 0
+        self.visible_end = 0
+        # flush bookkeeping, owned by notify.store.flusher
+        self.unflushed = 0
+        self.last_flush = time.monotonic()
+        self.flush_inflight: object | None = None
+        self.flush_next: object | None = None
+        self.failed: str | None = None
+        self.recovery: RecoveryReport | None = None
+        self.closed = False
+
+    # ------------------------------------------------------------------ open / recover
+
+    @classmethod
+    def open(
+        cls,
+        topic: str,
+        index: int,
+        directory: Path,
+        max_segment_size: int,
+        group_commit: bool,
+        recovery_point: int | None = None,
+    ) -> Partition:
+        p = cls(topic, index, directory, max_segment_size, group_commit)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            names = sorted(os.listdir(directory))
+        except OSError as e:
+            raise StoreError(f"cannot open partition directory {directory}: {e.strerror}") from e
+        starts = sorted(s for s in (parse_segment_name(n) for n in names) if s is not None)
+        if not starts:
+            seg = Segment.open(directory, 0, create=True)
+            fsync_dir(directory)
+            p._add(seg)
+        else:
+            for s in starts:
+                p._add(Segment.open(directory, s))
+            p._check_contiguous()
+        p.recovery = p._recover(recovery_point)
+        p.flushed_end = p.end
+        p.visible_end = p.end
+        return p
+
+    def _add(self, seg: Segment) -> None:
+        self.segments.append(seg)
+        self._starts.append(seg.start)
+
+    def _check_contiguous(self) -> None:
+        for a, b in zip(self.segments, self.segments[1:], strict=False):
+            if a.end != b.start:
+                raise StoreCorruptError(
+                    f"{self.directory}: segment {a.path.name} ends at {a.end} but the next "
+                    f"segment {b.path.name} starts at {b.start}; refusing to guess which bytes "
+                    "are right (move the bad file away and restart)"
+                )
+
+    def _recover(self, recovery_point: int | None) -> RecoveryReport:
+        t0 = time.monotonic()
+        seg = self.segments[-1]
+        size = seg.size
+        start = 0
+        if recovery_point is not None and seg.start <= recovery_point <= seg.end:
+            start = recovery_point - seg.start
+        elif recovery_point is not None and recovery_point > seg.end:
+            log.warning(
+                "%s-%d: recovery point %d is past the end %d of the data: the disk lost "
+                "acknowledged data; scanning the whole last segment",
+                self.topic,
+                self.index,
+                recovery_point,
+                seg.end,
+            )
+        pos = start
+        reason: str | None = None
+        while pos < size:
+            want = min(SCAN_CHUNK, size - pos)
+            buf = seg.read(pos, want)
+            valid, why = records.scan(buf)
+            pos += valid
+            if why is None:
+                continue
+            if valid > 0:
+                continue  # re-read from the first record the chunk did not hold whole
+            if why == "incomplete payload":
+                need = records.first_record_size(buf)
+                if need is not None and pos + need <= size:
+                    whole = seg.read(pos, need)
+                    ok, why2 = records.scan(whole)
+                    if ok == need and why2 is None:
+                        pos += need
+                        continue
+                    why = why2 or why
+            reason = why
+            break
+        cut = size - pos
+        if cut:
+            log.warning(
+                "%s-%d: truncating torn tail of %s: %d bytes cut at offset %d (%s)",
+                self.topic,
+                self.index,
+                seg.path.name,
+                cut,
+                seg.start + pos,
+                reason,
+            )
+            seg.truncate(pos)
+        return RecoveryReport(
+            self.topic,
+            self.index,
+            seg.path.name,
+            size - start,
+            cut,
+            reason if cut else None,
+            time.monotonic() - t0,
+        )
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def active(self) -> Segment:
+        return self.segments[-1]
+
+    @property
+    def end(self) -> int:
+        return self.segments[-1].end
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].start
+
+    @property
+    def size_bytes(self) -> int:
+        return self.end - self.min_offset
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, data: bytes | bytearray | memoryview) -> int:
+        """Append whole records; return the offset of the first. Rolls the active segment
+        first when it is non-empty and the data would take it past ``max_segment_size``."""
+        if self.failed:
+            raise StoreError(self.failed)
+        seg = self.segments[-1]
+        if seg.size and seg.size + len(data) > self.max_segment_size:
+            seg = self._roll()
+        offset = seg.append(data)
+        if not self.group_commit:
+            self.visible_end = seg.end
+        return offset
+
+    def _roll(self) -> Segment:
+        old = self.segments[-1]
+        try:
+            old.sync()
+            self.flushed_end = max(self.flushed_end, old.end)
+            new = Segment.open(self.directory, old.end, create=True)
+            fsync_dir(self.directory)
+        except OSError as e:
+            raise StoreError(f"cannot roll segment in {self.directory}: {e.strerror}") from e
+        self._add(new)
+        return new
+
+    # ------------------------------------------------------------------ reading
+
+    def _segment_for(self, offset: int) -> Segment:
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return self.segments[i]
+
+    def check_offset(self, offset: int) -> None:
+        """Raise OffsetOutOfRangeError (with the nearest valid offset) when ``offset`` is
+        outside ``[min_offset, visible_end]``."""
+        lo, hi = self.min_offset, self.visible_end
+        if offset < lo:
+            raise OffsetOutOfRangeError(f"offset {offset} is below the first offset {lo}", lo)
+        if offset > hi:
+            raise OffsetOutOfRangeError(f"offset {offset} is past the last offset {hi}", hi)
+
+    def slice(self, offset: int, window: int, limit: int) -> Slice | None:
+        """What a ``get`` at ``offset`` serves: up to ``window`` bytes, widened to hold the
+        first record whole when it is larger than ``window`` but within ``limit``. None when
+        ``offset`` is the visible end (no message yet)."""
+        self.check_offset(offset)
+        if offset == self.visible_end:
+            return None
+        seg = self._segment_for(offset)
+        file_pos = offset - seg.start
+        avail = min(self.visible_end, seg.end) - offset
+        if avail <= 0:  # offset at the end of a rolled segment: the next one starts here
+            return None
+        length = min(avail, window)
+        if length < avail:
+            need = records.first_record_size(seg.read(file_pos, 4))
+            if need is not None and need > length:
+                length = min(avail, max(length, min(need, limit)))
+        return Slice(seg, file_pos, length, offset)
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Bytes of whole-or-partial records at ``offset`` (used by HTTP and tools)."""
+        sl = self.slice(offset, max_bytes, max_bytes)
+        if sl is None:
+            return b""
+        return sl.segment.read(sl.file_pos, sl.length)
+
+    def nearest_offset(self, offset: int) -> int:
+        """MetaQ's ``getNearestOffset``: start of the segment holding ``offset``; the first
+        offset when below the data, the visible end when past it."""
+        if offset < self.min_offset:
+            return self.min_offset
+        if offset >= self.visible_end:
+            return self.visible_end
+        return self._segment_for(offset).start
+
+    # ------------------------------------------------------------------ retention
+
+    def delete_segments_before(self, offset: int) -> list[Path]:
+        """Close and unlink whole read-only segments that end at or before ``offset``."""
+        removed: list[Path] = []
+        while len(self.segments) > 1 and self.segments[0].end <= offset:
+            seg = self.segments.pop(0)
+            self._starts.pop(0)
+            seg.close()
+            seg.path.unlink(missing_ok=True)
+            removed.append(seg.path)
+        return removed
+
+    def sync(self) -> None:
+        """Synchronous fdatasync of the active segment (shutdown, tests); updates marks."""
+        end = self.end
+        self.active.sync()
+        self.flushed_end = max(self.flushed_end, end)
+        self.visible_end = max(self.visible_end, end)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if not self.failed:
+                self.sync()
+        except OSError as e:
+            log.error("%s-%d: fsync at close failed: %s", self.topic, self.index, e)
+        for seg in self.segments:
+            seg.close()

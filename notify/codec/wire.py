@@ -54,6 +54,7 @@ DEFAULT_MAX_HEADER_BYTES: Final = 4096
 #: Beyond this a declared length is treated as a broken stream rather than skipped.
 ABSURD_LENGTH: Final = 1 << 31
 
+_TOKEN_COUNTS: Final = {b"put": (6, 8), b"mput": (6, 7), b"sync": (8, 8)}
 TX_TYPES: Final = frozenset(
     {
         "BEGIN",
@@ -315,7 +316,7 @@ class RequestParser:
 
     def _body_length(self, tokens: list[bytes], cmd: bytes) -> int:
         opaque = _opaque_of(tokens)
-        lengths = {b"put": (6, 8), b"mput": (6, 7), b"sync": (8, 8)}[cmd]
+        lengths = _TOKEN_COUNTS[cmd]
         name = cmd.decode()
         if len(tokens) < 4:
             raise ProtocolError(

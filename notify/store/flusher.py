@@ -1,8 +1,10 @@
 """When partitions are forced to disk, and who waits for it (MetaQ's flush policy).
 
 * ``unflushThreshold = 0``: group commit. Every append returns a future that completes when
-  an fdatasync covering it has finished; replies wait for it. While one fsync runs, later
-  appends queue behind a single follow-up fsync, so N concurrent producers share fsyncs.
+  an fdatasync covering it has finished; replies wait for it. fsyncs run in rounds: while
+  one round runs, every partition appended to queues for the next, which fsyncs them all
+  concurrently (they share the journal commit and the disk's cache flush), so N concurrent
+  producers share fsyncs within a partition and across partitions.
 * ``unflushThreshold = N > 0``: appends are acknowledged at once; when N messages are
   unflushed, the appends that crossed the threshold wait for the fsync that follows (as
   MetaQ forces inside the append), so ``unflushThreshold=1`` acknowledges only fsynced data.
@@ -34,7 +36,7 @@ class Flusher:
         loop: asyncio.AbstractEventLoop,
         threshold_of: Callable[[Partition], int],
         interval_ms_of: Callable[[Partition], int],
-        threads: int = 4,
+        threads: int = 8,
     ):
         self._loop = loop
         self._threshold_of = threshold_of
@@ -43,6 +45,9 @@ class Flusher:
         self.fsyncs = 0
         self.fsync_seconds = 0.0
         self.on_flushed: list[Callable[[Partition], None]] = []
+        self._next: dict[Partition, asyncio.Future[int]] = {}
+        self._inflight = 0
+        self._kick_scheduled = False
 
     def after_append(self, part: Partition, count: int) -> asyncio.Future[int] | None:
         """Call right after appending ``count`` records; await the result before replying."""
@@ -55,40 +60,52 @@ class Flusher:
         return None
 
     def request(self, part: Partition) -> asyncio.Future[int]:
-        """A future for an fsync that starts after everything appended so far."""
-        inflight = part.flush_inflight
-        if inflight is None:
-            fut: asyncio.Future[int] = self._loop.create_future()
-            part.flush_inflight = fut
-            self._start(part, fut)
-            return fut
-        nxt = part.flush_next
-        if nxt is None:
-            nxt = self._loop.create_future()
-            part.flush_next = nxt
-        assert isinstance(nxt, asyncio.Future)
-        return nxt
+        """A future for an fsync of ``part`` that starts after everything appended so far.
 
-    def _start(self, part: Partition, fut: asyncio.Future[int]) -> None:
-        target = part.end
-        seg = part.active
-        part.unflushed = 0
+        Requests are grouped into rounds: every partition that asks while a round is in
+        flight joins the next one, and a round fsyncs all its partitions concurrently, so
+        they share the journal commit and the device cache flush.
+        """
+        fut = self._next.get(part)
+        if fut is None:
+            fut = self._next[part] = self._loop.create_future()
+            part.flush_next = fut
+            if not self._inflight and not self._kick_scheduled:
+                self._kick_scheduled = True
+                self._loop.call_soon(self._kick)
+        return fut
+
+    def _kick(self) -> None:
+        self._kick_scheduled = False
+        if self._inflight or not self._next:
+            return
+        batch, self._next = self._next, {}
+        self._inflight = len(batch)
         t0 = time.perf_counter()
-
-        def sync() -> float:
-            seg.sync()
-            return time.perf_counter() - t0
-
-        cf: CFuture[float] = self._pool.submit(sync)
-        cf.add_done_callback(
-            lambda f: self._loop.call_soon_threadsafe(self._done, part, fut, target, f)
-        )
+        for part, fut in batch.items():
+            part.flush_next = None
+            part.flush_inflight = fut
+            part.unflushed = 0
+            target = part.end
+            seg = part.active
+            cf: CFuture[None] = self._pool.submit(seg.sync)
+            cf.add_done_callback(
+                lambda f, p=part, fu=fut, tg=target: self._loop.call_soon_threadsafe(  # type: ignore[misc]
+                    self._done, p, fu, tg, f, t0
+                )
+            )
 
     def _done(
-        self, part: Partition, fut: asyncio.Future[int], target: int, cf: CFuture[float]
+        self,
+        part: Partition,
+        fut: asyncio.Future[int],
+        target: int,
+        cf: CFuture[None],
+        t0: float,
     ) -> None:
         part.flush_inflight = None
         part.last_flush = time.monotonic()
+        self._inflight -= 1
         exc = cf.exception()
         if exc is not None:
             # After a failed fsync the page cache may have dropped the dirty pages: what is
@@ -101,26 +118,23 @@ class Flusher:
             err = StoreError(part.failed)
             if not fut.done():
                 fut.set_exception(err)
-            nxt = part.flush_next
+            nxt = self._next.pop(part, None)
             part.flush_next = None
-            if isinstance(nxt, asyncio.Future) and not nxt.done():
+            if nxt is not None and not nxt.done():
                 nxt.set_exception(err)
-            return
-        self.fsyncs += 1
-        self.fsync_seconds += cf.result()
-        if target > part.flushed_end:
-            part.flushed_end = target
-        if target > part.visible_end:
-            part.visible_end = target
-        if not fut.done():
-            fut.set_result(target)
-        for cb in self.on_flushed:
-            cb(part)
-        nxt = part.flush_next
-        if isinstance(nxt, asyncio.Future):
-            part.flush_next = None
-            part.flush_inflight = nxt
-            self._start(part, nxt)
+        else:
+            self.fsyncs += 1
+            self.fsync_seconds += time.perf_counter() - t0
+            if target > part.flushed_end:
+                part.flushed_end = target
+            if target > part.visible_end:
+                part.visible_end = target
+            if not fut.done():
+                fut.set_result(target)
+            for cb in self.on_flushed:
+                cb(part)
+        if not self._inflight and self._next:
+            self._kick()
 
     def tick(self, partitions: list[Partition]) -> None:
         """Force partitions whose oldest unflushed write is older than their interval."""

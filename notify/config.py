@@ -131,6 +131,10 @@ class SystemConfig:
     max_connections: int = 10000
     auth_secret: str = ""
     config_watch_interval_ms: int = 2000
+    max_tx_size: int = 64 * MIB
+    tx_check_back_delay_ms: int = 6000
+    tx_check_back_max_times: int = 15
+    tx_check_back_concurrency: int = 16
 
     @property
     def tx_log_path(self) -> Path:
@@ -194,6 +198,10 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "maxConnections": ("max_connections", _int),
     "authSecret": ("auth_secret", _str),
     "configWatchInterval": ("config_watch_interval_ms", _int),
+    "maxTxSize": ("max_tx_size", _int),
+    "txCheckBackDelay": ("tx_check_back_delay_ms", _int),
+    "txCheckBackMaxTimes": ("tx_check_back_max_times", _int),
+    "txCheckBackConcurrency": ("tx_check_back_concurrency", _int),
 }
 _ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "zk.zkEnable": ("zk_enable", _bool),
@@ -265,6 +273,12 @@ def _check_system(s: SystemConfig) -> None:
     need(s.max_checkpoints >= 1, "maxCheckpoints", "must be >= 1")
     need(s.max_tx_timeout_in_seconds >= 1, "maxTxTimeoutInSeconds", "must be >= 1")
     need(s.max_connections >= 1, "maxConnections", "must be >= 1")
+    need(s.max_tx_size >= 1, "maxTxSize", "must be >= 1")
+    need(s.tx_check_back_delay_ms >= 1, "txCheckBackDelay", "must be >= 1")
+    need(s.tx_check_back_max_times >= 1, "txCheckBackMaxTimes", "must be >= 1")
+    need(s.tx_check_back_concurrency >= 1, "txCheckBackConcurrency", "must be >= 1")
+    need(s.checkpoint_interval_ms >= 1, "checkpointInterval", "must be >= 1")
+    need(s.max_tx_timeout_timer_capacity >= 1, "maxTxTimeoutTimerCapacity", "must be >= 1")
 
 
 def _check_topic(t: TopicConfig) -> None:

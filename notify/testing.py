@@ -50,6 +50,7 @@ class BrokerProcess:
         topics: dict[str, int] | dict[str, dict[str, Any]] | None = None,
         system: dict[str, Any] | None = None,
         log_level: str = "info",
+        env: dict[str, str] | None = None,
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -57,6 +58,7 @@ class BrokerProcess:
         self.topics = DEFAULT_TOPICS if topics is None else topics
         self.system = dict(system or {})
         self.log_level = log_level
+        self.env = dict(env or {})
         self.config_path = self.workdir / "server.ini"
         self.log_path = self.workdir / "broker.log"
         self.host = "127.0.0.1"
@@ -95,7 +97,11 @@ class BrokerProcess:
             str(ready),
         ]
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            cmd,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -127,6 +133,16 @@ class BrokerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return self._reap()
+
+    def wait_exit(self, timeout: float = 20.0) -> int | None:
+        """Wait for the process to end by itself (e.g. at a crashpoint)."""
+        if self.proc is None:
+            return None
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
         return self._reap()
 
     def kill(self) -> None:

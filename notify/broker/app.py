@@ -19,6 +19,7 @@ from typing import Final
 
 from notify.broker.connection import Connection
 from notify.broker.service import BrokerService
+from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, TopicConfig, load_config
 from notify.errors import ConfigError, NotifyError
 from notify.store.flusher import Flusher
@@ -75,6 +76,10 @@ class Broker:
         )
         self.service = BrokerService(self.config, self.store, self.flusher, loop, self.reload)
         service = self.service
+        tm = TransactionManager(service)
+        service.transactions = tm
+        tm.recover()
+        tm.start()
         self._server = await loop.create_server(
             lambda: Connection(service),
             self.config.system.host_name,

@@ -92,7 +92,8 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.authenticated = not service.auth_required
         self.open_groups: dict[tuple[str, int], PendingReplies] = {}
-        self.session: Any = None  # transaction session state (notify.broker.transactions)
+        self.session: set[str] | None = None  # keys of the transactions this connection began
+        self.producer_group = ""  # set by the ``register`` extension
         self._fd = -1
         self._reading_paused = False
         self._writing_paused = False

@@ -15,7 +15,7 @@ import logging
 import struct
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from notify.broker.connection import Connection, PendingReplies
 from notify.broker.idgen import MAX_BATCH, IdGenerator
@@ -28,6 +28,7 @@ from notify.codec.wire import (
     Offset,
     Put,
     Quit,
+    Register,
     Reload,
     Request,
     Stats,
@@ -53,7 +54,7 @@ from notify.store.partition import Partition
 from notify.version import __version__
 
 if TYPE_CHECKING:
-    pass
+    from notify.broker.transactions import TransactionManager
 
 log = logging.getLogger("notify.broker")
 
@@ -125,7 +126,7 @@ class BrokerService:
         self._reload = reload
         self._topic_parts: dict[str, list[Partition]] = {}
         self._accept: dict[str, tuple[bool, bool]] = {}
-        self.transactions: Any = None  # set by the transaction manager when enabled
+        self.transactions: TransactionManager | None = None
         self.refresh_topics()
 
     def refresh_topics(self) -> None:
@@ -337,6 +338,10 @@ class BrokerService:
         tc.put_messages += count
         tc.put_bytes += nbytes
 
+    def _count_put_tx(self, placements: list[tuple[str, int, int, int, int]]) -> None:
+        for topic, _part, _off, count, nbytes in placements:
+            self._count_put(topic, count, nbytes - count * records.HEADER_SIZE)
+
     def commit(self) -> None:
         """Write every pending batch: one buffer and one write per partition."""
         self._commit_scheduled = False
@@ -437,6 +442,11 @@ class BrokerService:
                 self._error(conn, 500, r.opaque, "transactions are not enabled on this broker")
             else:
                 self.transactions.handle(conn, r)
+        elif isinstance(r, Register):
+            if self.transactions is None:
+                self._error(conn, 500, r.opaque, "transactions are not enabled on this broker")
+            else:
+                self.transactions.register(conn, r)
         elif isinstance(r, Sync):
             self._error(conn, 403, r.opaque, "this broker is not a synchronous slave")
 
@@ -484,6 +494,8 @@ class BrokerService:
                 ("fsyncs", self.flusher.fsyncs),
                 ("fsync_seconds", round(self.flusher.fsync_seconds, 3)),
             ]
+            if self.transactions is not None:
+                items += self.transactions.stats_items()
         elif item == "topics":
             items = []
             for t, parts in sorted(self._topic_parts.items()):

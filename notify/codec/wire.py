@@ -34,6 +34,13 @@ notify extensions (old clients never send them; old brokers answer them with an 
     get <topic> <group> <partition> <offset> <maxSize> <maxWaitMs> <opaque>\\r\\n   (8)
         long poll: hold the fetch up to maxWaitMs when no message is there yet.
     auth <secret> <opaque>\\r\\n       shared-secret authentication (when enabled)
+    register <producerGroup> <opaque>\\r\\n
+        this connection belongs to a producer of <producerGroup>: transactions it prepares
+        are half messages the broker may check back on, through any connection of the group
+    check <txKey> <topic> <partition> <len> <opaque>\\r\\n<records>     (broker -> client)
+        check-back of a prepared half message; the producer answers with a plain
+        ``transaction <txKey> <sessionId> COMMIT_TWO_PHASE|ROLLBACK <opaque>``, or not at
+        all when it does not know yet (the broker asks again later)
     reload [<opaque>]\\r\\n            re-read server.ini (new topics, per-topic settings)
 
 Replies::
@@ -193,8 +200,25 @@ class Reload:
     opaque: int
 
 
+@dataclass(slots=True)
+class Register:
+    group: str
+    opaque: int
+
+
 Request = (
-    Put | MultiPut | Get | Offset | Stats | Version | Quit | Transaction | Sync | Auth | Reload
+    Put
+    | MultiPut
+    | Get
+    | Offset
+    | Stats
+    | Version
+    | Quit
+    | Transaction
+    | Sync
+    | Auth
+    | Reload
+    | Register
 )
 
 
@@ -447,6 +471,11 @@ class RequestParser:
             return Auth(_text(t[1], "secret", opaque), opaque)
         if cmd == b"reload":
             return Reload(_int(t[1], "opaque", 0) if n > 1 else 0)
+        if cmd == b"register":
+            if n != 3:
+                raise ProtocolError(f"register: expected 3 tokens, got {n}", 400, _opaque_of(t))
+            opaque = _int(t[2], "opaque", 0)
+            return Register(_text(t[1], "producerGroup", opaque), opaque)
         if not cmd:
             raise ProtocolError("empty command line", 400, 0)
         shown = cmd[:40].decode("latin-1")
@@ -561,14 +590,24 @@ def encode_line(*tokens: object) -> bytes:
     return (" ".join(str(t) for t in tokens) + "\r\n").encode()
 
 
+def encode_check(tx_key: str, topic: str, partition: int, records: bytes, opaque: int) -> bytes:
+    """Broker -> producer: ``check <txKey> <topic> <partition> <len> <opaque>\\r\\n<records>``."""
+    return f"check {tx_key} {topic} {partition} {len(records)} {opaque}\r\n".encode() + records
+
+
 @dataclass(slots=True)
 class Response:
-    """A decoded reply. ``kind`` is ``"result"`` or ``"value"`` (value implies code 200)."""
+    """A decoded reply. ``kind`` is ``"result"``, ``"value"`` (code 200) or ``"check"`` (a
+    broker-initiated check-back: ``tx_key``, ``topic`` and ``partition`` are set, ``body``
+    holds the half message's records, ``code`` is 0)."""
 
     kind: str
     code: int
     opaque: int
     body: bytes
+    tx_key: str | None = None
+    topic: str | None = None
+    partition: int = -1
 
 
 class ResponseParser:
@@ -593,14 +632,18 @@ class ResponseParser:
                     raise ProtocolError("reply header line too long", fatal=True)
                 break
             t = buf[pos:eol].split(b" ")
+            extra: tuple[str | None, str | None, int] = (None, None, -1)
             try:
-                if t[0] == b"result" and len(t) == 4:
+                if t[0] == b"check" and len(t) == 6:
+                    kind, code, length, opaque = "check", 0, int(t[4]), int(t[5])
+                    extra = (t[1].decode(), t[2].decode(), int(t[3]))
+                elif t[0] == b"result" and len(t) == 4:
                     kind, code, length, opaque = "result", int(t[1]), int(t[2]), int(t[3])
                 elif t[0] == b"value" and len(t) == 3:
                     kind, code, length, opaque = "value", 200, int(t[1]), int(t[2])
                 else:
                     raise ValueError
-            except ValueError:
+            except (ValueError, UnicodeDecodeError):
                 shown = buf[pos:eol][:80].decode("latin-1")
                 raise ProtocolError(f"malformed reply line {shown!r}", fatal=True) from None
             if length < 0 or length > self._max_body:
@@ -608,7 +651,7 @@ class ResponseParser:
             start = eol + 2
             if n - start < length:
                 break
-            out.append(Response(kind, code, opaque, buf[start : start + length]))
+            out.append(Response(kind, code, opaque, buf[start : start + length], *extra))
             pos = start + length
         self._rest = buf[pos:] if pos < n else b""
         return out

@@ -96,6 +96,7 @@ class TopicConfig:
     accept_publish: bool = True
     accept_subscribe: bool = True
     stat: bool = True
+    retention_ignores_consumers: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class SystemConfig:
     stat: bool = True
     update_consumer_offsets: bool = False
     # notify extensions (documented in README)
+    retention_ignores_consumers: bool = False
     max_message_size: int = 4 * MIB
     max_connections: int = 10000
     auth_secret: str = ""
@@ -199,6 +201,7 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "authSecret": ("auth_secret", _str),
     "configWatchInterval": ("config_watch_interval_ms", _int),
     "maxTxSize": ("max_tx_size", _int),
+    "retentionIgnoresConsumers": ("retention_ignores_consumers", _bool),
     "txCheckBackDelay": ("tx_check_back_delay_ms", _int),
     "txCheckBackMaxTimes": ("tx_check_back_max_times", _int),
     "txCheckBackConcurrency": ("tx_check_back_concurrency", _int),
@@ -221,6 +224,7 @@ _TOPIC_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "acceptPublish": ("accept_publish", _bool),
     "acceptSubscribe": ("accept_subscribe", _bool),
     "stat": ("stat", _bool),
+    "retentionIgnoresConsumers": ("retention_ignores_consumers", _bool),
 }
 #: topic-level attributes inherited from [system]
 _INHERITED: Final = (
@@ -232,6 +236,7 @@ _INHERITED: Final = (
     "accept_publish",
     "accept_subscribe",
     "stat",
+    "retention_ignores_consumers",
 )
 
 SYSTEM_KEYS: Final = tuple(_SYSTEM_KEYS)
@@ -283,6 +288,12 @@ def _check_system(s: SystemConfig) -> None:
 
 def _check_topic(t: TopicConfig) -> None:
     sec = f"topic={t.name}"
+    from notify.store.retention import quartz_trigger
+
+    try:
+        quartz_trigger(t.delete_when)
+    except ConfigError as e:
+        raise ConfigError(f"[{sec}] {e}") from None
     if t.num_partitions < 1 or t.num_partitions > 65536:
         raise ConfigError(f"[{sec}] numPartitions: must be in 1..65536")
     if t.unflush_threshold < 0 or t.unflush_interval_ms < 0:

@@ -17,6 +17,8 @@ import time
 from dataclasses import replace
 from typing import Final
 
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
 from notify.broker.connection import Connection
 from notify.broker.service import BrokerService
 from notify.broker.transactions import TransactionManager
@@ -24,6 +26,14 @@ from notify.config import ServerConfig, TopicConfig, load_config
 from notify.errors import ConfigError, NotifyError
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
+from notify.store.retention import (
+    LIVE_CONSUMER_S,
+    RetentionResult,
+    plan_cut,
+    quartz_trigger,
+    remove_before,
+    zip_segments,
+)
 
 log = logging.getLogger("notify.broker")
 
@@ -43,6 +53,7 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self._config_mtime: float | None = None
+        self.scheduler: AsyncIOScheduler | None = None
         self.port = config.system.server_port
         self.host = config.system.host_name
 
@@ -76,10 +87,14 @@ class Broker:
         )
         self.service = BrokerService(self.config, self.store, self.flusher, loop, self.reload)
         service = self.service
-        tm = TransactionManager(service)
+        self.scheduler = AsyncIOScheduler(event_loop=loop)
+        tm = TransactionManager(service, self.scheduler)
         service.transactions = tm
         tm.recover()
-        tm.start()
+        tm.add_jobs()
+        for topic in self.store.topics.values():
+            self._schedule_retention(topic)
+        self.scheduler.start()
         self._server = await loop.create_server(
             lambda: Connection(service),
             self.config.system.host_name,
@@ -112,6 +127,9 @@ class Broker:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        if self.scheduler is not None:
+            with contextlib.suppress(Exception):
+                self.scheduler.shutdown(wait=False)
         if self.service is not None:
             self.service.commit()
             if self.service.transactions is not None:
@@ -227,3 +245,43 @@ class Broker:
 
     def _apply_topic(self, tc: TopicConfig) -> None:
         self.store.add_topic(tc)
+        self._schedule_retention(tc)
+
+    # ------------------------------------------------------------------ retention
+
+    def _schedule_retention(self, tc: TopicConfig) -> None:
+        if self.scheduler is None:
+            return
+        self.scheduler.add_job(
+            self.run_retention,
+            quartz_trigger(tc.delete_when),
+            args=[tc.name],
+            id=f"retention:{tc.name}",
+            replace_existing=True,
+            max_instances=1,
+            coalesce=True,
+        )
+
+    async def run_retention(self, topic: str) -> list[RetentionResult]:
+        """Apply the topic's deletePolicy now (also run by its deleteWhen schedule)."""
+        tc = self.store.topics.get(topic)
+        if tc is None or self.service is None:
+            return []
+        loop = asyncio.get_running_loop()
+        out = []
+        now = time.monotonic()
+        for part in self.store.topic_partitions(topic):
+            seen = self.service.consumer_positions.get((topic, part.index), {})
+            live = [off for off, t in seen.values() if now - t < LIVE_CONSUMER_S]
+            cut, kept = plan_cut(part, tc.delete_policy, live, tc.retention_ignores_consumers)
+            if cut <= part.min_offset:
+                if kept:
+                    log.info(
+                        "retention %s-%d: expired data kept for a live consumer", topic, part.index
+                    )
+                continue
+            if tc.delete_policy.action == "archive" and tc.delete_policy.compress:
+                paths = [s.path for s in part.segments[:-1] if s.end <= cut]
+                await loop.run_in_executor(None, zip_segments, paths)
+            out.append(remove_before(part, cut, tc.delete_policy, kept))
+        return out

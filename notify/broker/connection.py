@@ -68,12 +68,12 @@ class PendingReplies:
 
     def resolve(self) -> None:
         self.done = True
-        self.conn.pump()
+        self.conn.schedule_pump()
 
     def fail(self, code: int, message: str) -> None:
         self.error = ProtocolError(message, code)
         self.done = True
-        self.conn.pump()
+        self.conn.schedule_pump()
 
 
 OutItem = bytes | PendingReplies | Slice
@@ -97,6 +97,7 @@ class Connection(asyncio.Protocol):
         self._fd = -1
         self._reading_paused = False
         self._writing_paused = False
+        self._pump_scheduled = False
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -150,10 +151,21 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ output
 
     def send(self, item: OutItem) -> None:
-        """Queue a reply item; written as soon as everything before it is ready."""
+        """Queue a reply item; written as soon as everything before it is ready.
+
+        Writes are deferred to the end of the current loop turn, so all the replies a
+        turn produces for this connection leave in one ``write``."""
         self.out.append(item)
-        if len(self.out) == 1:
-            self.pump()
+        self.schedule_pump()
+
+    def schedule_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self.service.loop.call_soon(self._scheduled_pump)
+
+    def _scheduled_pump(self) -> None:
+        self._pump_scheduled = False
+        self.pump()
 
     def close_after_replies(self) -> None:
         self.closing = True

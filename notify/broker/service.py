@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import logging
 import struct
+import time
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
@@ -127,6 +128,8 @@ class BrokerService:
         self._topic_parts: dict[str, list[Partition]] = {}
         self._accept: dict[str, tuple[bool, bool]] = {}
         self.transactions: TransactionManager | None = None
+        #: (topic, partition) -> group -> (last fetched offset, monotonic time)
+        self.consumer_positions: dict[tuple[str, int], dict[str, tuple[int, float]]] = {}
         self.refresh_topics()
 
     def refresh_topics(self) -> None:
@@ -402,6 +405,10 @@ class BrokerService:
             return self._error(conn, 400, r.opaque, f"Bad request,invalid max size {r.max_size}")
         tc = st.topic(r.topic)
         tc.get_requests += 1
+        seen = self.consumer_positions.get((r.topic, r.partition))
+        if seen is None:
+            seen = self.consumer_positions[(r.topic, r.partition)] = {}
+        seen[r.group] = (r.offset, time.monotonic())
         try:
             sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
         except OffsetOutOfRangeError as e:

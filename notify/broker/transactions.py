@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -123,7 +123,7 @@ def _now_ms() -> int:
 class TransactionManager:
     """Transactions of one broker; all methods run on the broker's event loop."""
 
-    def __init__(self, service: BrokerService):
+    def __init__(self, service: BrokerService, scheduler: AsyncIOScheduler):
         self.service = service
         self.store = service.store
         sysc = service.config.system
@@ -138,7 +138,8 @@ class TransactionManager:
         self.txs: dict[str, BrokerTx] = {}
         self.groups: dict[str, list[Connection]] = {}
         self.stats = TxStats()
-        self.scheduler = AsyncIOScheduler(event_loop=self.loop)
+        self.scheduler = scheduler
+        self.force_at_commit = sysc.flush_tx_log_at_commit == 1
         self._opaque = 0
         self._closed = False
 
@@ -224,7 +225,7 @@ class TransactionManager:
             time.monotonic() - t0,
         )
 
-    def start(self) -> None:
+    def add_jobs(self) -> None:
         sch = self.scheduler
         sch.add_job(self._expire_job, "interval", seconds=0.5, id="tx-timeouts", max_instances=1)
         sch.add_job(self._check_back_job, "interval", seconds=0.5, id="tx-check-back")
@@ -236,14 +237,11 @@ class TransactionManager:
             id="tx-checkpoint",
             max_instances=1,
         )
-        sch.start()
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(Exception):
-            self.scheduler.shutdown(wait=False)
         self._checkpoint_now()
         self.log.close()
 
@@ -285,7 +283,10 @@ class TransactionManager:
                     tx.key,
                     tx.checks,
                 )
-                await self._rollback(tx, TxEvent.ROLLBACK, "check-back exhausted")
+                pos, _finish, _ = self._rollback(tx, TxEvent.ROLLBACK, "check-back exhausted")
+                if pos is not None:
+                    with contextlib.suppress(TxLogError):
+                        await self.log.sync_async(pos)
                 continue
             conns = [c for c in self.groups.get(tx.group, []) if not c.closing]
             if not conns:
@@ -418,25 +419,37 @@ class TransactionManager:
             )
         )
 
-    def _deferred(
-        self, conn: Connection, opaque: int, work: Callable[[], Awaitable[bytes]]
+    def _step(
+        self,
+        conn: Connection,
+        opaque: int,
+        start: Callable[[], tuple[Position | None, Callable[[], bytes], str]],
     ) -> None:
-        """Reply in order with the result of async work (a durable log write)."""
+        """Run a transaction step: ``start()`` changes state and appends its record (no
+        fsync) and returns ``(position to force or None, finish, what a failed fsync
+        means)``. With flushTxLogAtCommit=1 the reply waits for the group-committed fsync
+        of that position; otherwise ``finish`` runs and the reply is sent at once."""
+        try:
+            pos, finish, unsure = start()
+            if pos is None or not self.force_at_commit:
+                conn.send(encode_result(200, opaque, finish()))
+                return
+        except TxFailure as e:
+            return self._fail(conn, opaque, e)
         slot = PendingReplies(conn, 0)
         slot.items.append([opaque])
         conn.send(slot)
 
         async def run() -> None:
             try:
-                body = await work()
-                slot.body = encode_result(200, opaque, body)
+                try:
+                    await self.log.sync_async(pos)
+                except TxLogError as e:
+                    raise TxFailure(XAER_RMFAIL, f"{unsure}: {e}") from e
+                slot.body = encode_result(200, opaque, finish())
             except TxFailure as e:
                 slot.body = encode_result(
                     e.http, opaque, f"XAException:code={e.code},msg={e}".encode()
-                )
-            except NotifyError as e:
-                slot.body = encode_result(
-                    500, opaque, f"XAException:code={XAER_RMERR},msg={e}".encode()
                 )
             slot.resolve()
 
@@ -462,8 +475,7 @@ class TransactionManager:
                 self._transition(tx, TxEvent.END)
                 conn.send(encode_result(200, r.opaque, b""))
             elif t == "PREPARE":
-                self._check(tx, TxEvent.PREPARE, conn)
-                self._deferred(conn, r.opaque, lambda: self._prepare(tx, conn))
+                self._step(conn, r.opaque, lambda: self._prepare(tx, conn))
             elif t in ("COMMIT_ONE_PHASE", "COMMIT_TWO_PHASE"):
                 ev = (
                     TxEvent.COMMIT_ONE_PHASE
@@ -471,12 +483,10 @@ class TransactionManager:
                     else TxEvent.COMMIT_TWO_PHASE
                 )
                 self._check(tx, ev, conn)
-                self._deferred(conn, r.opaque, lambda: self._commit(tx, ev))
+                self._step(conn, r.opaque, lambda: self._commit(tx, ev))
             elif t == "ROLLBACK":
                 self._check(tx, TxEvent.ROLLBACK, conn)
-                self._deferred(
-                    conn, r.opaque, lambda: self._rollback(tx, TxEvent.ROLLBACK, "rollback")
-                )
+                self._step(conn, r.opaque, lambda: self._rollback(tx, TxEvent.ROLLBACK, "rollback"))
             elif t == "FORGET":
                 self._transition(tx, TxEvent.FORGET)
                 self.log.append(lr.FORGET, lr.Forget(key).encode())
@@ -553,33 +563,41 @@ class TransactionManager:
 
     # ------------------------------------------------------------------ the steps
 
-    async def _prepare(self, tx: BrokerTx, conn: Connection) -> bytes:
+    def _prepare(
+        self, tx: BrokerTx, conn: Connection
+    ) -> tuple[Position | None, Callable[[], bytes], str]:
         self._check(tx, TxEvent.PREPARE, conn)
         if not tx.batches:
             # no work: vote read-only, nothing to remember
             tx.state = TxState.COMMITTED
             self._forget_finished(tx)
-            return b"%d" % XA_RDONLY
+            return None, lambda: b"%d" % XA_RDONLY, ""
+        prev = tx.state
         tx.state = TxState.PREPARED
-        tx.group = getattr(conn, "producer_group", "") or ""
+        tx.group = conn.producer_group
         tx.prepared_at_ms = _now_ms()
         body = lr.Prepare(tx.key, tx.prepared_at_ms, tx.timeout_s, tx.group).encode()
         try:
-            await self.log.commit_async(lr.PREPARE, body)
+            pos = self.log.append(lr.PREPARE, body)
         except TxLogError as e:
-            # durability unknown: the transaction must not be reported prepared
-            tx.state = TxState.ENDED
-            raise TxFailure(XAER_RMFAIL, f"prepare not durable: {e}") from e
-        crashpoint("after_prepare_record")
-        return b"%d" % XA_OK
+            tx.state = prev
+            raise TxFailure(XAER_RMFAIL, f"prepare record not written: {e}") from e
 
-    async def _commit(self, tx: BrokerTx, ev: TxEvent) -> bytes:
+        def finish() -> bytes:
+            crashpoint("after_prepare_record")
+            return b"%d" % XA_OK
+
+        return pos, finish, "prepare not known to be durable; roll it back"
+
+    def _commit(
+        self, tx: BrokerTx, ev: TxEvent
+    ) -> tuple[Position | None, Callable[[], bytes], str]:
         self._transition(tx, ev)  # -> COMMITTING; no other command can touch it now
         if not tx.batches:
             tx.state = TxState.COMMITTED
             self._forget_finished(tx)
             self.stats.committed += 1
-            return b""
+            return None, lambda: b"", ""
         hints = []
         seen: set[tuple[str, int]] = set()
         for b in tx.batches:
@@ -590,17 +608,21 @@ class TransactionManager:
                 hints.append((b.topic, b.partition, part.end if part is not None else 0))
         tx.hints = tuple(hints)
         try:
-            await self.log.commit_async(lr.COMMIT, lr.Commit(tx.key, _now_ms(), tx.hints).encode())
+            pos = self.log.append(lr.COMMIT, lr.Commit(tx.key, _now_ms(), tx.hints).encode())
         except TxLogError as e:
-            # the decision may or may not be on disk: a restart resolves it (re-apply if it
-            # is); meanwhile nothing was applied, so the client must treat it as unknown
-            raise TxFailure(XAER_RMFAIL, f"commit decision not durable: {e}") from e
-        crashpoint("after_commit_record")
-        self._apply(tx)
-        self.stats.committed += 1
-        if tx.apply_error:
-            return b"committed; messages will appear when the store recovers"
-        return b""
+            tx.state = TxState.PREPARED if ev is TxEvent.COMMIT_TWO_PHASE else TxState.ENDED
+            raise TxFailure(XAER_RMFAIL, f"commit record not written: {e}") from e
+
+        def finish() -> bytes:
+            crashpoint("after_commit_record")
+            self._apply(tx)
+            self.stats.committed += 1
+            if tx.apply_error:
+                return b"committed; messages will appear when the store recovers"
+            return b""
+
+        # a failed fsync leaves the decision unknown: the restart's recovery settles it
+        return pos, finish, "commit decision not known to be durable (outcome unknown)"
 
     def _apply(self, tx: BrokerTx, recovering: bool = False) -> None:
         """Append the transaction's messages to their partitions (once), then log APPLIED."""
@@ -694,25 +716,22 @@ class TransactionManager:
             return 0, -1
         return sum(r.size for r in want[:matched]), found_at
 
-    async def _rollback(self, tx: BrokerTx, ev: TxEvent, reason: str) -> bytes:
+    def _rollback(
+        self, tx: BrokerTx, ev: TxEvent, reason: str
+    ) -> tuple[Position | None, Callable[[], bytes], str]:
         was_prepared = tx.state is TxState.PREPARED
         self._transition(tx, ev)
         tx.ended_reason = reason
+        pos: Position | None = None
         if tx.batches:
-            body = lr.Rollback(tx.key, reason).encode()
             try:
-                if was_prepared:
-                    await self.log.commit_async(lr.ROLLBACK, body)
-                else:
-                    self.log.append(lr.ROLLBACK, body)  # presumed abort: no fsync needed
+                pos = self.log.append(lr.ROLLBACK, lr.Rollback(tx.key, reason).encode())
             except TxLogError as e:
-                if was_prepared:
-                    tx.state = TxState.PREPARED
-                    raise TxFailure(XAER_RMFAIL, f"rollback not durable: {e}") from e
                 log.warning("rollback record of %s not written: %s", tx.key, e)
         self.stats.rolled_back += 1
         self._forget_finished(tx)
-        return b""
+        # presumed abort: only a prepared transaction's rollback needs to be forced
+        return (pos if was_prepared else None), lambda: b"", "rollback not known to be durable"
 
     def _rollback_now(self, tx: BrokerTx, ev: TxEvent, reason: str) -> None:
         """Roll back an unprepared transaction synchronously (timeouts, dropped connections)."""

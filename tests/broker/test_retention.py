@@ -17,7 +17,7 @@ from tests.wireclient import WireClient
 
 
 def test_quartz_conversion() -> None:
-    utc = dt.timezone.utc
+    utc = dt.UTC
     start = dt.datetime(2026, 11, 22, 7, 0, 0, tzinfo=utc)  # a Sunday
     t = quartz_trigger("0 0 6,18 * * ?", "UTC")
     assert t.get_next_fire_time(None, start) == dt.datetime(2026, 11, 22, 18, 0, tzinfo=utc)
@@ -68,8 +68,11 @@ def test_expired_segments_deleted_archived_and_consumers_protected(
             "arc": {"deletePolicy": "archive,1s", "deleteWhen": every},
             "zip": {"deletePolicy": "archive,1s,zip", "deleteWhen": every},
             "held": {"deletePolicy": "delete,1s", "deleteWhen": every},
-            "forced": {"deletePolicy": "delete,1s", "deleteWhen": every,
-                       "retentionIgnoresConsumers": "true"},
+            "forced": {
+                "deletePolicy": "delete,1s",
+                "deleteWhen": every,
+                "retentionIgnoresConsumers": "true",
+            },
             "young": {"deletePolicy": "delete,1h", "deleteWhen": every},
         },
         maxSegmentSize=4096,
@@ -84,7 +87,8 @@ def test_expired_segments_deleted_archived_and_consumers_protected(
     data = b.data_dir
     assert _min_offset(b.addr, "del") > 0
     assert [n for n in _segments(data / "del-0") if n.endswith(".meta")] == [
-        f"{_min_offset(b.addr, 'del'):020d}.meta"]
+        f"{_min_offset(b.addr, 'del'):020d}.meta"
+    ]
     arc = _segments(data / "arc-0")
     assert any(n.endswith(".meta.arc") for n in arc) and _min_offset(b.addr, "arc") > 0
     assert any(n.endswith(".meta.zip") for n in _segments(data / "zip-0"))

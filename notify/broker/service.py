@@ -16,7 +16,7 @@ import struct
 import time
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from notify.broker.connection import Connection, PendingReplies
 from notify.broker.idgen import MAX_BATCH, IdGenerator
@@ -62,6 +62,8 @@ log = logging.getLogger("notify.broker")
 _HEADER = records.HEADER
 _CRC_MASK: Final = 0x7FFFFFFF
 _ID_AT = struct.Struct(">q")
+#: Longest a long-poll ``get`` may be held, whatever the client asks.
+MAX_LONG_POLL_MS: Final = 60_000
 MPUT_MAX_BYTES: Final = 16 * 1024 * 1024
 STATS_ITEMS: Final = ("", "topics", "offsets", "realtime", "config", "reset", "help")
 
@@ -126,6 +128,7 @@ class BrokerService:
         self._commit_scheduled = False
         self._reload = reload
         self._topic_parts: dict[str, list[Partition]] = {}
+        self._waiting: dict[Partition, list[list[Any]]] = {}
         self._accept: dict[str, tuple[bool, bool]] = {}
         self.transactions: TransactionManager | None = None
         #: (topic, partition) -> group -> (last fetched offset, monotonic time)
@@ -134,6 +137,8 @@ class BrokerService:
 
     def refresh_topics(self) -> None:
         """Re-read the topic table from the store (after a config reload)."""
+        for part in self.store.all_partitions():
+            part.on_visible = self.partition_visible
         self._topic_parts = {t: self.store.topic_partitions(t) for t in self.store.topics}
         self._accept = {
             t: (c.accept_publish, c.accept_subscribe) for t, c in self.store.topics.items()
@@ -414,6 +419,8 @@ class BrokerService:
         except OffsetOutOfRangeError as e:
             return conn.send(encode_result(301, r.opaque, b"%d" % e.nearest))
         if sl is None:
+            if r.max_wait_ms > 0:
+                return self._park(conn, part, r)
             st.get_misses += 1
             tc.get_misses += 1
             return self._error(
@@ -423,6 +430,60 @@ class BrokerService:
         tc.get_bytes += sl.length
         conn.send(encode_value_header(sl.length, r.opaque))
         conn.send(sl)
+
+    # ------------------------------------------------------------------ long poll
+
+    def _park(self, conn: Connection, part: Partition, r: Get) -> None:
+        """Hold a ``get`` (8-token form) until the partition has data or the wait ends."""
+        slot = PendingReplies(conn, r.partition)
+        slot.items.append([r.opaque])
+        conn.send(slot)
+        wait_s = min(r.max_wait_ms, MAX_LONG_POLL_MS) / 1000.0
+        entry: list[Any] = [conn, r, slot, None]
+        entry[3] = self.loop.call_later(wait_s, self._unpark, part, entry, True)
+        waiters = self._waiting.get(part)
+        if waiters is None:
+            waiters = self._waiting[part] = []
+        waiters.append(entry)
+        part.waiting = True
+        self.stats.parked_gets += 1
+
+    def _unpark(self, part: Partition, entry: list[Any], expired: bool) -> None:
+        _conn, r, slot, timer = entry
+        waiters = self._waiting.get(part)
+        if waiters is not None and entry in waiters:
+            waiters.remove(entry)
+            if not waiters:
+                del self._waiting[part]
+                part.waiting = False
+        if not expired:
+            timer.cancel()
+        if slot.done:
+            return
+        try:
+            sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
+        except OffsetOutOfRangeError as e:
+            slot.body = encode_result(301, r.opaque, b"%d" % e.nearest)
+            slot.resolve()
+            return
+        if sl is None:
+            self.stats.get_misses += 1
+            slot.body = encode_result(
+                404,
+                r.opaque,
+                f"no message at offset {r.offset} of {r.topic}-{r.partition}".encode(),
+            )
+        else:
+            data = sl.segment.read(sl.file_pos, sl.length)
+            self.stats.get_bytes += len(data)
+            slot.body = encode_value_header(len(data), r.opaque) + data
+        slot.resolve()
+
+    def partition_visible(self, part: Partition) -> None:
+        """Called when ``part``'s visible end advanced: answer the gets parked on it."""
+        for entry in list(self._waiting.get(part, ())):
+            if entry[1].offset < part.visible_end:
+                self._unpark(part, entry, False)
 
     def _offset(self, conn: Connection, r: Offset) -> None:
         self.stats.cmd_offset += 1

@@ -39,6 +39,7 @@ class BrokerStats:
     put_bytes: int = 0
     put_failed: int = 0
     get_misses: int = 0
+    parked_gets: int = 0
     get_bytes: int = 0
     protocol_errors: int = 0
     connections_total: int = 0
@@ -96,6 +97,7 @@ class BrokerStats:
             ("put_bytes", self.put_bytes),
             ("put_failed", self.put_failed),
             ("get_miss", self.get_misses),
+            ("parked_gets", self.parked_gets),
             ("get_bytes", self.get_bytes),
             ("protocol_errors", self.protocol_errors),
             ("rusage_user", round(ru.ru_utime, 3)),

@@ -129,6 +129,8 @@ class Flusher:
                 part.flushed_end = target
             if target > part.visible_end:
                 part.visible_end = target
+                if part.waiting and part.on_visible is not None:
+                    part.on_visible(part)
             if not fut.done():
                 fut.set_result(target)
             for cb in self.on_flushed:

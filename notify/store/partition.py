@@ -20,6 +20,7 @@ import bisect
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -85,6 +86,9 @@ class Partition:
         self.failed: str | None = None
         self.recovery: RecoveryReport | None = None
         self.closed = False
+        #: long-poll hook: called when ``visible_end`` advances while ``waiting`` is set
+        self.waiting = False
+        self.on_visible: Callable[[Partition], None] | None = None
 
     # ------------------------------------------------------------------ open / recover
 
@@ -222,6 +226,8 @@ class Partition:
         offset = seg.append(data)
         if not self.group_commit:
             self.visible_end = seg.end
+            if self.waiting and self.on_visible is not None:
+                self.on_visible(self)
         return offset
 
     def _roll(self) -> Segment:

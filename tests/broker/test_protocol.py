@@ -276,3 +276,33 @@ def test_too_many_connections_refused(broker_factory: BrokerFactory) -> None:
 
 def test_checksum_value_matches_metaq_definition() -> None:
     assert crc(b"hello") == zlib.crc32(b"hello") & 0x7FFFFFFF == records.checksum(b"hello")
+
+
+def test_long_poll_get_wakes_on_put_and_times_out(broker_factory: BrokerFactory) -> None:
+    import threading
+
+    b = broker_factory(topics={"lp": 1, "gc": {"numPartitions": 1, "unflushThreshold": 0}})
+    for topic in ("lp", "gc"):
+        with WireClient(b.addr) as c:
+            t0 = time.monotonic()
+            miss = c.call(b"get %s g 0 0 4096 300 1\r\n" % topic.encode())
+            waited = time.monotonic() - t0
+            assert miss.code == 404 and 0.25 <= waited < 2.0
+            c.send(b"get %s g 0 0 4096 5000 2\r\n" % topic.encode())
+            t1 = time.monotonic()
+
+            def later() -> None:
+                time.sleep(0.2)
+                with WireClient(b.addr) as p:
+                    p.put(topic, 0, b"wake")
+
+            th = threading.Thread(target=later)
+            th.start()
+            (r,) = c.replies(1)
+            th.join()
+            assert r.kind == "value" and r.opaque == 2
+            assert 0.15 <= time.monotonic() - t1 < 2.0
+            (rec,), _ = records.decode_all(r.body)
+            assert rec.body == b"wake"
+            # old clients (7 tokens) still get an immediate 404
+            assert c.call(b"get %s g 0 %d 4096 3\r\n" % (topic.encode(), rec.size)).code == 404

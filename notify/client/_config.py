@@ -1,0 +1,108 @@
+"""Small typed configuration objects of the client, defaults as named constants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Default fetch window (MetaQ's consumer ``maxSize``).
+DEFAULT_MAX_SIZE_BYTES = 1 << 20
+#: Upper bound the fetch window may grow to when a record does not fit the window.
+DEFAULT_MAX_FETCH_BYTES = 64 << 20
+DEFAULT_REQUEST_TIMEOUT_S = 10.0
+DEFAULT_CONNECT_TIMEOUT_S = 3.0
+DEFAULT_RECONNECT_BACKOFF_MIN_S = 0.05
+DEFAULT_RECONNECT_BACKOFF_MAX_S = 2.0
+DEFAULT_SEND_RETRIES = 3
+DEFAULT_SEND_RETRY_BACKOFF_S = 0.1
+DEFAULT_BATCH_MAX_COUNT = 1000
+DEFAULT_BATCH_MAX_BYTES = 512 * 1024
+DEFAULT_COMMIT_INTERVAL_S = 5.0
+DEFAULT_MAX_RETRIES = 5
+DEFAULT_RETRY_DELAY_S = 0.05
+DEFAULT_RETRY_DELAY_MAX_S = 2.0
+DEFAULT_RECOVER_INTERVAL_S = 300.0
+DEFAULT_MAX_RECOVER_ATTEMPTS = 3
+DEFAULT_DEDUP_WINDOW = 10_000
+DEFAULT_IDLE_BACKOFF_MIN_S = 0.01
+DEFAULT_IDLE_BACKOFF_MAX_S = 0.2
+DEFAULT_METADATA_TTL_S = 60.0
+DEFAULT_SPOOL_REPLAY_INTERVAL_S = 1.0
+DEFAULT_LISTENER_THREADS = 4
+#: Largest offset (int64 max): the ``offset`` command answers it with the partition's end.
+MAX_OFFSET = 9223372036854775807
+
+
+@dataclass(slots=True)
+class ClientConfig:
+    """Connection settings shared by all producers and consumers of one session factory."""
+
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    reconnect_backoff_min_s: float = DEFAULT_RECONNECT_BACKOFF_MIN_S
+    reconnect_backoff_max_s: float = DEFAULT_RECONNECT_BACKOFF_MAX_S
+    #: How long a topic's partition list is cached before ``stats topics`` is asked again.
+    metadata_ttl_s: float = DEFAULT_METADATA_TTL_S
+    #: Use uvloop for the background event loop of the synchronous API when installed.
+    use_uvloop: bool = True
+
+
+@dataclass(slots=True)
+class ProducerConfig:
+    """Producer settings.
+
+    ``ordered``: at most one batch in flight per partition, and when a partition stays
+    unavailable after ``retries`` the message goes to an on-disk spool under ``spool_dir``
+    which is replayed, in order, when the partition comes back (MetaQ's
+    OrderedMessageProducer).
+    """
+
+    retries: int = DEFAULT_SEND_RETRIES
+    retry_backoff_s: float = DEFAULT_SEND_RETRY_BACKOFF_S
+    batch_max_count: int = DEFAULT_BATCH_MAX_COUNT
+    batch_max_bytes: int = DEFAULT_BATCH_MAX_BYTES
+    #: Batches in flight per partition (1 keeps order even across retries).
+    max_in_flight_per_partition: int = 1
+    #: Use the ``mput`` extension for batches (falls back to pipelined ``put`` on 400).
+    use_mput: bool = True
+    #: Send a checksum with every ``put`` (7-token form).
+    send_checksum: bool = True
+    ordered: bool = False
+    spool_dir: Path | None = None
+    spool_replay_interval_s: float = DEFAULT_SPOOL_REPLAY_INTERVAL_S
+
+
+@dataclass(slots=True)
+class ConsumerConfig:
+    """Consumer settings.
+
+    ``data_dir`` holds the local offset file (unless another ``OffsetStore`` is given to the
+    consumer), the recover store and the dead letters.
+    """
+
+    group: str
+    data_dir: Path = field(default_factory=lambda: Path(".notify-client"))
+    #: Where to start when no offset is stored: "earliest" or "latest".
+    initial_offset: str = "earliest"
+    commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S
+    max_retries: int = DEFAULT_MAX_RETRIES
+    retry_delay_s: float = DEFAULT_RETRY_DELAY_S
+    retry_delay_max_s: float = DEFAULT_RETRY_DELAY_MAX_S
+    #: Per-message listener timeout; a listener running longer counts as a failure.
+    listener_timeout_s: float | None = 30.0
+    listener_threads: int = DEFAULT_LISTENER_THREADS
+    recover_interval_s: float = DEFAULT_RECOVER_INTERVAL_S
+    max_recover_attempts: int = DEFAULT_MAX_RECOVER_ATTEMPTS
+    dedup_window: int = DEFAULT_DEDUP_WINDOW
+    max_fetch_bytes: int = DEFAULT_MAX_FETCH_BYTES
+    idle_backoff_min_s: float = DEFAULT_IDLE_BACKOFF_MIN_S
+    idle_backoff_max_s: float = DEFAULT_IDLE_BACKOFF_MAX_S
+    #: > 0: long-poll ``get`` (8-token form) holding the fetch up to this many ms.
+    long_poll_ms: int = 0
+    #: Broadcast: this instance is its own group ``<group>-<instance_id>``, offsets local.
+    broadcast: bool = False
+    #: Stable id of this instance (broadcast); None: read or create ``<data_dir>/<group>.instance``.
+    instance_id: str | None = None
+    #: Static share of the partitions (index, count) until ZooKeeper rebalancing lands.
+    member_index: int = 0
+    member_count: int = 1

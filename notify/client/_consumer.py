@@ -1,0 +1,859 @@
+"""The pull consumer core (asyncio). The synchronous :class:`Consumer` runs this same code.
+
+Per subscribed partition one task fetches windows of raw records (``get``), decodes the
+whole records (a window may end mid-record), and hands each message, in offset order, to
+the listener; the next window is prefetched while the listener works. Then:
+
+* filter (predicate or attribute value set) -> skipped messages still advance the offset;
+* duplicate window (bounded LRU of ``(partition, msgId)``) -> counted, not delivered again;
+* listener failure or timeout -> retried ``max_retries`` times with growing delay, then the
+  message is written to the local :class:`RecoverStore` (fsync) and consumption moves on;
+  an APScheduler job re-delivers recover-store messages every ``recover_interval_s`` and
+  turns them into dead letters after ``max_recover_attempts``;
+* the offset of a partition advances only past messages that were handled (delivered,
+  filtered, duplicate or safely in the recover store); offsets are committed every
+  ``commit_interval_s``, on :meth:`AsyncConsumer.commit` and on shutdown, so a killed
+  process re-consumes from its last commit (at-least-once).
+
+Replies: ``404`` = nothing new (idle backoff ``idle_backoff_min_s`` doubling to
+``idle_backoff_max_s``, or a long poll when ``long_poll_ms`` > 0); ``301`` = continue at the
+offset in the body; a window without a whole record grows ``maxSize`` (see
+:class:`~notify.client._fetchsize.FetchSizer`). Connection failures back off and resume from
+the in-memory offset once the pool has reconnected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from notify.codec.records import CorruptRecordError, decode_all, first_record_size
+from notify.codec.wire import Response, encode_get, encode_offset
+from notify.errors import BrokerError, ClientError, ConnectionLostError
+
+from ._config import MAX_OFFSET, ClientConfig, ConsumerConfig
+from ._connection import ConnectionPool
+from ._dedup import DuplicateWindow
+from ._errors import ListenerTimeoutError
+from ._fetchsize import FetchSizer
+from ._message import Message
+from ._offsets import FileOffsetStore, OffsetStore, TopicPartitionOffset
+from ._recover import RecoverStore, StoredMessage
+from ._routing import Partition, TopicRouter
+
+log = logging.getLogger("notify.client")
+
+MessageListener = Callable[[Message], Any]
+"""A listener: a plain callable (run on the consumer's executor) or a coroutine function."""
+MessageFilter = Callable[[Message], bool] | Collection[str]
+"""A filter: a predicate over the message, or the set of attribute values to accept."""
+
+_CORRUPT_REFETCHES = 3
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    """Counters of one consumer (a snapshot is returned by ``stats``)."""
+
+    fetches: int = 0
+    empty_fetches: int = 0
+    fetch_errors: int = 0
+    messages: int = 0
+    delivered: int = 0
+    filtered: int = 0
+    duplicates: int = 0
+    listener_failures: int = 0
+    recover_stored: int = 0
+    recovered: int = 0
+    recover_failures: int = 0
+    dead_lettered: int = 0
+    redirects: int = 0
+    fetch_growths: int = 0
+    corrupt_skipped: int = 0
+    commits: int = 0
+
+    def snapshot(self) -> ConsumerStats:
+        """A copy of the counters."""
+        return ConsumerStats(**asdict(self))
+
+
+def _make_filter(f: MessageFilter | None) -> Callable[[Message], bool] | None:
+    if f is None:
+        return None
+    if callable(f):
+        return f
+    values = frozenset(f)
+    return lambda m: m.attribute in values
+
+
+@dataclass(slots=True)
+class _Subscription:
+    topic: str
+    listener: MessageListener | None
+    max_size: int
+    accept: Callable[[Message], bool] | None
+    is_async: bool
+
+
+class _Cursor:
+    """Position of the consumer in one partition."""
+
+    __slots__ = (
+        "corrupt",
+        "deadline",
+        "dirty",
+        "done",
+        "msg_id",
+        "partition",
+        "position",
+        "sizer",
+        "task",
+        "timed_out",
+        "topic",
+    )
+
+    def __init__(self, topic: str, partition: Partition, sizer: FetchSizer):
+        self.topic = topic
+        self.partition = partition
+        self.sizer = sizer
+        self.position = -1  # next offset to fetch
+        self.done = -1  # offset up to which everything is handled (committable)
+        self.msg_id = -1
+        self.dirty = False
+        self.corrupt = 0
+        # listener watchdog: the cursor task is cancelled when ``deadline`` passes
+        self.task: asyncio.Task[None] | None = None
+        self.deadline = 0.0  # 0: no listener running
+        self.timed_out = False
+
+
+def _share(parts: list[Partition], index: int, count: int) -> list[Partition]:
+    """Contiguous share ``index`` of ``count`` (the first ``P % C`` members get one more)."""
+    if count <= 1:
+        return parts
+    per, extra = divmod(len(parts), count)
+    start = index * per + min(index, extra)
+    return parts[start : start + per + (1 if index < extra else 0)]
+
+
+def _instance_id(cfg: ConsumerConfig) -> str:
+    if cfg.instance_id:
+        return cfg.instance_id
+    path = Path(cfg.data_dir) / f"{cfg.group}.instance"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    iid = f"{os.uname().nodename}-{uuid.uuid4().hex[:12]}".replace(" ", "_")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(iid)
+    os.replace(tmp, path)
+    return iid
+
+
+class AsyncConsumer:
+    """Pull consumer (asyncio API).
+
+    ``subscribe`` topics, then :meth:`complete_subscribe` starts one fetch task per
+    partition; or call :meth:`fetch` / iterate :meth:`messages` to drive your own loop.
+    Create it with :meth:`AsyncMessageSessionFactory.create_consumer`.
+    """
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        router: TopicRouter,
+        client_config: ClientConfig,
+        config: ConsumerConfig,
+        offset_store: OffsetStore | None = None,
+        executor: concurrent.futures.Executor | None = None,
+    ):
+        if not config.group or " " in config.group:
+            raise ClientError(f"invalid consumer group {config.group!r}")
+        self.pool = pool
+        self.router = router
+        self.client_config = client_config
+        self.config = config
+        data_dir = Path(config.data_dir)
+        self.group = f"{config.group}-{_instance_id(config)}" if config.broadcast else config.group
+        self._own_store = offset_store is None or config.broadcast
+        if offset_store is None or config.broadcast:
+            offset_store = FileOffsetStore(data_dir / "offsets")
+        self.offset_store: OffsetStore = offset_store
+        self.recover_store = RecoverStore(data_dir, self.group)
+        self._own_executor = executor is None and config.listener_threads > 0
+        if executor is None and config.listener_threads > 0:
+            executor = concurrent.futures.ThreadPoolExecutor(
+                config.listener_threads, thread_name_prefix=f"notify-listener-{config.group}"
+            )
+        self._executor = executor
+        self._subs: dict[str, _Subscription] = {}
+        self._cursors: dict[tuple[str, Partition], _Cursor] = {}
+        self._manual: dict[str, list[_Cursor]] = {}
+        self._manual_rr: dict[str, int] = {}
+        self._dedup = DuplicateWindow(config.dedup_window)
+        self._stats = ConsumerStats()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stop_evt: asyncio.Event | None = None
+        self._stopping = False
+        self._started = False
+        self._closed = False
+        self._commit_lock: asyncio.Lock | None = None
+        self._recover_lock: asyncio.Lock | None = None
+        self._scheduler: Any = None
+        self._watchdog: asyncio.Task[None] | None = None
+
+    # -- public API
+
+    @property
+    def stats(self) -> ConsumerStats:
+        """A snapshot of the consumer's counters."""
+        return self._stats.snapshot()
+
+    def subscribe(
+        self,
+        topic: str,
+        listener: MessageListener | None = None,
+        max_size: int = 1 << 20,
+        filter: MessageFilter | None = None,
+    ) -> AsyncConsumer:
+        """Subscribe to ``topic`` (before :meth:`complete_subscribe`); returns self.
+
+        ``listener`` is called once per message, in offset order per partition: a coroutine
+        function runs on the loop, a plain callable on the consumer's executor (inline when
+        ``listener_threads`` is 0). Without a listener the topic is read with :meth:`fetch`.
+        ``filter`` keeps only matching messages (predicate or attribute values).
+        """
+        if self._started and listener is not None:
+            raise ClientError("subscribe after complete_subscribe is not supported")
+        if topic in self._subs:
+            raise ClientError(f"topic {topic!r} is already subscribed")
+        FetchSizer(max_size, self.config.max_fetch_bytes)  # validates max_size
+        is_async = listener is not None and (
+            inspect.iscoroutinefunction(listener)
+            or inspect.iscoroutinefunction(getattr(listener, "__call__", None))  # noqa: B004
+        )
+        self._subs[topic] = _Subscription(topic, listener, max_size, _make_filter(filter), is_async)
+        return self
+
+    async def complete_subscribe(self) -> None:
+        """Start consuming every subscribed topic that has a listener."""
+        if self._closed:
+            raise ClientError("consumer is closed")
+        if self._started:
+            return
+        self._started = True
+        self._init_sync_objects()
+        for sub in self._subs.values():
+            if sub.listener is None:
+                continue
+            for part in await self._assigned(sub.topic):
+                self._start_cursor(sub, part)
+        if self.config.commit_interval_s > 0:
+            self._spawn(self._commit_loop())
+        if any(s.listener is not None for s in self._subs.values()):
+            self._start_scheduler()
+
+    start = complete_subscribe
+
+    async def fetch(self, topic: str, max_wait_s: float = 1.0) -> list[Message]:
+        """Fetch the next messages of ``topic`` (one window of one partition).
+
+        The messages returned by the previous call count as processed (committable) when
+        this is called again or on :meth:`commit`. Returns [] when nothing arrived within
+        ``max_wait_s``.
+        """
+        if self._closed:
+            raise ClientError("consumer is closed")
+        self._init_sync_objects()
+        sub = self._subs.get(topic)
+        if sub is None:
+            sub = self._subs[topic] = _Subscription(topic, None, 1 << 20, None, False)
+        elif sub.listener is not None and self._started:
+            raise ClientError(f"topic {topic!r} is consumed by a listener")
+        cursors = await self._manual_cursors(sub)
+        for cur in cursors:
+            self._mark_done(cur)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_s
+        idle = self.config.idle_backoff_min_s
+        while not self._stopping:
+            n = len(cursors)
+            start = self._manual_rr.get(topic, 0)
+            for i in range(n):
+                cur = cursors[(start + i) % n]
+                try:
+                    msgs = await self._fetch_window(cur)
+                except (ClientError, OSError) as e:
+                    self._stats.fetch_errors += 1
+                    log.debug("fetch %s %s: %s", topic, cur.partition, e)
+                    continue
+                if not msgs:
+                    continue
+                self._manual_rr[topic] = (start + i + 1) % n
+                cur.position = msgs[-1].next_offset
+                out = []
+                for m in msgs:
+                    self._stats.messages += 1
+                    if sub.accept is not None and not sub.accept(m):
+                        self._stats.filtered += 1
+                        continue
+                    key = (m.partition.broker_id, m.partition.partition, m.msg_id)
+                    if self._dedup.seen(key):
+                        self._stats.duplicates += 1
+                        continue
+                    self._dedup.add(key)
+                    self._stats.delivered += 1
+                    out.append(m)
+                cur.msg_id = msgs[-1].msg_id
+                if out:
+                    return out
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            await self._sleep(min(idle, remaining))
+            idle = min(idle * 2, self.config.idle_backoff_max_s)
+        return []
+
+    async def messages(
+        self, topic: str, idle_timeout_s: float | None = None
+    ) -> AsyncIterator[Message]:
+        """Iterate the messages of ``topic``; each counts as processed when the next is asked.
+
+        Ends when the consumer shuts down or, with ``idle_timeout_s``, after that long
+        without a message.
+        """
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while not self._stopping and not self._closed:
+            batch = await self.fetch(topic, max_wait_s=0.5)
+            if not batch:
+                if idle_timeout_s is not None and loop.time() - last >= idle_timeout_s:
+                    return
+                continue
+            last = loop.time()
+            for m in batch:
+                yield m
+
+    async def commit(self) -> None:
+        """Store the offsets of everything handled so far (also runs periodically)."""
+        self._init_sync_objects()
+        assert self._commit_lock is not None
+        async with self._commit_lock:
+            for cursors in self._manual.values():
+                for cur in cursors:
+                    self._mark_done(cur)
+            dirty = [c for c in self._all_cursors() if c.dirty and c.done >= 0]
+            if not dirty:
+                return
+            offsets = [
+                TopicPartitionOffset(c.topic, str(c.partition), c.done, c.msg_id) for c in dirty
+            ]
+            for c in dirty:
+                c.dirty = False
+            try:
+                await asyncio.to_thread(self.offset_store.commit, self.group, offsets)
+            except BaseException:
+                for c in dirty:
+                    c.dirty = True
+                raise
+            self._stats.commits += 1
+
+    async def recover_now(self) -> int:
+        """Run one re-delivery round of the recover store now; returns messages recovered."""
+        self._init_sync_objects()
+        return await self._recover_round()
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop fetching, let running listeners finish (up to ``timeout_s``), commit, close."""
+        if self._closed:
+            return
+        self._closed = True
+        self._init_sync_objects()
+        self._stopping = True
+        assert self._stop_evt is not None
+        self._stop_evt.set()
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+        tasks = list(self._tasks)
+        if tasks:
+            _, still = await asyncio.wait(tasks, timeout=timeout_s)
+            for t in still:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await self.commit()
+        except ClientError as e:
+            log.error("final offset commit of group %s failed: %s", self.group, e)
+        if self._own_store:
+            self.offset_store.close()
+        if self._own_executor and self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    close = shutdown
+
+    # -- setup
+
+    def _init_sync_objects(self) -> None:
+        if self._stop_evt is None:
+            self._stop_evt = asyncio.Event()
+            self._commit_lock = asyncio.Lock()
+            self._recover_lock = asyncio.Lock()
+
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _all_cursors(self) -> list[_Cursor]:
+        out = list(self._cursors.values())
+        for cs in self._manual.values():
+            out.extend(cs)
+        return out
+
+    async def _assigned(self, topic: str) -> list[Partition]:
+        parts = await self.router.partitions(topic)
+        return _share(sorted(parts), self.config.member_index, self.config.member_count)
+
+    def _start_cursor(self, sub: _Subscription, part: Partition) -> None:
+        if (sub.topic, part) in self._cursors:
+            return
+        cur = _Cursor(sub.topic, part, FetchSizer(sub.max_size, self.config.max_fetch_bytes))
+        self._cursors[(sub.topic, part)] = cur
+        cur.task = self._spawn(self._run_cursor(sub, cur))
+
+    async def _manual_cursors(self, sub: _Subscription) -> list[_Cursor]:
+        cursors = self._manual.get(sub.topic)
+        if cursors is None:
+            cursors = []
+            for part in await self._assigned(sub.topic):
+                cur = _Cursor(
+                    sub.topic, part, FetchSizer(sub.max_size, self.config.max_fetch_bytes)
+                )
+                await self._init_offset(cur)
+                cursors.append(cur)
+            self._manual[sub.topic] = cursors
+        return cursors
+
+    @staticmethod
+    def _mark_done(cur: _Cursor) -> None:
+        if cur.position >= 0 and cur.position != cur.done:
+            cur.done = cur.position
+            cur.dirty = True
+
+    def _start_scheduler(self) -> None:
+        from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+        sched = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
+        sched.add_job(
+            self._recover_job,
+            "interval",
+            seconds=self.config.recover_interval_s,
+            id="notify-recover",
+            max_instances=1,
+            coalesce=True,
+        )
+        sched.start()
+        self._scheduler = sched
+
+    async def _recover_job(self) -> None:
+        if self._stopping:
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        try:
+            await self._recover_round()
+        except Exception:  # pragma: no cover - logged, next round retries
+            log.exception("recover round of group %s failed", self.group)
+
+    # -- I/O helpers
+
+    async def _sleep(self, delay_s: float) -> None:
+        assert self._stop_evt is not None
+        if delay_s <= 0 or self._stop_evt.is_set():
+            return
+        try:
+            async with asyncio.timeout(delay_s):
+                await self._stop_evt.wait()
+        except TimeoutError:
+            pass
+
+    async def _get(self, cur: _Cursor, offset: int, max_size: int) -> Response:
+        conn = await self.pool.get(cur.partition.address)
+        wait_ms = self.config.long_poll_ms
+        timeout = self.client_config.request_timeout_s + wait_ms / 1000
+        topic, group, part = cur.topic, self.group, cur.partition.partition
+        self._stats.fetches += 1
+        try:
+            return await conn.request(
+                lambda o: encode_get(topic, group, part, offset, max_size, o, max_wait_ms=wait_ms),
+                timeout,
+            )
+        except ConnectionLostError:
+            self.pool.discard(conn)
+            raise
+
+    async def _init_offset(self, cur: _Cursor) -> None:
+        stored = await asyncio.to_thread(
+            self.offset_store.load, self.group, cur.topic, str(cur.partition)
+        )
+        if stored is not None:
+            cur.position = cur.done = stored.offset
+            cur.msg_id = stored.msg_id
+            return
+        target = 0 if self.config.initial_offset == "earliest" else MAX_OFFSET
+        if self.config.initial_offset not in ("earliest", "latest"):
+            raise ClientError(
+                f"initial_offset must be earliest or latest, not {self.config.initial_offset!r}"
+            )
+        conn = await self.pool.get(cur.partition.address)
+        topic, group, part = cur.topic, self.group, cur.partition.partition
+        try:
+            r = await conn.request(
+                lambda o: encode_offset(topic, group, part, target, o),
+                self.client_config.request_timeout_s,
+            )
+        except ConnectionLostError:
+            self.pool.discard(conn)
+            raise
+        if r.code != 200:
+            raise BrokerError(r.code, r.body.decode("utf-8", "replace"))
+        try:
+            value = int(r.body.split()[0])
+        except (IndexError, ValueError):
+            raise ClientError(f"malformed offset reply {r.body[:80]!r}") from None
+        cur.position = cur.done = value
+        cur.dirty = True
+
+    def _decode(self, cur: _Cursor, offset: int, r: Response) -> list[Message] | None:
+        """Messages of a reply to a get at ``offset``; None: ask again at ``cur.position``."""
+        if r.code == 404:
+            self._stats.empty_fetches += 1
+            return []
+        if r.code == 301:
+            try:
+                cur.position = int(r.body.split()[0])
+            except (IndexError, ValueError):
+                raise ClientError(f"malformed 301 body {r.body[:80]!r}") from None
+            self._stats.redirects += 1
+            log.info("%s %s: offset %d moved to %d", cur.topic, cur.partition, offset, cur.position)
+            if cur.done < 0 or cur.done == offset:
+                cur.done = cur.position
+                cur.dirty = True
+            return None
+        if r.code != 200:
+            raise BrokerError(r.code, r.body.decode("utf-8", "replace"))
+        body = r.body
+        if not body:
+            self._stats.empty_fetches += 1
+            return []
+        try:
+            recs, _ = decode_all(body, offset)
+            cur.corrupt = 0
+        except CorruptRecordError as e:
+            good = e.position - offset
+            recs, _ = decode_all(memoryview(body)[:good], offset)
+            if not recs:
+                cur.corrupt += 1
+                if cur.corrupt < _CORRUPT_REFETCHES:
+                    return None
+                size = first_record_size(body[:4]) or 0
+                log.error(
+                    "%s %s: skipping corrupt record at offset %d (%d bytes)",
+                    cur.topic,
+                    cur.partition,
+                    offset,
+                    size,
+                )
+                self._stats.corrupt_skipped += 1
+                cur.corrupt = 0
+                cur.position = offset + max(size, 20)
+                return None
+        if not recs:
+            if cur.sizer.exhausted:
+                log.error(
+                    "%s %s: record at offset %d does not fit %d bytes (max_fetch_bytes)",
+                    cur.topic,
+                    cur.partition,
+                    offset,
+                    cur.sizer.current,
+                )
+                raise ClientError(f"record at offset {offset} exceeds max_fetch_bytes")
+            cur.sizer.no_whole_record(body)
+            self._stats.fetch_growths += 1
+            return None
+        cur.sizer.got_records()
+        topic, part = cur.topic, cur.partition
+        return [Message(topic, part, x.offset, x.msg_id, x.flag, x.payload) for x in recs]
+
+    async def _fetch_window(self, cur: _Cursor) -> list[Message]:
+        """Fetch at ``cur.position`` until messages, 404 or an error (manual API)."""
+        for _ in range(64):
+            offset = cur.position
+            msgs = self._decode(cur, offset, await self._get(cur, offset, cur.sizer.current))
+            if msgs is not None:
+                return msgs
+        return []
+
+    # -- listener mode
+
+    async def _run_cursor(self, sub: _Subscription, cur: _Cursor) -> None:
+        cfg = self.config
+        backoff = cfg.idle_backoff_min_s
+        while not self._stopping:
+            try:
+                await self._init_offset(cur)
+                break
+            except (ClientError, OSError) as e:
+                log.warning("%s %s: initial offset: %s", cur.topic, cur.partition, e)
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, self.client_config.reconnect_backoff_max_s)
+        idle = cfg.idle_backoff_min_s
+        err_backoff = cfg.idle_backoff_min_s
+        loop = asyncio.get_running_loop()
+        # a broker that ignores the long-poll wait answers 404 at once: then poll as usual
+        held_s = cfg.long_poll_ms / 2000
+        prefetch: tuple[int, int, asyncio.Task[Response], float] | None = None
+        try:
+            while not self._stopping:
+                offset, size = cur.position, cur.sizer.current
+                try:
+                    if prefetch is not None and prefetch[:2] == (offset, size):
+                        task, issued = prefetch[2], prefetch[3]
+                        prefetch = None
+                        resp = await task
+                    else:
+                        if prefetch is not None:
+                            prefetch[2].cancel()
+                            prefetch = None
+                        issued = loop.time()
+                        resp = await self._get(cur, offset, size)
+                    msgs = self._decode(cur, offset, resp)
+                except (ClientError, OSError) as e:
+                    self._stats.fetch_errors += 1
+                    log.debug("fetch %s %s @%d: %s", cur.topic, cur.partition, offset, e)
+                    await self._sleep(err_backoff)
+                    err_backoff = min(err_backoff * 2, self.client_config.reconnect_backoff_max_s)
+                    continue
+                err_backoff = cfg.idle_backoff_min_s
+                if msgs is None:
+                    continue
+                if not msgs:
+                    if cfg.long_poll_ms <= 0 or loop.time() - issued < held_s:
+                        await self._sleep(idle)
+                        idle = min(idle * 2, cfg.idle_backoff_max_s)
+                    continue
+                idle = cfg.idle_backoff_min_s
+                nxt = msgs[-1].next_offset
+                ptask = asyncio.ensure_future(self._get(cur, nxt, cur.sizer.current))
+                ptask.add_done_callback(_swallow)
+                prefetch = (nxt, cur.sizer.current, ptask, loop.time())
+                cur.position = nxt
+                for m in msgs:
+                    if self._stopping or not await self._handle(sub, m, cur):
+                        break
+                    cur.done = m.next_offset
+                    cur.msg_id = m.msg_id
+                    cur.dirty = True
+        finally:
+            if prefetch is not None:
+                prefetch[2].cancel()
+
+    async def _handle(self, sub: _Subscription, m: Message, cur: _Cursor) -> bool:
+        """Deliver one message; False when shutdown interrupted it (offset must not move)."""
+        st = self._stats
+        st.messages += 1
+        if sub.accept is not None and not sub.accept(m):
+            st.filtered += 1
+            return True
+        key = (m.partition.broker_id, m.partition.partition, m.msg_id)
+        if self._dedup.seen(key):
+            st.duplicates += 1
+            return True
+        cfg = self.config
+        delay = cfg.retry_delay_s
+        last: Exception | None = None
+        for attempt in range(cfg.max_retries + 1):
+            try:
+                await self._invoke_watched(sub, m, cur)
+            except Exception as e:
+                st.listener_failures += 1
+                last = e
+                log.debug(
+                    "listener failed on %s %s@%d (attempt %d): %r",
+                    m.topic,
+                    m.partition,
+                    m.offset,
+                    attempt + 1,
+                    e,
+                )
+                if attempt < cfg.max_retries:
+                    await self._sleep(delay)
+                    if self._stopping:
+                        return False
+                    delay = min(delay * 2, cfg.retry_delay_max_s)
+                continue
+            st.delivered += 1
+            self._dedup.add(key)
+            return True
+        await self._store_for_recovery(m, last)
+        self._dedup.add(key)
+        return True
+
+    async def _store_for_recovery(self, m: Message, err: Exception | None) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                await asyncio.to_thread(self.recover_store.add, m, repr(err))
+                self._stats.recover_stored += 1
+                log.warning(
+                    "message %s %s@%d handed to the recover store after %d attempts",
+                    m.topic,
+                    m.partition,
+                    m.offset,
+                    self.config.max_retries + 1,
+                )
+                return
+            except ClientError as e:  # disk trouble: do not move past the message
+                log.error("cannot store message for recovery: %s", e)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _invoke_watched(self, sub: _Subscription, m: Message, cur: _Cursor) -> None:
+        """Run the listener in the cursor's task under the watchdog's per-message timeout.
+
+        (One shared watchdog instead of an ``asyncio.timeout`` per message, which would cost
+        a timer per message.)
+        """
+        listener = sub.listener
+        assert listener is not None
+        timeout = self.config.listener_timeout_s
+        if timeout is None or not (sub.is_async or self._executor is not None):
+            await self._invoke(sub, m, None)
+            return
+        if self._watchdog is None:
+            self._watchdog = self._spawn(self._watchdog_loop(timeout))
+        cur.deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            if sub.is_async:
+                await listener(m)
+            else:
+                assert self._executor is not None
+                await asyncio.get_running_loop().run_in_executor(self._executor, listener, m)
+        except asyncio.CancelledError:
+            if not cur.timed_out:
+                raise
+            cur.timed_out = False
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise ListenerTimeoutError(
+                f"listener took more than {timeout} s on {m.topic} {m.partition}@{m.offset}"
+            ) from None
+        finally:
+            cur.deadline = 0.0
+
+    async def _watchdog_loop(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        period = min(max(timeout / 4, 0.01), 0.5)
+        while not self._stopping:
+            await self._sleep(period)
+            now = loop.time()
+            for cur in self._cursors.values():
+                if 0.0 < cur.deadline < now and not cur.timed_out and cur.task is not None:
+                    cur.timed_out = True
+                    cur.task.cancel()
+
+    async def _invoke(self, sub: _Subscription, m: Message, _cur: _Cursor | None) -> None:
+        listener = sub.listener
+        assert listener is not None
+        timeout = self.config.listener_timeout_s
+        try:
+            if sub.is_async:
+                async with asyncio.timeout(timeout):
+                    await listener(m)
+            elif self._executor is None:
+                listener(m)
+            else:
+                fut = asyncio.get_running_loop().run_in_executor(self._executor, listener, m)
+                async with asyncio.timeout(timeout):
+                    await fut
+        except TimeoutError:
+            raise ListenerTimeoutError(
+                f"listener took more than {timeout} s on {m.topic} {m.partition}@{m.offset}"
+            ) from None
+
+    async def _recover_round(self) -> int:
+        assert self._recover_lock is not None
+        async with self._recover_lock:
+            pending: list[StoredMessage] = await asyncio.to_thread(self.recover_store.pending)
+            addrs = {str(c.partition): c.partition.address for c in self._all_cursors()}
+            ok = 0
+            for sm in pending:
+                if self._stopping:
+                    break
+                sub = self._subs.get(sm.topic)
+                if sub is None or sub.listener is None:
+                    continue
+                msg = sm.to_message(addrs.get(sm.partition, ""))
+                try:
+                    await self._invoke(sub, msg, None)
+                except Exception as e:
+                    self._stats.recover_failures += 1
+                    dead = await asyncio.to_thread(
+                        self.recover_store.failed, sm, repr(e), self.config.max_recover_attempts
+                    )
+                    if dead:
+                        self._stats.dead_lettered += 1
+                        log.error("message %s became a dead letter: %r", sm.id, e)
+                    continue
+                await asyncio.to_thread(self.recover_store.remove, sm)
+                self._stats.recovered += 1
+                ok += 1
+            return ok
+
+    async def _commit_loop(self) -> None:
+        interval = self.config.commit_interval_s
+        refresh_every = max(1, int(self.client_config.metadata_ttl_s / max(interval, 0.001)))
+        n = 0
+        while not self._stopping:
+            await self._sleep(interval)
+            if self._stopping:
+                return
+            try:
+                await self.commit()
+            except ClientError as e:
+                log.error("offset commit of group %s failed: %s", self.group, e)
+            n += 1
+            if n % refresh_every == 0:
+                await self._refresh_partitions()
+
+    async def _refresh_partitions(self) -> None:
+        """Start fetching partitions added to a subscribed topic since the start."""
+        for sub in self._subs.values():
+            if sub.listener is None:
+                continue
+            try:
+                parts = await self._assigned(sub.topic)
+            except ClientError:
+                continue
+            for p in parts:
+                self._start_cursor(sub, p)
+
+
+def _swallow(t: asyncio.Future[Any]) -> None:
+    if not t.cancelled():
+        t.exception()

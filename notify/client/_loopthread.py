@@ -1,0 +1,117 @@
+"""A background event loop thread: how the synchronous API runs the asyncio core."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from notify.errors import ClientError
+
+T = TypeVar("T")
+
+
+def new_event_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
+    """A fresh event loop, uvloop's when asked for and installed."""
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+            pass
+        else:
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+            return loop
+    return asyncio.new_event_loop()
+
+
+class LoopThread:
+    """Runs an event loop forever in a daemon thread until :meth:`stop`."""
+
+    def __init__(self, use_uvloop: bool = True, name: str = "notify-client"):
+        self.loop = new_event_loop(use_uvloop)
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._started = threading.Event()
+        self._thread.start()
+        self._started.wait()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._started.set)
+        self.loop.run_forever()
+
+    @property
+    def in_loop_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; a thread-safe future of its result."""
+        if self.loop.is_closed():
+            coro.close()
+            raise ClientError("session is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (not from the loop thread)."""
+        if self.in_loop_thread:
+            coro.close()
+            raise ClientError(
+                "blocking client call from the client's own event loop thread "
+                "(a listener running inline?): use the asyncio API there"
+            )
+        fut = self.submit(coro)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise
+
+    def call(self, fn: Callable[[], asyncio.Future[T]]) -> concurrent.futures.Future[T]:
+        """Call ``fn`` on the loop (FIFO with other calls) and chain the future it returns."""
+        out: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def _chain() -> None:
+            try:
+                inner = fn()
+            except BaseException as e:
+                out.set_exception(e)
+                return
+
+            def _done(f: asyncio.Future[T]) -> None:
+                if f.cancelled():
+                    out.cancel()
+                elif (exc := f.exception()) is not None:
+                    out.set_exception(exc)
+                else:
+                    out.set_result(f.result())
+
+            inner.add_done_callback(_done)
+
+        if self.loop.is_closed():
+            raise ClientError("session is closed")
+        self.loop.call_soon_threadsafe(_chain)
+        return out
+
+    def stop(self) -> None:
+        """Cancel what still runs, stop the loop, join the thread and close the loop."""
+        if self.loop.is_closed():
+            return
+        if self.in_loop_thread:
+            raise ClientError("cannot stop the client loop from its own thread")
+
+        async def _shutdown() -> None:
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.loop.shutdown_asyncgens()
+            await self.loop.shutdown_default_executor()
+
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+            asyncio.run_coroutine_threadsafe(_shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import time
 from collections.abc import Callable
@@ -62,6 +63,7 @@ XAER_RMFAIL: Final = -7
 XAER_DUPID: Final = -8
 
 CHECK_TIMEOUT_S: Final = 5.0
+_OPEN: Final = (TxState.ACTIVE, TxState.ENDED)
 
 
 @dataclass(eq=False)
@@ -136,6 +138,8 @@ class TransactionManager:
             ),
         )
         self.txs: dict[str, BrokerTx] = {}
+        #: (deadline, key) of open transactions; entries of finished ones are dropped lazily
+        self._timers: list[tuple[float, str]] = []
         self.groups: dict[str, list[Connection]] = {}
         self.stats = TxStats()
         self.scheduler = scheduler
@@ -249,11 +253,24 @@ class TransactionManager:
 
     async def _expire_job(self) -> None:
         now = time.monotonic()
-        for tx in list(self.txs.values()):
-            if tx.state in (TxState.ACTIVE, TxState.ENDED) and now > tx.deadline:
-                self.stats.timed_out += 1
-                log.info("transaction %s timed out after %ds: rolled back", tx.key, tx.timeout_s)
-                self._rollback_now(tx, TxEvent.TIMEOUT, "timeout")
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            deadline, key = heapq.heappop(timers)
+            tx = self.txs.get(key)
+            if tx is None or tx.deadline != deadline or tx.state not in _OPEN:
+                continue
+            self.stats.timed_out += 1
+            log.info("transaction %s timed out after %ds: rolled back", tx.key, tx.timeout_s)
+            self._rollback_now(tx, TxEvent.TIMEOUT, "timeout")
+
+    def _compact_timers(self) -> None:
+        """Drop timer entries of transactions that finished before their deadline."""
+        self._timers = [
+            (d, k)
+            for d, k in self._timers
+            if (tx := self.txs.get(k)) is not None and tx.deadline == d and tx.state in _OPEN
+        ]
+        heapq.heapify(self._timers)
 
     async def _check_back_job(self) -> None:
         now = time.monotonic()
@@ -518,8 +535,10 @@ class TransactionManager:
         old = self.txs.get(key)
         if old is not None and old.state not in TERMINAL:
             raise TxFailure(XAER_DUPID, f"transaction {key} already exists")
-        live = sum(1 for tx in self.txs.values() if tx.state in (TxState.ACTIVE, TxState.ENDED))
         cap = self.sys.max_tx_timeout_timer_capacity
+        if len(self._timers) >= cap:
+            self._compact_timers()
+        live = len(self._timers)
         if live >= cap:
             raise TxFailure(
                 XAER_RMFAIL,
@@ -544,6 +563,7 @@ class TransactionManager:
             created_ms=_now_ms(),
         )
         self.txs[key] = tx
+        heapq.heappush(self._timers, (tx.deadline, key))
         if conn.session is None:
             conn.session = set()
         conn.session.add(key)

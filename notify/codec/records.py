@@ -23,7 +23,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 HEADER = struct.Struct(">iiqi")
 HEADER_SIZE = HEADER.size  # 20
@@ -67,8 +67,7 @@ def encode(msg_id: int, flag: int, payload: bytes, crc: int | None = None) -> by
     return HEADER.pack(len(payload), crc, msg_id, flag) + payload
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """One decoded record. ``offset`` is its byte offset in the partition."""
 
     offset: int
@@ -142,26 +141,28 @@ def decode_all(
     mid-record) is not an error: it is left unconsumed. A record whose checksum does not
     match raises :class:`CorruptRecordError` when ``verify`` is set.
     """
-    mv = memoryview(buf)
-    n = len(mv)
+    data = bytes(buf) if not isinstance(buf, bytes) else buf
+    n = len(data)
     pos = 0
     out: list[Record] = []
     append = out.append
     unpack = HEADER.unpack_from
     crc32 = zlib.crc32
+    new = tuple.__new__
     while n - pos >= HEADER_SIZE:
-        length, crc, mid, flag = unpack(mv, pos)
+        length, crc, mid, flag = unpack(data, pos)
         if length < 0:
             raise CorruptRecordError(f"negative record length {length}", base_offset + pos)
-        end = pos + HEADER_SIZE + length
+        start = pos + HEADER_SIZE
+        end = start + length
         if end > n:
             break
-        payload = bytes(mv[pos + HEADER_SIZE : end])
+        payload = data[start:end]
         if verify and crc32(payload) & _CRC_MASK != crc:
             raise CorruptRecordError(
                 f"checksum mismatch in record at offset {base_offset + pos}", base_offset + pos
             )
-        append(Record(base_offset + pos, mid, flag, payload))
+        append(new(Record, (base_offset + pos, mid, flag, payload)))
         pos = end
     return out, pos
 

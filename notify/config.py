@@ -97,6 +97,9 @@ class TopicConfig:
     accept_subscribe: bool = True
     stat: bool = True
     retention_ignores_consumers: bool = False
+    store: str = "disk"
+    memory_max_bytes: int = 64 * MIB
+    memory_full_policy: str = "drop_oldest"
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,9 @@ _TOPIC_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "acceptSubscribe": ("accept_subscribe", _bool),
     "stat": ("stat", _bool),
     "retentionIgnoresConsumers": ("retention_ignores_consumers", _bool),
+    "store": ("store", _str),
+    "memoryMaxBytes": ("memory_max_bytes", _int),
+    "memoryFullPolicy": ("memory_full_policy", _str),
 }
 #: topic-level attributes inherited from [system]
 _INHERITED: Final = (
@@ -296,6 +302,14 @@ def _check_topic(t: TopicConfig) -> None:
         raise ConfigError(f"[{sec}] {e}") from None
     if t.num_partitions < 1 or t.num_partitions > 65536:
         raise ConfigError(f"[{sec}] numPartitions: must be in 1..65536")
+    if t.store not in ("disk", "memory"):
+        raise ConfigError(f"[{sec}] store: must be disk or memory, got {t.store!r}")
+    if t.memory_full_policy not in ("drop_oldest", "refuse"):
+        raise ConfigError(
+            f"[{sec}] memoryFullPolicy: must be drop_oldest or refuse, got {t.memory_full_policy!r}"
+        )
+    if t.memory_max_bytes < 4096:
+        raise ConfigError(f"[{sec}] memoryMaxBytes: must be >= 4096")
     if t.unflush_threshold < 0 or t.unflush_interval_ms < 0:
         raise ConfigError(f"[{sec}] unflushThreshold/unflushInterval: must be >= 0")
 

@@ -265,7 +265,7 @@ class Broker:
     async def run_retention(self, topic: str) -> list[RetentionResult]:
         """Apply the topic's deletePolicy now (also run by its deleteWhen schedule)."""
         tc = self.store.topics.get(topic)
-        if tc is None or self.service is None:
+        if tc is None or self.service is None or tc.store == "memory":
             return []
         loop = asyncio.get_running_loop()
         out = []

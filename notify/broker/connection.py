@@ -202,7 +202,7 @@ class Connection(asyncio.Protocol):
         t = self.transport
         assert t is not None
         pos, left = sl.file_pos, sl.length
-        if self._fd >= 0 and t.get_write_buffer_size() == 0:
+        if self._fd >= 0 and sl.segment.fd >= 0 and t.get_write_buffer_size() == 0:
             try:
                 while left > 0:
                     n = os.sendfile(self._fd, sl.segment.fd, pos, left)

@@ -51,6 +51,8 @@ class Flusher:
 
     def after_append(self, part: Partition, count: int) -> asyncio.Future[int] | None:
         """Call right after appending ``count`` records; await the result before replying."""
+        if part.memory:
+            return None
         threshold = self._threshold_of(part)
         if threshold == 0:
             return self.request(part)
@@ -142,7 +144,7 @@ class Flusher:
         """Force partitions whose oldest unflushed write is older than their interval."""
         now = time.monotonic()
         for part in partitions:
-            if part.closed or part.failed or part.flush_inflight is not None:
+            if part.memory or part.closed or part.failed or part.flush_inflight is not None:
                 continue
             if part.end <= part.flushed_end:
                 part.last_flush = now

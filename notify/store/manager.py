@@ -22,6 +22,7 @@ from typing import Final
 
 from notify.config import ServerConfig, TopicConfig, validate_topic
 from notify.errors import StoreError
+from notify.store.memory import MemoryPartition
 from notify.store.partition import Partition, RecoveryReport
 from notify.store.segment import fsync_dir
 
@@ -69,6 +70,19 @@ class MessageStore:
         for part in parts:
             part.group_commit = topic.unflush_threshold == 0
         for i in range(len(parts), topic.num_partitions):
+            if topic.store == "memory":
+                mp = MemoryPartition(
+                    topic.name,
+                    i,
+                    topic.memory_max_bytes,
+                    topic.memory_full_policy == "drop_oldest",
+                    max(
+                        4096, min(self.config.system.max_segment_size, topic.memory_max_bytes // 8)
+                    ),
+                )
+                parts.append(mp)
+                self.partitions[(topic.name, i)] = mp
+                continue
             rp = points.get((topic.name, i)) if points else None
             part = Partition.open(
                 topic.name,
@@ -129,7 +143,7 @@ class MessageStore:
 
     def write_recovery_points(self, force: bool = False) -> bool:
         """Persist each partition's flushed offset (atomic replace); skip if unchanged."""
-        current = {k: p.flushed_end for k, p in self.partitions.items()}
+        current = {k: p.flushed_end for k, p in self.partitions.items() if not p.memory}
         if not force and current == self._points_written:
             return False
         lines = [_MAGIC] + [f"{t} {i} {off}" for (t, i), off in sorted(current.items())]

@@ -61,6 +61,8 @@ class Partition:
     """One topic partition on disk. Used from one thread (the broker's event loop), except
     :meth:`Segment.sync` of the active segment, which the flusher runs in a worker thread."""
 
+    memory = False
+
     def __init__(
         self,
         topic: str,

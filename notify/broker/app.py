@@ -15,7 +15,7 @@ import logging
 import signal
 import time
 from dataclasses import replace
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -34,6 +34,9 @@ from notify.store.retention import (
     remove_before,
     zip_segments,
 )
+
+if TYPE_CHECKING:
+    from notify.http.server import HttpServer  # notify.http (issue #9)
 
 log = logging.getLogger("notify.broker")
 
@@ -56,6 +59,7 @@ class Broker:
         self.scheduler: AsyncIOScheduler | None = None
         self.port = config.system.server_port
         self.host = config.system.host_name
+        self.http: HttpServer | None = None  # notify.http (issue #9)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -104,6 +108,15 @@ class Broker:
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
+        # -- notify.http (issue #9): dashboard, MetaQ HTTP, REST, /metrics; 0 = off
+        if self.config.system.dashboard_http_port:
+            from notify.http.server import start_http
+
+            try:
+                self.http = await start_http(self)
+            except OSError:
+                await self.stop()
+                raise
         self._config_mtime = self._mtime()
         self._tasks.append(loop.create_task(self._ticker(), name="notify-ticker"))
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -122,6 +135,9 @@ class Broker:
             return
         if self._server is not None:
             self._server.close()
+        if self.http is not None:  # notify.http (issue #9)
+            await self.http.close()
+            self.http = None
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

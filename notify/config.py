@@ -140,6 +140,10 @@ class SystemConfig:
     tx_check_back_delay_ms: int = 6000
     tx_check_back_max_times: int = 15
     tx_check_back_concurrency: int = 16
+    sync_slave: str = ""
+    sync_slave_timeout_ms: int = 3000
+    sync_slave_failure_policy: str = "refuse"
+    sync_slave_max_failures: int = 3
 
     @property
     def tx_log_path(self) -> Path:
@@ -159,12 +163,28 @@ class ZookeeperConfig:
 
 
 @dataclass(frozen=True)
+class SlaveConfig:
+    """``[slave]`` (MetaQ's async_slave.properties): present = this broker is a slave.
+
+    ``master_address`` names the master in embedded mode (with ZooKeeper the master of the
+    same brokerId is looked up instead).
+    """
+
+    slave_id: int = 0
+    slave_group: str = "meta-slave-group"
+    slave_max_delay_in_mills: int = 500
+    auto_sync_master_config: bool = True
+    master_address: str = ""
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """A whole parsed ``server.ini``."""
 
     system: SystemConfig = field(default_factory=SystemConfig)
     zookeeper: ZookeeperConfig = field(default_factory=ZookeeperConfig)
     topics: dict[str, TopicConfig] = field(default_factory=dict)
+    slave: SlaveConfig | None = None
     source: Path | None = None
     text: str = ""
 
@@ -208,6 +228,10 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "txCheckBackDelay": ("tx_check_back_delay_ms", _int),
     "txCheckBackMaxTimes": ("tx_check_back_max_times", _int),
     "txCheckBackConcurrency": ("tx_check_back_concurrency", _int),
+    "syncSlave": ("sync_slave", _str),
+    "syncSlaveTimeout": ("sync_slave_timeout_ms", _int),
+    "syncSlaveFailurePolicy": ("sync_slave_failure_policy", _str),
+    "syncSlaveMaxFailures": ("sync_slave_max_failures", _int),
 }
 _ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "zk.zkEnable": ("zk_enable", _bool),
@@ -216,6 +240,13 @@ _ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "zk.zkSessionTimeoutMs": ("zk_session_timeout_ms", _int),
     "zk.zkConnectionTimeoutMs": ("zk_connection_timeout_ms", _int),
     "zk.zkSyncTimeMs": ("zk_sync_time_ms", _int),
+}
+_SLAVE_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
+    "slaveId": ("slave_id", _int),
+    "slaveGroup": ("slave_group", _str),
+    "slaveMaxDelayInMills": ("slave_max_delay_in_mills", _int),
+    "autoSyncMasterConfig": ("auto_sync_master_config", _bool),
+    "masterAddress": ("master_address", _str),
 }
 _TOPIC_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "numPartitions": ("num_partitions", _int),
@@ -289,6 +320,13 @@ def _check_system(s: SystemConfig) -> None:
     need(s.tx_check_back_max_times >= 1, "txCheckBackMaxTimes", "must be >= 1")
     need(s.tx_check_back_concurrency >= 1, "txCheckBackConcurrency", "must be >= 1")
     need(s.checkpoint_interval_ms >= 1, "checkpointInterval", "must be >= 1")
+    need(
+        s.sync_slave_failure_policy in ("refuse", "async"),
+        "syncSlaveFailurePolicy",
+        "must be refuse (stop acknowledging) or async (go on and flag it)",
+    )
+    need(s.sync_slave_timeout_ms >= 1, "syncSlaveTimeout", "must be >= 1")
+    need(s.sync_slave_max_failures >= 1, "syncSlaveMaxFailures", "must be >= 1")
     need(s.max_tx_timeout_timer_capacity >= 1, "maxTxTimeoutTimerCapacity", "must be >= 1")
 
 
@@ -335,6 +373,7 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
 
     sys_kw: dict[str, Any] = {}
     zk_kw: dict[str, Any] = {}
+    slave_kw: dict[str, Any] | None = None
     topic_sections: list[tuple[str, dict[str, Any]]] = []
     for name in cp.sections():
         items = dict(cp.items(name))
@@ -342,6 +381,8 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
             sys_kw = _convert(name, items, _SYSTEM_KEYS)
         elif name == "zookeeper":
             zk_kw = _convert(name, items, _ZK_KEYS)
+        elif name == "slave":
+            slave_kw = _convert(name, items, _SLAVE_KEYS)
         elif name.startswith("topic="):
             topic = name[len("topic=") :].strip()
             try:
@@ -351,7 +392,8 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
             topic_sections.append((topic, _convert(name, items, _TOPIC_KEYS)))
         else:
             raise ConfigError(
-                f"{where}: unknown section [{name}] (expected [system], [zookeeper], [topic=NAME])"
+                f"{where}: unknown section [{name}] "
+                "(expected [system], [zookeeper], [slave], [topic=NAME])"
             )
     system = SystemConfig(**sys_kw)
     system = replace(
@@ -370,7 +412,10 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
         tc = TopicConfig(name=topic, **merged)
         _check_topic(tc)
         topics[topic] = tc
-    return ServerConfig(system, zookeeper, topics, source, text)
+    slave = SlaveConfig(**slave_kw) if slave_kw is not None else None
+    if slave is not None and slave.slave_max_delay_in_mills < 1:
+        raise ConfigError("[slave] slaveMaxDelayInMills: must be >= 1")
+    return ServerConfig(system, zookeeper, topics, slave, source, text)
 
 
 def load_config(path: str | Path) -> ServerConfig:

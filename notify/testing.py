@@ -26,12 +26,17 @@ def render_ini(
     port: int,
     topics: dict[str, int] | dict[str, dict[str, Any]],
     system: dict[str, Any] | None = None,
+    slave: dict[str, Any] | None = None,
 ) -> str:
     """A ``server.ini`` text. ``topics`` maps a name to a partition count or to a dict of
     ``[topic=NAME]`` keys."""
     lines = ["[system]", f"dataPath={data_dir}", f"serverPort={port}", "hostName=127.0.0.1"]
-    sysvals = {"configWatchInterval": 0, **(system or {})}
+    # dashboardHttpPort=0: no HTTP server unless a test asks for one (notify.http, issue #9)
+    sysvals = {"configWatchInterval": 0, "dashboardHttpPort": 0, **(system or {})}
     lines += [f"{k}={v}" for k, v in sysvals.items()]
+    if slave is not None:
+        lines.append("[slave]")
+        lines += [f"{k}={v}" for k, v in slave.items()]
     for name, spec in topics.items():
         lines.append(f"[topic={name}]")
         if isinstance(spec, int):
@@ -51,6 +56,7 @@ class BrokerProcess:
         system: dict[str, Any] | None = None,
         log_level: str = "info",
         env: dict[str, str] | None = None,
+        slave: dict[str, Any] | None = None,
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -59,6 +65,7 @@ class BrokerProcess:
         self.system = dict(system or {})
         self.log_level = log_level
         self.env = dict(env or {})
+        self.slave = slave
         self.config_path = self.workdir / "server.ini"
         self.log_path = self.workdir / "broker.log"
         self.host = "127.0.0.1"
@@ -71,12 +78,23 @@ class BrokerProcess:
         return f"{self.host}:{self.port}"
 
     @property
+    def http_port(self) -> int:
+        """The HTTP port (``dashboardHttpPort``; 0 when HTTP is off)."""
+        return int(self.system.get("dashboardHttpPort", 0))
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
 
     def write_config(self) -> None:
-        self.config_path.write_text(render_ini(self.data_dir, self.port, self.topics, self.system))
+        self.config_path.write_text(
+            render_ini(self.data_dir, self.port, self.topics, self.system, self.slave)
+        )
 
     def start(self, timeout: float = 20.0) -> BrokerProcess:
         self.write_config()

@@ -24,6 +24,8 @@ from notify.broker.service import BrokerService
 from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, TopicConfig, load_config
 from notify.errors import ConfigError, NotifyError
+from notify.replication.slave import SlaveReplicator
+from notify.replication.sync_master import SyncMaster
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.retention import (
@@ -57,6 +59,7 @@ class Broker:
         self._stopped = asyncio.Event()
         self._config_mtime: float | None = None
         self.scheduler: AsyncIOScheduler | None = None
+        self.slave: SlaveReplicator | None = None
         self.port = config.system.server_port
         self.host = config.system.host_name
         self.http: HttpServer | None = None  # notify.http (issue #9)
@@ -108,6 +111,7 @@ class Broker:
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
+        self._start_replication()
         # -- notify.http (issue #9): dashboard, MetaQ HTTP, REST, /metrics; 0 = off
         if self.config.system.dashboard_http_port:
             from notify.http.server import start_http
@@ -135,6 +139,10 @@ class Broker:
             return
         if self._server is not None:
             self._server.close()
+        if self.slave is not None:
+            await self.slave.stop()
+        if self.service is not None and self.service.sync_master is not None:
+            await self.service.sync_master.stop()
         if self.http is not None:  # notify.http (issue #9)
             await self.http.close()
             self.http = None
@@ -262,6 +270,42 @@ class Broker:
     def _apply_topic(self, tc: TopicConfig) -> None:
         self.store.add_topic(tc)
         self._schedule_retention(tc)
+
+    # ------------------------------------------------------------------ replication
+
+    def _start_replication(self) -> None:
+        service = self.service
+        assert service is not None
+        sysc = self.config.system
+        if self.config.slave is not None:
+            service.role = "slave"
+            service.master_address = self.config.slave.master_address
+            self.slave = SlaveReplicator(self, self.config.slave, sysc.auth_secret)
+            service.on_promote = self.promote
+            service.replication_stats = self.slave.stats_items
+            self.slave.start()
+            log.info("slave %d of %s", self.config.slave.slave_id, service.master_address)
+        elif sysc.sync_slave:
+            service.sync_master = SyncMaster(
+                service,
+                sysc.sync_slave,
+                sysc.sync_slave_timeout_ms,
+                sysc.sync_slave_failure_policy,
+                sysc.sync_slave_max_failures,
+                sysc.auth_secret,
+            )
+            service.sync_master.start()
+
+    def promote(self) -> str:
+        """Failover: stop replicating and accept producers (offsets match the old master)."""
+        assert self.service is not None
+        if self.slave is not None:
+            asyncio.get_running_loop().create_task(self.slave.stop())
+            self.slave = None
+        self.service.role = "master"
+        self.service.replication_stats = None
+        log.warning("promoted to master (was a slave of %s)", self.service.master_address)
+        return f"promoted: broker {self.config.system.broker_id} is now a master"
 
     # ------------------------------------------------------------------ retention
 

@@ -26,7 +26,9 @@ from notify.codec.wire import (
     Auth,
     Get,
     MultiPut,
+    MultiSync,
     Offset,
+    Promote,
     Put,
     Quit,
     Register,
@@ -56,6 +58,7 @@ from notify.version import __version__
 
 if TYPE_CHECKING:
     from notify.broker.transactions import TransactionManager
+    from notify.replication.sync_master import SyncMaster
 
 log = logging.getLogger("notify.broker")
 
@@ -131,6 +134,12 @@ class BrokerService:
         self._waiting: dict[Partition, list[list[Any]]] = {}
         self._accept: dict[str, tuple[bool, bool]] = {}
         self.transactions: TransactionManager | None = None
+        #: "master", or "slave" (refuses producers; appends what the master sends)
+        self.role = "master"
+        self.master_address = ""
+        self.sync_master: SyncMaster | None = None
+        self.on_promote: Callable[[], str] | None = None
+        self.replication_stats: Callable[[], list[tuple[str, object]]] | None = None
         #: (topic, partition) -> group -> (last fetched offset, monotonic time)
         self.consumer_positions: dict[tuple[str, int], dict[str, tuple[int, float]]] = {}
         self.refresh_topics()
@@ -251,6 +260,9 @@ class BrokerService:
             return self._error(
                 conn, 400, r.opaque, f"checksum mismatch: sent {r.checksum}, body has {crc}"
             )
+        if self.role != "master" or (self.sync_master and self.sync_master.refusing):
+            self.stats.put_failed += 1
+            return self._refuse_write(conn, r.opaque)
         if r.tx_key is not None:
             return self._tx_put(conn, r, crc)
         if part.failed:
@@ -284,6 +296,8 @@ class BrokerService:
         err = self._check_records(buf, r.count)
         if err:
             return self._error(conn, 400, r.opaque, f"mput: {err}")
+        if self.role != "master" or (self.sync_master and self.sync_master.refusing):
+            return self._refuse_write(conn, r.opaque)
         if r.tx_key is not None:
             return self._tx_mput(conn, r, buf)
         if part.failed:
@@ -303,11 +317,11 @@ class BrokerService:
             200, r.opaque, b"%d %d %d %d" % (first_id, r.partition, base, r.count)
         )
         conn.send(group)
-        fut = self.flusher.after_append(part, r.count)
-        if fut is None:
-            group.resolve()
-        else:
-            fut.add_done_callback(lambda f: _settle([group], f))
+        self._await_all(
+            [group],
+            self.flusher.after_append(part, r.count),
+            self.sync_master.replicate(part, base, buf, r.count) if self.sync_master else None,
+        )
 
     def _check_records(self, buf: bytearray, count: int) -> str | None:
         """Validate ``count`` whole records with correct checksums filling ``buf``."""
@@ -378,8 +392,9 @@ class BrokerService:
                     it[5] = offset
                     first += 1
                     offset += 20 + len(body)
+            data = b"".join(chunks)
             try:
-                part.append(b"".join(chunks))
+                part.append(data)
             except NotifyError as e:
                 code = 503 if isinstance(e, StoreFullError) else 500
                 log.error("append to %s-%d failed: %s", part.topic, part.index, e)
@@ -389,12 +404,57 @@ class BrokerService:
                 continue
             assert offset - base == batch.count * 20 + batch.nbytes
             self._count_put(part.topic, batch.count, batch.nbytes)
-            fut = self.flusher.after_append(part, batch.count)
-            if fut is None:
-                for g in groups:
-                    g.resolve()
-            else:
-                fut.add_done_callback(lambda f, gs=groups: _settle(gs, f))  # type: ignore[misc]
+            self._await_all(
+                groups,
+                self.flusher.after_append(part, batch.count),
+                self.sync_master.replicate(part, base, data, batch.count)
+                if self.sync_master
+                else None,
+            )
+
+    def _await_all(
+        self,
+        groups: list[PendingReplies],
+        flushed: asyncio.Future[int] | None,
+        replicated: asyncio.Future[None] | None,
+    ) -> None:
+        """Release the replies once the local fsync (if the policy waits for one) and the
+        synchronous slave (if any) have confirmed; fail them if either did not."""
+        futs = [f for f in (flushed, replicated) if f is not None]
+        if not futs:
+            for g in groups:
+                g.resolve()
+            return
+        left = [len(futs)]
+
+        def one_done(_f: asyncio.Future[Any]) -> None:
+            left[0] -= 1
+            if left[0]:
+                return
+            for f in futs:
+                if f.cancelled() or f.exception() is not None:
+                    exc = f.exception() if not f.cancelled() else "cancelled"
+                    code = 503 if f is replicated else 500
+                    for g in groups:
+                        g.fail(code, f"not acknowledged: {exc}")
+                    return
+            for g in groups:
+                g.resolve()
+
+        for f in futs:
+            f.add_done_callback(one_done)
+
+    def _refuse_write(self, conn: Connection, opaque: int) -> None:
+        if self.role != "master":
+            return self._error(
+                conn,
+                403,
+                opaque,
+                f"this broker is a slave of {self.master_address or 'its master'}: "
+                "send messages to the master",
+            )
+        assert self.sync_master is not None
+        return self._error(conn, 503, opaque, self.sync_master.refusal())
 
     # ------------------------------------------------------------------ get / offset
 
@@ -505,6 +565,8 @@ class BrokerService:
             self._auth(conn, r)
         elif isinstance(r, Reload):
             self._do_reload(conn, r)
+        elif isinstance(r, Transaction) and self.role != "master":
+            self._refuse_write(conn, r.opaque)
         elif isinstance(r, Transaction):
             if self.transactions is None:
                 self._error(conn, 500, r.opaque, "transactions are not enabled on this broker")
@@ -515,8 +577,63 @@ class BrokerService:
                 self._error(conn, 500, r.opaque, "transactions are not enabled on this broker")
             else:
                 self.transactions.register(conn, r)
+        elif isinstance(r, MultiSync):
+            self._msync(conn, r)
         elif isinstance(r, Sync):
-            self._error(conn, 403, r.opaque, "this broker is not a synchronous slave")
+            self._sync(conn, r)
+        elif isinstance(r, Promote):
+            if self.role == "master" or self.on_promote is None:
+                self._error(conn, 400, r.opaque, "this broker is already a master")
+            else:
+                conn.send(encode_result(200, r.opaque, self.on_promote().encode()))
+
+    # ------------------------------------------------------------------ replication (slave side)
+
+    def _msync(self, conn: Connection, r: MultiSync) -> None:
+        if self.role != "slave":
+            return self._error(conn, 403, r.opaque, "msync: this broker is not a slave")
+        part = self._lookup(conn, r.topic, r.partition, r.opaque)
+        if part is None:
+            return
+        buf = bytearray(r.records)
+        err = self._check_records(buf, r.count)
+        if err:
+            return self._error(conn, 400, r.opaque, f"msync: {err}")
+        end = part.end
+        if r.base_offset > end:
+            return conn.send(encode_result(301, r.opaque, b"%d" % end))  # behind: pulling
+        if r.base_offset < end:
+            have = part.read_raw(r.base_offset, len(buf))
+            if have == bytes(buf):
+                return conn.send(encode_result(200, r.opaque, b"%d" % end))  # already here
+            return self._error(
+                conn, 500, r.opaque, f"msync: slave diverges from the master at {r.base_offset}"
+            )
+        try:
+            part.append(buf)
+        except NotifyError as e:
+            return self._error(conn, 500, r.opaque, str(e))
+        group = PendingReplies(conn, r.partition)
+        group.items.append([r.opaque])
+        group.body = encode_result(200, r.opaque, b"%d" % part.end)
+        conn.send(group)
+        self._await_all([group], self.flusher.after_append(part, r.count), None)
+
+    def _sync(self, conn: Connection, r: Sync) -> None:
+        """MetaQ's single-message ``sync``: append one record with the master's id."""
+        if self.role != "slave":
+            return self._error(conn, 403, r.opaque, "sync: this broker is not a slave")
+        part = self._lookup(conn, r.topic, r.partition, r.opaque)
+        if part is None:
+            return
+        crc = zlib.crc32(r.body) & _CRC_MASK
+        if r.checksum != -1 and r.checksum != crc:
+            return self._error(conn, 400, r.opaque, "sync: checksum mismatch")
+        try:
+            off = part.append(records.encode(r.msg_id, r.flag, r.body, crc))
+        except NotifyError as e:
+            return self._error(conn, 500, r.opaque, str(e))
+        conn.send(encode_result(200, r.opaque, b"%d %d %d" % (r.msg_id, r.partition, off)))
 
     def _tx_put(self, conn: Connection, r: Put, crc: int) -> None:
         if self.transactions is None:
@@ -564,6 +681,10 @@ class BrokerService:
             ]
             if self.transactions is not None:
                 items += self.transactions.stats_items()
+            if self.sync_master is not None:
+                items += self.sync_master.stats_items()
+            elif self.replication_stats is not None:
+                items += self.replication_stats()
         elif item == "topics":
             items = []
             for t, parts in sorted(self._topic_parts.items()):
@@ -627,12 +748,3 @@ def _stamp_ids(buf: bytearray, first_id: int) -> None:
         pack_id(buf, pos + 8, mid)
         mid += 1
         pos += records.HEADER_SIZE + length
-
-
-def _settle(groups: list[PendingReplies], fut: asyncio.Future[int]) -> None:
-    exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
-    for g in groups:
-        if exc is None:
-            g.resolve()
-        else:
-            g.fail(500, f"flush failed, message not acknowledged: {exc}")

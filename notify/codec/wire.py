@@ -34,6 +34,11 @@ notify extensions (old clients never send them; old brokers answer them with an 
     get <topic> <group> <partition> <offset> <maxSize> <maxWaitMs> <opaque>\\r\\n   (8)
         long poll: hold the fetch up to maxWaitMs when no message is there yet.
     auth <secret> <opaque>\\r\\n       shared-secret authentication (when enabled)
+    msync <topic> <partition> <len> <count> <baseOffset> <opaque>\\r\\n<records>
+        master -> synchronous slave: records (ids assigned) that the master wrote at
+        <baseOffset>; the slave appends them at the same offset (200), answers 200 again if it
+        already has exactly those bytes there, and 301 with its end when it is behind
+    promote [<opaque>]\\r\\n          turn a slave into a master (failover)
     register <producerGroup> <opaque>\\r\\n
         this connection belongs to a producer of <producerGroup>: transactions it prepares
         are half messages the broker may check back on, through any connection of the group
@@ -61,7 +66,7 @@ DEFAULT_MAX_HEADER_BYTES: Final = 4096
 #: Beyond this a declared length is treated as a broken stream rather than skipped.
 ABSURD_LENGTH: Final = 1 << 31
 
-_TOKEN_COUNTS: Final = {b"put": (6, 8), b"mput": (6, 7), b"sync": (8, 8)}
+_TOKEN_COUNTS: Final = {b"put": (6, 8), b"mput": (6, 7), b"sync": (8, 8), b"msync": (7, 7)}
 TX_TYPES: Final = frozenset(
     {
         "BEGIN",
@@ -201,6 +206,21 @@ class Reload:
 
 
 @dataclass(slots=True)
+class MultiSync:
+    topic: str
+    partition: int
+    count: int
+    base_offset: int
+    opaque: int
+    records: bytes
+
+
+@dataclass(slots=True)
+class Promote:
+    opaque: int
+
+
+@dataclass(slots=True)
 class Register:
     group: str
     opaque: int
@@ -219,6 +239,8 @@ Request = (
     | Auth
     | Reload
     | Register
+    | MultiSync
+    | Promote
 )
 
 
@@ -307,7 +329,7 @@ class RequestParser:
             cmd = tokens[0]
             body_start = eol + 2
             try:
-                if cmd == b"put" or cmd == b"mput" or cmd == b"sync":
+                if cmd == b"put" or cmd == b"mput" or cmd == b"sync" or cmd == b"msync":
                     length = self._body_length(tokens, cmd)
                     if n - body_start < length:
                         break  # wait for the body
@@ -397,6 +419,15 @@ class RequestParser:
             if tx_key == "null":
                 tx_key = None
             return Put(topic, partition, flag, checksum, tx_key, opaque, body)
+        if cmd == b"msync":
+            return MultiSync(
+                topic,
+                partition,
+                _int(t[4], "count", opaque),
+                _int(t[5], "baseOffset", opaque),
+                opaque,
+                body,
+            )
         if cmd == b"mput":
             count = _int(t[4], "count", opaque)
             mtx = _text(t[5], "txKey", opaque) if len(t) == 7 else None
@@ -471,6 +502,8 @@ class RequestParser:
             return Auth(_text(t[1], "secret", opaque), opaque)
         if cmd == b"reload":
             return Reload(_int(t[1], "opaque", 0) if n > 1 else 0)
+        if cmd == b"promote":
+            return Promote(_int(t[1], "opaque", 0) if n > 1 else 0)
         if cmd == b"register":
             if n != 3:
                 raise ProtocolError(f"register: expected 3 tokens, got {n}", 400, _opaque_of(t))
@@ -583,6 +616,13 @@ def encode_get(
 
 def encode_offset(topic: str, group: str, partition: int, offset: int, opaque: int) -> bytes:
     return f"offset {topic} {group} {partition} {offset} {opaque}\r\n".encode()
+
+
+def encode_msync(
+    topic: str, partition: int, records: bytes, count: int, base_offset: int, opaque: int
+) -> bytes:
+    head = f"msync {topic} {partition} {len(records)} {count} {base_offset} {opaque}\r\n"
+    return head.encode() + records
 
 
 def encode_line(*tokens: object) -> bytes:

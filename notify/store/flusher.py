@@ -45,6 +45,8 @@ class Flusher:
         self.fsyncs = 0
         self.fsync_seconds = 0.0
         self.on_flushed: list[Callable[[Partition], None]] = []
+        #: observers of each completed fsync's seconds (notify.http.metrics' histogram)
+        self.on_fsync: list[Callable[[float], None]] = []
         self._next: dict[Partition, asyncio.Future[int]] = {}
         self._inflight = 0
         self._kick_scheduled = False
@@ -126,7 +128,10 @@ class Flusher:
                 nxt.set_exception(err)
         else:
             self.fsyncs += 1
-            self.fsync_seconds += time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
+            self.fsync_seconds += elapsed
+            for observe in self.on_fsync:
+                observe(elapsed)
             if target > part.flushed_end:
                 part.flushed_end = target
             if target > part.visible_end:

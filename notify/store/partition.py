@@ -278,6 +278,24 @@ class Partition:
                 length = min(avail, max(length, min(need, limit)))
         return Slice(seg, file_pos, length, offset)
 
+    def read_raw(self, offset: int, length: int) -> bytes:
+        """Bytes at ``offset`` regardless of visibility (replication compares with them)."""
+        seg = self._segment_for(offset)
+        return seg.read(offset - seg.start, min(length, seg.end - offset))
+
+    def reset_start(self, offset: int) -> None:
+        """Let an empty partition start at ``offset`` (a slave of a master whose first
+        segments were deleted by retention)."""
+        if self.size_bytes or len(self.segments) != 1:
+            raise StoreError(f"{self.topic}-{self.index}: only an empty partition can move")
+        old = self.segments.pop()
+        self._starts.pop()
+        old.close()
+        old.path.unlink(missing_ok=True)
+        self._add(Segment.open(self.directory, offset, create=True))
+        fsync_dir(self.directory)
+        self.flushed_end = self.visible_end = offset
+
     def read(self, offset: int, max_bytes: int) -> bytes:
         """Bytes of whole-or-partial records at ``offset`` (used by HTTP and tools)."""
         sl = self.slice(offset, max_bytes, max_bytes)

@@ -1,0 +1,227 @@
+"""The asynchronous slave: a broker started with a ``[slave]`` section pulls every partition
+of its master as consumer group ``slaveGroup`` and appends the fetched bytes unchanged, so
+message ids and byte offsets are identical on both (MetaQ's async slave).
+
+One puller per partition: a long-poll ``get`` from the slave's own end (held up to
+``slaveMaxDelayInMills`` when there is nothing new), whole records only, CRC-checked, then one
+append. With ``autoSyncMasterConfig`` the topic list and partition counts follow the master's
+``stats topics`` (checked every few seconds). A master that deleted old segments answers 301:
+an empty slave partition then starts at the master's first offset.
+
+The slave serves consumers; it refuses producers until promoted (``promote``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from notify.admin import parse_stats
+from notify.codec import records
+from notify.codec.wire import encode_get, encode_line, encode_offset
+from notify.config import SlaveConfig, default_topic
+from notify.errors import NotifyError
+from notify.replication.link import BrokerLink
+from notify.store.partition import Partition
+
+if TYPE_CHECKING:
+    from notify.broker.app import Broker
+
+log = logging.getLogger("notify.replication")
+
+FETCH_BYTES = 1 << 20
+TOPIC_SYNC_S = 3.0
+RETRY_S = 0.5
+
+
+@dataclass
+class PullState:
+    master_end: int = -1
+    last_pull: float = 0.0
+    pulled_bytes: int = 0
+    error: str = ""
+
+
+class SlaveReplicator:
+    """Pulls the master's partitions into this broker's store."""
+
+    def __init__(self, broker: Broker, cfg: SlaveConfig, secret: str = ""):
+        self.broker = broker
+        self.cfg = cfg
+        self.secret = secret
+        self.master = cfg.master_address
+        self.state: dict[tuple[str, int], PullState] = {}
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._main: asyncio.Task[None] | None = None
+        self.stopped = False
+
+    def start(self) -> None:
+        if not self.master:
+            raise NotifyError("[slave] masterAddress is required without ZooKeeper")
+        self._main = asyncio.get_running_loop().create_task(self._run(), name="slave-sync")
+
+    async def stop(self) -> None:
+        self.stopped = True
+        tasks = [t for t in (self._main, *self._tasks.values()) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    # ------------------------------------------------------------------ topics
+
+    async def _run(self) -> None:
+        link: BrokerLink | None = None
+        while not self.stopped:
+            try:
+                if link is None or not link.connected:
+                    link = BrokerLink(self.master, self.secret)
+                    await link.connect()
+                if self.cfg.auto_sync_master_config:
+                    await self._sync_topics(link)
+                self._ensure_pullers()
+                await self._refresh_master_ends(link)
+            except NotifyError as e:
+                log.warning("slave: master %s unreachable: %s", self.master, e)
+                if link is not None:
+                    link.close()
+                link = None
+            await asyncio.sleep(TOPIC_SYNC_S)
+
+    async def _sync_topics(self, link: BrokerLink) -> None:
+        r = await link.request(lambda o: encode_line("stats", "topics", o))
+        if r.code != 200:
+            return
+        store = self.broker.store
+        changed = False
+        for topic, value in parse_stats(r.body):
+            fields = dict(kv.split("=", 1) for kv in value.split() if "=" in kv)
+            try:
+                n = int(fields.get("partitions", "0"))
+            except ValueError:
+                continue
+            tc = store.topics.get(topic)
+            if tc is None:
+                tc = replace(default_topic(self.broker.config.system, topic), num_partitions=n)
+            elif tc.num_partitions >= n:
+                continue
+            else:
+                tc = replace(tc, num_partitions=n)
+            store.add_topic(tc)
+            changed = True
+            log.info("slave: replicating topic %s with %d partitions from the master", topic, n)
+        if changed and self.broker.service is not None:
+            self.broker.service.refresh_topics()
+
+    def _ensure_pullers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for (topic, idx), part in self.broker.store.partitions.items():
+            if part.memory or (topic, idx) in self._tasks:
+                continue
+            self.state[(topic, idx)] = PullState()
+            self._tasks[(topic, idx)] = loop.create_task(
+                self._pull(part), name=f"slave-pull-{topic}-{idx}"
+            )
+
+    async def _refresh_master_ends(self, link: BrokerLink) -> None:
+        for (topic, idx), st in self.state.items():
+            r = await link.request(
+                lambda o, t=topic, i=idx: encode_offset(t, self.cfg.slave_group, i, 2**63 - 1, o)
+            )
+            if r.code == 200:
+                st.master_end = int(r.body)
+
+    # ------------------------------------------------------------------ pulling
+
+    async def _pull(self, part: Partition) -> None:
+        key = (part.topic, part.index)
+        st = self.state[key]
+        link: BrokerLink | None = None
+        wait_ms = self.cfg.slave_max_delay_in_mills
+        group = self.cfg.slave_group
+        service = self.broker.service
+        assert service is not None
+        while not self.stopped:
+            try:
+                if link is None or not link.connected:
+                    link = BrokerLink(self.master, self.secret)
+                    await link.connect()
+                off = part.end
+                r = await link.request(
+                    lambda o, off=off: encode_get(
+                        part.topic, group, part.index, off, FETCH_BYTES, o, wait_ms
+                    ),
+                    timeout_s=wait_ms / 1000.0 + 10,
+                )
+                st.last_pull = time.monotonic()
+                if r.code == 404:
+                    st.error = ""
+                    continue
+                if r.code == 301:
+                    nearest = int(r.body)
+                    if nearest > off and part.size_bytes == 0:
+                        part.reset_start(nearest)
+                        log.info(
+                            "slave: %s-%d starts at the master's first offset %d",
+                            part.topic,
+                            part.index,
+                            nearest,
+                        )
+                        continue
+                    st.error = f"master answered 301 -> {nearest} for slave end {off}"
+                    log.error("slave: %s-%d: %s (diverged?)", part.topic, part.index, st.error)
+                    await asyncio.sleep(5)
+                    continue
+                if r.code != 200:
+                    st.error = f"{r.code} {r.body[:200].decode('utf-8', 'replace')}"
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                valid, _why = records.scan(r.body)
+                if valid == 0:
+                    await asyncio.sleep(0)  # a window holding no whole record: retry (rare)
+                    continue
+                if part.end != off:
+                    continue  # a synchronous push appended meanwhile: fetch again from there
+                part.append(memoryview(r.body)[:valid])
+                st.pulled_bytes += valid
+                st.error = ""
+                fut = service.flusher.after_append(part, 0)
+                if fut is not None:
+                    fut.add_done_callback(_consume)
+            except NotifyError as e:
+                st.error = str(e)
+                if link is not None:
+                    link.close()
+                link = None
+                await asyncio.sleep(RETRY_S)
+
+    def stats_items(self) -> list[tuple[str, object]]:
+        items: list[tuple[str, object]] = [
+            ("role", "slave"),
+            ("slave_id", self.cfg.slave_id),
+            ("master", self.master),
+        ]
+        now = time.monotonic()
+        for (topic, idx), st in sorted(self.state.items()):
+            part = self.broker.store.get(topic, idx)
+            end = part.end if part is not None else 0
+            lag = max(0, st.master_end - end) if st.master_end >= 0 else -1
+            since = round((now - st.last_pull) * 1000) if st.last_pull else -1
+            items.append(
+                (
+                    f"replication.{topic}-{idx}",
+                    f"slave_end={end} master_end={st.master_end} lag_bytes={lag} "
+                    f"last_pull_ms_ago={since}" + (f" error={st.error}" if st.error else ""),
+                )
+            )
+        return items
+
+
+def _consume(fut: asyncio.Future[int]) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Final
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from notify.broker.connection import Connection
+from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config
 from notify.broker.service import BrokerService
 from notify.broker.transactions import TransactionManager
-from notify.config import ServerConfig, TopicConfig, load_config
+from notify.config import ServerConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
 from notify.replication.slave import SlaveReplicator
 from notify.replication.sync_master import SyncMaster
@@ -60,6 +61,7 @@ class Broker:
         self._config_mtime: float | None = None
         self.scheduler: AsyncIOScheduler | None = None
         self.slave: SlaveReplicator | None = None
+        self.delay: DelayQueue | None = None
         self.port = config.system.server_port
         self.host = config.system.host_name
         self.http: HttpServer | None = None  # notify.http (issue #9)
@@ -95,9 +97,16 @@ class Broker:
         self.service = BrokerService(self.config, self.store, self.flusher, loop, self.reload)
         service = self.service
         self.scheduler = AsyncIOScheduler(event_loop=loop)
+        # the internal topic of delayed messages exists before transaction recovery, which
+        # may re-apply committed delayed puts to it
+        self.store.add_topic(delay_topic_config(default_topic(self.config.system, "")))
+        service.refresh_topics()
         tm = TransactionManager(service, self.scheduler)
         service.transactions = tm
         tm.recover()
+        self.delay = DelayQueue(service)
+        self.delay.open()
+        service.delay = self.delay
         tm.add_jobs()
         for topic in self.store.topics.values():
             self._schedule_retention(topic)
@@ -112,6 +121,7 @@ class Broker:
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
         self._start_replication()
+        self.delay.start()
         # -- notify.http (issue #9): dashboard, MetaQ HTTP, REST, /metrics; 0 = off
         if self.config.system.dashboard_http_port:
             from notify.http.server import start_http
@@ -139,6 +149,8 @@ class Broker:
             return
         if self._server is not None:
             self._server.close()
+        if self.delay is not None:
+            await self.delay.close()
         if self.slave is not None:
             await self.slave.stop()
         if self.service is not None and self.service.sync_master is not None:
@@ -325,8 +337,8 @@ class Broker:
     async def run_retention(self, topic: str) -> list[RetentionResult]:
         """Apply the topic's deletePolicy now (also run by its deleteWhen schedule)."""
         tc = self.store.topics.get(topic)
-        if tc is None or self.service is None or tc.store == "memory":
-            return []
+        if tc is None or self.service is None or tc.store == "memory" or topic == DELAY_TOPIC:
+            return []  # __delay: the delay queue deletes what it has delivered
         loop = asyncio.get_running_loop()
         out = []
         now = time.monotonic()

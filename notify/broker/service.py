@@ -24,6 +24,7 @@ from notify.broker.stats import BrokerStats
 from notify.codec import records
 from notify.codec.wire import (
     Auth,
+    DelayedPut,
     Get,
     MultiPut,
     MultiSync,
@@ -57,6 +58,7 @@ from notify.store.partition import Partition
 from notify.version import __version__
 
 if TYPE_CHECKING:
+    from notify.broker.delay import DelayQueue
     from notify.broker.transactions import TransactionManager
     from notify.replication.sync_master import SyncMaster
 
@@ -138,6 +140,7 @@ class BrokerService:
         self.role = "master"
         self.master_address = ""
         self.sync_master: SyncMaster | None = None
+        self.delay: DelayQueue | None = None
         self.on_promote: Callable[[], str] | None = None
         self.replication_stats: Callable[[], list[tuple[str, object]]] | None = None
         #: (topic, partition) -> group -> (last fetched offset, monotonic time)
@@ -577,6 +580,8 @@ class BrokerService:
                 self._error(conn, 500, r.opaque, "transactions are not enabled on this broker")
             else:
                 self.transactions.register(conn, r)
+        elif isinstance(r, DelayedPut):
+            self._dput(conn, r)
         elif isinstance(r, MultiSync):
             self._msync(conn, r)
         elif isinstance(r, Sync):
@@ -586,6 +591,56 @@ class BrokerService:
                 self._error(conn, 400, r.opaque, "this broker is already a master")
             else:
                 conn.send(encode_result(200, r.opaque, self.on_promote().encode()))
+
+    # ------------------------------------------------------------------ delayed messages
+
+    def _dput(self, conn: Connection, r: DelayedPut) -> None:
+        from notify.broker.delay import DELAY_TOPIC, encode_envelope
+
+        self.stats.cmd_put += 1
+        part = self._lookup(conn, r.topic, r.partition, r.opaque)
+        if part is None:
+            return
+        if not self._accept[r.topic][0]:
+            return self._error(conn, 403, r.opaque, f"topic {r.topic!r} does not accept publish")
+        if len(r.body) > self.max_message:
+            return self._error(
+                conn, 400, r.opaque, f"message of {len(r.body)} bytes exceeds maxMessageSize"
+            )
+        crc = zlib.crc32(r.body) & _CRC_MASK
+        if r.checksum != -1 and r.checksum != crc:
+            return self._error(conn, 400, r.opaque, "checksum mismatch")
+        if self.role != "master" or (self.sync_master and self.sync_master.refusing):
+            return self._refuse_write(conn, r.opaque)
+        delay = self.delay
+        dpart = self.store.get(DELAY_TOPIC, 0)
+        if delay is None or dpart is None:
+            return self._error(conn, 500, r.opaque, "delayed messages are not enabled")
+        env = encode_envelope(r.topic, r.partition, r.deliver_at_ms, r.body)
+        if r.tx_key is not None:
+            if self.transactions is None:
+                return self._error(conn, 500, r.opaque, "transactions are not enabled")
+            put = Put(DELAY_TOPIC, 0, r.flag, -1, r.tx_key, r.opaque, env)
+            return self.transactions.put(conn, put, zlib.crc32(env) & _CRC_MASK, r.partition)
+        if self._pending:
+            self.commit()
+        msg_id = self.ids.next()
+        rec = records.encode(msg_id, r.flag, env)
+        try:
+            off = dpart.append(rec)
+        except NotifyError as e:
+            code = 503 if isinstance(e, StoreFullError) else 500
+            return self._error(conn, code, r.opaque, str(e))
+        delay.add(off, r.deliver_at_ms)
+        group = PendingReplies(conn, r.partition)
+        group.items.append([r.opaque])
+        group.body = encode_result(200, r.opaque, b"%d %d -1" % (msg_id, r.partition))
+        conn.send(group)
+        self._await_all(
+            [group],
+            self.flusher.after_append(dpart, 1),
+            self.sync_master.replicate(dpart, off, rec, 1) if self.sync_master else None,
+        )
 
     # ------------------------------------------------------------------ replication (slave side)
 
@@ -681,6 +736,8 @@ class BrokerService:
             ]
             if self.transactions is not None:
                 items += self.transactions.stats_items()
+            if self.delay is not None:
+                items += self.delay.stats_items()
             if self.sync_master is not None:
                 items += self.sync_master.stats_items()
             elif self.replication_stats is not None:

@@ -36,10 +36,12 @@ from typing import TYPE_CHECKING, Any, Final
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from notify.broker.connection import Connection, PendingReplies
+from notify.broker.delay import DELAY_TOPIC
 from notify.codec import records
 from notify.codec.wire import MultiPut, Put, Register, Transaction, encode_check, encode_result
 from notify.errors import NotifyError, TransactionError, TxLogError
 from notify.faults import crashpoint
+from notify.store.idempotent import already_present
 from notify.tx import logrecords as lr
 from notify.tx.keys import is_xa, parse_xid, validate_key
 from notify.tx.states import TERMINAL, TxEvent, TxState, allowed, next_state
@@ -408,7 +410,9 @@ class TransactionManager:
         tx.nbytes += len(am.records)
         crashpoint("after_append_msg")
 
-    def put(self, conn: Connection, r: Put, crc: int) -> None:
+    def put(self, conn: Connection, r: Put, crc: int, reply_partition: int = -1) -> None:
+        """A put inside a transaction (a delayed put passes the envelope for ``__delay`` and
+        the target partition to report in the reply)."""
         assert r.tx_key is not None
         try:
             tx = self._tx_for_put(conn, r.tx_key)
@@ -417,7 +421,8 @@ class TransactionManager:
             self._log_append(tx, lr.AppendMsg(tx.key, r.topic, r.partition, 1, rec))
         except TxFailure as e:
             return self._fail(conn, r.opaque, e)
-        conn.send(encode_result(200, r.opaque, b"%d %d -1" % (msg_id, r.partition)))
+        shown = r.partition if reply_partition < 0 else reply_partition
+        conn.send(encode_result(200, r.opaque, b"%d %d -1" % (msg_id, shown)))
 
     def mput(self, conn: Connection, r: MultiPut, buf: bytearray) -> None:
         from notify.broker.service import _stamp_ids
@@ -687,7 +692,7 @@ class TransactionManager:
                 continue
             data = b"".join(chunks)
             if recovering or tx.apply_error is not None:
-                present, off0 = self._already_applied(part, hints.get((topic, pidx), 0), data)
+                present, off0 = already_present(part, hints.get((topic, pidx), 0), data)
                 if present == len(data):
                     placements.append((topic, pidx, off0, counts[(topic, pidx)], len(data)))
                     continue
@@ -709,6 +714,8 @@ class TransactionManager:
                 )
                 return
             placements.append((topic, pidx, off, counts[(topic, pidx)], len(data)))
+            if topic == DELAY_TOPIC and self.service.delay is not None:
+                self.service.delay.index_appended(off, data)  # delayed messages: due later
             fut = self.service.flusher.after_append(part, counts[(topic, pidx)])
             if fut is not None:
                 fut.add_done_callback(_consume)
@@ -735,41 +742,6 @@ class TransactionManager:
         except TxLogError as e:
             log.error("%d APPLIED records not logged (recovery re-checks them): %s", len(batch), e)
         crashpoint("after_apply")
-
-    def _already_applied(self, part: Any, hint: int, data: bytes) -> tuple[int, int]:
-        """How many leading bytes of ``data`` (whole records) are already in ``part`` at or
-        after ``hint``, matched by message id, and the offset where they start (-1: none).
-
-        A transaction's records for one partition are written with one append, so what a
-        crash left behind is a prefix of them (the store truncates a torn tail)."""
-        want, _ = records.decode_all(data, verify=False)
-        if not want:
-            return 0, -1
-        ids = [r.msg_id for r in want]
-        off = max(hint, part.min_offset)
-        found_at = -1
-        matched = 0
-        done = False
-        while not done and off < part.end:
-            recs, used = records.decode_all(part.read(off, 1 << 20), off)
-            if not recs:
-                break
-            for r in recs:
-                if found_at < 0:
-                    if r.msg_id == ids[0]:
-                        found_at, matched = r.offset, 1
-                elif r.msg_id == ids[matched]:
-                    matched += 1
-                else:
-                    done = True
-                if matched == len(ids):
-                    done = True
-                if done:
-                    break
-            off += used
-        if found_at < 0:
-            return 0, -1
-        return sum(r.size for r in want[:matched]), found_at
 
     def _rollback(
         self, tx: BrokerTx, ev: TxEvent, reason: str

@@ -39,6 +39,9 @@ notify extensions (old clients never send them; old brokers answer them with an 
         <baseOffset>; the slave appends them at the same offset (200), answers 200 again if it
         already has exactly those bytes there, and 301 with its end when it is behind
     promote [<opaque>]\\r\\n          turn a slave into a master (failover)
+    dput <topic> <partition> <len> <flag> <checksum> <deliverAtMs> [<txKey>] <opaque>\\r\\n<body>
+        a delayed message: visible in <topic> no earlier than <deliverAtMs> (Unix ms);
+        reply <msgId> <partition> -1 (its offset exists only once it is delivered)
     register <producerGroup> <opaque>\\r\\n
         this connection belongs to a producer of <producerGroup>: transactions it prepares
         are half messages the broker may check back on, through any connection of the group
@@ -66,7 +69,13 @@ DEFAULT_MAX_HEADER_BYTES: Final = 4096
 #: Beyond this a declared length is treated as a broken stream rather than skipped.
 ABSURD_LENGTH: Final = 1 << 31
 
-_TOKEN_COUNTS: Final = {b"put": (6, 8), b"mput": (6, 7), b"sync": (8, 8), b"msync": (7, 7)}
+_TOKEN_COUNTS: Final = {
+    b"put": (6, 8),
+    b"mput": (6, 7),
+    b"sync": (8, 8),
+    b"msync": (7, 7),
+    b"dput": (8, 9),
+}
 TX_TYPES: Final = frozenset(
     {
         "BEGIN",
@@ -216,6 +225,18 @@ class MultiSync:
 
 
 @dataclass(slots=True)
+class DelayedPut:
+    topic: str
+    partition: int
+    flag: int
+    checksum: int
+    deliver_at_ms: int
+    tx_key: str | None
+    opaque: int
+    body: bytes
+
+
+@dataclass(slots=True)
 class Promote:
     opaque: int
 
@@ -241,6 +262,7 @@ Request = (
     | Register
     | MultiSync
     | Promote
+    | DelayedPut
 )
 
 
@@ -329,7 +351,7 @@ class RequestParser:
             cmd = tokens[0]
             body_start = eol + 2
             try:
-                if cmd == b"put" or cmd == b"mput" or cmd == b"sync" or cmd == b"msync":
+                if cmd in _TOKEN_COUNTS:
                     length = self._body_length(tokens, cmd)
                     if n - body_start < length:
                         break  # wait for the body
@@ -419,6 +441,18 @@ class RequestParser:
             if tx_key == "null":
                 tx_key = None
             return Put(topic, partition, flag, checksum, tx_key, opaque, body)
+        if cmd == b"dput":
+            dtx = _text(t[7], "txKey", opaque) if len(t) == 9 else None
+            return DelayedPut(
+                topic,
+                partition,
+                _int(t[4], "flag", opaque),
+                _int(t[5], "checksum", opaque),
+                _int(t[6], "deliverAtMs", opaque),
+                None if dtx == "null" else dtx,
+                opaque,
+                body,
+            )
         if cmd == b"msync":
             return MultiSync(
                 topic,
@@ -616,6 +650,21 @@ def encode_get(
 
 def encode_offset(topic: str, group: str, partition: int, offset: int, opaque: int) -> bytes:
     return f"offset {topic} {group} {partition} {offset} {opaque}\r\n".encode()
+
+
+def encode_dput(
+    topic: str,
+    partition: int,
+    body: bytes,
+    flag: int,
+    checksum: int,
+    deliver_at_ms: int,
+    opaque: int,
+    tx_key: str | None = None,
+) -> bytes:
+    tx = f" {tx_key}" if tx_key else ""
+    head = f"dput {topic} {partition} {len(body)} {flag} {checksum} {deliver_at_ms}{tx} {opaque}"
+    return (head + "\r\n").encode() + body
 
 
 def encode_msync(

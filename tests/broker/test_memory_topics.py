@@ -25,7 +25,7 @@ def test_memory_topic_roundtrip_bound_and_restart(broker_factory: BrokerFactory)
         recs, _ = records.decode_all(g.body)
         assert len(recs) >= 4 and all(x.body == body for x in recs)
         # past the bound the oldest chunks go; offsets keep counting
-        for i in range(100):
+        for _ in range(100):
             assert c.put("mem", 0, body).code == 200
         first = int(c.call(b"offset mem g 0 0 2\r\n").body)
         assert first > 0

@@ -291,7 +291,7 @@ def test_long_poll_get_wakes_on_put_and_times_out(broker_factory: BrokerFactory)
             c.send(b"get %s g 0 0 4096 5000 2\r\n" % topic.encode())
             t1 = time.monotonic()
 
-            def later() -> None:
+            def later(topic: str = topic) -> None:
                 time.sleep(0.2)
                 with WireClient(b.addr) as p:
                     p.put(topic, 0, b"wake")

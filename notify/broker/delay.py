@@ -1,0 +1,434 @@
+"""Delayed and scheduled messages (``dput``, or a producer's ``delay=`` / ``deliver_at=``).
+
+Storage: a delayed message is appended, durably and acknowledged like any put, to the
+internal partition ``__delay-0`` as one record whose msgId is the message's final id and
+whose payload is an envelope::
+
+    u16 topicLen · topic (UTF-8) · u32 partition · i64 deliverAtMs · payload (the message's own)
+
+Index: pending messages sit in one-second buckets, ``{second: array('q') of __delay
+offsets}`` plus a heap of bucket keys: 8 bytes per pending message and no timer object each,
+so a million pending messages cost megabytes, not a million callbacks. One asyncio task (the
+broker's own timer, not an APScheduler job per message) wakes every 50 ms, takes the due
+buckets, reads those records, and moves them in order of due time.
+
+Moving is exactly once, with the same intent/apply/done protocol as transaction commits, on a
+redo log of its own (``<dataLogPath>/delay/``, :mod:`txlog`)::
+
+    MOVE  (20)  seq:u64 · n:u16 · n*(topic:str · partition:u32 · hint:i64) · m:u32 · m*offset:i64
+    MOVED (21)  seq:u64 · m:u32 · m*offset:i64
+
+MOVE is fsynced before any target partition is written; after the appends MOVED is logged
+(not forced). Recovery re-applies a MOVE without MOVED idempotently (message ids tell what
+already reached the target), then rebuilds the index by scanning ``__delay`` from the
+checkpointed watermark (the lowest offset still pending), skipping delivered offsets.
+Checkpoints (every ``CHECKPOINT_S``) store ``watermark:u64 · k:u32 · k*delivered offset:i64``
+(the delivered offsets above the watermark); segments of ``__delay`` wholly below the
+watermark are deleted.
+
+Inside a transaction, a delayed put becomes an APPEND_MSG for ``__delay``; the commit applies
+it there and the index learns it then, so a rolled-back delayed message never becomes due.
+Only a master moves messages; a slave replicates ``__delay`` but waits until promoted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import struct
+import sys
+import time
+from array import array
+from collections import deque
+from dataclasses import replace
+from typing import TYPE_CHECKING, Final
+
+from notify.codec import records
+from notify.config import TopicConfig, default_topic
+from notify.errors import NotifyError, StoreError, TxLogError
+from notify.faults import crashpoint
+from notify.store.idempotent import already_present
+from notify.store.partition import Partition
+from txlog import TxLog, TxLogConfig
+
+if TYPE_CHECKING:
+    from notify.broker.service import BrokerService
+
+log = logging.getLogger("notify.delay")
+
+DELAY_TOPIC: Final = "__delay"
+MOVE: Final = 20
+MOVED: Final = 21
+TICK_S: Final = 0.05
+CHECKPOINT_S: Final = 10.0
+MAX_MOVE_BATCH: Final = 20_000
+
+_U16 = struct.Struct(">H")
+_ENV_TAIL = struct.Struct(">Iq")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+_HINT = struct.Struct(">Iq")
+
+
+def encode_envelope(topic: str, partition: int, deliver_at_ms: int, payload: bytes) -> bytes:
+    t = topic.encode()
+    return _U16.pack(len(t)) + t + _ENV_TAIL.pack(partition, deliver_at_ms) + payload
+
+
+def decode_envelope(env: bytes) -> tuple[str, int, int, bytes]:
+    """``(topic, partition, deliver_at_ms, payload)`` of an envelope; ValueError if broken."""
+    if len(env) < 2:
+        raise ValueError("delay envelope too short")
+    (n,) = _U16.unpack_from(env, 0)
+    if len(env) < 2 + n + _ENV_TAIL.size:
+        raise ValueError("delay envelope too short")
+    topic = env[2 : 2 + n].decode("utf-8")
+    part, due = _ENV_TAIL.unpack_from(env, 2 + n)
+    return topic, part, due, env[2 + n + _ENV_TAIL.size :]
+
+
+def delay_topic_config(system_default: TopicConfig) -> TopicConfig:
+    """The internal topic: one disk partition, the broker's flush policy, no direct puts."""
+    return replace(
+        system_default,
+        name=DELAY_TOPIC,
+        num_partitions=1,
+        store="disk",
+        accept_publish=False,
+        retention_ignores_consumers=True,
+    )
+
+
+def _pack_i64s(values: list[int] | set[int]) -> bytes:
+    a = array("q", sorted(values) if isinstance(values, set) else values)
+    if sys.byteorder == "little":
+        a.byteswap()
+    return a.tobytes()
+
+
+def _unpack_i64s(data: bytes) -> list[int]:
+    a = array("q")
+    a.frombytes(data)
+    if sys.byteorder == "little":
+        a.byteswap()
+    return list(a)
+
+
+class DelayQueue:
+    """Pending delayed messages of one broker and the task that delivers them."""
+
+    def __init__(self, service: BrokerService):
+        self.service = service
+        self.store = service.store
+        sysc = service.config.system
+        self.part: Partition | None = None
+        self.log = TxLog.open(
+            (sysc.data_log_path or sysc.data_path) / "delay",
+            TxLogConfig(flush_at_commit=1, max_checkpoints=sysc.max_checkpoints),
+        )
+        self.buckets: dict[int, array[int]] = {}
+        self.heap: list[int] = []
+        self.pending = 0
+        self.delivered: set[int] = set()
+        self.watermark = 0
+        self.seq = 0
+        self.moved_total = 0
+        self.lateness_ms: deque[float] = deque(maxlen=10_000)
+        self._task: asyncio.Task[None] | None = None
+        self._last_checkpoint = time.monotonic()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Create ``__delay-0``, recover interrupted moves and rebuild the index."""
+        self.part = self.store.get(DELAY_TOPIC, 0)
+        if self.part is None:
+            sysc = self.service.config.system
+            self.part = self.store.add_topic(delay_topic_config(default_topic(sysc, "")))[0]
+        ck = self.log.latest_checkpoint()
+        if ck is not None and ck.state:
+            (self.watermark,) = _U64.unpack_from(ck.state, 0)
+            (k,) = _U32.unpack_from(ck.state, 8)
+            self.delivered = set(_unpack_i64s(ck.state[12 : 12 + 8 * k]))
+        moves: dict[int, tuple[list[tuple[str, int, int]], list[int]]] = {}
+        for _pos, rtype, body in self.log.replay():
+            if rtype == MOVE:
+                seq, hints, offs = _decode_move(body)
+                moves[seq] = (hints, offs)
+                self.seq = max(self.seq, seq)
+            elif rtype == MOVED:
+                seq, offs = _decode_moved(body)
+                moves.pop(seq, None)
+                self.delivered.update(offs)
+                self.seq = max(self.seq, seq)
+        for seq, (hints, offs) in sorted(moves.items()):
+            log.info("delay: finishing interrupted move %d (%d messages)", seq, len(offs))
+            self._apply_move(seq, hints, offs, recovering=True)
+        self._rebuild_index()
+        self.log.sync()
+        log.info(
+            "delay queue: %d pending, watermark %d, %d delivered above it",
+            self.pending,
+            self.watermark,
+            len(self.delivered),
+        )
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="delay-mover")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(NotifyError):
+            self._checkpoint()
+        self.log.close()
+
+    # ------------------------------------------------------------------ index
+
+    def add(self, offset: int, due_ms: int) -> None:
+        sec = due_ms // 1000
+        b = self.buckets.get(sec)
+        if b is None:
+            b = self.buckets[sec] = array("q")
+            heapq.heappush(self.heap, sec)
+        b.append(offset)
+        self.pending += 1
+
+    def index_appended(self, base: int, data: bytes | bytearray | memoryview) -> None:
+        """Index records just appended to ``__delay`` at ``base`` (puts and tx commits)."""
+        recs, _ = records.decode_all(bytes(data), base, verify=False)
+        for r in recs:
+            try:
+                _t, _p, due, _payload = decode_envelope(r.payload)
+            except ValueError:
+                log.error("delay: unreadable envelope at offset %d skipped", r.offset)
+                continue
+            self.add(r.offset, due)
+
+    def _rebuild_index(self) -> None:
+        part = self.part
+        assert part is not None
+        off = max(self.watermark, part.min_offset)
+        while off < part.end:
+            recs, used = records.decode_all(part.read_raw(off, 1 << 20), off)
+            if not recs:
+                break
+            for r in recs:
+                if r.offset in self.delivered:
+                    continue
+                try:
+                    _t, _p, due, _payload = decode_envelope(r.payload)
+                except ValueError:
+                    log.error("delay: unreadable envelope at offset %d skipped", r.offset)
+                    continue
+                self.add(r.offset, due)
+            off += used
+
+    # ------------------------------------------------------------------ moving
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            if self.service.role != "master":
+                continue
+            try:
+                self.move_due()
+                if time.monotonic() - self._last_checkpoint >= CHECKPOINT_S:
+                    self._checkpoint()
+            except NotifyError as e:
+                log.error("delay mover: %s (retrying)", e)
+                await asyncio.sleep(1.0)
+
+    def move_due(self, now_ms: int | None = None) -> int:
+        """Deliver every pending message due by ``now_ms``; returns how many moved."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        now_sec = now_ms // 1000
+        part = self.part
+        assert part is not None
+        taken: list[tuple[int, int, str, int, bytes]] = []  # due, offset, topic, part, record
+        later: list[tuple[int, int]] = []
+        while self.heap and self.heap[0] <= now_sec and len(taken) < MAX_MOVE_BATCH:
+            sec = heapq.heappop(self.heap)
+            offs = self.buckets.pop(sec)
+            self.pending -= len(offs)
+            for off in offs:
+                rec = self._read_record(part, off)
+                if rec is None:
+                    continue
+                topic, pidx, due, payload = decode_envelope(rec.payload)
+                if due > now_ms:
+                    later.append((off, due))
+                    continue
+                out = records.encode(rec.msg_id, rec.flag, payload)
+                taken.append((due, off, topic, pidx, out))
+        for off, due in later:
+            self.add(off, due)
+        if not taken:
+            return 0
+        taken.sort(key=lambda x: (x[0], x[1]))
+        hints: dict[tuple[str, int], int] = {}
+        for _due, _off, topic, pidx, _out in taken:
+            if (topic, pidx) not in hints:
+                target = self.store.get(topic, pidx)
+                hints[(topic, pidx)] = target.end if target is not None else 0
+        self.seq += 1
+        seq = self.seq
+        hint_list = [(t, p, h) for (t, p), h in hints.items()]
+        offsets = [x[1] for x in taken]
+        try:
+            self.log.commit(MOVE, _encode_move(seq, hint_list, offsets))
+        except TxLogError:
+            for due, off, *_ in taken:  # not moved: try again next tick
+                self.add(off, due)
+            raise
+        crashpoint("after_move_intent")
+        self._apply_move(seq, hint_list, offsets, prepared=taken)
+        now2 = time.time() * 1000
+        for due, *_ in taken:
+            self.lateness_ms.append(now2 - due)
+        return len(taken)
+
+    def _read_record(self, part: Partition, off: int) -> records.Record | None:
+        head = part.read_raw(off, records.HEADER_SIZE)
+        size = records.first_record_size(head)
+        if size is None:
+            return None
+        recs, _ = records.decode_all(part.read_raw(off, size), off)
+        if not recs:
+            log.error("delay: record at %d unreadable, skipped", off)
+            return None
+        return recs[0]
+
+    def _apply_move(
+        self,
+        seq: int,
+        hints: list[tuple[str, int, int]],
+        offsets: list[int],
+        recovering: bool = False,
+        prepared: list[tuple[int, int, str, int, bytes]] | None = None,
+    ) -> None:
+        part = self.part
+        assert part is not None
+        if prepared is None:  # recovery: read the records again, keep due order
+            prepared = []
+            for off in offsets:
+                rec = self._read_record(part, off)
+                if rec is None:
+                    continue
+                topic, pidx, due, payload = decode_envelope(rec.payload)
+                prepared.append(
+                    (due, off, topic, pidx, records.encode(rec.msg_id, rec.flag, payload))
+                )
+            prepared.sort(key=lambda x: (x[0], x[1]))
+        grouped: dict[tuple[str, int], list[bytes]] = {}
+        counts: dict[tuple[str, int], int] = {}
+        for _due, _off, topic, pidx, out in prepared:
+            grouped.setdefault((topic, pidx), []).append(out)
+            counts[(topic, pidx)] = counts.get((topic, pidx), 0) + 1
+        hint_of = {(t, p): h for t, p, h in hints}
+        first = True
+        for (topic, pidx), chunks in grouped.items():
+            target = self.store.get(topic, pidx)
+            if target is None:
+                log.error(
+                    "delay: %s-%d no longer exists: %d messages dropped",
+                    topic,
+                    pidx,
+                    counts[(topic, pidx)],
+                )
+                continue
+            data = b"".join(chunks)
+            if recovering:
+                present, _at = already_present(target, hint_of.get((topic, pidx), 0), data)
+                data = data[present:]
+                if not data:
+                    continue
+            if not first:
+                crashpoint("mid_move")
+            first = False
+            try:
+                target.append(data)
+            except StoreError as e:
+                raise StoreError(f"delay: moving to {topic}-{pidx} failed: {e}") from e
+            fut = self.service.flusher.after_append(target, counts[(topic, pidx)])
+            if fut is not None:
+                fut.add_done_callback(_consume)
+        try:
+            self.log.append(MOVED, _encode_moved(seq, offsets))
+        except TxLogError as e:
+            log.error("delay: MOVED %d not logged (recovery re-checks it): %s", seq, e)
+        crashpoint("after_move")
+        self.delivered.update(offsets)
+        self.moved_total += len(offsets)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint(self) -> None:
+        part = self.part
+        assert part is not None
+        self._last_checkpoint = time.monotonic()
+        low = min((min(a) for a in self.buckets.values() if len(a)), default=part.end)
+        self.watermark = low
+        self.delivered = {o for o in self.delivered if o >= low}
+        state = _U64.pack(low) + _U32.pack(len(self.delivered)) + _pack_i64s(self.delivered)
+        self.log.checkpoint(self.log.end_position, state)
+        part.delete_segments_before(low)
+
+    def stats_items(self) -> list[tuple[str, object]]:
+        lat = sorted(self.lateness_ms)
+
+        def pct(p: float) -> float:
+            return round(lat[min(len(lat) - 1, int(len(lat) * p))], 1) if lat else 0.0
+
+        return [
+            ("delay_pending", self.pending),
+            ("delay_buckets", len(self.buckets)),
+            ("delay_moved", self.moved_total),
+            ("delay_next_due_s", self.heap[0] if self.heap else -1),
+            ("delay_lateness_p50_ms", pct(0.5)),
+            ("delay_lateness_p99_ms", pct(0.99)),
+        ]
+
+
+def _encode_move(seq: int, hints: list[tuple[str, int, int]], offsets: list[int]) -> bytes:
+    parts = [_U64.pack(seq), _U16.pack(len(hints))]
+    for topic, pidx, hint in hints:
+        t = topic.encode()
+        parts += [_U16.pack(len(t)), t, _HINT.pack(pidx, hint)]
+    parts += [_U32.pack(len(offsets)), _pack_i64s(offsets)]
+    return b"".join(parts)
+
+
+def _decode_move(body: bytes) -> tuple[int, list[tuple[str, int, int]], list[int]]:
+    (seq,) = _U64.unpack_from(body, 0)
+    (n,) = _U16.unpack_from(body, 8)
+    pos = 10
+    hints = []
+    for _ in range(n):
+        (tl,) = _U16.unpack_from(body, pos)
+        topic = body[pos + 2 : pos + 2 + tl].decode()
+        pidx, hint = _HINT.unpack_from(body, pos + 2 + tl)
+        hints.append((topic, pidx, hint))
+        pos += 2 + tl + _HINT.size
+    (m,) = _U32.unpack_from(body, pos)
+    return seq, hints, _unpack_i64s(body[pos + 4 : pos + 4 + 8 * m])
+
+
+def _encode_moved(seq: int, offsets: list[int]) -> bytes:
+    return _U64.pack(seq) + _U32.pack(len(offsets)) + _pack_i64s(offsets)
+
+
+def _decode_moved(body: bytes) -> tuple[int, list[int]]:
+    (seq,) = _U64.unpack_from(body, 0)
+    (m,) = _U32.unpack_from(body, 8)
+    return seq, _unpack_i64s(body[12 : 12 + 8 * m])
+
+
+def _consume(fut: asyncio.Future[int]) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -6,9 +6,9 @@ whose payload is an envelope::
 
     u16 topicLen · topic (UTF-8) · u32 partition · i64 deliverAtMs · payload (the message's own)
 
-Index: pending messages sit in one-second buckets, ``{second: array('q') of __delay
-offsets}`` plus a heap of bucket keys: 8 bytes per pending message and no timer object each,
-so a million pending messages cost megabytes, not a million callbacks. One asyncio task (the
+Index: pending messages sit in one-second buckets, ``{second: array('q') of (__delay offset,
+due ms) pairs}`` plus a heap of bucket keys: 16 bytes per pending message and no timer object
+each, so a million pending messages cost megabytes, not a million callbacks. One asyncio task (the
 broker's own timer, not an APScheduler job per message) wakes every 50 ms, takes the due
 buckets, reads those records, and moves them in order of due time.
 
@@ -197,6 +197,7 @@ class DelayQueue:
             b = self.buckets[sec] = array("q")
             heapq.heappush(self.heap, sec)
         b.append(offset)
+        b.append(due_ms)
         self.pending += 1
 
     def index_appended(self, base: int, data: bytes | bytearray | memoryview) -> None:
@@ -254,16 +255,17 @@ class DelayQueue:
         later: list[tuple[int, int]] = []
         while self.heap and self.heap[0] <= now_sec and len(taken) < MAX_MOVE_BATCH:
             sec = heapq.heappop(self.heap)
-            offs = self.buckets.pop(sec)
-            self.pending -= len(offs)
-            for off in offs:
+            pairs = self.buckets.pop(sec)
+            self.pending -= len(pairs) // 2
+            for i in range(0, len(pairs), 2):
+                off, due = pairs[i], pairs[i + 1]
+                if due > now_ms or len(taken) >= MAX_MOVE_BATCH:
+                    later.append((off, due))
+                    continue
                 rec = self._read_record(part, off)
                 if rec is None:
                     continue
                 topic, pidx, due, payload = decode_envelope(rec.payload)
-                if due > now_ms:
-                    later.append((off, due))
-                    continue
                 out = records.encode(rec.msg_id, rec.flag, payload)
                 taken.append((due, off, topic, pidx, out))
         for off, due in later:
@@ -372,7 +374,7 @@ class DelayQueue:
         part = self.part
         assert part is not None
         self._last_checkpoint = time.monotonic()
-        low = min((min(a) for a in self.buckets.values() if len(a)), default=part.end)
+        low = min((min(a[0::2]) for a in self.buckets.values() if len(a)), default=part.end)
         self.watermark = low
         self.delivered = {o for o in self.delivered if o >= low}
         state = _U64.pack(low) + _U32.pack(len(self.delivered)) + _pack_i64s(self.delivered)

@@ -16,16 +16,34 @@ asyncio API (same core, on your loop)::
         producer = session.create_producer()
         result = await producer.send("test", b"hello")
 
+Transactions (:mod:`._transaction`)::
+
+    with producer.transaction(timeout=10):          # local: all or nothing, one broker
+        producer.send("orders", b"o-1")
+        producer.send("audit", b"o-1 created")
+
+    producer = session.create_transactional_producer("shop", checker)   # half messages
+    result = producer.send_in_transaction("orders", b"o-2", local_tx)
+
 Modules: ``_connection`` owns the sockets (pipelined, opaque-matched requests over the
 sans-IO codec of :mod:`notify.codec.wire`); ``_routing`` the broker directory;
 ``_producer``/``_consumer`` the asyncio cores; ``_session`` the factories and the
-synchronous wrappers; ``_offsets``, ``_recover``, ``_spool`` the local files.
+synchronous wrappers; ``_transaction`` local transactions, half messages and check-backs;
+``_offsets``, ``_recover``, ``_spool`` the local files.
 """
 
 from ._config import ClientConfig, ConsumerConfig, ProducerConfig
 from ._consumer import AsyncConsumer, ConsumerStats, MessageFilter, MessageListener
 from ._dedup import DuplicateWindow
-from ._errors import ListenerTimeoutError
+from ._errors import (
+    ClientTransactionError,
+    ListenerTimeoutError,
+    TransactionAbortedError,
+    TransactionConnectionError,
+    TransactionOutcomeUnknownError,
+    TransactionTimeoutError,
+    XAError,
+)
 from ._fetchsize import FetchSizer
 from ._message import Message, SendResult
 from ._offsets import FileOffsetStore, MemoryOffsetStore, OffsetStore, TopicPartitionOffset
@@ -53,13 +71,23 @@ from ._session import (
     Producer,
     connect,
 )
+from ._transaction import (
+    AsyncTransaction,
+    LocalTransaction,
+    LocalTxState,
+    Transaction,
+    TransactionChecker,
+    TransactionSendResult,
+)
 
 __all__ = [
     "AsyncConsumer",
     "AsyncMessageSessionFactory",
     "AsyncProducer",
+    "AsyncTransaction",
     "BrokerDirectory",
     "ClientConfig",
+    "ClientTransactionError",
     "Consumer",
     "ConsumerConfig",
     "ConsumerStats",
@@ -68,6 +96,8 @@ __all__ = [
     "FileOffsetStore",
     "KeyHashSelector",
     "ListenerTimeoutError",
+    "LocalTransaction",
+    "LocalTxState",
     "MemoryOffsetStore",
     "Message",
     "MessageFilter",
@@ -85,6 +115,14 @@ __all__ = [
     "StoredMessage",
     "TopicPartitionOffset",
     "TopicRouter",
+    "Transaction",
+    "TransactionAbortedError",
+    "TransactionChecker",
+    "TransactionConnectionError",
+    "TransactionOutcomeUnknownError",
+    "TransactionSendResult",
+    "TransactionTimeoutError",
+    "XAError",
     "connect",
     "key_hash",
     "list_dead_letters",

@@ -29,6 +29,7 @@ DEFAULT_IDLE_BACKOFF_MAX_S = 0.2
 DEFAULT_METADATA_TTL_S = 60.0
 DEFAULT_SPOOL_REPLAY_INTERVAL_S = 1.0
 DEFAULT_LISTENER_THREADS = 4
+DEFAULT_CHECK_THREADS = 4
 #: Largest offset (int64 max): the ``offset`` command answers it with the partition's end.
 MAX_OFFSET = 9223372036854775807
 
@@ -55,6 +56,14 @@ class ProducerConfig:
     unavailable after ``retries`` the message goes to an on-disk spool under ``spool_dir``
     which is replayed, in order, when the partition comes back (MetaQ's
     OrderedMessageProducer).
+
+    ``producer_group`` makes the producer transactional in the Notify sense: its own
+    connections ``register`` the group, so it may send half messages
+    (``send_in_transaction``) and answers the broker's check-backs with its checker, run on
+    ``check_threads`` threads. Prefer ``session.create_transactional_producer(group, checker)``
+    (it takes the checker and registers with the brokers at once; a producer made with
+    ``create_producer`` and this field registers as it first uses a broker, has no checker
+    and so leaves every check-back UNKNOWN).
     """
 
     retries: int = DEFAULT_SEND_RETRIES
@@ -70,6 +79,9 @@ class ProducerConfig:
     ordered: bool = False
     spool_dir: Path | None = None
     spool_replay_interval_s: float = DEFAULT_SPOOL_REPLAY_INTERVAL_S
+    producer_group: str | None = None
+    #: Threads running the transaction checker (check-backs answered concurrently at most).
+    check_threads: int = DEFAULT_CHECK_THREADS
 
 
 @dataclass(slots=True)

@@ -7,6 +7,10 @@ replies may arrive in any order. A :class:`ConnectionPool` keeps one connection 
 address, reused by every producer and consumer of a session, and reconnects with
 exponential backoff after a failure.
 
+The broker may also send unsolicited ``check`` frames (check-back of a half message) on a
+connection that registered a producer group: they are never matched against pending
+requests but handed to the connection's ``check_handler`` (see ``_transaction``).
+
 Foreign errors (``OSError``, ``asyncio.TimeoutError``) are translated here into
 :class:`~notify.errors.ConnectionLostError` and :class:`~notify.errors.RequestTimeoutError`.
 """
@@ -15,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from notify.codec.wire import Response, ResponseParser
 from notify.errors import ClientError, ConnectionLostError, ProtocolError, RequestTimeoutError
@@ -52,6 +57,10 @@ class BrokerConnection(asyncio.Protocol):
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.closed_future: asyncio.Future[None] = loop.create_future()
+        #: The producer group this connection registered (``register``), if any.
+        self.producer_group: str | None = None
+        #: Called on the loop with each broker-initiated ``check`` frame (must not block).
+        self.check_handler: Callable[[BrokerConnection, Response], None] | None = None
 
     # -- asyncio.Protocol
 
@@ -69,11 +78,24 @@ class BrokerConnection(asyncio.Protocol):
             return
         pending = self._pending
         for r in replies:
+            if r.kind == "check":  # broker-initiated: not a reply to any request
+                self._on_check(r)
+                continue
             fut = pending.pop(r.opaque, None)
             if fut is None:
                 log.debug("%s: reply for unknown opaque %d dropped", self.address, r.opaque)
             elif not fut.done():
                 fut.set_result(r)
+
+    def _on_check(self, r: Response) -> None:
+        handler = self.check_handler
+        if handler is None:
+            log.warning("%s: check-back of %s with no handler: ignored", self.address, r.tx_key)
+            return
+        try:
+            handler(self, r)
+        except Exception:  # a handler bug must not kill the connection
+            log.exception("%s: check-back handler failed for %s", self.address, r.tx_key)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -123,6 +145,27 @@ class BrokerConnection(asyncio.Protocol):
         self._pending[opaque] = fut
         self._transport.write(frame)
         return fut
+
+    def send_many(
+        self, frames: Sequence[tuple[bytes, int]], timeout_s: float | None = None
+    ) -> list[asyncio.Future[Response]]:
+        """Write several ``(frame, opaque)`` with one write; the futures of their replies.
+
+        With ``timeout_s`` each future fails with :class:`RequestTimeoutError` when its
+        reply does not come in time (no need to :meth:`wait` on it)."""
+        if self._closed or self._transport is None:
+            raise ConnectionLostError(f"connection to {self.address} is closed")
+        loop = self._loop
+        futs: list[asyncio.Future[Response]] = []
+        for _, opaque in frames:
+            fut: asyncio.Future[Response] = loop.create_future()
+            self._pending[opaque] = fut
+            if timeout_s is not None:
+                handle = loop.call_later(timeout_s, self._expire, opaque, timeout_s)
+                fut.add_done_callback(functools.partial(_cancel_timer, handle))
+            futs.append(fut)
+        self._transport.write(b"".join([f for f, _ in frames]))
+        return futs
 
     async def request(self, build: Callable[[int], bytes], timeout_s: float) -> Response:
         """Send the frame ``build(opaque)`` and wait for its reply.
@@ -180,6 +223,10 @@ class BrokerConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
         self._closed = True
+
+
+def _cancel_timer(handle: asyncio.TimerHandle, _fut: asyncio.Future[Response]) -> None:
+    handle.cancel()
 
 
 class ConnectionPool:

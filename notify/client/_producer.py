@@ -12,27 +12,50 @@ message. Every failure ends as a :class:`SendResult` with ``success`` False, nev
 In ordered mode (``ProducerConfig.ordered``) a partition that stays unavailable gets the
 message appended to a local :class:`~notify.client._spool.Spool`; later messages for it
 follow into the spool until a background task has replayed it, in order.
+
+Transactions (:mod:`._transaction`) bypass the queues: a local transaction writes its puts
+(with the txKey) in call order on one of the producer's own connections, and a producer
+with a group sends half messages and answers the broker's check-backs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import inspect
+import itertools
 import logging
+import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 from notify.codec import records as rec
-from notify.codec.wire import Response, encode_mput, encode_put
+from notify.codec.wire import Response, encode_line, encode_mput, encode_put
 from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
+from notify.tx.keys import local_key
 
 from ._config import ClientConfig, ProducerConfig
 from ._connection import BrokerConnection, ConnectionPool
-from ._message import SendResult
+from ._errors import XA_RDONLY, ClientTransactionError, TransactionConnectionError
+from ._message import Message, SendResult
 from ._routing import Partition, TopicRouter
 from ._selectors import PartitionSelector, RoundRobinSelector
 from ._spool import Spool, existing_spools
+from ._transaction import (
+    AsyncTransaction,
+    HalfMessage,
+    LocalTransaction,
+    LocalTxState,
+    TransactionChecker,
+    TransactionSendResult,
+    TxChannel,
+    as_state,
+    reply_error,
+    timeout_token,
+)
 
 log = logging.getLogger("notify.client")
 
@@ -254,8 +277,13 @@ class _PartitionSender:
 class AsyncProducer:
     """Sends messages to a topic's partitions (asyncio API).
 
-    Create it with :meth:`AsyncMessageSessionFactory.create_producer`. All methods must be
-    called on the session's event loop.
+    Create it with :meth:`AsyncMessageSessionFactory.create_producer` (or
+    ``create_transactional_producer`` for half messages). All methods must be called on the
+    session's event loop. Transactions::
+
+        async with producer.transaction(timeout=10):
+            await producer.send("orders", b"o-1")   # joins the transaction of this task
+        result = await producer.send_in_transaction("orders", b"o-2", local_tx)
     """
 
     def __init__(
@@ -265,6 +293,7 @@ class AsyncProducer:
         client_config: ClientConfig,
         config: ProducerConfig,
         selector: PartitionSelector | None = None,
+        checker: TransactionChecker | None = None,
     ):
         self.pool = pool
         self.router = router
@@ -284,6 +313,14 @@ class AsyncProducer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stats_spool_replayed = 0
         self._spools_restored = False
+        #: Unique per producer instance: local transaction keys are ``TX:<session_id>:<n>``.
+        self.session_id = uuid.uuid4().hex[:12]
+        self.checker = checker
+        self._tx_seq = itertools.count(1)
+        self._tx_var: contextvars.ContextVar[AsyncTransaction | None] = contextvars.ContextVar(
+            f"notify_tx_{self.session_id}", default=None
+        )
+        self._channel: TxChannel | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -319,8 +356,12 @@ class AsyncProducer:
         """Queue one message; the future resolves to its :class:`SendResult`.
 
         Messages queued one after the other for the same partition are sent in that order.
-        Raises :class:`ClientError` when the producer is closed.
+        Raises :class:`ClientError` when the producer is closed. Inside a transaction of
+        the current context (:meth:`transaction`) the message joins it.
         """
+        tx = self._tx_var.get()
+        if tx is not None and not tx.finished:
+            return tx.send_nowait(topic, data, attribute, key)
         if self._closed:
             raise ClientError("producer is closed")
         if not isinstance(data, bytes | bytearray | memoryview):
@@ -365,6 +406,8 @@ class AsyncProducer:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
 
     @property
     def closed(self) -> bool:
@@ -375,6 +418,211 @@ class AsyncProducer:
     def outstanding(self) -> int:
         """Messages queued or in flight."""
         return self._outstanding
+
+    # -- transactions
+
+    def transaction(self, timeout: float | None = None) -> AsyncTransaction:
+        """Begin a local transaction for ``async with`` (commit on exit, rollback on error).
+
+        ::
+
+            async with producer.transaction(timeout=10) as tx:
+                await producer.send("orders", b"o-1")
+                await producer.send("audit", b"o-1 created")
+
+        Same as :meth:`begin_transaction`; see :class:`AsyncTransaction`.
+        """
+        return self.begin_transaction(timeout)
+
+    def begin_transaction(self, timeout: float | None = None) -> AsyncTransaction:
+        """Begin a local transaction and make it current in this context (task).
+
+        ``timeout`` (seconds, rounded up) is enforced by the broker, capped at its
+        ``maxTxTimeoutInSeconds``; None: the cap. BEGIN goes out with the first message.
+        Raises :class:`ClientTransactionError` if this context already has an open one.
+        """
+        cur = self._tx_var.get()
+        if cur is not None and not cur.finished:
+            raise ClientTransactionError(
+                f"transaction {cur.key} is still open in this context: transactions of one "
+                "producer do not nest",
+                cur.key,
+            )
+        tx = self._new_transaction(timeout)
+        self._tx_var.set(tx)
+        return tx
+
+    def current_transaction(self) -> AsyncTransaction | None:
+        """The open transaction of the current context, if any."""
+        tx = self._tx_var.get()
+        return tx if tx is not None and not tx.finished else None
+
+    def _new_transaction(self, timeout: float | None) -> AsyncTransaction:
+        """A transaction not bound to any context (thread-safe: no loop work)."""
+        self._check_open()
+        return AsyncTransaction(self, self._next_tx_key(), timeout)
+
+    def _next_tx_key(self) -> str:
+        return local_key(self.session_id, next(self._tx_seq))
+
+    def _tx_ended(self, tx: AsyncTransaction) -> None:
+        if self._tx_var.get() is tx:
+            self._tx_var.set(None)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientError("producer is closed")
+
+    def _tx_channel(self) -> TxChannel:
+        if self._channel is None:
+            self._channel = TxChannel(self)
+        return self._channel
+
+    async def _tx_connection(self, address: str) -> BrokerConnection:
+        return await self._tx_channel().get(address)
+
+    def start_check_backs(self) -> None:
+        """Register the producer group with the brokers now (on the loop) so check-backs
+        reach this producer before it sends anything; done by
+        ``create_transactional_producer``. With a non-static directory, brokers are
+        registered as the producer first uses them."""
+        if self.config.producer_group is None:
+            raise ClientError("start_check_backs needs ProducerConfig.producer_group")
+        self._tx_channel().start()
+
+    async def send_in_transaction(
+        self,
+        topic: str,
+        data: bytes,
+        local_tx: LocalTransaction,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        timeout: float | None = None,
+    ) -> TransactionSendResult:
+        """Send a half message, run ``local_tx(msg)``, then commit or roll the message back.
+
+        ::
+
+            async def local_tx(msg: Message) -> LocalTxState:
+                ok = await db.insert_order(msg.data)
+                return LocalTxState.COMMIT if ok else LocalTxState.ROLLBACK
+
+            result = await producer.send_in_transaction("orders", b"o-1", local_tx)
+
+        BEGIN, the put and PREPARE are pipelined on a registered connection; then
+        ``local_tx`` (plain or ``async def``; a plain one runs on the loop) decides:
+        COMMIT -> COMMIT_TWO_PHASE, ROLLBACK -> ROLLBACK, UNKNOWN -> nothing (the broker asks
+        the group's checker after ``txCheckBackDelay``). If ``local_tx`` raises, the state
+        is UNKNOWN and the exception propagates. Raises (without running ``local_tx``) when
+        the half message could not be prepared. Needs a producer group.
+        """
+        half = await self._send_half(topic, data, attribute, key, timeout)
+        try:
+            res: object = local_tx(half.message)
+            if inspect.isawaitable(res):
+                res = await res
+        except BaseException as e:
+            log.warning(
+                "local transaction of %s raised %r: UNKNOWN, left to check-back", half.tx_key, e
+            )
+            raise
+        state = as_state(res, half.tx_key)
+        err = await self._end_half(half, state)
+        return TransactionSendResult(half.tx_key, state, half.result, err)
+
+    async def _send_half(
+        self,
+        topic: str,
+        data: bytes,
+        attribute: str | None,
+        key: bytes | str | None,
+        timeout: float | None,
+    ) -> HalfMessage:
+        """BEGIN + put + PREPARE; the prepared half message (raises when not prepared)."""
+        self._check_open()
+        if self.config.producer_group is None:
+            raise ClientTransactionError(
+                "send_in_transaction needs a producer group: "
+                "session.create_transactional_producer(group, checker)"
+            )
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise ClientError(f"message data must be bytes, not {type(data).__name__}")
+        body = bytes(data)
+        payload, flag = rec.make_payload(body, attribute)
+        parts = self.router.cached(topic) or await self.router.partitions(topic)
+        part = self.selector(topic, parts, key, body)
+        conn = await self._tx_connection(part.address)
+        tx_key = self._next_tx_key()
+        sid = self.session_id
+        tmo = timeout_token(timeout)
+        begin = ["transaction", tx_key, sid, "BEGIN"] + ([str(tmo)] if tmo is not None else [])
+        cs = rec.checksum(payload) if self.config.send_checksum else None
+        frames: list[Callable[[int], bytes]] = [
+            lambda o: encode_line(*begin, o),
+            lambda o: encode_put(topic, part.partition, payload, flag, o, cs, tx_key),
+            lambda o: encode_line("transaction", tx_key, sid, "PREPARE", o),
+        ]
+        waits = []
+        t = self.client_config.request_timeout_s
+        try:
+            for build in frames:
+                o = conn.next_opaque()
+                waits.append(conn.wait(conn.send(build(o), o), o, t))
+        except ConnectionLostError as e:
+            for w in waits:
+                w.close()
+            raise TransactionConnectionError(f"half message {tx_key}: {e}", tx_key) from e
+        replies = await asyncio.gather(*waits, return_exceptions=True)
+        for r in replies:
+            if isinstance(r, ConnectionLostError | RequestTimeoutError):
+                raise TransactionConnectionError(
+                    f"half message {tx_key}: {r}; if it was prepared, the broker will ask the "
+                    "checker (whose answer should be ROLLBACK: local_tx never ran)",
+                    tx_key,
+                ) from r
+            if isinstance(r, BaseException):
+                raise r
+        r_begin, r_put, r_prep = (r for r in replies if isinstance(r, Response))
+        for r in (r_begin, r_put):
+            if r.code != 200:
+                raise reply_error(r, tx_key)  # PREPARE voted read-only: nothing left behind
+        if r_prep.code != 200:
+            with contextlib.suppress(ClientError):
+                await conn.request(
+                    lambda o: encode_line("transaction", tx_key, sid, "ROLLBACK", o), t
+                )
+            raise reply_error(r_prep, tx_key)
+        if r_prep.body.strip() == str(XA_RDONLY).encode():
+            raise ClientTransactionError(f"half message {tx_key} was not recorded", tx_key)
+        try:
+            msg_id = int(r_put.body.split()[0])
+        except (IndexError, ValueError):
+            raise ClientError(f"malformed put reply body {r_put.body[:80]!r}") from None
+        result = SendResult(True, part, -1, msg_id)
+        return HalfMessage(tx_key, conn, result, Message(topic, part, -1, msg_id, flag, payload))
+
+    async def _end_half(self, half: HalfMessage, state: LocalTxState) -> Exception | None:
+        """Second phase for ``state``; the error when it could not be delivered."""
+        if state is LocalTxState.UNKNOWN:
+            log.info("half message %s left UNKNOWN: the broker will check back", half.tx_key)
+            return None
+        verb = "COMMIT_TWO_PHASE" if state is LocalTxState.COMMIT else "ROLLBACK"
+        sid, key = self.session_id, half.tx_key
+        try:
+            conn = half.conn
+            if not conn.is_open:  # a prepared transaction may end on any connection
+                conn = await self._tx_connection(conn.address)
+            r = await conn.request(
+                lambda o: encode_line("transaction", key, sid, verb, o),
+                self.client_config.request_timeout_s,
+            )
+            if r.code == 200:
+                return None
+            err: Exception = reply_error(r, key)
+        except ClientError as e:
+            err = e
+        log.warning("half message %s: %s failed (%s): left to check-back", key, verb, err)
+        return err
 
     # -- internals
 

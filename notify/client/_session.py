@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import logging
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
@@ -20,12 +23,22 @@ from notify.errors import ClientError
 from ._config import ClientConfig, ConsumerConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._consumer import AsyncConsumer, ConsumerStats, MessageFilter, MessageListener
+from ._errors import ClientTransactionError
 from ._loopthread import LoopThread
 from ._message import Message, SendResult
 from ._offsets import OffsetStore
 from ._producer import AsyncProducer
 from ._routing import BrokerDirectory, Partition, StaticBrokerDirectory, TopicRouter
 from ._selectors import PartitionSelector
+from ._transaction import (
+    LocalTransaction,
+    Transaction,
+    TransactionChecker,
+    TransactionSendResult,
+    as_state,
+)
+
+log = logging.getLogger("notify.client")
 
 Brokers = Sequence[str] | Mapping[int, str]
 
@@ -75,6 +88,31 @@ class AsyncMessageSessionFactory:
         self._check_open()
         p = AsyncProducer(self.pool, self.router, self.config, config or ProducerConfig(), selector)
         self._producers.append(p)
+        return p
+
+    def create_transactional_producer(
+        self,
+        group: str,
+        checker: TransactionChecker,
+        config: ProducerConfig | None = None,
+        selector: PartitionSelector | None = None,
+    ) -> AsyncProducer:
+        """A producer of the producer group ``group`` for half messages (call on the loop).
+
+        ``checker(msg) -> LocalTxState`` answers the broker's check-backs of the group's
+        prepared half messages whose producer did not decide (it died, or answered
+        UNKNOWN); it runs on ``config.check_threads`` threads (``async def``: on the loop).
+        The producer registers with the brokers at once so check-backs reach it::
+
+            producer = session.create_transactional_producer("shop", checker)
+            result = await producer.send_in_transaction("orders", b"o-1", local_tx)
+        """
+        self._check_open()
+        _check_group(group)
+        cfg = dataclasses.replace(config or ProducerConfig(), producer_group=group)
+        p = AsyncProducer(self.pool, self.router, self.config, cfg, selector, checker)
+        self._producers.append(p)
+        p.start_check_backs()
         return p
 
     def create_consumer(
@@ -133,11 +171,21 @@ class Producer:
     ``send`` blocks until the broker acknowledged (or the send failed: ``success`` False);
     ``send_future`` returns at once with a ``concurrent.futures.Future``; messages sent from
     one thread to one partition keep their order either way.
+
+    Transactions are per producer and per thread: between :meth:`begin_transaction` (or
+    ``with producer.transaction():``) and its commit/rollback, ``send`` from that thread
+    joins the transaction; other threads are not affected::
+
+        with producer.transaction(timeout=10):
+            producer.send("orders", b"o-1")
+            producer.send("audit", b"o-1 created")
     """
 
     def __init__(self, core: AsyncProducer, lt: LoopThread):
         self.core = core
         self._lt = lt
+        self._thread_tx: dict[int, Transaction] = {}
+        self._tx_lock = threading.Lock()
 
     def send(
         self,
@@ -157,9 +205,113 @@ class Producer:
         attribute: str | None = None,
         key: bytes | str | None = None,
     ) -> concurrent.futures.Future[SendResult]:
-        """Queue one message; the future resolves to its :class:`SendResult`."""
+        """Queue one message; the future resolves to its :class:`SendResult`.
+
+        Joins this thread's transaction when one is open."""
+        tx = self.current_transaction()
+        if tx is not None:
+            return tx.send_future(topic, data, attribute, key)
         core = self.core
         return self._lt.call(lambda: core.send_nowait(topic, data, attribute, key))
+
+    @property
+    def session_id(self) -> str:
+        """The producer's id in its transaction keys ``TX:<session_id>:<n>``."""
+        return self.core.session_id
+
+    def transaction(self, timeout: float | None = None) -> Transaction:
+        """Begin a local transaction for a ``with`` block (commit on exit, rollback on
+        error); same as :meth:`begin_transaction`.
+
+        ::
+
+            with producer.transaction(timeout=10) as tx:
+                producer.send("orders", b"o-1")
+                producer.send("audit", b"o-1 created")
+            print(tx.status)   # "committed"
+        """
+        return self.begin_transaction(timeout)
+
+    def begin_transaction(self, timeout: float | None = None) -> Transaction:
+        """Begin a local transaction, current for this thread until commit or rollback.
+
+        ``timeout`` in seconds (the broker caps it at ``maxTxTimeoutInSeconds``; None: the
+        cap). Raises :class:`ClientTransactionError` when this thread already has one open
+        on this producer. See :class:`~notify.client.AsyncTransaction` for the semantics::
+
+            tx = producer.begin_transaction(timeout=10)
+            try:
+                producer.send("orders", b"o-1")
+                tx.commit()
+            except Exception:
+                tx.rollback()
+                raise
+        """
+        cur = self.current_transaction()
+        if cur is not None:
+            raise ClientTransactionError(
+                f"transaction {cur.key} is still open on this thread: transactions of one "
+                "producer do not nest",
+                cur.key,
+            )
+        tx = Transaction(self.core._new_transaction(timeout), self._lt, self._tx_finished)
+        with self._tx_lock:
+            self._thread_tx[tx.thread_id] = tx
+        return tx
+
+    def current_transaction(self) -> Transaction | None:
+        """This thread's open transaction on this producer, if any."""
+        tx = self._thread_tx.get(threading.get_ident())
+        return tx if tx is not None and not tx.finished else None
+
+    def _tx_finished(self, tx: Transaction) -> None:
+        with self._tx_lock:
+            if self._thread_tx.get(tx.thread_id) is tx:
+                del self._thread_tx[tx.thread_id]
+
+    def send_in_transaction(
+        self,
+        topic: str,
+        data: bytes,
+        local_tx: LocalTransaction,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        timeout: float | None = None,
+    ) -> TransactionSendResult:
+        """Send a half message, run ``local_tx(msg)`` in this thread, then commit or roll
+        back the message as it answers (needs a producer group).
+
+        ::
+
+            def local_tx(msg: Message) -> LocalTxState:
+                with db.begin():
+                    db.insert_order(msg.data)
+                return LocalTxState.COMMIT
+
+            producer = session.create_transactional_producer("shop", checker)
+            result = producer.send_in_transaction("orders", b"o-1", local_tx)
+            assert result.state is LocalTxState.COMMIT
+
+        UNKNOWN (or an exception from ``local_tx``, which propagates) leaves the decision
+        to the broker's check-back. See :meth:`AsyncProducer.send_in_transaction`.
+        """
+        core = self.core
+        half = self._lt.run(core._send_half(topic, data, attribute, key, timeout))
+        try:
+            res: object = local_tx(half.message)
+        except BaseException as e:
+            log.warning(
+                "local transaction of %s raised %r: UNKNOWN, left to check-back", half.tx_key, e
+            )
+            raise
+        if asyncio.iscoroutine(res):
+            res.close()
+            raise ClientTransactionError(
+                "local_tx of the synchronous producer must not be async", half.tx_key
+            )
+        state = as_state(res, half.tx_key)
+        err = self._lt.run(core._end_half(half, state))
+        return TransactionSendResult(half.tx_key, state, half.result, err)
 
     async def send_async(
         self,
@@ -304,6 +456,31 @@ class MessageSessionFactory:
         """A synchronous producer (see :meth:`AsyncMessageSessionFactory.create_producer`)."""
         return Producer(self.core.create_producer(config, selector), self._lt)
 
+    def create_transactional_producer(
+        self,
+        group: str,
+        checker: TransactionChecker,
+        config: ProducerConfig | None = None,
+        selector: PartitionSelector | None = None,
+    ) -> Producer:
+        """A synchronous producer of producer group ``group`` for half messages.
+
+        ``checker(msg) -> LocalTxState`` answers check-backs, on a pool of
+        ``config.check_threads`` threads (see
+        :meth:`AsyncMessageSessionFactory.create_transactional_producer`)::
+
+            def checker(msg: Message) -> LocalTxState:
+                return LocalTxState.COMMIT if db.has_order(msg.data) else LocalTxState.ROLLBACK
+
+            producer = session.create_transactional_producer("shop", checker)
+        """
+        core = self.core
+
+        async def make() -> AsyncProducer:
+            return core.create_transactional_producer(group, checker, config, selector)
+
+        return Producer(self._lt.run(make()), self._lt)
+
     def create_consumer(
         self,
         config: ConsumerConfig | str,
@@ -336,6 +513,11 @@ class MessageSessionFactory:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_group(group: str) -> None:
+    if not group or any(c.isspace() for c in group):
+        raise ClientError(f"invalid producer group {group!r}: a non-empty word")
 
 
 def connect(

@@ -1,0 +1,170 @@
+"""Local-transaction throughput through the client API (issue #4).
+
+    .venv/bin/python bench/tx_client_bench.py [--quick] [--seconds S] [--dir DIR]
+
+Each worker thread loops over ``with producer.transaction(): k x producer.send_future(...)``
+(the puts are pipelined; the commit waits for their acknowledgements, then
+COMMIT_ONE_PHASE), all threads sharing one synchronous producer (one transaction per
+thread; all transactions multiplexed on the producer's own connection). Scenarios: 1 and
+10 messages of 100 B per transaction, 1 and 8 threads, one broker per
+flushTxLogAtCommit 1 and 2 (``BrokerProcess(system={"flushTxLogAtCommit": n})``). Prints
+transactions/s, messages/s and commit latency percentiles, and checks that every committed
+message is in the partitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from notify.client import ClientConfig, ConsumerConfig, Producer, connect
+from notify.testing import BrokerProcess
+
+TOPIC = "txbench"
+PARTITIONS = 4
+
+
+@dataclass
+class Row:
+    flush: int
+    per_tx: int
+    threads: int
+    txs: int
+    seconds: float
+    errors: int
+    latencies_ms: list[float] = field(default_factory=list)
+
+    def pct(self, q: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        xs = sorted(self.latencies_ms)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def run(producer: Producer, threads: int, per_tx: int, seconds: float) -> Row:
+    body = b"t" * 100
+    start = threading.Barrier(threads + 1)
+    deadline = 0.0
+    counts = [0] * threads
+    errors = [0] * threads
+    lats: list[list[float]] = [[] for _ in range(threads)]
+
+    def worker(k: int) -> None:
+        start.wait()
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            try:
+                with producer.transaction(timeout=30):
+                    for _ in range(per_tx):
+                        producer.send_future(TOPIC, body)
+            except Exception:
+                errors[k] += 1
+                continue
+            lats[k].append((time.perf_counter() - t0) * 1000)
+            counts[k] += 1
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    deadline = time.perf_counter() + seconds
+    t0 = time.perf_counter()
+    start.wait()
+    for t in ts:
+        t.join()
+    dt = time.perf_counter() - t0
+    return Row(0, per_tx, threads, sum(counts), dt, sum(errors), [x for ls in lats for x in ls])
+
+
+def visible(b: BrokerProcess) -> int:
+    """Messages in the topic, counted with a consumer from the start."""
+    with connect([b.addr]) as s, tempfile.TemporaryDirectory() as d:
+        c = s.create_consumer(ConsumerConfig(group="count", data_dir=Path(d)))
+        n = 0
+        while True:
+            got = c.fetch(TOPIC, max_wait_s=0.3)
+            if not got:
+                return n
+            n += len(got)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="1 s per scenario")
+    ap.add_argument("--seconds", type=float, default=None)
+    ap.add_argument("--dir", default=None, help="where the brokers keep their data")
+    args = ap.parse_args()
+    seconds = args.seconds or (1.0 if args.quick else 3.0)
+    tmp = Path(tempfile.mkdtemp(prefix="notify-txclient-", dir=args.dir))
+    try:
+        rows = run_all(tmp, seconds)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_table(rows)
+
+
+def run_all(tmp: Path, seconds: float) -> list[Row]:
+    rows: list[Row] = []
+    for flush in (1, 2):
+        b = BrokerProcess(
+            tmp / f"flush{flush}",
+            topics={TOPIC: PARTITIONS},
+            system={"flushTxLogAtCommit": flush},
+            log_level="warning",
+        )
+        b.start()
+        try:
+            committed = 0
+            with connect([b.addr], config=ClientConfig(request_timeout_s=30)) as s:
+                p = s.create_producer()
+                with p.transaction():  # warm up: routing, connection
+                    p.send(TOPIC, b"warm-up")
+                committed += 1
+                for per_tx in (1, 10):
+                    for threads in (1, 8):
+                        r = run(p, threads, per_tx, seconds)
+                        r.flush = flush
+                        rows.append(r)
+                        committed += r.txs * per_tx
+                        print(
+                            f"flush={flush} msgs/tx={per_tx} threads={threads}: "
+                            f"{r.txs / r.seconds:,.0f} tx/s",
+                            file=sys.stderr,
+                        )
+            seen = visible(b)
+            if seen != committed:
+                raise SystemExit(f"flush={flush}: {committed} committed but {seen} visible")
+        finally:
+            b.stop()
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    print()
+    print(
+        f"| {'flushTxLogAtCommit':>18} | {'msgs/tx':>7} | {'threads':>7} | {'tx/s':>8} "
+        f"| {'msgs/s':>8} | {'p50 ms':>7} | {'p99 ms':>7} | errors |"
+    )
+    print(f"|{'-' * 20}|{'-' * 9}|{'-' * 9}|{'-' * 10}|{'-' * 10}|{'-' * 9}|{'-' * 9}|--------|")
+    for r in rows:
+        tps = r.txs / r.seconds
+        print(
+            f"| {r.flush:>18} | {r.per_tx:>7} | {r.threads:>7} | {tps:>8,.0f} "
+            f"| {tps * r.per_tx:>8,.0f} | {r.pct(0.5):>7.2f} | {r.pct(0.99):>7.2f} "
+            f"| {r.errors:>6} |"
+        )
+    all_lat = [x for r in rows for x in r.latencies_ms]
+    if all_lat:
+        print(f"\nmedian commit latency over all scenarios: {statistics.median(all_lat):.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,7 @@ from ._connection import BrokerConnection, ConnectionPool
 from ._errors import XA_RDONLY, ClientTransactionError, TransactionConnectionError
 from ._message import Message, SendResult
 from ._routing import Partition, TopicRouter
-from ._selectors import PartitionSelector, RoundRobinSelector
+from ._selectors import KeyHashSelector, PartitionSelector
 from ._spool import Spool, existing_spools
 from ._transaction import (
     AsyncTransaction,
@@ -301,7 +301,7 @@ class AsyncProducer:
         self.config = config
         if config.ordered and config.max_in_flight_per_partition != 1:
             config.max_in_flight_per_partition = 1
-        self.selector: PartitionSelector = selector or RoundRobinSelector()
+        self.selector: PartitionSelector = selector or KeyHashSelector()
         self._senders: dict[tuple[str, Partition], _PartitionSender] = {}
         self._unrouted: dict[str, deque[tuple[_Item, bytes | str | None, bytes]]] = {}
         self._no_mput: set[str] = set()

@@ -60,7 +60,7 @@ def _start_broker(config_path: Path, console: Console) -> tuple[subprocess.Popen
 
 def run_demo(config_path: Path) -> None:
     """Run the quickstart against the config at ``config_path``."""
-    from notify.client import ConsumerConfig, LocalTxState, connect
+    from notify.client import ConsumerConfig, LocalTxState, Message, connect
 
     console = Console()
     cfg = load_config(config_path)
@@ -87,7 +87,7 @@ def run_demo(config_path: Path) -> None:
             consumer = session.create_consumer(
                 ConsumerConfig(group="demo-group", data_dir=client_dir)
             )
-            got = []
+            got: list[Message] = []
             deadline = time.monotonic() + 10
             while len(got) < 10 and time.monotonic() < deadline:
                 got += consumer.fetch("demo", max_wait_s=0.5)
@@ -110,7 +110,7 @@ def run_demo(config_path: Path) -> None:
                     raise RuntimeError("payment declined")
             except RuntimeError as e:
                 console.print(f"   transaction rolled back ({e}): [yellow]nothing visible[/]")
-            seen = []
+            seen: list[Message] = []
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and not any(b"42" in m.data for m in seen):
                 seen += consumer.fetch("orders", max_wait_s=0.5)

@@ -29,6 +29,8 @@ DEFAULT_IDLE_BACKOFF_MAX_S = 0.2
 DEFAULT_METADATA_TTL_S = 60.0
 DEFAULT_SPOOL_REPLAY_INTERVAL_S = 1.0
 DEFAULT_LISTENER_THREADS = 4
+#: Long-poll wait of a fetch (ms): the broker holds a get until data arrives (0: plain polling).
+DEFAULT_LONG_POLL_MS = 1000
 DEFAULT_CHECK_THREADS = 4
 #: Largest offset (int64 max): the ``offset`` command answers it with the partition's end.
 MAX_OFFSET = 9223372036854775807
@@ -110,7 +112,7 @@ class ConsumerConfig:
     idle_backoff_min_s: float = DEFAULT_IDLE_BACKOFF_MIN_S
     idle_backoff_max_s: float = DEFAULT_IDLE_BACKOFF_MAX_S
     #: > 0: long-poll ``get`` (8-token form) holding the fetch up to this many ms.
-    long_poll_ms: int = 0
+    long_poll_ms: int = DEFAULT_LONG_POLL_MS
     #: Broadcast: this instance is its own group ``<group>-<instance_id>``, offsets local.
     broadcast: bool = False
     #: Stable id of this instance (broadcast); None: read or create ``<data_dir>/<group>.instance``.

@@ -26,14 +26,16 @@ import contextvars
 import inspect
 import itertools
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from notify.codec import records as rec
-from notify.codec.wire import Response, encode_line, encode_mput, encode_put
+from notify.codec.wire import Response, encode_dput, encode_line, encode_mput, encode_put
 from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
 from notify.tx.keys import local_key
 
@@ -383,6 +385,55 @@ class AsyncProducer:
             return fut
         self._dispatch(topic, parts, item, key, payload)
         return fut
+
+    async def send_delayed(
+        self,
+        topic: str,
+        data: bytes,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+    ) -> SendResult:
+        """Send a message consumers see no earlier than ``delay`` seconds from now or at
+        ``deliver_at`` (an aware datetime or Unix seconds), in due order per partition.
+
+        The broker keeps it durably until then (the ``dput`` extension); the result's
+        offset is -1 because the message gets its offset when it is delivered.
+        """
+        if (delay is None) == (deliver_at is None):
+            raise ClientError("give exactly one of delay= or deliver_at=")
+        if delay is not None:
+            due_ms = int((time.time() + delay) * 1000)
+        elif isinstance(deliver_at, datetime):
+            if deliver_at.tzinfo is None:
+                raise ClientError("deliver_at must be timezone-aware (e.g. UTC)")
+            due_ms = int(deliver_at.timestamp() * 1000)
+        else:
+            assert deliver_at is not None
+            due_ms = int(float(deliver_at) * 1000)
+        payload, flag = rec.make_payload(bytes(data), attribute)
+        try:
+            parts = await self.router.partitions(topic)
+            part = self.selector(topic, parts, key, payload)
+        except ClientError as e:
+            return SendResult(False, None, error=e)
+        timeout = self.client_config.request_timeout_s
+        try:
+            conn = await self.pool.get(part.address)
+            r = await conn.request(
+                lambda o: encode_dput(
+                    topic, part.partition, payload, flag, rec.checksum(payload), due_ms, o
+                ),
+                timeout,
+            )
+        except ClientError as e:
+            return SendResult(False, part, error=e)
+        if r.code != 200:
+            err = BrokerError(r.code, r.body.decode("utf-8", "replace"))
+            return SendResult(False, part, error=err)
+        mid, _off = _parse_put_reply(r)
+        return SendResult(True, part, -1, mid)
 
     async def flush(self) -> None:
         """Wait until every queued message has its result."""

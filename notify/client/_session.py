@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -312,6 +313,22 @@ class Producer:
         state = as_state(res, half.tx_key)
         err = self._lt.run(core._end_half(half, state))
         return TransactionSendResult(half.tx_key, state, half.result, err)
+
+    def send_delayed(
+        self,
+        topic: str,
+        data: bytes,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        timeout_s: float | None = None,
+    ) -> SendResult:
+        """A message visible no earlier than ``delay`` s from now or at ``deliver_at``
+        (aware datetime or Unix seconds); see :meth:`AsyncProducer.send_delayed`."""
+        return self._lt.run(
+            self.core.send_delayed(topic, data, delay, deliver_at, attribute, key), timeout_s
+        )
 
     async def send_async(
         self,

@@ -512,3 +512,27 @@ def test_hanging_async_listener_is_cut_by_the_watchdog(
             assert st.listener_failures == 2 and st.recover_stored == 1
 
     asyncio.run(main())
+
+
+def test_delayed_send_arrives_when_due(broker: BrokerProcess, tmp_path: Path) -> None:
+    import time as _time
+
+    from notify.client import ConsumerConfig, connect
+
+    with connect([broker.addr]) as session:
+        producer = session.create_producer()
+        t0 = _time.time()
+        r = producer.send_delayed("single", b"later", delay=0.8)
+        assert r.success and r.offset == -1 and r.msg_id > 0
+        r2 = producer.send_delayed("single", b"sooner", deliver_at=t0 + 0.3)
+        assert r2.success
+        bad = producer.send_delayed("nosuch", b"x", delay=1)
+        assert not bad.success
+        consumer = session.create_consumer(ConsumerConfig(group="dl", data_dir=tmp_path))
+        got: list[bytes] = []
+        deadline = _time.monotonic() + 10
+        while len(got) < 2 and _time.monotonic() < deadline:
+            got += [m.data for m in consumer.fetch("single", max_wait_s=0.5)]
+        assert got == [b"sooner", b"later"]
+        assert _time.time() - t0 >= 0.8
+        consumer.shutdown()

@@ -179,6 +179,8 @@ class Connection(asyncio.Protocol):
         out = self.out
         chunks: list[bytes] = []
         while out:
+            if self._writing_paused:
+                break  # the client is not reading: keep the rest queued (resume_writing pumps)
             item = out[0]
             if type(item) is bytes:
                 chunks.append(item)

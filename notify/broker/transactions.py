@@ -44,25 +44,24 @@ from notify.faults import crashpoint
 from notify.store.idempotent import already_present
 from notify.tx import logrecords as lr
 from notify.tx.keys import is_xa, parse_xid, validate_key
-from notify.tx.states import TERMINAL, TxEvent, TxState, allowed, next_state
+from notify.tx.states import TERMINAL
+from notify.tx.xacodes import (
+    XA_OK,
+    XA_RBTIMEOUT,
+    XA_RDONLY,
+    XAER_DUPID,
+    XAER_INVAL,
+    XAER_NOTA,
+    XAER_PROTO,
+    XAER_RMERR,
+    XAER_RMFAIL,
+), TxEvent, TxState, allowed, next_state
 from txlog import Position, TxLog, TxLogConfig
 
 if TYPE_CHECKING:
     from notify.broker.service import BrokerService
 
 log = logging.getLogger("notify.tx")
-
-# javax.transaction.xa.XAException codes
-XA_OK: Final = 0
-XA_RDONLY: Final = 3
-XA_RBTIMEOUT: Final = 106
-XA_RBROLLBACK: Final = 100
-XAER_RMERR: Final = -3
-XAER_NOTA: Final = -4
-XAER_INVAL: Final = -5
-XAER_PROTO: Final = -6
-XAER_RMFAIL: Final = -7
-XAER_DUPID: Final = -8
 
 CHECK_TIMEOUT_S: Final = 5.0
 _OPEN: Final = (TxState.ACTIVE, TxState.ENDED)

@@ -93,15 +93,6 @@ class MemoryPartition(Partition):
         self._add(seg)  # type: ignore[arg-type]
         return seg
 
-    def delete_segments_before(self, offset: int) -> list[Path]:
-        removed: list[Path] = []
-        while len(self.segments) > 1 and self.segments[0].end <= offset:
-            seg = self.segments.pop(0)
-            self._starts.pop(0)
-            seg.close()
-            removed.append(seg.path)
-        return removed
-
     def sync(self) -> None:
         self.flushed_end = self.visible_end = self.end
 

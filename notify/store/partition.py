@@ -321,7 +321,8 @@ class Partition:
             seg = self.segments.pop(0)
             self._starts.pop(0)
             seg.close()
-            seg.path.unlink(missing_ok=True)
+            if not self.memory:
+                seg.path.unlink(missing_ok=True)
             removed.append(seg.path)
         return removed
 

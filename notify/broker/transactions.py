@@ -44,7 +44,7 @@ from notify.faults import crashpoint
 from notify.store.idempotent import already_present
 from notify.tx import logrecords as lr
 from notify.tx.keys import is_xa, parse_xid, validate_key
-from notify.tx.states import TERMINAL
+from notify.tx.states import TERMINAL, TxEvent, TxState, allowed, next_state
 from notify.tx.xacodes import (
     XA_OK,
     XA_RBTIMEOUT,
@@ -55,7 +55,7 @@ from notify.tx.xacodes import (
     XAER_PROTO,
     XAER_RMERR,
     XAER_RMFAIL,
-), TxEvent, TxState, allowed, next_state
+)
 from txlog import Position, TxLog, TxLogConfig
 
 if TYPE_CHECKING:

@@ -269,13 +269,25 @@ Request = (
 # --------------------------------------------------------------------------- parser
 
 
+_INT64_FIELDS: Final = frozenset({"offset", "msgId", "deliverAtMs", "baseOffset"})
+_INT32: Final = (-(2**31), 2**31 - 1)
+_INT64: Final = (-(2**63), 2**63 - 1)
+
+
 def _int(tok: bytes, name: str, opaque: int) -> int:
+    """A decimal field; ints that do not fit their wire type (int32, or int64 for offsets
+    and ids) are rejected here, before they can reach a struct.pack."""
     try:
-        return int(tok)
+        v = int(tok)
     except ValueError:
         raise ProtocolError(
             f"invalid {name} {tok[:40].decode('latin-1')!r}: not an integer", 400, opaque
         ) from None
+    lo, hi = _INT64 if name in _INT64_FIELDS else _INT32
+    if not lo <= v <= hi:
+        bits = 64 if name in _INT64_FIELDS else 32
+        raise ProtocolError(f"{name} {v} does not fit a signed {bits}-bit integer", 400, opaque)
+    return v
 
 
 def _opaque_of(tokens: list[bytes]) -> int:
@@ -336,7 +348,7 @@ class RequestParser:
         while pos < n:
             eol = buf.find(CRLF, pos, pos + max_header + 2)
             if eol < 0:
-                if n - pos > max_header:
+                if n - pos > max_header + 1:  # a lone CR may wait for its LF
                     out.append(
                         FrameTooLargeError(
                             f"header line longer than {max_header} bytes", 400, 0, fatal=True

@@ -203,3 +203,16 @@ def test_scan_detects_any_truncation_or_flip(bodies: list[bytes], data: st.DataO
     if start + 8 <= i < start + 20:
         return  # msgId and flag are not covered by the CRC in MetaQ's layout
     assert valid2 <= start
+
+
+def test_fields_outside_their_wire_type_are_rejected() -> None:
+    (a,) = parse(b"put t 0 1 99999999999 1\r\nx")
+    assert isinstance(a, ProtocolError) and "flag" in str(a) and "32-bit" in str(a)
+    (b,) = parse(b"put t 0 1 0 4294967296 2\r\nx")
+    assert isinstance(b, ProtocolError) and "checksum" in str(b)
+    (c,) = parse(b"get t g 0 99999999999999999999 100 3\r\n")
+    assert isinstance(c, ProtocolError) and "offset" in str(c) and "64-bit" in str(c)
+    (d,) = parse(b"get t g 0 9223372036854775807 100 4\r\n")
+    assert isinstance(d, Get) and d.offset == 2**63 - 1
+    (e,) = parse(b"version 2147483648\r\n")
+    assert isinstance(e, ProtocolError)

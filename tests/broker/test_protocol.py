@@ -80,6 +80,7 @@ def test_bad_input_gets_precise_errors_and_connection_survives(broker: BrokerPro
             (b"stats nosuchitem 9\r\n", 404, b"unknown stats item"),
             (b"offset test g 0 x 10\r\n", 400, b"offset"),
             (b"put test 0 8000000 0 11\r\n" + b"y" * 8000000, 400, b"exceeds"),
+            (b"put test 0 1 99999999999 12\r\nx", 400, b"32-bit"),
         ]
         for frame, code, text in cases:
             r = c.call(frame)

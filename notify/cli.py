@@ -185,3 +185,24 @@ def demo(config_path: str) -> None:
         _fail(str(e), EXIT_USAGE)
     except NotifyError as e:
         _fail(str(e))
+
+
+from notify.cli_db import db as _db, offsets as _offsets  # noqa: E402, I001
+
+main.add_command(_db)
+main.add_command(_offsets)
+
+
+from notify.cli_admin import register as _register_admin  # noqa: E402
+
+_register_admin(main)
+
+
+from notify.cli_tx import xa as _xa  # noqa: E402
+
+main.add_command(_xa)
+
+
+from notify.audit.cli import audit as _audit  # noqa: E402
+
+main.add_command(_audit)

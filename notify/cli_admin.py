@@ -1,0 +1,660 @@
+"""Admin commands of the ``notify`` CLI: topics, in-doubt transactions, dead letters, retention.
+
+Registered on the main group by :func:`register` (called at the end of :mod:`notify.cli`)::
+
+    notify topics list | describe NAME | create NAME [-p N] [--set key=value ...]
+    notify tx list [--in-doubt] | commit KEY | rollback KEY
+    notify dlq show --data-dir DIR [--group G] | replay --data-dir DIR [--group G] [--id ID ...]
+    notify retention run TOPIC
+
+Broker commands talk to the broker's HTTP admin API (``--http``, default
+``http://127.0.0.1:8120``, env ``NOTIFY_HTTP``; ``--secret`` / ``NOTIFY_SECRET`` when the broker
+sets ``authSecret``); ``tx commit|rollback --server host:port`` uses the wire ``transaction``
+command instead. ``dlq`` works on a consumer's local recover store (its ``data_dir``), not on
+the broker. Tables for people by default, ``--json`` for scripts.
+
+Exit codes: 0 ok, 1 runtime failure (broker unreachable, error reply), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, NoReturn, TypeVar
+
+import click
+
+from notify.config import TOPIC_KEYS, validate_topic
+from notify.errors import InvalidTopicError, NotifyError, TransactionError
+
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+DEFAULT_HTTP: Final = "http://127.0.0.1:8120"
+HTTP_TIMEOUT_S: Final = 60.0
+ADMIN_SESSION: Final = "admin-cli"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class AdminError(Exception):
+    """A failure to report as one line, with its exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILURE):
+        super().__init__(message)
+        self.code = code
+
+
+def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
+    click.echo(f"notify: {message}", err=True)
+    sys.exit(code)
+
+
+# ---------------------------------------------------------------------- HTTP admin client
+
+
+class AdminClient:
+    """Blocking JSON calls to a broker's ``/api`` (urllib: nothing to close)."""
+
+    def __init__(self, base_url: str, secret: str | None = None, timeout: float = HTTP_TIMEOUT_S):
+        if "://" not in base_url:
+            base_url = "http://" + base_url
+        self.base = base_url.rstrip("/")
+        self.secret = secret
+        self.timeout = timeout
+
+    def call(self, method: str, path: str, body: object = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        if self.secret:
+            headers["Authorization"] = f"Bearer {self.secret}"
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            with e:
+                raw = e.read()
+            try:
+                detail = json.loads(raw).get("error") or raw.decode("utf-8", "replace")
+            except (ValueError, AttributeError):
+                detail = raw.decode("utf-8", "replace").strip() or e.reason
+            raise AdminError(f"broker answered {e.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise AdminError(f"cannot reach the broker's HTTP API at {self.base}: {reason}") from e
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise AdminError(f"{self.base}{path}: the reply is not JSON") from None
+
+
+def _http_options(f: F) -> F:
+    f = click.option(
+        "--json", "as_json", is_flag=True, help="machine-readable output (JSON on stdout)"
+    )(f)
+    f = click.option(
+        "--secret", envvar="NOTIFY_SECRET", default=None, help="the broker's authSecret"
+    )(f)
+    f = click.option(
+        "-H",
+        "--http",
+        "http_url",
+        envvar="NOTIFY_HTTP",
+        default=DEFAULT_HTTP,
+        show_default=True,
+        help="the broker's HTTP address (dashboardHttpPort)",
+    )(f)
+    return f
+
+
+def _run(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except AdminError as e:
+        _fail(str(e), e.code)
+    except NotifyError as e:
+        _fail(str(e))
+
+
+def _emit_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def _table(title: str, columns: list[tuple[str, str]], keep_whole: int | None = None) -> Any:
+    """A rich table; column ``keep_whole`` (an index) is never wrapped (ids to copy)."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for i, (name, justify) in enumerate(columns):
+        table.add_column(name, justify=justify, no_wrap=i == keep_whole)  # type: ignore[arg-type]
+    return table
+
+
+def fmt_bytes(n: float) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    i = 0
+    v = float(n)
+    while abs(v) >= 1024 and i < len(units) - 1:
+        v /= 1024
+        i += 1
+    return f"{int(v)} B" if i == 0 else f"{v:.1f} {units[i]}"
+
+
+def _check_topic(name: str) -> str:
+    try:
+        return validate_topic(name)
+    except InvalidTopicError as e:
+        raise click.BadParameter(str(e), param_hint="TOPIC") from None
+
+
+def _quote(part: str) -> str:
+    return urllib.parse.quote(part, safe="")
+
+
+# ---------------------------------------------------------------------- topics
+
+
+@click.group()
+def topics() -> None:
+    """List, describe and create topics (through the broker's HTTP API)."""
+
+
+@topics.command("list")
+@_http_options
+def topics_list(http_url: str, secret: str | None, as_json: bool) -> None:
+    """Topics with partitions, sizes and offsets."""
+
+    def action() -> None:
+        data = AdminClient(http_url, secret).call("GET", "/api/topics")["topics"]
+        if as_json:
+            return _emit_json(data)
+        table = _table(
+            "topics",
+            [
+                ("topic", "left"),
+                ("partitions", "right"),
+                ("size", "right"),
+                ("messages in", "right"),
+                ("fetches", "right"),
+                ("groups", "left"),
+                ("flags", "left"),
+            ],
+        )
+        for t in data:
+            flags = []
+            if not t["accept_publish"]:
+                flags.append("no-publish")
+            if not t["accept_subscribe"]:
+                flags.append("no-subscribe")
+            if t["config"].get("unflush_threshold") == 0:
+                flags.append("group-commit")
+            table.add_row(
+                t["name"],
+                str(t["num_partitions"]),
+                fmt_bytes(t["size_bytes"]),
+                str(t["put_messages"]),
+                str(t["get_requests"]),
+                ", ".join(t["groups"]) or "-",
+                " ".join(flags) or "-",
+            )
+        _console().print(table)
+
+    _run(action)
+
+
+@topics.command("describe")
+@click.argument("topic")
+@_http_options
+def topics_describe(topic: str, http_url: str, secret: str | None, as_json: bool) -> None:
+    """One topic: its partitions' offsets and the consumer groups' lag."""
+    _check_topic(topic)
+
+    def action() -> None:
+        client = AdminClient(http_url, secret)
+        t = client.call("GET", f"/api/topics/{_quote(topic)}")
+        groups = [g for g in client.call("GET", "/api/groups")["groups"] if g["topic"] == topic]
+        if as_json:
+            return _emit_json({**t, "consumers": groups})
+        console = _console()
+        console.print(
+            f"[bold]{t['name']}[/bold]: {t['num_partitions']} partitions, "
+            f"{fmt_bytes(t['size_bytes'])}, {t['put_messages']} messages in, "
+            f"publish={'yes' if t['accept_publish'] else 'no'} "
+            f"subscribe={'yes' if t['accept_subscribe'] else 'no'}"
+        )
+        parts = _table(
+            "partitions",
+            [
+                ("partition", "right"),
+                ("min offset", "right"),
+                ("max offset", "right"),
+                ("flushed", "right"),
+                ("size", "right"),
+                ("segments", "right"),
+                ("state", "left"),
+            ],
+        )
+        for p in t["partitions"]:
+            parts.add_row(
+                str(p["partition"]),
+                str(p["min_offset"]),
+                str(p["max_offset"]),
+                str(p["flushed_offset"]),
+                fmt_bytes(p["size_bytes"]),
+                str(p["segments"]),
+                "read-only: " + p["failed"] if p["failed"] else "ok",
+            )
+        console.print(parts)
+        if groups:
+            lag = _table(
+                "consumer groups",
+                [
+                    ("group", "left"),
+                    ("partition", "right"),
+                    ("offset", "right"),
+                    ("lag", "right"),
+                    ("last fetch", "right"),
+                ],
+            )
+            for g in groups:
+                lag.add_row(
+                    g["group"],
+                    str(g["partition"]),
+                    str(g["offset"]),
+                    fmt_bytes(g["lag_bytes"]),
+                    f"{g['idle_seconds']:.0f}s ago",
+                )
+            console.print(lag)
+        config = _table("config", [("key", "left"), ("value", "left")])
+        for k, v in t["config"].items():
+            config.add_row(k, str(v))
+        console.print(config)
+
+    _run(action)
+
+
+def _parse_settings(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
+        if key not in TOPIC_KEYS:
+            raise click.BadParameter(
+                f"unknown topic key {key!r} (known: {', '.join(TOPIC_KEYS)})", param_hint="--set"
+            )
+        out[key] = value
+    return out
+
+
+@topics.command("create")
+@click.argument("topic")
+@click.option(
+    "-p", "--partitions", type=click.IntRange(1, 65536), default=None, help="numPartitions"
+)
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="another [topic=NAME] key, e.g. --set unflushThreshold=0 (repeatable)",
+)
+@_http_options
+def topics_create(
+    topic: str,
+    partitions: int | None,
+    settings: tuple[str, ...],
+    http_url: str,
+    secret: str | None,
+    as_json: bool,
+) -> None:
+    """Create a topic: the broker appends [topic=NAME] to its server.ini and reloads."""
+    _check_topic(topic)
+    config = _parse_settings(settings)
+    body: dict[str, Any] = {"name": topic, "config": config}
+    if partitions is not None:
+        body["numPartitions"] = partitions
+
+    def action() -> None:
+        reply = AdminClient(http_url, secret).call("POST", "/api/topics", body)
+        if as_json:
+            return _emit_json(reply)
+        t = reply["topic"]
+        click.echo(f"created topic {t['name']} with {t['num_partitions']} partition(s)")
+
+    _run(action)
+
+
+# ---------------------------------------------------------------------- transactions
+
+
+@click.group()
+def tx() -> None:
+    """List transactions; resolve in-doubt (prepared) ones by hand."""
+
+
+@tx.command("list")
+@click.option("--in-doubt", is_flag=True, help="only prepared transactions awaiting a decision")
+@_http_options
+def tx_list(in_doubt: bool, http_url: str, secret: str | None, as_json: bool) -> None:
+    """Transactions in flight and in doubt."""
+
+    def action() -> None:
+        path = "/api/transactions" + ("?in_doubt=1" if in_doubt else "")
+        txs = AdminClient(http_url, secret).call("GET", path)["transactions"]
+        if as_json:
+            return _emit_json(txs)
+        if not txs:
+            click.echo("no transactions" + (" in doubt" if in_doubt else " in flight"))
+            return
+        table = _table(
+            "transactions",
+            [
+                ("key", "left"),
+                ("type", "left"),
+                ("state", "left"),
+                ("messages", "right"),
+                ("bytes", "right"),
+                ("age", "right"),
+                ("producer group", "left"),
+            ],
+            keep_whole=0,
+        )
+        for t in txs:
+            table.add_row(
+                t["key"],
+                "XA" if t["xa"] else "local",
+                t["state"],
+                str(t["messages"]),
+                fmt_bytes(t["bytes"]),
+                f"{t['age_seconds']:.0f}s",
+                t["producer_group"] or "-",
+            )
+        _console().print(table)
+        doubt = sum(1 for t in txs if t["in_doubt"])
+        if doubt:
+            click.echo(f"{doubt} in doubt (PREPARED): resolve with notify tx commit|rollback KEY")
+
+    _run(action)
+
+
+def _resolve(
+    key: str, commit: bool, server: str | None, http_url: str, secret: str | None, as_json: bool
+) -> None:
+    from notify.tx.keys import validate_key
+
+    try:
+        validate_key(key)
+    except TransactionError as e:
+        raise click.BadParameter(str(e), param_hint="KEY") from None
+    verb = "commit" if commit else "rollback"
+
+    def action() -> None:
+        if server is not None:
+            from notify.admin import request
+            from notify.codec.wire import encode_line
+
+            ttype = "COMMIT_TWO_PHASE" if commit else "ROLLBACK"
+            try:
+                reply = request(
+                    server, encode_line("transaction", key, ADMIN_SESSION, ttype, 1), secret
+                )
+            except NotifyError as e:
+                raise AdminError(f"{verb} {key}: {e}") from None
+            result = {
+                "key": key,
+                "outcome": "committed" if commit else "rolled_back",
+                "detail": reply.body.decode("utf-8", "replace"),
+            }
+        else:
+            result = AdminClient(http_url, secret).call(
+                "POST", f"/api/transactions/{_quote(key)}/{verb}"
+            )
+        if as_json:
+            return _emit_json(result)
+        click.echo(f"{key}: {result['outcome'].replace('_', ' ')}")
+
+    _run(action)
+
+
+_SERVER_OPTION = click.option(
+    "-s",
+    "--server",
+    default=None,
+    help="resolve over the wire (host:port) with the transaction command instead of HTTP",
+)
+
+
+@tx.command("commit")
+@click.argument("key")
+@_SERVER_OPTION
+@_http_options
+def tx_commit(
+    key: str, server: str | None, http_url: str, secret: str | None, as_json: bool
+) -> None:
+    """Commit an in-doubt (PREPARED) transaction: its messages become visible."""
+    _resolve(key, True, server, http_url, secret, as_json)
+
+
+@tx.command("rollback")
+@click.argument("key")
+@_SERVER_OPTION
+@_http_options
+def tx_rollback(
+    key: str, server: str | None, http_url: str, secret: str | None, as_json: bool
+) -> None:
+    """Roll back an in-doubt (PREPARED) transaction: its messages are dropped."""
+    _resolve(key, False, server, http_url, secret, as_json)
+
+
+# ---------------------------------------------------------------------- dead letters
+
+
+_DATA_DIR = click.option(
+    "-d",
+    "--data-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="the consumer's data_dir (holds recover/<group>/dead/)",
+)
+_GROUP = click.option("-g", "--group", default=None, help="one consumer group (default: all)")
+
+
+@click.group()
+def dlq() -> None:
+    """Dead letters of a consumer: messages its listener kept failing on."""
+
+
+def _preview(data: bytes, width: int = 24) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"<{len(data)} bytes binary>"
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@dlq.command("show")
+@_DATA_DIR
+@_GROUP
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output (JSON on stdout)")
+def dlq_show(data_dir: Path, group: str | None, as_json: bool) -> None:
+    """List dead letters."""
+    import base64
+
+    from notify.client import list_dead_letters
+
+    def action() -> None:
+        letters = list_dead_letters(data_dir, group)
+        if as_json:
+            out = []
+            for m in letters:
+                data = m.data
+                try:
+                    text: str | None = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = None
+                out.append(
+                    {
+                        "id": m.id,
+                        "group": m.group,
+                        "topic": m.topic,
+                        "partition": m.partition,
+                        "offset": m.offset,
+                        "msg_id": str(m.msg_id),
+                        "attempts": m.attempts,
+                        "first_failed_at": m.first_failed_at,
+                        "last_failed_at": m.last_failed_at,
+                        "last_error": m.last_error,
+                        "attribute": m.attribute,
+                        "base64": base64.b64encode(data).decode(),
+                        "text": text,
+                    }
+                )
+            return _emit_json(out)
+        if not letters:
+            click.echo(f"no dead letters under {data_dir}")
+            return
+        table = _table(
+            f"dead letters ({len(letters)})",
+            [
+                ("id", "left"),
+                ("group", "left"),
+                ("tries", "right"),
+                ("last failed", "left"),
+                ("error", "left"),
+                ("message", "left"),
+            ],
+            keep_whole=0,
+        )
+        for m in letters:
+            table.add_row(
+                m.id,
+                m.group,
+                str(m.attempts),
+                time.strftime("%m-%d %H:%M:%S", time.localtime(m.last_failed_at)),
+                m.last_error.splitlines()[0][:60] if m.last_error else "",
+                _preview(m.data),
+            )
+        _console().print(table)
+
+    _run(action)
+
+
+@dlq.command("replay")
+@_DATA_DIR
+@_GROUP
+@click.option("--id", "ids", multiple=True, help="only this dead letter (repeatable)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output (JSON on stdout)")
+def dlq_replay(data_dir: Path, group: str | None, ids: tuple[str, ...], as_json: bool) -> None:
+    """Hand dead letters back for re-delivery to their group's listener (the running or next
+    consumer of the group re-delivers them on its next recover round)."""
+    from notify.client import list_dead_letters, replay_dead_letters
+
+    def action() -> None:
+        letters = list_dead_letters(data_dir, group)
+        if ids:
+            missing = sorted(set(ids) - {m.id for m in letters})
+            if missing:
+                raise AdminError(f"no dead letter with id {', '.join(missing)}")
+            letters = [m for m in letters if m.id in set(ids)]
+        by_group: dict[str, list[str]] = {}
+        for m in letters:
+            by_group.setdefault(m.group, []).append(m.id)
+        total = len(letters)
+        done = 0
+        if total and not as_json:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            with Progress(
+                TextColumn("replaying dead letters"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                console=_stderr_console(),
+                transient=False,
+            ) as progress:
+                task = progress.add_task("replay", total=total)
+                for g, batch in _batches(by_group, total):
+                    done += replay_dead_letters(data_dir, g, batch)
+                    progress.update(task, completed=done)
+        else:
+            for g, batch in _batches(by_group, total):
+                done += replay_dead_letters(data_dir, g, batch)
+        if as_json:
+            return _emit_json({"replayed": done})
+        click.echo(f"replayed {done} dead letter(s)" if done else "no dead letters to replay")
+
+    _run(action)
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _batches(by_group: dict[str, list[str]], total: int) -> list[tuple[str, list[str]]]:
+    """Id batches per group: about 50 progress steps in all (each replay call rescans the
+    group's dead letters, so one call per message would be quadratic)."""
+    size = max(1, total // 50)
+    out: list[tuple[str, list[str]]] = []
+    for g, group_ids in by_group.items():
+        for i in range(0, len(group_ids), size):
+            out.append((g, group_ids[i : i + size]))
+    return out
+
+
+# ---------------------------------------------------------------------- retention
+
+
+@click.group()
+def retention() -> None:
+    """Retention (deletePolicy) on demand."""
+
+
+@retention.command("run")
+@click.argument("topic")
+@_http_options
+def retention_run(topic: str, http_url: str, secret: str | None, as_json: bool) -> None:
+    """Apply TOPIC's deletePolicy now instead of waiting for its deleteWhen schedule."""
+    _check_topic(topic)
+
+    def action() -> None:
+        reply = AdminClient(http_url, secret).call("POST", f"/api/topics/{_quote(topic)}/retention")
+        if as_json:
+            return _emit_json(reply)
+        results = reply["results"]
+        removed = sum(len(r["removed"]) for r in results)
+        if not results:
+            click.echo(f"{topic}: nothing expired")
+        for r in results:
+            verb = "archived" if r["action"] == "archive" else "deleted"
+            names = ", ".join(r["removed"]) or "nothing"
+            line = f"{topic}-{r['partition']}: {verb} {names}"
+            if r["kept_for_consumers"]:
+                line += f" ({r['kept_for_consumers']} expired segment(s) kept for live consumers)"
+            click.echo(line)
+        if results:
+            click.echo(f"{removed} segment(s) removed")
+
+    _run(action)
+
+
+def register(main: click.Group) -> None:
+    """Add the admin command groups to the ``notify`` CLI."""
+    for group in (topics, tx, dlq, retention):
+        main.add_command(group)

@@ -1,0 +1,19 @@
+"""The broker's HTTP face, served on ``dashboardHttpPort`` by the broker's own event loop.
+
+Modules:
+
+* :mod:`~notify.http.server`   the aiohttp application, its lifecycle, auth and errors;
+* :mod:`~notify.http.bridge`   runs wire requests through :class:`BrokerService` for HTTP
+  callers, so an HTTP put is batched, group-committed and acknowledged like a wire put;
+* :mod:`~notify.http.metaq`    MetaQ 1.4's HTTP protocol (``/put``, ``/get``, ``/offset``)
+  and ``/stats``;
+* :mod:`~notify.http.api`      the JSON REST face (``/api/...``);
+* :mod:`~notify.http.views`    read-only JSON views of the broker's state;
+* :mod:`~notify.http.metrics`  ``/metrics`` for Prometheus;
+* :mod:`~notify.http.openapi`  the OpenAPI 3 document of the REST face;
+* ``dashboard/``               the single-page dashboard served at ``/``.
+"""
+
+from notify.http.server import HttpServer, start_http
+
+__all__ = ["HttpServer", "start_http"]

@@ -1,0 +1,430 @@
+"""The JSON REST face (``/api/...``); its OpenAPI 3 document is :mod:`notify.http.openapi`.
+
+Errors are ``{"error": "<text>"}`` with a 4xx/5xx status. Produce goes through
+:mod:`notify.http.bridge` (the wire put path: batching, group commit, acknowledgement after
+the fsync where the topic asks for it); fetch reads the partition directly and decodes the
+records. Topic creation appends a ``[topic=NAME]`` section to the broker's ``server.ini``
+(validated first, replaced atomically) and reloads the config.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import os
+from typing import Any, Final
+
+from aiohttp import web
+
+from notify.codec import records
+from notify.codec.wire import Put, Response, Transaction
+from notify.config import TOPIC_KEYS, parse_config
+from notify.errors import ConfigError, NotifyError, OffsetOutOfRangeError, TransactionError
+from notify.http import openapi
+from notify.http.bridge import call, call_one
+from notify.http.params import INT32, bad_request, int_param, parse_int, topic_name
+from notify.http.server import SERVER, HttpServer, json_response
+from notify.http.views import (
+    config_view,
+    groups_view,
+    overview,
+    topic_view,
+    topics_view,
+    transactions_view,
+)
+from notify.tx.keys import validate_key
+from notify.tx.states import TxState
+
+log = logging.getLogger("notify.http")
+
+MAX_PRODUCE_MESSAGES: Final = 1000
+DEFAULT_FETCH_BYTES: Final = 256 * 1024
+MAX_FETCH_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_FETCH_LIMIT: Final = 100
+MAX_FETCH_LIMIT: Final = 10_000
+ADMIN_SESSION: Final = "http-admin"
+# XAException codes worth their own HTTP status
+_XA_STATUS: Final = {-4: 404, -5: 400, -6: 409}
+
+
+def _server(request: web.Request) -> HttpServer:
+    return request.app[SERVER]
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw.strip():
+        raise bad_request("expected a JSON body")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"body is not valid JSON: {e}") from None
+
+
+def _not_found(message: str) -> web.HTTPNotFound:
+    return web.HTTPNotFound(text=message)
+
+
+def _known_topic(request: web.Request) -> str:
+    topic = topic_name(request.match_info["topic"])
+    if topic not in _server(request).service.store.topics:
+        raise _not_found(f"topic {topic!r} does not exist on this broker")
+    return topic
+
+
+# ---------------------------------------------------------------------- read-only views
+
+
+async def get_overview(request: web.Request) -> web.Response:
+    server = _server(request)
+    return json_response(overview(server.broker, server.history))
+
+
+async def list_topics(request: web.Request) -> web.Response:
+    return json_response({"topics": topics_view(_server(request).service)})
+
+
+async def describe_topic(request: web.Request) -> web.Response:
+    topic = _known_topic(request)
+    return json_response(topic_view(_server(request).service, topic))
+
+
+async def list_groups(request: web.Request) -> web.Response:
+    return json_response({"groups": groups_view(_server(request).service)})
+
+
+async def list_transactions(request: web.Request) -> web.Response:
+    txs = transactions_view(_server(request).service)
+    if request.query.get("in_doubt") in ("1", "true", "yes"):
+        txs = [t for t in txs if t["in_doubt"]]
+    return json_response({"transactions": txs})
+
+
+async def get_config(request: web.Request) -> web.Response:
+    return json_response(config_view(_server(request).broker))
+
+
+async def get_openapi(request: web.Request) -> web.Response:
+    return json_response(openapi.document())
+
+
+# ---------------------------------------------------------------------- produce / fetch
+
+
+def _message(m: object, i: int, limit: int) -> tuple[bytes, int, object]:
+    """``(payload, flag, partition or None)`` of one message of a produce request."""
+    if not isinstance(m, dict):
+        raise bad_request(f"message {i}: expected an object")
+    unknown = set(m) - {"text", "base64", "attribute", "partition"}
+    if unknown:
+        raise bad_request(f"message {i}: unknown field(s) {', '.join(sorted(unknown))}")
+    if ("text" in m) == ("base64" in m):
+        raise bad_request(f"message {i}: give exactly one of 'text' or 'base64'")
+    if "text" in m:
+        if not isinstance(m["text"], str):
+            raise bad_request(f"message {i}: 'text' must be a string")
+        body = m["text"].encode("utf-8")
+    else:
+        if not isinstance(m["base64"], str):
+            raise bad_request(f"message {i}: 'base64' must be a string")
+        try:
+            body = base64.b64decode(m["base64"], validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request(f"message {i}: 'base64' is not valid base64") from None
+    attribute = m.get("attribute")
+    if attribute is not None and not isinstance(attribute, str):
+        raise bad_request(f"message {i}: 'attribute' must be a string")
+    payload, flag = records.make_payload(body, attribute)
+    if len(payload) > limit:
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=limit,
+            actual_size=len(payload),
+            text=f"message {i}: {len(payload)} bytes exceeds maxMessageSize {limit}",
+        )
+    return payload, flag, m.get("partition")
+
+
+async def produce(request: web.Request) -> web.Response:
+    server = _server(request)
+    service = server.service
+    topic = _known_topic(request)
+    data = await _json_body(request)
+    default_partition: object = None
+    if isinstance(data, list):
+        msgs = data
+    elif isinstance(data, dict) and "messages" in data:
+        msgs = data["messages"]
+        default_partition = data.get("partition")
+        if not isinstance(msgs, list):
+            raise bad_request("'messages' must be a list")
+    elif isinstance(data, dict):
+        msgs = [data]
+    else:
+        raise bad_request("expected a message object, a list of them or {'messages': [...]}")
+    if not 1 <= len(msgs) <= MAX_PRODUCE_MESSAGES:
+        raise bad_request(f"between 1 and {MAX_PRODUCE_MESSAGES} messages per request")
+    nparts = len(service.store.topic_partitions(topic))
+    reqs: list[Put] = []
+    for i, m in enumerate(msgs):
+        payload, flag, part = _message(m, i, service.max_message)
+        if part is None:
+            part = default_partition
+        if part is None:
+            rr = server.round_robin.get(topic, 0)
+            server.round_robin[topic] = rr + 1
+            pidx = rr % nparts
+        else:
+            pidx = parse_int(part, f"message {i}: partition", 0, INT32[1])
+        reqs.append(Put(topic, pidx, flag, -1, None, i + 1, payload))
+    replies = await call(service, list(reqs))
+    results: list[dict[str, Any]] = []
+    failed: Response | None = None
+    for req in reqs:
+        r = replies[req.opaque]
+        if r.code == 200:
+            mid, part_s, off = r.body.split(b" ")[:3]
+            results.append({"id": mid.decode(), "partition": int(part_s), "offset": int(off)})
+        else:
+            failed = failed or r
+            text = r.body.decode("utf-8", "replace")
+            results.append({"partition": req.partition, "code": r.code, "error": text})
+    if failed is None:
+        return json_response({"topic": topic, "results": results})
+    return json_response(
+        {"topic": topic, "error": failed.body.decode("utf-8", "replace"), "results": results},
+        failed.code,
+    )
+
+
+def _message_json(rec: records.Record) -> dict[str, Any]:
+    try:
+        attribute, body = records.split_payload(rec.payload, rec.flag)
+    except (ValueError, UnicodeDecodeError):
+        attribute, body = None, rec.payload
+    out: dict[str, Any] = {
+        "offset": rec.offset,
+        "id": str(rec.msg_id),
+        "flag": rec.flag,
+        "attribute": attribute,
+        "size": rec.size,
+        "base64": base64.b64encode(body).decode(),
+    }
+    try:
+        out["text"] = body.decode("utf-8")
+    except UnicodeDecodeError:
+        out["text"] = None
+    return out
+
+
+async def fetch(request: web.Request) -> web.Response:
+    service = _server(request).service
+    topic = _known_topic(request)
+    index = parse_int(request.match_info["partition"], "partition", 0, INT32[1])
+    part = service.store.get(topic, index)
+    if part is None:
+        raise _not_found(f"partition {index} of topic {topic!r} does not exist")
+    q = request.query
+    offset = int_param(q, "offset", part.min_offset)
+    max_bytes = int_param(q, "maxSize", DEFAULT_FETCH_BYTES, 1, MAX_FETCH_BYTES)
+    limit = int_param(q, "limit", DEFAULT_FETCH_LIMIT, 1, MAX_FETCH_LIMIT)
+    try:
+        sl = part.slice(offset, max_bytes, max(max_bytes, service.max_message + 20))
+    except OffsetOutOfRangeError as e:
+        return json_response({"error": str(e), "nearest_offset": e.nearest}, 416)
+    data = b"" if sl is None else sl.segment.read(sl.file_pos, sl.length)
+    try:
+        recs, _used = records.decode_all(data, offset)
+    except records.CorruptRecordError:
+        raise bad_request(f"offset {offset} is not the start of a record") from None
+    if data and not recs:  # the window was widened to hold any whole record
+        raise bad_request(f"offset {offset} is not the start of a record")
+    recs = recs[:limit]
+    next_offset = recs[-1].offset + recs[-1].size if recs else offset
+    return json_response(
+        {
+            "topic": topic,
+            "partition": index,
+            "offset": offset,
+            "next_offset": next_offset,
+            "min_offset": part.min_offset,
+            "max_offset": part.visible_end,
+            "messages": [_message_json(r) for r in recs],
+        }
+    )
+
+
+# ---------------------------------------------------------------------- admin actions
+
+
+def _ini_value(key: str, value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str) and not any(c in value for c in "\r\n\x00[]"):
+        return value.strip()
+    raise bad_request(f"invalid value for {key}: {str(value)[:40]!r}")
+
+
+def _write_atomic(path: os.PathLike[str], text: str) -> None:
+    target = os.fspath(path)
+    tmp = target + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.chmod(tmp, os.stat(target).st_mode & 0o7777)
+    os.replace(tmp, target)
+    dfd = os.open(os.path.dirname(target) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+async def create_topic(request: web.Request) -> web.Response:
+    server = _server(request)
+    broker = server.broker
+    data = await _json_body(request)
+    if not isinstance(data, dict):
+        raise bad_request("expected {'name': ..., 'numPartitions': ..., 'config': {...}}")
+    unknown = set(data) - {"name", "numPartitions", "config"}
+    if unknown:
+        raise bad_request(f"unknown field(s) {', '.join(sorted(unknown))}")
+    name = topic_name(data.get("name") if isinstance(data.get("name"), str) else None)
+    settings = data.get("config") or {}
+    if not isinstance(settings, dict):
+        raise bad_request("'config' must be an object of [topic=NAME] keys")
+    if "numPartitions" in data:
+        settings = {**settings, "numPartitions": data["numPartitions"]}
+    for key in settings:
+        if key not in TOPIC_KEYS:
+            raise bad_request(f"unknown topic key {key!r} (known: {', '.join(TOPIC_KEYS)})")
+    if name in broker.config.topics or name in broker.store.topics:
+        return json_response({"error": f"topic {name!r} already exists"}, 409)
+    src = broker.config.source
+    if src is None:
+        return json_response({"error": "this broker was not started from a config file"}, 409)
+    lines = [f"[topic={name}]"] + [f"{k}={_ini_value(k, v)}" for k, v in settings.items()]
+    try:
+        old = src.read_text(encoding="utf-8")
+    except OSError as e:
+        return json_response({"error": f"cannot read {src}: {e.strerror}"}, 500)
+    new = old.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
+    try:
+        parse_config(new, src)
+    except ConfigError as e:
+        raise bad_request(str(e)) from None
+    try:
+        _write_atomic(src, new)
+    except OSError as e:
+        return json_response({"error": f"cannot write {src}: {e.strerror}"}, 500)
+    try:
+        summary = broker.reload()
+    except NotifyError as e:
+        _write_atomic(src, old)
+        return json_response({"error": f"reload failed, config unchanged: {e}"}, 500)
+    log.info("http: created topic %s (%s)", name, summary)
+    return json_response({"topic": topic_view(server.service, name), "reload": summary}, 201)
+
+
+async def reload_config(request: web.Request) -> web.Response:
+    try:
+        summary = _server(request).broker.reload()
+    except NotifyError as e:
+        return json_response({"error": f"reload failed, config unchanged: {e}"}, 500)
+    return json_response({"summary": summary})
+
+
+async def run_retention(request: web.Request) -> web.Response:
+    server = _server(request)
+    topic = _known_topic(request)
+    results = await server.broker.run_retention(topic)
+    return json_response(
+        {
+            "topic": topic,
+            "results": [
+                {
+                    "partition": r.partition,
+                    "action": r.action,
+                    "removed": list(r.removed),
+                    "kept_for_consumers": r.kept_for_consumers,
+                }
+                for r in results
+            ],
+        }
+    )
+
+
+async def _resolve(request: web.Request, commit: bool) -> web.Response:
+    service = _server(request).service
+    try:
+        key = validate_key(request.match_info["key"])
+    except TransactionError as e:
+        raise bad_request(str(e)) from None
+    tm = service.transactions
+    tx = tm.txs.get(key) if tm is not None else None
+    if tx is None:
+        raise _not_found(f"unknown transaction {key}")
+    if tx.state is not TxState.PREPARED:
+        return json_response(
+            {
+                "error": f"transaction {key} is {tx.state.value}: only in-doubt (PREPARED) "
+                "transactions are resolved by an admin",
+            },
+            409,
+        )
+    ttype = "COMMIT_TWO_PHASE" if commit else "ROLLBACK"
+    r = await call_one(service, Transaction(key, ADMIN_SESSION, ttype, None, None, 1))
+    text = r.body.decode("utf-8", "replace")
+    if r.code != 200:
+        status = r.code
+        if text.startswith("XAException:code="):
+            code_s = text[len("XAException:code=") :].split(",", 1)[0]
+            status = _XA_STATUS.get(int(code_s), status) if code_s.lstrip("-").isdigit() else status
+        return json_response({"key": key, "error": text}, status)
+    log.warning(
+        "http: admin %s in-doubt transaction %s", "committed" if commit else "rolled back", key
+    )
+    return json_response(
+        {"key": key, "outcome": "committed" if commit else "rolled_back", "detail": text}
+    )
+
+
+async def commit_transaction(request: web.Request) -> web.Response:
+    return await _resolve(request, True)
+
+
+async def rollback_transaction(request: web.Request) -> web.Response:
+    return await _resolve(request, False)
+
+
+def routes() -> list[tuple[str, str, Any]]:
+    """``(method, path, handler)`` of the REST face (the OpenAPI test checks them)."""
+    return [
+        ("GET", "/api/overview", get_overview),
+        ("GET", "/api/topics", list_topics),
+        ("POST", "/api/topics", create_topic),
+        ("GET", "/api/topics/{topic}", describe_topic),
+        ("POST", "/api/topics/{topic}/messages", produce),
+        ("GET", "/api/topics/{topic}/partitions/{partition}/messages", fetch),
+        ("POST", "/api/topics/{topic}/retention", run_retention),
+        ("GET", "/api/groups", list_groups),
+        ("GET", "/api/transactions", list_transactions),
+        ("POST", "/api/transactions/{key}/commit", commit_transaction),
+        ("POST", "/api/transactions/{key}/rollback", rollback_transaction),
+        ("GET", "/api/config", get_config),
+        ("POST", "/api/config/reload", reload_config),
+        ("GET", "/api/openapi.json", get_openapi),
+    ]
+
+
+def add_routes(app: web.Application) -> None:
+    for method, path, handler in routes():
+        app.router.add_route(method, path, handler)

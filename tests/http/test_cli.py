@@ -1,0 +1,155 @@
+"""The admin CLI (topics, tx, dlq, retention) against real brokers, through click's runner."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from notify.cli import main
+from notify.client import Partition, RecoverStore, list_dead_letters, list_pending_recovery
+from notify.client._message import Message
+from notify.testing import BrokerProcess, free_port
+from tests.http.conftest import Http, prepare_xa, xid
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+def test_topics_list_describe_create(http_broker_factory: Callable[..., BrokerProcess]) -> None:
+    b = http_broker_factory({"alpha": 2, "beta": {"numPartitions": 1, "unflushThreshold": 0}})
+    url = b.http_url
+    Http(url).post("/api/topics/alpha/messages", json_body=[{"text": "hello"}] * 3)
+    r = run("topics", "list", "--http", url)
+    assert r.exit_code == 0, r.output
+    assert "alpha" in r.output and "beta" in r.output and "group-commit" in r.output
+    r = run("topics", "list", "--http", url, "--json")
+    data = json.loads(r.output)
+    assert {t["name"]: t["put_messages"] for t in data if not t["internal"]} == {
+        "alpha": 3,
+        "beta": 0,
+    }
+    r = run("topics", "describe", "alpha", "--http", url)
+    assert r.exit_code == 0 and "partitions" in r.output and "min offset" in r.output
+    r = run("topics", "describe", "alpha", "--http", url, "--json")
+    assert json.loads(r.output)["num_partitions"] == 2
+    # create, through the environment variable for the address
+    r = run(
+        "topics",
+        "create",
+        "gamma",
+        "-p",
+        "3",
+        "--set",
+        "unflushThreshold=0",
+        env={"NOTIFY_HTTP": url},
+    )
+    assert r.exit_code == 0, r.output
+    assert "created topic gamma with 3 partition(s)" in r.output
+    assert Http(url).get("/api/topics/gamma").json()["config"]["unflush_threshold"] == 0
+    # runtime failures: 1; usage errors: 2
+    r = run("topics", "create", "gamma", "--http", url)
+    assert r.exit_code == 1 and "already exists" in r.output
+    r = run("topics", "describe", "nosuch", "--http", url)
+    assert r.exit_code == 1 and "404" in r.output
+    r = run("topics", "create", "bad/name", "--http", url)
+    assert r.exit_code == 2 and "invalid topic name" in r.output
+    r = run("topics", "create", "ok", "--set", "bogus=1", "--http", url)
+    assert r.exit_code == 2 and "unknown topic key" in r.output
+    r = run("topics", "create", "ok", "-p", "0", "--http", url)
+    assert r.exit_code == 2
+    r = run("topics", "list", "--http", f"http://127.0.0.1:{free_port()}")
+    assert r.exit_code == 1 and "cannot reach" in r.output
+
+
+def test_tx_list_commit_rollback(http_broker_factory: Callable[..., BrokerProcess]) -> None:
+    b = http_broker_factory({"t": 1}, authSecret="pw")
+    env = {"NOTIFY_HTTP": b.http_url, "NOTIFY_SECRET": "pw"}
+    r = run("tx", "list", env=env)
+    assert r.exit_code == 0 and "no transactions in flight" in r.output
+    keys = [xid(i) for i in (1, 2, 3)]
+    for k in keys:
+        prepare_xa(b.addr, k, "t", 0, [k.encode()], secret="pw")
+    r = run("tx", "list", "--in-doubt", env=env)
+    assert r.exit_code == 0 and "3 in doubt (PREPARED)" in r.output
+    assert all(k in r.output for k in keys)  # whole, to copy
+    listed = json.loads(run("tx", "list", "--json", env=env).output)
+    assert {t["key"] for t in listed} == set(keys)
+    r = run("tx", "commit", keys[0], env=env)
+    assert r.exit_code == 0 and "committed" in r.output, r.output
+    r = run("tx", "rollback", keys[1], "--json", env=env)
+    assert json.loads(r.output)["outcome"] == "rolled_back"
+    # over the wire instead of HTTP
+    r = run("tx", "commit", keys[2], "--server", b.addr, "--secret", "pw")
+    assert r.exit_code == 0, r.output
+    page = Http(b.http_url, token="pw").get("/api/topics/t/partitions/0/messages").json()
+    assert sorted(m["text"] for m in page["messages"]) == sorted([keys[0], keys[2]])
+    # unknown key: 1; malformed key: 2; wrong secret: 1
+    r = run("tx", "commit", keys[0], env=env)
+    assert r.exit_code == 1 and "unknown transaction" in r.output
+    r = run("tx", "rollback", keys[0], "--server", b.addr, "--secret", "pw")
+    assert r.exit_code == 1 and "code=-4" in r.output
+    assert run("tx", "commit", "nonsense", env=env).exit_code == 2
+    r = run("tx", "list", env={**env, "NOTIFY_SECRET": "bad"})
+    assert r.exit_code == 1 and "401" in r.output
+
+
+def _dead_letter(store: RecoverStore, offset: int, body: bytes) -> None:
+    msg = Message("orders", Partition(0, 1, "127.0.0.1:1"), offset, 1000 + offset, 0, body)
+    sm = store.add(msg, "boom: listener failed")
+    assert store.failed(sm, "boom again", max_attempts=1)
+
+
+def test_dlq_show_and_replay(tmp_path: Path) -> None:
+    a, b = RecoverStore(tmp_path, "billing"), RecoverStore(tmp_path, "audit")
+    for i in range(60):
+        _dead_letter(a, i * 100, b"order-%d" % i)
+    _dead_letter(b, 7, b"\xff\xfe-raw")
+    r = run("dlq", "show", "--data-dir", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "dead letters (61)" in r.output and "order-0" in r.output and "binary" in r.output
+    shown = json.loads(run("dlq", "show", "-d", str(tmp_path), "-g", "audit", "--json").output)
+    assert len(shown) == 1 and shown[0]["text"] is None and shown[0]["group"] == "audit"
+    assert shown[0]["last_error"] == "boom again"
+    # one by id
+    one = next(m.id for m in list_dead_letters(tmp_path, "audit"))
+    r = run("dlq", "replay", "-d", str(tmp_path), "--id", one, "--json")
+    assert json.loads(r.output) == {"replayed": 1}
+    assert [m.id for m in list_pending_recovery(tmp_path, "audit")] == [one]
+    r = run("dlq", "replay", "-d", str(tmp_path), "--id", "nope")
+    assert r.exit_code == 1 and "no dead letter with id nope" in r.output
+    # all of a group, with a progress bar on stderr
+    r = CliRunner().invoke(main, ["dlq", "replay", "-d", str(tmp_path), "-g", "billing"])
+    assert r.exit_code == 0, r.output
+    assert "replayed 60 dead letter(s)" in r.stdout
+    assert "60/60" in r.stderr
+    assert list_dead_letters(tmp_path) == []
+    assert len(list_pending_recovery(tmp_path, "billing")) == 60
+    r = run("dlq", "replay", "-d", str(tmp_path))
+    assert r.exit_code == 0 and "no dead letters to replay" in r.output
+    r = run("dlq", "show", "-d", str(tmp_path / "empty"))
+    assert r.exit_code == 0 and "no dead letters" in r.output
+    assert run("dlq", "show").exit_code == 2  # --data-dir is required
+
+
+def test_retention_run(http_broker_factory: Callable[..., BrokerProcess]) -> None:
+    b = http_broker_factory(
+        {"logs": {"numPartitions": 1, "deletePolicy": "delete,1s"}, "keep": 1},
+        maxSegmentSize=4096,
+    )
+    h = Http(b.http_url)
+    for _ in range(3):
+        h.post("/api/topics/logs/messages", json_body=[{"text": "y" * 1000}] * 4)
+    time.sleep(1.2)
+    r = run("retention", "run", "logs", "--http", b.http_url)
+    assert r.exit_code == 0, r.output
+    assert "logs-0: deleted 0000000000000000" in r.output and "segment(s) removed" in r.output
+    r = run("retention", "run", "keep", "--http", b.http_url, "--json")
+    assert json.loads(r.output) == {"topic": "keep", "results": []}
+    r = run("retention", "run", "nosuch", "--http", b.http_url)
+    assert r.exit_code == 1
+    assert run("retention", "run", "..", "--http", b.http_url).exit_code == 2

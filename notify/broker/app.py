@@ -39,6 +39,7 @@ from notify.store.retention import (
 )
 
 if TYPE_CHECKING:
+    from configserver import BrokerRegistrar  # configserver (issue #7)
     from notify.http.server import HttpServer  # notify.http (issue #9)
 
 log = logging.getLogger("notify.broker")
@@ -65,6 +66,7 @@ class Broker:
         self.port = config.system.server_port
         self.host = config.system.host_name
         self.http: HttpServer | None = None  # notify.http (issue #9)
+        self.registrar: BrokerRegistrar | None = None  # configserver (issue #7)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -120,6 +122,12 @@ class Broker:
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
+        # configserver (issue #7): register (ephemeral; ZooKeeper or embedded), find the master
+        from configserver import BrokerRegistrar, resolve_master
+
+        self.registrar = BrokerRegistrar(self.config)
+        await self.registrar.start(self.host, self.port, self.store.topics)
+        self.config = await resolve_master(self.registrar, self.config)
         self._start_replication()
         self.delay.start()
         # -- notify.http (issue #9): dashboard, MetaQ HTTP, REST, /metrics; 0 = off
@@ -147,6 +155,9 @@ class Broker:
         """Stop accepting, finish pending writes, fsync and close everything."""
         if self._stopped.is_set():
             return
+        if self.registrar is not None:  # configserver (issue #7): clients stop choosing us
+            await self.registrar.stop()
+            self.registrar = None
         if self._server is not None:
             self._server.close()
         if self.delay is not None:
@@ -269,6 +280,8 @@ class Broker:
         if self.service is not None:
             self.service.config = self.config
             self.service.refresh_topics()
+        if self.registrar is not None:  # configserver (issue #7): register added topics
+            self.registrar.update(self.store.topics)
         parts = [
             f"added topics: {', '.join(added) or '-'}",
             f"changed topics: {', '.join(changed) or '-'}",

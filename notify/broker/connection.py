@@ -40,7 +40,7 @@ WRITE_LOW_WATER = 1024 * 1024
 class PendingReplies:
     """Replies to the puts of one connection to one partition in one commit round."""
 
-    __slots__ = ("body", "conn", "done", "error", "items", "partition")
+    __slots__ = ("body", "conn", "done", "error", "items", "partition", "tail")
 
     def __init__(self, conn: Connection, partition: int):
         self.conn = conn
@@ -50,6 +50,7 @@ class PendingReplies:
         self.done = False
         self.error: ProtocolError | None = None
         self.body: bytes | None = None  # a ready-made reply (mput)
+        self.tail: Slice | None = None  # file bytes sent after ``body`` (a parked get)
 
     def render(self) -> bytes:
         if self.error is not None:
@@ -188,6 +189,10 @@ class Connection(asyncio.Protocol):
                 if not item.done:
                     break
                 chunks.append(item.render())
+                if item.tail is not None:
+                    t.write(b"".join(chunks))
+                    chunks = []
+                    self._send_slice(item.tail)
             else:
                 assert isinstance(item, Slice)
                 if chunks:

@@ -42,6 +42,7 @@ from notify.codec.wire import MultiPut, Put, Register, Transaction, encode_check
 from notify.errors import NotifyError, TransactionError, TxLogError
 from notify.faults import crashpoint
 from notify.store.idempotent import already_present
+from notify.store.partition import Partition
 from notify.tx import logrecords as lr
 from notify.tx.keys import is_xa, parse_xid, validate_key
 from notify.tx.states import TERMINAL, TxEvent, TxState, allowed, next_state
@@ -679,6 +680,8 @@ class TransactionManager:
         hints = {(t, p): h for t, p, h in tx.hints}
         placements: list[tuple[str, int, int, int, int]] = []
         first = True
+        done: list[tuple[Partition, int, int]] = []  # partition, end before, records
+        delayed: tuple[int, bytes] | None = None
         for (topic, pidx), chunks in grouped.items():
             part = self.store.get(topic, pidx)
             if part is None:
@@ -699,23 +702,34 @@ class TransactionManager:
             if not first:
                 crashpoint("mid_apply")
             first = False
+            before = part.end
             try:
                 off = part.append(data)
             except NotifyError as e:
+                # all or nothing: take back the shares already appended in this step
+                for p, end, _n in done:
+                    try:
+                        p.rollback_to(end)
+                    except (NotifyError, OSError) as e2:
+                        log.error("cannot take back %s-%d: %s", p.topic, p.index, e2)
                 tx.apply_error = str(e)
                 log.error(
                     "transaction %s is committed but applying it to %s-%d failed (%s); "
-                    "retrying every second",
+                    "nothing of it is visible; retrying every second",
                     tx.key,
                     topic,
                     pidx,
                     e,
                 )
                 return
+            done.append((part, before, counts[(topic, pidx)]))
             placements.append((topic, pidx, off, counts[(topic, pidx)], len(data)))
-            if topic == DELAY_TOPIC and self.service.delay is not None:
-                self.service.delay.index_appended(off, data)  # delayed messages: due later
-            fut = self.service.flusher.after_append(part, counts[(topic, pidx)])
+            if topic == DELAY_TOPIC:
+                delayed = (off, data)
+        if delayed is not None and self.service.delay is not None:
+            self.service.delay.index_appended(*delayed)  # delayed messages: due later
+        for part, _before, n in done:
+            fut = self.service.flusher.after_append(part, n)
             if fut is not None:
                 fut.add_done_callback(_consume)
         tx.apply_error = None

@@ -50,6 +50,7 @@ class Flusher:
         self._next: dict[Partition, asyncio.Future[int]] = {}
         self._inflight = 0
         self._kick_scheduled = False
+        self._round_done: list[tuple[Partition, asyncio.Future[int], int]] = []
 
     def after_append(self, part: Partition, count: int) -> asyncio.Future[int] | None:
         """Call right after appending ``count`` records; await the result before replying."""
@@ -107,6 +108,9 @@ class Flusher:
         cf: CFuture[None],
         t0: float,
     ) -> None:
+        """One partition's fsync of the round finished. Nothing becomes visible or is
+        acknowledged before the whole round has finished: a transaction applied to several
+        partitions in one loop turn is in one round, so readers see all of it or none."""
         part.flush_inflight = None
         part.last_flush = time.monotonic()
         self._inflight -= 1
@@ -132,17 +136,23 @@ class Flusher:
             self.fsync_seconds += elapsed
             for observe in self.on_fsync:
                 observe(elapsed)
-            if target > part.flushed_end:
-                part.flushed_end = target
-            if target > part.visible_end:
-                part.visible_end = target
-                if part.waiting and part.on_visible is not None:
-                    part.on_visible(part)
-            if not fut.done():
-                fut.set_result(target)
+            self._round_done.append((part, fut, target))
+        if self._inflight:
+            return
+        finished, self._round_done = self._round_done, []
+        for p, _f, tg in finished:
+            if tg > p.flushed_end:
+                p.flushed_end = tg
+            if tg > p.visible_end:
+                p.visible_end = tg
+        for p, f, tg in finished:
+            if p.waiting and p.on_visible is not None:
+                p.on_visible(p)
+            if not f.done():
+                f.set_result(tg)
             for cb in self.on_flushed:
-                cb(part)
-        if not self._inflight and self._next:
+                cb(p)
+        if self._next:
             self._kick()
 
     def tick(self, partitions: list[Partition]) -> None:

@@ -278,6 +278,23 @@ class Partition:
                 length = min(avail, max(length, min(need, limit)))
         return Slice(seg, file_pos, length, offset)
 
+    def rollback_to(self, offset: int) -> None:
+        """Cut off what was appended at or after ``offset`` in the current synchronous step
+        (a transaction whose apply failed on another partition): no reader can have been
+        served it, since nothing ran in between."""
+        if offset < self.min_offset or offset > self.end:
+            raise StoreError(f"{self.topic}-{self.index}: cannot roll back to {offset}")
+        while len(self.segments) > 1 and self.segments[-1].start >= offset:
+            seg = self.segments.pop()
+            self._starts.pop()
+            seg.close()
+            if not self.memory:
+                seg.path.unlink(missing_ok=True)
+        seg = self.segments[-1]
+        seg.truncate(offset - seg.start)
+        self.visible_end = min(self.visible_end, offset)
+        self.flushed_end = min(self.flushed_end, offset)
+
     def read_raw(self, offset: int, length: int) -> bytes:
         """Bytes at ``offset`` regardless of visibility (replication compares with them)."""
         seg = self._segment_for(offset)

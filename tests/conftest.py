@@ -16,6 +16,8 @@ import pytest
 
 from notify.testing import BrokerProcess
 
+pytest_plugins = ["tests.services_conftest"]
+
 IN_CI = bool(os.environ.get("CI"))
 
 BrokerFactory = Callable[..., BrokerProcess]

@@ -1,0 +1,1 @@
+"""Alembic revisions of notify's tables (ids are stable: ``0001``, ``0002``, ...)."""

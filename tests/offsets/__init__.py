@@ -1,0 +1,1 @@
+"""Tests of notify.offsets, notify.migrations and the db/offsets CLI."""

@@ -19,10 +19,23 @@ Tree::
     ├── TxLogError                  the redo transaction log (txlog/)
     │   └── TxLogCorruptError
     ├── TransactionError            transaction state machine violations
+    │   ├── notify.xa.errors.XAError            the 2PC coordinator (rollback, heuristics,
+    │   │                                       participants, decision log, in doubt)
+    │   └── notify.client.ClientTransactionError (also a ClientError): XA codes, timeout,
+    │                                           aborted, connection lost, outcome unknown
+    ├── MigrationError              notify.migrations: DatabaseUnreachable, SchemaAhead
+    ├── ConfigServerError           configserver: unavailable (retriable), no node, exists
+    ├── SyncReplicationError        a synchronous slave did not confirm (retriable)
     └── ClientError                 client side
         ├── ConnectionLostError     (retriable)
         ├── RequestTimeoutError     (retriable)
-        └── BrokerError             a non-200 reply from the broker (carries code)
+        ├── BrokerError             a non-200 reply from the broker (carries code)
+        ├── ListenerTimeoutError    a consumer listener ran past its timeout
+        └── OffsetStoreError        notify.offsets: unavailable (retriable), table missing,
+                                    conflict (another consumer committed; retriable)
+
+Subsystems define their subclasses next to their code (listed above) so that each module
+keeps its own vocabulary; every one of them derives from this root.
 
 Foreign exceptions (OSError, socket errors, driver errors) are translated at the module
 boundary that calls the foreign code, never allowed to leak as themselves from the public API.

@@ -1,0 +1,94 @@
+"""``notify xa``: list and resolve in-doubt transactions by hand, on real services."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from notify.cli import main
+from tests.coordinator.conftest import Env, MakeTM
+from tests.coordinator.helpers import broker_prepared, message_ids, pg_prepared, pg_rows
+from tests.coordinator.test_crash import agree, run_app
+
+
+def crash_app(e: Env, tmp: Path, point: str, k: int) -> None:
+    app = run_app(e, tmp / "xa", tmp / f"ack{k}", k, 1, point)
+    assert app.wait(60) == -signal.SIGKILL
+
+
+def xa(e: Env, tmp: Path, *args: str) -> Any:
+    base = ["--log", str(tmp / "xa"), "--broker", e.broker.addr, "--pg", f"pg={e.pg_url}"]
+    cmd, rest = args[0], list(args[1:])
+    result = CliRunner().invoke(main, ["xa", cmd, *rest, *(base if cmd != "forget" else base[:2])])
+    return result
+
+
+def listing(e: Env, tmp: Path) -> dict[str, Any]:
+    r = xa(e, tmp, "list", "--json")
+    assert r.exit_code == 0, r.output
+    out: dict[str, Any] = json.loads(r.output)
+    return out
+
+
+@pytest.mark.crash
+def test_resolve_by_hand(env: Env, tmp_path: Path, make_tm: MakeTM) -> None:
+    crash_app(env, tmp_path, "xa_before_decision", 1)  # both prepared, nothing decided
+    (item,) = listing(env, tmp_path)["transactions"]
+    assert item["status"].startswith("no decision: presumed abort")
+    assert sorted(item["prepared"]) == ["broker:broker", "pg:pg"]
+    gtrid = item["gtrid"]
+    r = xa(env, tmp_path, "commit", gtrid, "--by", "alice")  # overrides presumed abort
+    assert r.exit_code == 0, r.output
+    assert "heuristic recorded: alice resolved it by hand: commit" in r.output
+    assert agree(env) == {1}
+    (item,) = listing(env, tmp_path)["transactions"]
+    assert item["prepared"] == [] and item["heuristics"][0]["kind"] == "commit"
+    r = xa(env, tmp_path, "forget", gtrid)
+    assert r.exit_code == 0 and "1 heuristic report(s) acknowledged" in r.output
+    assert listing(env, tmp_path)["transactions"] == []
+
+    crash_app(env, tmp_path, "xa_after_decision", 2)  # decided commit, nothing committed
+    (item,) = listing(env, tmp_path)["transactions"]
+    assert item["status"].startswith("commit decided")
+    r = xa(env, tmp_path, "rollback", item["gtrid"])
+    assert r.exit_code == 1 and "--force" in r.output  # refused: the log says commit
+    r = xa(env, tmp_path, "rollback", item["gtrid"], "--force", "--by", "bob")
+    assert r.exit_code == 0, r.output
+    assert "against a logged commit decision" in r.output
+    assert agree(env) == {1} and not pg_prepared(env.pg_dsn)
+
+    # the coordinator, restarted, has nothing left to do and still reports the heuristic
+    tm = make_tm(env, coordinator_id="app")
+    assert tm.last_recovery is not None and tm.last_recovery.clean
+    assert [h.message for h in tm.heuristics()] == [
+        "bob resolved it by hand: rollback against a logged commit decision"
+    ]
+    # while it runs, list still works (without the lock) and the others refuse politely
+    r = xa(env, tmp_path, "list", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["in_use"] is True
+    r = xa(env, tmp_path, "commit", item["gtrid"])
+    assert r.exit_code == 1 and "in use by process" in r.output
+
+
+@pytest.mark.crash
+def test_recover_command_and_errors(env: Env, tmp_path: Path) -> None:
+    crash_app(env, tmp_path, "xa_between_commits", 1)  # pg committed, broker prepared
+    assert pg_rows(env.pg_dsn) == {1} and len(broker_prepared(env.broker.addr)) == 1
+    r = xa(env, tmp_path, "recover")
+    assert r.exit_code == 0, r.output
+    assert "committed 1, rolled back 0, finished 1 decisions" in r.output
+    assert message_ids(env.broker.addr) == [1, 1]
+    r = xa(env, tmp_path, "commit", "app-1-000000000000")
+    assert r.exit_code == 1 and "no prepared branch and no decision" in r.output
+    r = xa(env, tmp_path, "commit", "other-1-000000000000")
+    assert r.exit_code == 1 and "not a transaction of coordinator app" in r.output
+    r = CliRunner().invoke(main, ["xa", "list", "--log", str(tmp_path / "xa"), "--mysql", "x"])
+    assert r.exit_code == 2 and "mysql+pymysql://" in r.output
+    env.broker.kill()
+    r = xa(env, tmp_path, "list")
+    assert r.exit_code == 1 and "broker:" in r.output

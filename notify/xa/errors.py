@@ -45,21 +45,24 @@ from notify.errors import TransactionError
 if TYPE_CHECKING:
     from notify.xa.records import HeuristicRecord
 
-# javax.transaction.xa.XAException codes (the broker sends them as XAException:code=<n>)
-XA_RBBASE: Final = 100
-XA_RBEND: Final = 107
-XA_HEURHAZ: Final = 8
-XA_HEURCOM: Final = 7
-XA_HEURRB: Final = 6
-XA_HEURMIX: Final = 5
-XA_RDONLY: Final = 3
-XA_OK: Final = 0
-XAER_RMERR: Final = -3
-XAER_NOTA: Final = -4
-XAER_INVAL: Final = -5
-XAER_PROTO: Final = -6
-XAER_RMFAIL: Final = -7
-XAER_DUPID: Final = -8
+# javax.transaction.xa.XAException codes (the broker sends them as XAException:code=<n>),
+# re-exported from their one home, notify.tx.xacodes
+from notify.tx.xacodes import (  # noqa: I001
+    XA_HEURCOM as XA_HEURCOM,
+    XA_HEURHAZ as XA_HEURHAZ,
+    XA_HEURMIX as XA_HEURMIX,
+    XA_HEURRB as XA_HEURRB,
+    XA_OK as XA_OK,
+    XA_RBBASE as XA_RBBASE,
+    XA_RBEND as XA_RBEND,
+    XA_RDONLY as XA_RDONLY,
+    XAER_DUPID as XAER_DUPID,
+    XAER_INVAL as XAER_INVAL,
+    XAER_NOTA as XAER_NOTA,
+    XAER_PROTO as XAER_PROTO,
+    XAER_RMERR as XAER_RMERR,
+    XAER_RMFAIL as XAER_RMFAIL,
+)
 
 
 class HeuristicKind(Enum):

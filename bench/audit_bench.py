@@ -1,0 +1,286 @@
+"""Benchmark of ``notify audit`` (issue #10): generated broker logs, audited with local Spark.
+
+Usage::
+
+    python bench/audit_bench.py [--txs 1000000] [--msgs-per-tx 5] [--dir DIR]
+                                [--scale-txs 100000] [--no-scaling] [--quick] [--keep]
+
+1. Generates a broker's files directly with the real codecs, the way the broker writes them
+   (no broker process): partition segments ``<topic>-<n>/<start>.meta`` of
+   :func:`notify.codec.records.encode` records rolled at 64 MiB, and a redo log
+   ``transactions/redo.<N>`` of :mod:`txlog.records` frames (rolled at txlog's 64 MiB) whose
+   bodies are :mod:`notify.tx.logrecords` APPEND_MSG / PREPARE / COMMIT / APPLIED / ROLLBACK,
+   plus a checkpoint. ``--txs`` transactions of 1..9 messages (mean 5) over 16 partitions,
+   one in three spanning two partitions; 97 % committed in one phase, 1 % XA committed in
+   two, 1 % rolled back, 1 % rolled back after PREPARE; message times spread over 24 hours.
+2. Audits them on ``local[2]`` in a fresh process (the CLI's work: every check, the Parquet
+   tables, summary.json and report.html) and reports wall time and rows/s; the generated logs
+   are consistent, so the audit must find nothing.
+3. Scaling: a smaller set (``--scale-txs``) audited on ``local[1]`` and on ``local[2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
+from notify.codec import records
+from notify.store.segment import segment_name
+from notify.tx import logrecords as lr
+from txlog import Position
+from txlog.checkpoint import Checkpoint, write_checkpoints
+from txlog.config import TxLogConfig
+from txlog.records import encode as frame
+from txlog.segment import fsync_dir, segment_path
+
+TOPICS = {"orders": 4, "payments": 4, "audit": 4, "events": 4}
+SEGMENT_BYTES = 64 * 2**20
+TXLOG_SEGMENT_BYTES = TxLogConfig().segment_bytes
+DAY_MS = 86_400_000
+FLUSH = 4 * 2**20
+
+
+class _Appender:
+    """Files rolled at ``limit`` bytes, written in big chunks (what the broker's appends add
+    up to on disk)."""
+
+    def __init__(self, limit: int, path_of: Any, start: int = 0):
+        self.limit = limit
+        self.path_of = path_of
+        self.file_start = start
+        self.file_no = 0
+        self.size = 0  # bytes in the current file
+        self.buf = bytearray()
+        self.fh = open(path_of(start, 0), "wb")  # noqa: SIM115 - closed in close()
+
+    @property
+    def end(self) -> int:
+        return self.file_start + self.size + len(self.buf)
+
+    def append(self, data: bytes) -> int:
+        if self.size + len(self.buf) + len(data) > self.limit and self.size + len(self.buf):
+            self._roll()
+        at = self.end
+        self.buf += data
+        if len(self.buf) >= FLUSH:
+            self._flush()
+        return at
+
+    def _flush(self) -> None:
+        self.fh.write(self.buf)
+        self.size += len(self.buf)
+        self.buf = bytearray()
+
+    def _roll(self) -> None:
+        self._flush()
+        self.fh.close()
+        self.file_start += self.size
+        self.file_no += 1
+        self.size = 0
+        self.fh = open(self.path_of(self.file_start, self.file_no), "wb")  # noqa: SIM115
+
+    def close(self) -> None:
+        self._flush()
+        self.fh.close()
+
+
+def generate(root: Path, txs: int, seed_ms: int | None = None) -> dict[str, Any]:
+    """Write a dataPath under ``root``; return what was written."""
+    t0 = time.perf_counter()
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    parts: list[tuple[str, int]] = [(t, i) for t, n in TOPICS.items() for i in range(n)]
+    seg: dict[tuple[str, int], _Appender] = {}
+    for t, i in parts:
+        d = root / f"{t}-{i}"
+        d.mkdir()
+        seg[(t, i)] = _Appender(SEGMENT_BYTES, lambda start, _n, d=d: d / segment_name(start))
+    txdir = root / "transactions"
+    txdir.mkdir()
+    redo = _Appender(TXLOG_SEGMENT_BYTES, lambda _s, n: segment_path(txdir, n))
+    base_ms = seed_ms if seed_ms is not None else int(time.time() * 1000) - DAY_MS - 60_000
+    step = DAY_MS / max(1, txs)
+    shift = BROKER_BITS + SEQ_BITS
+    encode, make_msg = frame, records.encode
+    n_msgs = n_records = 0
+    outcomes = {"committed": 0, "xa_committed": 0, "rolled_back": 0, "prepared_rolled_back": 0}
+    body = b"x" * 64
+    for i in range(txs):
+        t_ms = base_ms + int(i * step)
+        id0 = ((t_ms - EPOCH_MS) << shift) | (1 << SEQ_BITS)
+        count = 1 + (i * 7919) % 9
+        r = i % 100
+        xa = r in (97, 99)
+        key = f"XID:1:{i:08x}:62:bench" if xa else f"TX:bench{i >> 16}:{i & 0xFFFF}"
+        p0 = parts[(i * 31) % len(parts)]
+        targets = [p0] if i % 3 else [p0, parts[(i * 31 + 5) % len(parts)]]
+        batches: list[tuple[tuple[str, int], bytes, int]] = []
+        k = 0
+        for j, p in enumerate(targets):
+            n = count // len(targets) + (count % len(targets) if j == 0 else 0)
+            recs = b"".join(make_msg(id0 + k + m, 0, body + b"%d" % (i + m)) for m in range(n))
+            k += n
+            batches.append((p, recs, n))
+            redo.append(encode(lr.APPEND_MSG, lr.AppendMsg(key, p[0], p[1], n, recs).encode()))
+            n_records += 1
+        if xa:
+            redo.append(encode(lr.PREPARE, lr.Prepare(key, t_ms + 1, 60, "").encode()))
+            n_records += 1
+        if r == 98 or r == 99:
+            redo.append(encode(lr.ROLLBACK, lr.Rollback(key, "rollback").encode()))
+            n_records += 1
+            outcomes["rolled_back" if r == 98 else "prepared_rolled_back"] += 1
+            continue
+        hints = tuple((p[0], p[1], seg[p].end) for p, _, _ in batches)
+        redo.append(encode(lr.COMMIT, lr.Commit(key, t_ms + 2, hints).encode()))
+        placements = []
+        for p, recs, n in batches:
+            off = seg[p].append(recs)
+            placements.append((p[0], p[1], off, n, len(recs)))
+            n_msgs += n
+        redo.append(encode(lr.APPLIED, lr.Applied(key, tuple(placements)).encode()))
+        n_records += 2
+        outcomes["xa_committed" if xa else "committed"] += 1
+    for a in seg.values():
+        a.close()
+    redo.close()
+    cp = Checkpoint(Position(redo.file_no, redo.size), b"", time.time())
+    write_checkpoints(txdir, [cp], 0, os.fsync, fsync_dir)
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    return {
+        "transactions": txs,
+        "messages_in_partitions": n_msgs,
+        "txlog_records": n_records,
+        "outcomes": outcomes,
+        "bytes": size,
+        "segment_files": sum(1 for _ in root.glob("*-*/*.meta")),
+        "redo_files": redo.file_no + 1,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def run_audit(data: Path, master: str, out: Path, driver_memory: str) -> dict[str, Any]:
+    """Audit ``data`` in this process; returns timings (called in a child process)."""
+    t0 = time.perf_counter()
+    from notify.audit import audit, new_session
+    from notify.audit.report import write_outputs
+
+    spark = new_session(master, driver_memory=driver_memory)
+    t1 = time.perf_counter()
+    result = audit(spark, txlog=data / "transactions", data=data)
+    counts = result.finding_counts()
+    t2 = time.perf_counter()
+    summary = write_outputs(result, out, counts=counts)
+    t3 = time.perf_counter()
+    rows = sum(summary["txlog_records"].values()) + summary["partition_messages"]
+    spark.stop()
+    return {
+        "master": master,
+        "session_s": round(t1 - t0, 1),
+        "checks_s": round(t2 - t1, 1),
+        "outputs_s": round(t3 - t2, 1),
+        "audit_s": round(t3 - t1, 1),
+        "rows": rows,
+        "rows_per_s": round(rows / (t3 - t1)),
+        "findings": counts,
+        "transactions": sum(v["transactions"] for v in summary["transactions"].values()),
+    }
+
+
+def audit_in_child(data: Path, master: str, out: Path, driver_memory: str) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(data),
+        "--master",
+        master,
+        "--out",
+        str(out),
+        "--driver-memory",
+        driver_memory,
+    ]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        raise SystemExit(f"audit child failed ({p.returncode}):\n{p.stderr[-4000:]}")
+    res: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    res["process_s"] = round(time.perf_counter() - t0, 1)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--txs", type=int, default=1_000_000)
+    ap.add_argument("--scale-txs", type=int, default=100_000)
+    ap.add_argument("--no-scaling", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="100k transactions, scaling on 20k")
+    ap.add_argument("--dir", default=None, help="where to generate (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated files")
+    ap.add_argument("--driver-memory", default="3g")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        res = run_audit(Path(args.child), args.master, Path(args.out), args.driver_memory)
+        print(json.dumps(res))
+        return
+    from notify.audit.session import spark_missing
+
+    why = spark_missing()
+    if why:
+        raise SystemExit(f"audit_bench: {why}")
+    if args.quick:
+        args.txs, args.scale_txs = 100_000, 20_000
+    work = Path(tempfile.mkdtemp(prefix="notify-auditbench-", dir=args.dir))
+    try:
+        print(f"generating {args.txs:,} transactions in {work} ...", flush=True)
+        gen = generate(work / "big", args.txs)
+        print(json.dumps(gen), flush=True)
+        big = audit_in_child(work / "big", "local[2]", work / "out-big", args.driver_memory)
+        print(json.dumps(big), flush=True)
+        rows = [("full", gen, big)]
+        if not args.no_scaling:
+            small = generate(work / "small", args.scale_txs)
+            for master in ("local[1]", "local[2]"):
+                r = audit_in_child(
+                    work / "small", master, work / f"out-{master[6]}", args.driver_memory
+                )
+                print(json.dumps(r), flush=True)
+                rows.append((f"scaling {master}", small, r))
+        print()
+        print(
+            f"{'run':<20}{'txs':>11}{'messages':>12}{'rows':>12}{'session s':>11}"
+            f"{'audit s':>9}{'rows/s':>10}{'findings':>10}"
+        )
+        for name, g, r in rows:
+            print(
+                f"{name:<20}{g['transactions']:>11,}{g['messages_in_partitions']:>12,}"
+                f"{r['rows']:>12,}{r['session_s']:>11}{r['audit_s']:>9}{r['rows_per_s']:>10,}"
+                f"{sum(r['findings'].values()):>10}"
+            )
+        if not args.no_scaling:
+            one, two = rows[1][2]["audit_s"], rows[2][2]["audit_s"]
+            print(f"local[1] -> local[2] speedup on {args.scale_txs:,} txs: {one / two:.2f}x")
+        if any(r["findings"] for _n, _g, r in rows):
+            raise SystemExit("the generated logs are consistent: the audit must find nothing")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

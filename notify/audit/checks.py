@@ -1,0 +1,913 @@
+"""The audit itself: Spark DataFrames over the redo log and the partitions, and the findings.
+
+Transactions are the redo records grouped by key. A key may be reused once its transaction
+ended, so each run of records from an APPEND_MSG that follows a final record (APPLIED,
+ROLLBACK, HEURISTIC, FORGET) to the next such record is one *incarnation* (``inc``). Outcome:
+``committed`` (COMMIT or APPLIED), ``rolled_back``, ``heuristic_commit``/``heuristic_rollback``,
+``prepared`` (PREPARE and nothing after), ``active`` (messages only), ``unknown``.
+
+Checks (``check``: ``severity``):
+
+* ``committed_missing``: violation. A message of a committed transaction (its id from
+  APPEND_MSG) is not in the partition it was put to; with APPLIED, in the byte range the
+  placement names, else at or after the COMMIT hint. Not reported when that range lies below
+  the partition's oldest segment (retention deleted it).
+* ``committed_duplicate``: violation, the message is in its partition more than once.
+* ``committed_misplaced``: violation, found once but outside the placement's byte range
+  (or before the COMMIT hint when APPLIED is missing).
+* ``committed_checksum_differs``: violation, the partition's record under that id has another
+  checksum than the one logged at put time (other bytes under the same id).
+* ``uncommitted_visible``: violation, a message of a rolled-back, heuristically rolled-back,
+  prepared or unfinished transaction is in any partition.
+* ``checksum_mismatch``: violation, a record's payload does not match its stored CRC.
+* ``segment_corrupt`` (violation) / ``segment_torn_tail`` (warning, newest segment of a
+  partition only): a segment's framing breaks before its end.
+* ``txlog_corrupt`` (violation) / ``txlog_torn_tail`` (warning, newest redo file) /
+  ``txlog_undecodable`` (violation) / ``checkpoint_damaged`` (warning).
+* ``stuck_prepared``: violation, prepared and undecided for longer than the timeout
+  (``tx_timeout_s``, else the timeout logged with PREPARE); ``detail`` gives the age.
+* with a coordinator log, ``heuristic_mismatch`` (violation): the coordinator's decision and
+  the broker's outcome differ (commit vs rolled back, rollback vs committed, a commit with no
+  decision when the log is complete enough to presume abort, a branch still prepared after
+  the coordinator ended phase 2, a decision for a branch never prepared), ``decision_unknown``
+  (warning, committed but the log no longer covers it), ``coordinator_heuristic`` (warning, an
+  unacknowledged heuristic report in the coordinator's log).
+
+Plain (non-transactional) messages are never violations by themselves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from notify.audit import formats
+from notify.audit.coordinator import CoordinatorLog, read_coordinator_log
+from notify.audit.sources import LOG_FORMAT, TXLOG_FORMAT, register_sources
+
+__all__ = [
+    "FINDING_COLUMNS",
+    "SEVERITY",
+    "AuditResult",
+    "audit",
+]
+
+HOUR_MS: Final = 3_600_000
+TX_KINDS: Final = ("APPEND_MSG", "PREPARE", "COMMIT", "ROLLBACK", "APPLIED", "HEURISTIC", "FORGET")
+FINAL_KINDS: Final = ("APPLIED", "ROLLBACK", "HEURISTIC", "FORGET")
+UNCOMMITTED: Final = ("rolled_back", "heuristic_rollback", "prepared", "active")
+
+#: severity of every check
+SEVERITY: Final[dict[str, str]] = {
+    "committed_missing": "violation",
+    "committed_duplicate": "violation",
+    "committed_misplaced": "violation",
+    "committed_checksum_differs": "violation",
+    "uncommitted_visible": "violation",
+    "checksum_mismatch": "violation",
+    "segment_corrupt": "violation",
+    "segment_torn_tail": "warning",
+    "txlog_corrupt": "violation",
+    "txlog_torn_tail": "warning",
+    "txlog_undecodable": "violation",
+    "checkpoint_damaged": "warning",
+    "stuck_prepared": "violation",
+    "heuristic_mismatch": "violation",
+    "decision_unknown": "warning",
+    "coordinator_heuristic": "warning",
+    "coordinator_log_corrupt": "warning",
+}
+
+FINDING_COLUMNS: Final[list[tuple[str, Any]]] = [
+    ("check", StringType()),
+    ("severity", StringType()),
+    ("tx_key", StringType()),
+    ("topic", StringType()),
+    ("partition", IntegerType()),
+    ("offset", LongType()),
+    ("msg_id", LongType()),
+    ("file", StringType()),
+    ("position", LongType()),
+    ("detail", StringType()),
+]
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class AuditResult:
+    """The audit's DataFrames (lazy until used; the inputs are cached).
+
+    ``findings``: FINDING_COLUMNS, one row per problem. ``transactions``: one row per
+    transaction incarnation. ``messages``: one row per message of a transaction, where it was
+    expected and where it was found. ``stuck_prepared``: prepared transactions past their
+    timeout with their age. ``coordinator``: broker XA branches of the coordinator with its
+    decision (None without a coordinator log). ``topic_hours`` / ``tx_hours``: counts per
+    topic and hour (message-id time) and per hour and outcome. ``txlog``/``log``: the cached
+    input rows (all but the columns rebuilt from numbers: file, type, crc, size, offset of the
+    redo rows; file, flag, attribute of the messages).
+    """
+
+    findings: DataFrame
+    transactions: DataFrame
+    messages: DataFrame
+    stuck_prepared: DataFrame
+    coordinator: DataFrame | None
+    topic_hours: DataFrame
+    tx_hours: DataFrame
+    txlog: DataFrame
+    log: DataFrame
+    partitions: DataFrame
+    now_ms: int
+    tx_timeout_s: float | None
+    inputs: dict[str, str | None] = field(default_factory=dict)
+    coordinator_log: CoordinatorLog | None = None
+    _cached: list[DataFrame] = field(default_factory=list, repr=False)
+
+    def finding_counts(self) -> dict[str, int]:
+        """``{check: rows}`` of the findings (checks with no row are left out)."""
+        return {
+            r["check"]: int(r["count"]) for r in self.findings.groupBy("check").count().collect()
+        }
+
+    def violations(self, counts: dict[str, int] | None = None) -> int:
+        """Number of findings whose severity is ``violation``."""
+        counts = self.finding_counts() if counts is None else counts
+        return sum(n for c, n in counts.items() if SEVERITY.get(c) == "violation")
+
+    def unpersist(self) -> None:
+        """Drop the cached inputs."""
+        for df in self._cached:
+            df.unpersist()
+        self._cached.clear()
+
+
+def _lit(v: Any, t: Any) -> Column:
+    return F.lit(v).cast(t)
+
+
+def _findings(df: DataFrame, check: str, **cols: Column) -> DataFrame:
+    out = [F.lit(check).alias("check"), F.lit(SEVERITY[check]).alias("severity")]
+    for name, t in FINDING_COLUMNS[2:]:
+        c = cols.get(name)
+        out.append((c if c is not None else _lit(None, t)).cast(t).alias(name))
+    return df.select(*out)
+
+
+def _empty_findings(spark: SparkSession) -> DataFrame:
+    schema = StructType([StructField(n, t) for n, t in FINDING_COLUMNS])
+    return spark.createDataFrame([], schema)
+
+
+def _union(dfs: list[DataFrame]) -> DataFrame:
+    out = dfs[0]
+    for df in dfs[1:]:
+        out = out.unionByName(df)
+    return out
+
+
+def _partition_table(spark: SparkSession, data: str) -> DataFrame:
+    """Partitions on disk from a driver-side listing: first offset, end and newest file."""
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for seg in formats.find_segments(data):
+        k = (seg.topic, seg.partition)
+        r = rows.setdefault(
+            k,
+            {
+                "topic": seg.topic,
+                "partition": seg.partition,
+                "min_offset": seg.start,
+                "end_offset": 0,
+                "segments": 0,
+                "bytes": 0,
+                "last_start": seg.start,
+            },
+        )
+        r["min_offset"] = min(r["min_offset"], seg.start)
+        r["end_offset"] = max(r["end_offset"], seg.start + seg.size)
+        r["segments"] += 1
+        r["bytes"] += seg.size
+        if seg.last:
+            r["last_start"] = seg.start
+    schema = StructType(
+        [
+            StructField("topic", StringType()),
+            StructField("partition", IntegerType()),
+            StructField("min_offset", LongType()),
+            StructField("end_offset", LongType()),
+            StructField("segments", IntegerType()),
+            StructField("bytes", LongType()),
+            StructField("last_start", LongType()),
+        ]
+    )
+    return spark.createDataFrame(
+        [tuple(r[f.name] for f in schema.fields) for r in rows.values()], schema
+    )
+
+
+def audit(
+    spark: SparkSession,
+    txlog: str | Path,
+    data: str | Path,
+    coordinator_log: str | Path | None = None,
+    tx_timeout_s: float | None = None,
+    now_ms: int | None = None,
+    progress: Progress | None = None,
+    cache: bool = True,
+) -> AuditResult:
+    """Audit a broker's committed transactions against its partitions.
+
+    ``txlog``: the redo log directory (or the dataLogPath/dataPath holding ``transactions``);
+    ``data``: the broker's dataPath; ``coordinator_log``: an XA coordinator's decision log;
+    ``tx_timeout_s``: how long a transaction may stay prepared (default: the timeout logged
+    with its PREPARE); ``now_ms``: the audit's clock (default: now). Returns lazy DataFrames
+    over cached inputs; nothing is computed until they are used.
+    """
+    say = progress or (lambda _m: None)
+    now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+    register_sources(spark)
+    txlog_s, data_s = str(txlog), str(data)
+    cached: list[DataFrame] = []
+
+    def keep(df: DataFrame) -> DataFrame:
+        if cache:
+            df = df.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(df)
+        return df
+
+    say("listing files")
+    txlog_dir = formats.txlog_dir(txlog_s)
+    redo_files = formats.find_txlog_files(txlog_dir, checkpoint=False)
+    newest_redo = max((f.file_no for f in redo_files), default=-1)
+    parts = _partition_table(spark, data_s)
+
+    # raw rows (lazy), and the columns the checks use, cached: file names are rebuilt from
+    # numbers rather than cached once per row
+    txlog_raw = spark.read.format(TXLOG_FORMAT).load(str(txlog_dir))
+    log_raw = spark.read.format(LOG_FORMAT).load(data_s)
+    T = keep(txlog_raw.drop("file", "type", "crc", "size", "offset"))
+    M = keep(
+        log_raw.select(
+            "topic",
+            "partition",
+            "segment_start",
+            "offset",
+            "msg_id",
+            "checksum",
+            "checksum_ok",
+            "size",
+            "time_ms",
+            "error",
+        )
+    )
+    redo_file = F.when(
+        F.col("file_no") >= 0,
+        F.concat(F.lit(str(txlog_dir) + "/redo."), F.col("file_no").cast("string")),
+    ).otherwise(F.lit(str(txlog_dir) + "/checkpoint"))
+    seg_file = F.format_string(
+        "%s/%s-%d/%020d.meta",
+        F.lit(str(Path(data_s))),
+        F.col("topic"),
+        F.col("partition"),
+        F.col("segment_start"),
+    )
+
+    # ---------------------------------------------------------------- transactions
+    # incarnations: an APPEND_MSG right after a final record starts a new one
+    by_key = Window.partitionBy("tx_key").orderBy("file_no", "position")
+    t1 = (
+        T.filter(F.col("kind").isin(*TX_KINDS) & F.col("tx_key").isNotNull())
+        .select(
+            "tx_key",
+            "file_no",
+            "position",
+            "kind",
+            "time_ms",
+            "topic",
+            "partition",
+            "msg_count",
+            "msg_ids",
+            "checksums",
+            "sizes",
+            "placements",
+            "hints",
+            "timeout_s",
+            "producer_group",
+            "reason",
+            "outcome",
+        )
+        .withColumn(
+            "_start",
+            F.when(
+                (F.col("kind") == "APPEND_MSG") & F.lag("kind").over(by_key).isin(*FINAL_KINDS),
+                1,
+            ).otherwise(0),
+        )
+        .withColumn(
+            "inc",
+            F.sum("_start").over(by_key.rowsBetween(Window.unboundedPreceding, 0)).cast("int"),
+        )
+    )
+
+    def when_kind(kind: str, c: str | Column) -> Column:
+        return F.when(F.col("kind") == kind, F.col(c) if isinstance(c, str) else c)
+
+    def has(kind: str) -> Column:
+        return F.coalesce(F.max(F.col("kind") == kind), F.lit(False))
+
+    sizes_sum = F.aggregate("sizes", F.lit(0).cast("long"), lambda a, x: a + x)
+    # one row per transaction incarnation (t1 is already partitioned by tx_key: no shuffle)
+    agg = t1.groupBy("tx_key", "inc").agg(
+        has("COMMIT").alias("has_commit"),
+        has("APPLIED").alias("has_applied"),
+        has("ROLLBACK").alias("has_rollback"),
+        has("PREPARE").alias("has_prepare"),
+        has("APPEND_MSG").alias("has_append"),
+        F.max(when_kind("HEURISTIC", "outcome")).alias("heuristic"),
+        F.collect_list(
+            when_kind(
+                "APPEND_MSG",
+                F.struct(
+                    "topic", "partition", "file_no", "position", "msg_ids", "checksums", "sizes"
+                ),
+            )
+        ).alias("appends"),
+        F.flatten(F.collect_list("placements")).alias("placements_all"),
+        F.flatten(F.collect_list("hints")).alias("hints_all"),
+        F.min(F.struct("file_no", "position")).alias("_first"),
+        F.min(when_kind("APPEND_MSG", "time_ms")).alias("first_msg_ms"),
+        F.max(when_kind("PREPARE", "time_ms")).alias("prepared_at_ms"),
+        F.max(when_kind("PREPARE", "timeout_s")).alias("timeout_s"),
+        F.max(when_kind("PREPARE", "producer_group")).alias("producer_group"),
+        F.max(when_kind("COMMIT", "time_ms")).alias("committed_at_ms"),
+        F.max(when_kind("ROLLBACK", "reason")).alias("rollback_reason"),
+        F.coalesce(F.sum(when_kind("APPEND_MSG", F.size("msg_ids"))), F.lit(0))
+        .cast("long")
+        .alias("n_ids"),
+        F.coalesce(F.sum(when_kind("APPEND_MSG", "msg_count")), F.lit(0))
+        .cast("long")
+        .alias("messages"),
+        F.coalesce(F.sum(when_kind("APPEND_MSG", sizes_sum)), F.lit(0)).cast("long").alias("bytes"),
+        F.count_distinct(when_kind("APPEND_MSG", F.concat_ws("-", "topic", "partition"))).alias(
+            "partitions"
+        ),
+        F.count("*").alias("records"),
+    )
+    outcome = (
+        F.when(F.col("has_commit") | F.col("has_applied"), "committed")
+        .when(F.col("has_rollback"), "rolled_back")
+        .when(F.col("heuristic") == "commit", "heuristic_commit")
+        .when(F.col("heuristic") == "rollback", "heuristic_rollback")
+        .when(F.col("has_prepare"), "prepared")
+        .when(F.col("has_append"), "active")
+        .otherwise("unknown")
+    )
+    placed_count = F.aggregate(
+        "placements_all", F.lit(0).cast("long"), lambda acc, p: acc + p["count"].cast("long")
+    )
+    txfull = keep(
+        agg.withColumn("outcome", outcome)
+        .withColumn(
+            "history_complete",
+            F.col("has_append") & (~F.col("has_applied") | (F.col("n_ids") == placed_count)),
+        )
+        .withColumn("first_file_no", F.col("_first.file_no"))
+        .withColumn("first_position", F.col("_first.position"))
+        .drop("_first")
+        .withColumn("xa", F.col("tx_key").startswith("XID:"))
+        .withColumn("duration_ms", F.col("committed_at_ms") - F.col("first_msg_ms"))
+        .withColumn("in_doubt_ms", F.col("committed_at_ms") - F.col("prepared_at_ms"))
+        .withColumn("decided_at_ms", F.coalesce(F.col("committed_at_ms"), F.col("prepared_at_ms")))
+    )
+    tx = txfull.drop("appends", "placements_all", "hints_all")
+
+    # ---------------------------------------------------------------- expected messages
+    say("matching transaction messages")
+
+    def same_part(x: Column) -> Column:
+        return (x["topic"] == F.col("topic")) & (x["partition"] == F.col("partition"))
+
+    # one row per APPEND_MSG of a checkable transaction, with its partition's placement,
+    # hint and total bytes, then one row per message
+    E = (
+        txfull.filter(F.col("history_complete") & F.col("outcome").isin("committed", *UNCOMMITTED))
+        .select(
+            "tx_key",
+            "inc",
+            F.col("outcome").alias("tx_outcome"),
+            "has_applied",
+            "placements_all",
+            "hints_all",
+            "appends",
+            F.explode("appends").alias("a"),
+        )
+        .select(
+            "tx_key",
+            "inc",
+            "tx_outcome",
+            "has_applied",
+            "placements_all",
+            "hints_all",
+            "appends",
+            "a.*",
+        )
+        .withColumn(
+            "total",
+            F.aggregate(
+                F.filter("appends", same_part),
+                F.lit(0).cast("long"),
+                lambda acc, x: (
+                    acc + F.aggregate(x["sizes"], F.lit(0).cast("long"), lambda a, y: a + y)
+                ),
+            ),
+        )
+        .withColumn("_pl", F.try_element_at(F.filter("placements_all", same_part), F.lit(1)))
+        .withColumn("hint", F.try_element_at(F.filter("hints_all", same_part), F.lit(1))["hint"])
+        .withColumn("exp_end", F.col("_pl.offset") + F.col("_pl.bytes"))
+        .withColumn("exp_start", F.col("exp_end") - F.col("total"))
+        .select(
+            "tx_key",
+            "inc",
+            "tx_outcome",
+            "has_applied",
+            "topic",
+            "partition",
+            "file_no",
+            "position",
+            "hint",
+            "exp_start",
+            "exp_end",
+            F.posexplode(F.arrays_zip("msg_ids", "checksums", "sizes")).alias("idx", "z"),
+        )
+        .select(
+            "*",
+            F.col("z.msg_ids").alias("msg_id"),
+            F.col("z.checksums").alias("checksum"),
+            F.col("z.sizes").alias("size"),
+        )
+        .drop("z")
+    )
+    A = M.filter(F.col("msg_id").isNotNull()).select(
+        F.col("msg_id"),
+        F.col("topic").alias("a_topic"),
+        F.col("partition").alias("a_partition"),
+        F.col("offset").alias("a_offset"),
+        F.col("checksum").alias("a_checksum"),
+    )
+    here = (F.col("a_topic") == F.col("topic")) & (F.col("a_partition") == F.col("partition"))
+    carried = [
+        "tx_outcome",
+        "topic",
+        "partition",
+        "checksum",
+        "size",
+        "file_no",
+        "position",
+        "has_applied",
+        "hint",
+        "exp_start",
+        "exp_end",
+        "idx",
+    ]
+    messages = keep(
+        E.join(A, "msg_id", "left")
+        .groupBy("msg_id", "tx_key", "inc")
+        .agg(
+            *[F.first(c).alias(c) for c in carried],
+            F.count(F.when(here, 1)).alias("n_here"),
+            F.count("a_offset").alias("n_any"),
+            F.min(F.when(here, F.col("a_offset"))).alias("found_offset"),
+            F.max(F.when(here, F.col("a_checksum"))).alias("found_checksum"),
+            F.min(
+                F.when(F.col("a_offset").isNotNull(), F.concat_ws("-", "a_topic", "a_partition"))
+            ).alias("found_in"),
+        )
+        .join(
+            F.broadcast(parts.select("topic", "partition", "min_offset")),
+            ["topic", "partition"],
+            "left",
+        )
+    )
+
+    # ---------------------------------------------------------------- findings
+    say("collecting findings")
+    committed = messages.filter(F.col("tx_outcome") == "committed")
+    lower = F.when(
+        F.col("has_applied") & F.col("exp_start").isNotNull(), F.col("exp_start")
+    ).otherwise(F.col("hint"))
+    expired = F.col("min_offset").isNotNull() & lower.isNotNull() & (lower < F.col("min_offset"))
+    where = F.concat(
+        F.lit("expected "),
+        F.when(
+            F.col("has_applied") & F.col("exp_start").isNotNull(),
+            F.concat(F.lit("in ["), F.col("exp_start"), F.lit(", "), F.col("exp_end"), F.lit(")")),
+        ).otherwise(
+            F.concat(
+                F.lit("at or after COMMIT hint "),
+                F.coalesce(F.col("hint").cast("string"), F.lit("?")),
+            )
+        ),
+    )
+    misplaced = F.when(
+        F.col("has_applied") & F.col("exp_start").isNotNull(),
+        (F.col("found_offset") < F.col("exp_start")) | (F.col("found_offset") >= F.col("exp_end")),
+    ).otherwise(F.col("hint").isNotNull() & (F.col("found_offset") < F.col("hint")))
+    common: dict[str, Column] = {
+        "tx_key": F.col("tx_key"),
+        "topic": F.col("topic"),
+        "partition": F.col("partition"),
+        "msg_id": F.col("msg_id"),
+        "file": F.lit(None),
+        "position": F.col("position"),
+    }
+    f_list: list[DataFrame] = [
+        _findings(
+            committed.filter((F.col("n_here") == 0) & ~expired),
+            "committed_missing",
+            **common,
+            offset=lower,
+            detail=F.concat(
+                F.lit("committed message not in its partition; "),
+                where,
+                F.when(
+                    F.col("n_any") > 0, F.concat(F.lit("; found in "), F.col("found_in"))
+                ).otherwise(F.lit("")),
+            ),
+        ),
+        _findings(
+            committed.filter(F.col("n_here") > 1),
+            "committed_duplicate",
+            **common,
+            offset=F.col("found_offset"),
+            detail=F.concat(
+                F.lit("committed message present "), F.col("n_here"), F.lit(" times; "), where
+            ),
+        ),
+        _findings(
+            committed.filter((F.col("n_here") == 1) & misplaced),
+            "committed_misplaced",
+            **common,
+            offset=F.col("found_offset"),
+            detail=F.concat(F.lit("found at "), F.col("found_offset"), F.lit("; "), where),
+        ),
+        _findings(
+            committed.filter(
+                (F.col("n_here") >= 1) & (F.col("found_checksum") != F.col("checksum"))
+            ),
+            "committed_checksum_differs",
+            **common,
+            offset=F.col("found_offset"),
+            detail=F.concat(
+                F.lit("partition record has checksum "),
+                F.col("found_checksum"),
+                F.lit(", the transaction log "),
+                F.col("checksum"),
+            ),
+        ),
+    ]
+    # uncommitted_visible: one finding per copy, where it was found
+    visible = (
+        messages.filter(F.col("tx_outcome").isin(*UNCOMMITTED) & (F.col("n_any") > 0))
+        .select(
+            "msg_id",
+            "tx_key",
+            "tx_outcome",
+            "position",
+            F.col("topic").alias("put_topic"),
+            F.col("partition").alias("put_partition"),
+        )
+        .join(A, "msg_id")
+    )
+    f_list.append(
+        _findings(
+            visible,
+            "uncommitted_visible",
+            tx_key=F.col("tx_key"),
+            topic=F.col("a_topic"),
+            partition=F.col("a_partition"),
+            offset=F.col("a_offset"),
+            msg_id=F.col("msg_id"),
+            position=F.col("position"),
+            detail=F.concat(
+                F.lit("message of a "),
+                F.col("tx_outcome"),
+                F.lit(" transaction is visible (put to "),
+                F.col("put_topic"),
+                F.lit("-"),
+                F.col("put_partition"),
+                F.lit(")"),
+            ),
+        )
+    )
+
+    bad = M.filter(F.col("msg_id").isNotNull() & ~F.col("checksum_ok"))
+    f_list.append(
+        _findings(
+            bad,
+            "checksum_mismatch",
+            topic=F.col("topic"),
+            partition=F.col("partition"),
+            offset=F.col("offset"),
+            msg_id=F.col("msg_id"),
+            file=seg_file,
+            position=F.col("offset") - F.col("segment_start"),
+            detail=F.concat(
+                F.lit("payload CRC does not match the stored checksum "), F.col("checksum")
+            ),
+        )
+    )
+    seg_err = M.filter(F.col("error").isNotNull()).join(
+        F.broadcast(parts.select("topic", "partition", "last_start")),
+        ["topic", "partition"],
+        "left",
+    )
+    for check, cond in (
+        ("segment_torn_tail", F.col("segment_start") == F.col("last_start")),
+        (
+            "segment_corrupt",
+            (F.col("segment_start") != F.col("last_start")) | F.col("last_start").isNull(),
+        ),
+    ):
+        f_list.append(
+            _findings(
+                seg_err.filter(cond),
+                check,
+                topic=F.col("topic"),
+                partition=F.col("partition"),
+                offset=F.col("offset"),
+                file=seg_file,
+                position=F.col("offset") - F.col("segment_start"),
+                detail=F.col("error"),
+            )
+        )
+    corrupt = T.filter(F.col("kind") == "CORRUPT")
+    for check, cond in (
+        ("checkpoint_damaged", F.col("file_no") < 0),
+        ("txlog_torn_tail", F.col("file_no") == newest_redo),
+        ("txlog_corrupt", (F.col("file_no") >= 0) & (F.col("file_no") != newest_redo)),
+    ):
+        f_list.append(
+            _findings(
+                corrupt.filter(cond),
+                check,
+                file=redo_file,
+                position=F.col("position"),
+                detail=F.col("error"),
+            )
+        )
+    f_list.append(
+        _findings(
+            T.filter((F.col("kind") != "CORRUPT") & F.col("error").isNotNull()),
+            "txlog_undecodable",
+            tx_key=F.col("tx_key"),
+            file=redo_file,
+            position=F.col("position"),
+            detail=F.col("error"),
+        )
+    )
+
+    # stuck in doubt
+    limit_s = (
+        F.lit(float(tx_timeout_s))
+        if tx_timeout_s is not None
+        else F.coalesce(F.col("timeout_s").cast("double"), F.lit(0.0))
+    )
+    stuck = (
+        tx.filter(F.col("outcome") == "prepared")
+        .withColumn("age_s", (F.lit(now) - F.col("prepared_at_ms")) / 1000.0)
+        .withColumn("timeout_used_s", limit_s)
+        .filter(F.col("age_s") > F.col("timeout_used_s"))
+        .select(
+            "tx_key",
+            "inc",
+            "xa",
+            "prepared_at_ms",
+            "age_s",
+            "timeout_used_s",
+            "timeout_s",
+            "producer_group",
+            "messages",
+            "bytes",
+            "first_file_no",
+            "first_position",
+        )
+    )
+    f_list.append(
+        _findings(
+            stuck,
+            "stuck_prepared",
+            tx_key=F.col("tx_key"),
+            file=F.concat(F.lit("redo."), F.col("first_file_no")),
+            position=F.col("first_position"),
+            detail=F.concat(
+                F.lit("prepared "),
+                F.format_number(F.col("age_s"), 1),
+                F.lit(" s ago (timeout "),
+                F.format_number(F.col("timeout_used_s"), 1),
+                F.lit(" s), "),
+                F.col("messages"),
+                F.lit(" messages in doubt"),
+            ),
+        )
+    )
+
+    # coordinator
+    coord_df: DataFrame | None = None
+    clog: CoordinatorLog | None = None
+    if coordinator_log is not None:
+        say("reading the coordinator log")
+        clog = read_coordinator_log(coordinator_log)
+        coord_df, coord_findings = _coordinator_checks(spark, clog, tx)
+        f_list.extend(coord_findings)
+
+    findings = keep(_union([_empty_findings(spark), *f_list]))
+
+    # ---------------------------------------------------------------- counts
+    topic_hours = (
+        M.filter(F.col("msg_id").isNotNull())
+        .groupBy("topic", (F.floor(F.col("time_ms") / HOUR_MS) * HOUR_MS).alias("hour_ms"))
+        .agg(F.count("*").alias("messages"), F.sum("size").alias("bytes"))
+    )
+    tx_hours = (
+        tx.withColumn(
+            "hour_ms",
+            F.floor(F.coalesce("decided_at_ms", "first_msg_ms") / HOUR_MS) * HOUR_MS,
+        )
+        .groupBy("hour_ms", "outcome")
+        .agg(F.count("*").alias("transactions"), F.sum("messages").alias("messages"))
+    )
+    return AuditResult(
+        findings=findings,
+        transactions=tx,
+        messages=messages,
+        stuck_prepared=stuck,
+        coordinator=coord_df,
+        topic_hours=topic_hours,
+        tx_hours=tx_hours,
+        txlog=T,
+        log=M,
+        partitions=parts,
+        now_ms=now,
+        tx_timeout_s=tx_timeout_s,
+        inputs={
+            "txlog": str(txlog_dir),
+            "data": data_s,
+            "coordinator_log": None if coordinator_log is None else str(coordinator_log),
+        },
+        coordinator_log=clog,
+        _cached=cached,
+    )
+
+
+_XID_RE: Final = r"^XID:(-?[0-9]+):([0-9a-f]*):([0-9a-f]*):(.*)$"
+
+
+def _coordinator_checks(
+    spark: SparkSession, clog: CoordinatorLog, tx: DataFrame
+) -> tuple[DataFrame, list[DataFrame]]:
+    dec_schema = StructType(
+        [
+            StructField("gtrid_hex", StringType()),
+            StructField("d_format_id", LongType()),
+            StructField("decision", StringType()),
+            StructField("decision_source", StringType()),
+            StructField("coord_decided_at_ms", LongType()),
+            StructField("decided_by", StringType()),
+            StructField("branches", ArrayType(StringType())),
+            StructField("ended", BooleanType()),
+        ]
+    )
+    decisions = spark.createDataFrame(
+        [
+            (
+                d.gtrid_hex,
+                d.format_id,
+                d.outcome,
+                d.source,
+                d.decided_at_ms,
+                d.by,
+                [bq for _n, bq in d.branches],
+                d.ended,
+            )
+            for d in clog.decisions.values()
+        ],
+        dec_schema,
+    )
+    cid = clog.coordinator_id
+    fmt = clog.format_id
+    xa = (
+        tx.filter(F.col("xa"))
+        .withColumn("format_id", F.regexp_extract("tx_key", _XID_RE, 1).try_cast("long"))
+        .withColumn("gtrid_hex", F.regexp_extract("tx_key", _XID_RE, 2))
+        .withColumn("bqual_hex", F.regexp_extract("tx_key", _XID_RE, 3))
+        .withColumn("gtrid", F.decode(F.unhex("gtrid_hex"), "UTF-8"))
+    )
+    if cid is not None:
+        xa = xa.filter(F.col("gtrid").startswith(cid + "-"))
+    if fmt is not None:
+        xa = xa.filter(F.col("format_id") == fmt)
+    joined = xa.join(F.broadcast(decisions), "gtrid_hex", "left")
+    o, d = F.col("outcome"), F.col("decision")
+    committed = o.isin("committed", "heuristic_commit")
+    rolled = o.isin("rolled_back", "heuristic_rollback")
+    reason = (
+        F.when((d == "commit") & rolled, F.lit("coordinator decided commit, broker rolled back"))
+        .when(
+            (d == "rollback") & committed, F.lit("coordinator decided rollback, broker committed")
+        )
+        .when(
+            d.isNull() & committed & F.lit(clog.complete),
+            F.lit("broker committed without a coordinator decision (presumed abort)"),
+        )
+        .when(
+            (d == "commit") & (o == "prepared") & F.col("ended"),
+            F.lit("coordinator ended phase 2 but the branch is still prepared"),
+        )
+        .when(
+            d.isNotNull() & (o == "active"),
+            F.concat(F.lit("coordinator decided "), d, F.lit(" for a branch never prepared")),
+        )
+    )
+    table = joined.withColumn("mismatch", reason).select(
+        "tx_key",
+        "inc",
+        "gtrid",
+        "gtrid_hex",
+        "bqual_hex",
+        "format_id",
+        "outcome",
+        "decision",
+        "decision_source",
+        "coord_decided_at_ms",
+        "decided_by",
+        "ended",
+        "mismatch",
+        "first_file_no",
+        "first_position",
+    )
+    common = {
+        "tx_key": F.col("tx_key"),
+        "file": F.concat(F.lit("redo."), F.col("first_file_no")),
+        "position": F.col("first_position"),
+    }
+    out = [
+        _findings(
+            table.filter(F.col("mismatch").isNotNull()),
+            "heuristic_mismatch",
+            **common,
+            detail=F.col("mismatch"),
+        ),
+        _findings(
+            table.filter(d.isNull() & committed & ~F.lit(clog.complete)),
+            "decision_unknown",
+            **common,
+            detail=F.lit("broker committed; the coordinator log no longer covers this decision"),
+        ),
+    ]
+    heur = [h for h in clog.heuristics if not h.acknowledged]
+    if heur:
+        hdf = spark.createDataFrame(
+            [
+                (
+                    f"{h.name}: {h.kind} (decision {h.decided}) gtrid {h.gtrid_hex}: {h.message}",
+                    h.at_ms,
+                )
+                for h in heur
+            ],
+            "detail string, at_ms long",
+        )
+        out.append(
+            _findings(
+                hdf,
+                "coordinator_heuristic",
+                file=F.lit(clog.path),
+                position=F.col("at_ms"),
+                detail=F.col("detail"),
+            )
+        )
+    for e in clog.errors:
+        out.append(
+            _findings(
+                spark.createDataFrame([(e,)], "detail string"),
+                "coordinator_log_corrupt",
+                file=F.lit(clog.path),
+                detail=F.concat(F.lit("unreadable coordinator log record: "), F.col("detail")),
+            )
+        )
+    return table, out

@@ -1,0 +1,787 @@
+"""Readers of the broker's files as columns: no Spark here, only bytes to Python lists.
+
+Two inputs, each read one file at a time (one Spark input partition per file):
+
+* partition segments ``<dataPath>/<topic>-<partition>/<20-digit start>.meta`` (layout in
+  :mod:`notify.codec.records`): one row per record. A record whose payload CRC does not match
+  its header keeps its row (``checksum_ok`` false) as long as its length is sane; where the
+  framing itself breaks (negative length, a length past the end of the file, a zero-filled
+  area) one row with ``error`` set and no ``msg_id`` ends the file.
+* redo transaction logs ``<dir>/redo.<N>`` (frames of :mod:`txlog.records`, bodies of
+  :mod:`notify.tx.logrecords`) and the ``checkpoint`` file: one row per frame; a frame that
+  cannot be read ends its file with a ``CORRUPT`` row.
+
+Times: PREPARE and COMMIT carry their own time; APPEND_MSG gets the time encoded in its first
+message id (:func:`notify.broker.idgen.split_id`), and so does every partition record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
+from notify.codec.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
+from notify.store.segment import NAME_DIGITS, SUFFIX, parse_segment_name
+from notify.tx import logrecords as lr
+from txlog.checkpoint import CHECKPOINT_FILE, read_checkpoints
+from txlog.records import DEFAULT_MAX_RECORD_BYTES, CorruptReason
+from txlog.segment import list_segments, segment_path
+
+__all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "KINDS",
+    "LOG_COLUMNS",
+    "TXLOG_COLUMNS",
+    "SegmentFile",
+    "TxlogColumns",
+    "TxlogFile",
+    "find_segments",
+    "find_txlog_files",
+    "id_time_ms",
+    "read_segment",
+    "read_txlog_file",
+]
+
+_ID_SHIFT: Final = BROKER_BITS + SEQ_BITS
+_CRC_MASK: Final = 0x7FFFFFFF
+_ATTR_LEN = struct.Struct(">i")
+_PART_DIR: Final = re.compile(r"(.+)-(0|[1-9][0-9]*)")
+#: Bytes read from a segment at a time (records never span segment files).
+CHUNK: Final = 16 * 2**20
+#: Rows handed to Spark per Arrow batch.
+BATCH_ROWS: Final = 32_768
+
+KINDS: Final[dict[int, str]] = {
+    lr.APPEND_MSG: "APPEND_MSG",
+    lr.PREPARE: "PREPARE",
+    lr.COMMIT: "COMMIT",
+    lr.ROLLBACK: "ROLLBACK",
+    lr.FORGET: "FORGET",
+    lr.APPLIED: "APPLIED",
+    lr.HEURISTIC: "HEURISTIC",
+}
+
+
+def id_time_ms(msg_id: int) -> int:
+    """Unix milliseconds a broker message id was made at."""
+    return (msg_id >> _ID_SHIFT) + EPOCH_MS
+
+
+# ---------------------------------------------------------------------------- segments
+
+#: (name, Spark SQL type) of the ``notify-log`` rows; ``payload`` only with the option.
+LOG_COLUMNS: Final[list[tuple[str, str]]] = [
+    ("topic", "string"),
+    ("partition", "int"),
+    ("file", "string"),
+    ("segment_start", "long"),
+    ("offset", "long"),
+    ("msg_id", "long"),
+    ("flag", "int"),
+    ("checksum", "int"),
+    ("checksum_ok", "boolean"),
+    ("attribute", "string"),
+    ("size", "int"),
+    ("time_ms", "long"),
+    ("error", "string"),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    """One segment file of a partition; ``last`` when it is the partition's newest."""
+
+    path: str
+    topic: str
+    partition: int
+    start: int
+    last: bool
+    size: int
+
+
+def find_segments(
+    data_path: str | os.PathLike[str], topics: set[str] | None = None
+) -> list[SegmentFile]:
+    """The segment files under ``data_path``, biggest first (so Spark starts the long tasks
+    first). ``data_path`` may also be one partition directory."""
+    root = Path(data_path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"data directory {root} does not exist")
+    dirs = (
+        [root]
+        if _PART_DIR.fullmatch(root.name) and _has_segments(root)
+        else sorted(p for p in root.iterdir() if p.is_dir() and _PART_DIR.fullmatch(p.name))
+    )
+    out: list[SegmentFile] = []
+    for d in dirs:
+        m = _PART_DIR.fullmatch(d.name)
+        assert m is not None
+        topic, partition = m.group(1), int(m.group(2))
+        if topics is not None and topic not in topics:
+            continue
+        starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(d)) if s is not None)
+        for i, s in enumerate(starts):
+            p = d / f"{s:0{NAME_DIGITS}d}{SUFFIX}"
+            out.append(
+                SegmentFile(str(p), topic, partition, s, i == len(starts) - 1, p.stat().st_size)
+            )
+    out.sort(key=lambda f: (-f.size, f.path))
+    return out
+
+
+def _has_segments(d: Path) -> bool:
+    return any(parse_segment_name(n) is not None for n in os.listdir(d))
+
+
+def _new_cols(names: list[str]) -> dict[str, list[Any]]:
+    return {n: [] for n in names}
+
+
+def read_segment(
+    seg: SegmentFile, with_payload: bool = False, batch_rows: int = BATCH_ROWS
+) -> Iterator[dict[str, list[Any]]]:
+    """Rows of one segment file as column lists, ``batch_rows`` rows at a time."""
+    names = [n for n, _ in LOG_COLUMNS] + (["payload"] if with_payload else [])
+    cols = _new_cols(names)
+    c_off, c_id, c_flag, c_crc, c_ok = (
+        cols["offset"],
+        cols["msg_id"],
+        cols["flag"],
+        cols["checksum"],
+        cols["checksum_ok"],
+    )
+    c_attr, c_size, c_time, c_err = cols["attribute"], cols["size"], cols["time_ms"], cols["error"]
+    c_payload = cols.get("payload")
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    rows = 0
+    error: str | None = None
+    error_at = 0
+    with open(seg.path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size
+        base = 0  # file position of buf[0]
+        buf = b""
+        while True:
+            data = f.read(CHUNK)
+            buf = buf + data if buf else data
+            n = len(buf)
+            pos = 0
+            at_eof = not data or base + n >= file_size
+            while n - pos >= HEADER_SIZE:
+                length, crc, mid, flag = unpack(buf, pos)
+                if length < 0:
+                    error = f"bad length {length}"
+                    break
+                if length == 0 and mid == 0 and crc == 0:
+                    error = "zero-filled area"
+                    break
+                end = pos + HEADER_SIZE + length
+                if end > n:
+                    break
+                payload = buf[pos + HEADER_SIZE : end]
+                c_off.append(seg.start + base + pos)
+                c_id.append(mid)
+                c_flag.append(flag)
+                c_crc.append(crc)
+                c_ok.append(crc32(payload) & _CRC_MASK == crc)
+                attr: str | None = None
+                if flag & FLAG_ATTRIBUTE and length >= 4:
+                    (alen,) = _ATTR_LEN.unpack_from(payload, 0)
+                    if 0 <= alen <= length - 4:
+                        attr = payload[4 : 4 + alen].decode("utf-8", "replace")
+                c_attr.append(attr)
+                c_size.append(HEADER_SIZE + length)
+                c_time.append((mid >> _ID_SHIFT) + EPOCH_MS)
+                c_err.append(None)
+                if c_payload is not None:
+                    c_payload.append(payload)
+                rows += 1
+                pos = end
+                if rows >= batch_rows:
+                    yield _finish_segment_batch(cols, seg, rows)
+                    cols = _new_cols(names)
+                    c_off, c_id, c_flag, c_crc, c_ok = (
+                        cols["offset"],
+                        cols["msg_id"],
+                        cols["flag"],
+                        cols["checksum"],
+                        cols["checksum_ok"],
+                    )
+                    c_attr, c_size = cols["attribute"], cols["size"]
+                    c_time, c_err = cols["time_ms"], cols["error"]
+                    c_payload = cols.get("payload")
+                    rows = 0
+            if error is not None:
+                error_at = base + pos
+                break
+            base += pos
+            buf = buf[pos:]
+            if at_eof:
+                if buf:
+                    error = (
+                        "zero-filled area"
+                        if not any(buf)
+                        else (
+                            "incomplete header" if len(buf) < HEADER_SIZE else "incomplete record"
+                        )
+                    )
+                    error_at = base
+                break
+    if error is not None:
+        for name in names:
+            cols[name].append(None)
+        cols["offset"][-1] = seg.start + error_at
+        cols["error"][-1] = f"{error} at file position {error_at}"
+        rows += 1
+    if rows:
+        yield _finish_segment_batch(cols, seg, rows)
+
+
+def _finish_segment_batch(
+    cols: dict[str, list[Any]], seg: SegmentFile, rows: int
+) -> dict[str, list[Any]]:
+    cols["topic"] = [seg.topic] * rows
+    cols["partition"] = [seg.partition] * rows
+    cols["file"] = [seg.path] * rows
+    cols["segment_start"] = [seg.start] * rows
+    return cols
+
+
+# ---------------------------------------------------------------------------- redo logs
+
+#: (name, Spark SQL type) of the ``notify-txlog`` rows.
+TXLOG_COLUMNS: Final[list[tuple[str, str]]] = [
+    ("file", "string"),
+    ("file_no", "long"),
+    ("position", "long"),
+    ("type", "int"),
+    ("kind", "string"),
+    ("tx_key", "string"),
+    ("time_ms", "long"),
+    ("topic", "string"),
+    ("partition", "int"),
+    ("offset", "long"),
+    ("msg_count", "int"),
+    ("msg_ids", "array<long>"),
+    ("checksums", "array<int>"),
+    ("sizes", "array<int>"),
+    ("placements", "array<struct<topic:string,partition:int,offset:long,count:int,bytes:long>>"),
+    ("hints", "array<struct<topic:string,partition:int,hint:long>>"),
+    ("timeout_s", "int"),
+    ("producer_group", "string"),
+    ("reason", "string"),
+    ("outcome", "string"),
+    ("crc", "long"),
+    ("size", "int"),
+    ("error", "string"),
+]
+TXLOG_NAMES: Final = [n for n, _ in TXLOG_COLUMNS]
+_TXLOG_NAME: Final = re.compile(r"redo\.(0|[1-9][0-9]*)")
+
+
+@dataclass(frozen=True, slots=True)
+class TxlogFile:
+    """A ``redo.<N>`` file (``file_no`` N) or the ``checkpoint`` file (``file_no`` -1)."""
+
+    path: str
+    file_no: int
+    last: bool
+    size: int
+
+
+def txlog_dir(path: str | os.PathLike[str]) -> Path:
+    """The directory holding ``redo.<N>``: ``path`` itself or its ``transactions`` child (so
+    a broker's dataLogPath or dataPath works too)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"transaction log directory {p} does not exist")
+    if not list_segments(p) and (p / "transactions").is_dir():
+        return p / "transactions"
+    return p
+
+
+def find_txlog_files(path: str | os.PathLike[str], checkpoint: bool = True) -> list[TxlogFile]:
+    """The redo files (and the checkpoint file) of a transaction log directory."""
+    d = txlog_dir(path)
+    numbers = list_segments(d)
+    out = [
+        TxlogFile(
+            str(segment_path(d, n)), n, i == len(numbers) - 1, segment_path(d, n).stat().st_size
+        )
+        for i, n in enumerate(numbers)
+    ]
+    if checkpoint and (d / CHECKPOINT_FILE).is_file():
+        out.append(
+            TxlogFile(str(d / CHECKPOINT_FILE), -1, False, (d / CHECKPOINT_FILE).stat().st_size)
+        )
+    out.sort(key=lambda f: (-f.size, f.file_no))
+    return out
+
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_II = struct.Struct(">II")
+_FRAME = struct.Struct(">II")
+_PREP = struct.Struct(">qI")
+_I64_U16 = struct.Struct(">qH")
+_HINT = struct.Struct(">Iq")
+_PLACE = struct.Struct(">IqIQ")
+_SCALARS: Final = [
+    n for n, t in TXLOG_COLUMNS if not t.startswith("array") and n not in ("file", "file_no")
+]
+
+
+def _str(b: bytes, p: int) -> tuple[str, int]:
+    (n,) = _U16.unpack_from(b, p)
+    p += 2
+    if p + n > len(b):
+        raise ValueError("string runs past the record")
+    return b[p : p + n].decode("utf-8"), p + n
+
+
+_APPEND_MSG: Final = lr.APPEND_MSG
+_COMMIT: Final = lr.COMMIT
+_APPLIED: Final = lr.APPLIED
+_PREPARE: Final = lr.PREPARE
+_ROLLBACK: Final = lr.ROLLBACK
+_LISTS_OF: Final = {"APPEND_MSG": 0, "APPLIED": 1, "COMMIT": 2}
+
+
+class TxlogColumns:
+    """Rows of one redo file, built for Arrow: one tuple of the scalar columns per row
+    (:data:`_SCALARS` order) and the list columns kept flat (values plus per-row offsets).
+    Layouts of the bodies: :mod:`notify.tx.logrecords`."""
+
+    def __init__(self, f: TxlogFile):
+        self.file = f
+        self.tuples: list[tuple[Any, ...]] = []
+        # msg_ids / checksums / sizes share offsets
+        self.ids: list[int] = []
+        self.crcs: list[int] = []
+        self.sizes: list[int] = []
+        self.ids_off: list[int] = [0]
+        self.pl: tuple[list[str], list[int], list[int], list[int], list[int]] = ([], [], [], [], [])
+        self.pl_off: list[int] = [0]
+        self.h: tuple[list[str], list[int], list[int]] = ([], [], [])
+        self.h_off: list[int] = [0]
+        self.broken: set[int] = set()  # rows whose body could not be decoded
+
+    @property
+    def rows(self) -> int:
+        return len(self.tuples)
+
+    def columns(self) -> dict[str, list[Any]]:
+        """The scalar columns by name."""
+        if not self.tuples:
+            return {n: [] for n in _SCALARS}
+        return {n: list(v) for n, v in zip(_SCALARS, zip(*self.tuples, strict=True), strict=True)}
+
+    def valid(self, which: int) -> list[bool]:
+        """Per row: whether list column group ``which`` (0 messages, 1 placements, 2 hints)
+        is set (its record kind has it and decoded)."""
+        kinds = [t[2] for t in self.tuples]
+        return [_LISTS_OF.get(k) == which and i not in self.broken for i, k in enumerate(kinds)]
+
+    def _end_row(self, row: tuple[Any, ...]) -> None:
+        self.tuples.append(row)
+        self.ids_off.append(len(self.ids))
+        self.pl_off.append(len(self.pl[0]))
+        self.h_off.append(len(self.h[0]))
+
+    def special(
+        self,
+        position: int,
+        kind: str,
+        size: int | None,
+        error: str | None,
+        time_ms: int | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self._end_row(
+            (
+                position,
+                None,
+                kind,
+                None,
+                time_ms,
+                None,
+                partition,
+                offset,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                size,
+                error,
+            )
+        )
+
+    def add(self, position: int, b: bytes, crc: int) -> None:
+        """One intact frame: ``b`` is its type byte and body."""
+        rtype = b[0]
+        size = 8 + len(b)
+        row: tuple[Any, ...]
+        try:
+            key, p = _str(b, 1)
+            if rtype == _APPEND_MSG:
+                topic, p = _str(b, p)
+                part, count = _II.unpack_from(b, p)
+                p += 8
+                n = len(b)
+                ids, crcs, sizes = self.ids, self.crcs, self.sizes
+                unpack = HEADER.unpack_from
+                start = len(ids)
+                while n - p >= HEADER_SIZE:
+                    length, mcrc, mid, _flag = unpack(b, p)
+                    end = p + HEADER_SIZE + length
+                    if length < 0 or end > n:
+                        break
+                    ids.append(mid)
+                    crcs.append(mcrc)
+                    sizes.append(HEADER_SIZE + length)
+                    p = end
+                got = len(ids) - start
+                err = (
+                    None
+                    if got == count and p == n
+                    else f"APPEND_MSG says {count} records but holds {got} whole ones"
+                )
+                t = (ids[start] >> _ID_SHIFT) + EPOCH_MS if got else None
+                row = (
+                    position,
+                    rtype,
+                    "APPEND_MSG",
+                    key,
+                    t,
+                    topic,
+                    part,
+                    None,
+                    count,
+                    None,
+                    None,
+                    None,
+                    None,
+                    crc,
+                    size,
+                    err,
+                )
+            elif rtype == _COMMIT:
+                at, k = _I64_U16.unpack_from(b, p)
+                p += 10
+                ht, hp, hh = self.h
+                for _ in range(k):
+                    topic, p = _str(b, p)
+                    part, hint = _HINT.unpack_from(b, p)
+                    p += 12
+                    ht.append(topic)
+                    hp.append(part)
+                    hh.append(hint)
+                one = k == 1
+                row = (
+                    position,
+                    rtype,
+                    "COMMIT",
+                    key,
+                    at,
+                    ht[-1] if one else None,
+                    hp[-1] if one else None,
+                    hh[-1] if one else None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    crc,
+                    size,
+                    None,
+                )
+            elif rtype == _APPLIED:
+                (k,) = _U16.unpack_from(b, p)
+                p += 2
+                pt, pp, po, pc, pb = self.pl
+                total = 0
+                for _ in range(k):
+                    topic, p = _str(b, p)
+                    part, off, cnt, nbytes = _PLACE.unpack_from(b, p)
+                    p += 24
+                    pt.append(topic)
+                    pp.append(part)
+                    po.append(off)
+                    pc.append(cnt)
+                    pb.append(nbytes)
+                    total += cnt
+                one = k == 1
+                row = (
+                    position,
+                    rtype,
+                    "APPLIED",
+                    key,
+                    None,
+                    pt[-1] if one else None,
+                    pp[-1] if one else None,
+                    po[-1] if one else None,
+                    total,
+                    None,
+                    None,
+                    None,
+                    None,
+                    crc,
+                    size,
+                    None,
+                )
+            elif rtype == _PREPARE:
+                at, timeout = _PREP.unpack_from(b, p)
+                group, p = _str(b, p + 12)
+                row = (
+                    position,
+                    rtype,
+                    "PREPARE",
+                    key,
+                    at,
+                    None,
+                    None,
+                    None,
+                    None,
+                    timeout,
+                    group,
+                    None,
+                    None,
+                    crc,
+                    size,
+                    None,
+                )
+            elif rtype == _ROLLBACK:
+                reason, p = _str(b, p)
+                row = (
+                    position,
+                    rtype,
+                    "ROLLBACK",
+                    key,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    reason,
+                    None,
+                    crc,
+                    size,
+                    None,
+                )
+            elif rtype == lr.HEURISTIC:
+                h = lr.Heuristic.decode(b[1:])
+                row = (
+                    position,
+                    rtype,
+                    "HEURISTIC",
+                    key,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    h.by,
+                    "commit" if h.commit else "rollback",
+                    crc,
+                    size,
+                    None,
+                )
+            else:
+                row = (
+                    position,
+                    rtype,
+                    KINDS.get(rtype) or f"TYPE_{rtype}",
+                    key,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    crc,
+                    size,
+                    None,
+                )
+        except (ValueError, UnicodeDecodeError, struct.error, IndexError) as e:
+            kind = KINDS.get(rtype) or f"TYPE_{rtype}"
+            key2: str | None = None
+            with contextlib.suppress(Exception):
+                key2 = lr.key_of(b[1:])
+            # drop the list values a failed decode may have added
+            del self.ids[self.ids_off[-1] :], self.crcs[self.ids_off[-1] :]
+            del self.sizes[self.ids_off[-1] :]
+            for col in self.pl:
+                del col[self.pl_off[-1] :]
+            for hcol in self.h:
+                del hcol[self.h_off[-1] :]
+            self.broken.add(len(self.tuples))
+            row = (
+                position,
+                rtype,
+                kind,
+                key2,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                crc,
+                size,
+                f"undecodable {kind} body: {e}",
+            )
+        self._end_row(row)
+
+    def to_rows(self) -> list[dict[str, Any]]:
+        """The rows as dicts over :data:`TXLOG_NAMES` (for tests and debugging)."""
+        out = []
+        msgs, places, hints = self.valid(0), self.valid(1), self.valid(2)
+        for i, t in enumerate(self.tuples):
+            row: dict[str, Any] = {"file": self.file.path, "file_no": self.file.file_no}
+            row.update(zip(_SCALARS, t, strict=True))
+            a, z = self.ids_off[i], self.ids_off[i + 1]
+            row["msg_ids"] = self.ids[a:z] if msgs[i] else None
+            row["checksums"] = self.crcs[a:z] if msgs[i] else None
+            row["sizes"] = self.sizes[a:z] if msgs[i] else None
+            a, z = self.pl_off[i], self.pl_off[i + 1]
+            row["placements"] = (
+                [
+                    {
+                        "topic": self.pl[0][j],
+                        "partition": self.pl[1][j],
+                        "offset": self.pl[2][j],
+                        "count": self.pl[3][j],
+                        "bytes": self.pl[4][j],
+                    }
+                    for j in range(a, z)
+                ]
+                if places[i]
+                else None
+            )
+            a, z = self.h_off[i], self.h_off[i + 1]
+            row["hints"] = (
+                [
+                    {"topic": self.h[0][j], "partition": self.h[1][j], "hint": self.h[2][j]}
+                    for j in range(a, z)
+                ]
+                if hints[i]
+                else None
+            )
+            out.append(row)
+        return out
+
+
+def read_txlog_file(
+    f: TxlogFile, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, batch_rows: int = BATCH_ROWS
+) -> Iterator[TxlogColumns]:
+    """Rows of one redo (or the checkpoint) file, ``batch_rows`` at a time.
+
+    Frames are checked as :func:`txlog.records.decode` does; the first frame that is not
+    intact ends the file with a ``CORRUPT`` row saying why.
+    """
+    cols = TxlogColumns(f)
+    if f.file_no < 0:
+        _checkpoint_rows(cols, max_record_bytes)
+        yield cols
+        return
+    crc32 = zlib.crc32
+    unpack = _FRAME.unpack_from
+    max_length = max_record_bytes + 1
+    error: str | None = None
+    with open(f.path, "rb") as fh:
+        file_size = os.fstat(fh.fileno()).st_size
+        base = 0
+        buf = b""
+        while True:
+            data = fh.read(CHUNK)
+            buf = buf + data if buf else data
+            n = len(buf)
+            at_eof = not data or base + n >= file_size
+            pos = 0
+            while n - pos >= 8:
+                length, crc = unpack(buf, pos)
+                if length == 0:
+                    error = CorruptReason.ZERO_FILLED if crc == 0 else CorruptReason.BAD_LENGTH
+                    break
+                if length > max_length:
+                    error = CorruptReason.TOO_LARGE
+                    break
+                end = pos + 8 + length
+                if end > n:
+                    break
+                payload = buf[pos + 8 : end]
+                if crc32(payload) != crc:
+                    error = CorruptReason.CRC_MISMATCH
+                    break
+                if payload[0] == 0:
+                    error = CorruptReason.BAD_TYPE
+                    break
+                cols.add(base + pos, payload, crc)
+                pos = end
+                if cols.rows >= batch_rows:
+                    yield cols
+                    cols = TxlogColumns(f)
+            base += pos
+            buf = buf[pos:]
+            if error is not None:
+                break
+            if at_eof:
+                if buf:
+                    error = (
+                        CorruptReason.ZERO_FILLED
+                        if not any(buf)
+                        else (
+                            CorruptReason.TRUNCATED_HEADER
+                            if len(buf) < 8
+                            else CorruptReason.TRUNCATED_RECORD
+                        )
+                    )
+                break
+    if error is not None:
+        cols.special(base, "CORRUPT", file_size - base, f"{error} at position {base}")
+    if cols.rows:
+        yield cols
+
+
+def _checkpoint_rows(cols: TxlogColumns, max_record_bytes: int) -> None:
+    d = Path(cols.file.path).parent
+    cps, damaged = read_checkpoints(d, max_record_bytes)
+    for i, cp in enumerate(cps):
+        # replay starts in redo.<partition> at byte <offset>
+        cols.special(
+            i,
+            "CHECKPOINT",
+            len(cp.state),
+            None,
+            time_ms=int(cp.created * 1000),
+            partition=cp.position.file_no,
+            offset=cp.position.offset,
+        )
+    if damaged:
+        cols.special(len(cps), "CORRUPT", None, f"{damaged} damaged checkpoint entries")
+
+
+def redo_number(name: str) -> int | None:
+    m = _TXLOG_NAME.fullmatch(name)
+    return int(m.group(1)) if m else None

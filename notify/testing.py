@@ -27,9 +27,11 @@ def render_ini(
     topics: dict[str, int] | dict[str, dict[str, Any]],
     system: dict[str, Any] | None = None,
     slave: dict[str, Any] | None = None,
+    zookeeper: dict[str, Any] | None = None,
 ) -> str:
     """A ``server.ini`` text. ``topics`` maps a name to a partition count or to a dict of
-    ``[topic=NAME]`` keys."""
+    ``[topic=NAME]`` keys. ``zookeeper``: ``[zookeeper]`` keys, ``zk.`` prefix optional
+    (``{"zkEnable": True, "zkConnect": "127.0.0.1:2181", "zkRoot": "/meta"}``)."""
     lines = ["[system]", f"dataPath={data_dir}", f"serverPort={port}", "hostName=127.0.0.1"]
     # dashboardHttpPort=0: no HTTP server unless a test asks for one (notify.http, issue #9)
     sysvals = {"configWatchInterval": 0, "dashboardHttpPort": 0, **(system or {})}
@@ -37,6 +39,11 @@ def render_ini(
     if slave is not None:
         lines.append("[slave]")
         lines += [f"{k}={v}" for k, v in slave.items()]
+    if zookeeper is not None:  # configserver (issue #7)
+        lines.append("[zookeeper]")
+        for k, v in zookeeper.items():
+            key = k if k.startswith("zk.") else f"zk.{k}"
+            lines.append(f"{key}={str(v).lower() if isinstance(v, bool) else v}")
     for name, spec in topics.items():
         lines.append(f"[topic={name}]")
         if isinstance(spec, int):
@@ -57,6 +64,7 @@ class BrokerProcess:
         log_level: str = "info",
         env: dict[str, str] | None = None,
         slave: dict[str, Any] | None = None,
+        zookeeper: dict[str, Any] | None = None,
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -66,6 +74,7 @@ class BrokerProcess:
         self.log_level = log_level
         self.env = dict(env or {})
         self.slave = slave
+        self.zookeeper = zookeeper  # [zookeeper] keys (configserver, issue #7)
         self.config_path = self.workdir / "server.ini"
         self.log_path = self.workdir / "broker.log"
         self.host = "127.0.0.1"
@@ -93,7 +102,9 @@ class BrokerProcess:
 
     def write_config(self) -> None:
         self.config_path.write_text(
-            render_ini(self.data_dir, self.port, self.topics, self.system, self.slave)
+            render_ini(
+                self.data_dir, self.port, self.topics, self.system, self.slave, self.zookeeper
+            )
         )
 
     def start(self, timeout: float = 20.0) -> BrokerProcess:

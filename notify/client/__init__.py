@@ -25,6 +25,13 @@ Transactions (:mod:`._transaction`)::
     producer = session.create_transactional_producer("shop", checker)   # half messages
     result = producer.send_in_transaction("orders", b"o-2", local_tx)
 
+Cluster (ZooKeeper, MetaQ's layout; see :mod:`configserver`)::
+
+    with connect(zk="127.0.0.1:2181/meta") as session:   # brokers found and followed live
+        producer = session.create_producer()             # a new broker is used within moments
+        consumer = session.create_consumer(ConsumerConfig(group="g", data_dir=path))
+        consumer.subscribe("test", handle).complete_subscribe()   # the group rebalances
+
 Modules: ``_connection`` owns the sockets (pipelined, opaque-matched requests over the
 sans-IO codec of :mod:`notify.codec.wire`); ``_routing`` the broker directory;
 ``_producer``/``_consumer`` the asyncio cores; ``_session`` the factories and the
@@ -58,9 +65,11 @@ from ._recover import (
 )
 from ._routing import (
     BrokerDirectory,
+    LiveBrokerDirectory,
     Partition,
     StaticBrokerDirectory,
     TopicRouter,
+    ZkBrokerDirectory,
     parse_stats_topics,
 )
 from ._selectors import KeyHashSelector, PartitionSelector, RoundRobinSelector, key_hash
@@ -96,6 +105,7 @@ __all__ = [
     "FileOffsetStore",
     "KeyHashSelector",
     "ListenerTimeoutError",
+    "LiveBrokerDirectory",
     "LocalTransaction",
     "LocalTxState",
     "MemoryOffsetStore",
@@ -123,6 +133,7 @@ __all__ = [
     "TransactionSendResult",
     "TransactionTimeoutError",
     "XAError",
+    "ZkBrokerDirectory",
     "connect",
     "key_hash",
     "list_dead_letters",

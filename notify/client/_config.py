@@ -32,6 +32,11 @@ DEFAULT_LISTENER_THREADS = 4
 #: Long-poll wait of a fetch (ms): the broker holds a get until data arrives (0: plain polling).
 DEFAULT_LONG_POLL_MS = 1000
 DEFAULT_CHECK_THREADS = 4
+#: Cluster mode (configserver, issue #7).
+DEFAULT_ASSIGNMENT = "contiguous"
+DEFAULT_REBALANCE_RETRY_MAX_S = 2.0
+DEFAULT_ZK_SESSION_TIMEOUT_S = 30.0
+DEFAULT_ZK_CONNECT_TIMEOUT_S = 10.0
 #: Largest offset (int64 max): the ``offset`` command answers it with the partition's end.
 MAX_OFFSET = 9223372036854775807
 
@@ -48,6 +53,11 @@ class ClientConfig:
     metadata_ttl_s: float = DEFAULT_METADATA_TTL_S
     #: Use uvloop for the background event loop of the synchronous API when installed.
     use_uvloop: bool = True
+    #: Cluster mode (``zk=``): ZooKeeper session timeout; a crashed consumer's partitions
+    #: move to the others after about this long (MetaQ's zkSessionTimeoutMs, 30 s).
+    zk_session_timeout_s: float = DEFAULT_ZK_SESSION_TIMEOUT_S
+    #: Cluster mode: how long ``connect(zk=...)`` waits for ZooKeeper.
+    zk_connect_timeout_s: float = DEFAULT_ZK_CONNECT_TIMEOUT_S
 
 
 @dataclass(slots=True)
@@ -117,6 +127,15 @@ class ConsumerConfig:
     broadcast: bool = False
     #: Stable id of this instance (broadcast); None: read or create ``<data_dir>/<group>.instance``.
     instance_id: str | None = None
-    #: Static share of the partitions (index, count) until ZooKeeper rebalancing lands.
+    #: Static share of the partitions (index, count): used without a cluster (no ``zk=``).
     member_index: int = 0
     member_count: int = 1
+    #: Cluster mode (``connect(zk=...)``): how the group splits partitions, ``contiguous``
+    #: (MetaQ's default) or ``consistent_hash``.
+    assignment: str = DEFAULT_ASSIGNMENT
+    #: Cluster mode: this member's id in ``consumers/<group>/ids`` (None: MetaQ's
+    #: ``<group>_<host>-<pid>-<millis>-<n>``).
+    consumer_id: str | None = None
+    #: Cluster mode: longest wait between attempts to claim a partition another member
+    #: still owns (its owner node going away also wakes the claim at once).
+    rebalance_retry_max_s: float = DEFAULT_REBALANCE_RETRY_MAX_S

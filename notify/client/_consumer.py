@@ -15,6 +15,13 @@ the listener; the next window is prefetched while the listener works. Then:
   ``commit_interval_s``, on :meth:`AsyncConsumer.commit` and on shutdown, so a killed
   process re-consumes from its last commit (at-least-once).
 
+Group assignment: without a cluster every consumer takes the static share
+``member_index``/``member_count`` of each topic (contiguous, as MetaQ splits). With a
+configserver (``connect(zk=...)``; issue #7) a :class:`configserver.GroupMember` registers the
+consumer in its group and drives :class:`_ClusterTarget`: partitions are fetched only while
+this consumer holds their owner node; a rebalance stops the partitions that move, commits
+their offsets and releases them before anyone else claims them.
+
 Replies: ``404`` = nothing new (idle backoff ``idle_backoff_min_s`` doubling to
 ``idle_backoff_max_s``, or a long poll when ``long_poll_ms`` > 0); ``301`` = continue at the
 offset in the body; a window without a whole record grows ``maxSize`` (see
@@ -30,14 +37,14 @@ import inspect
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from notify.codec.records import CorruptRecordError, decode_all, first_record_size
 from notify.codec.wire import Response, encode_get, encode_offset
-from notify.errors import BrokerError, ClientError, ConnectionLostError
+from notify.errors import BrokerError, ClientError, ConnectionLostError, NotifyError
 
 from ._config import MAX_OFFSET, ClientConfig, ConsumerConfig
 from ._connection import ConnectionPool
@@ -48,6 +55,9 @@ from ._message import Message
 from ._offsets import FileOffsetStore, OffsetStore, TopicPartitionOffset
 from ._recover import RecoverStore, StoredMessage
 from ._routing import Partition, TopicRouter
+
+if TYPE_CHECKING:
+    from configserver import ConfigServer, GroupMember, PartitionInfo
 
 log = logging.getLogger("notify.client")
 
@@ -107,6 +117,7 @@ class _Cursor:
     """Position of the consumer in one partition."""
 
     __slots__ = (
+        "busy",
         "corrupt",
         "deadline",
         "dirty",
@@ -115,6 +126,7 @@ class _Cursor:
         "partition",
         "position",
         "sizer",
+        "stopped",
         "task",
         "timed_out",
         "topic",
@@ -133,6 +145,9 @@ class _Cursor:
         self.task: asyncio.Task[None] | None = None
         self.deadline = 0.0  # 0: no listener running
         self.timed_out = False
+        # cluster mode (issue #7): stop this partition only / a message is being handled
+        self.stopped = False
+        self.busy = False
 
 
 def _share(parts: list[Partition], index: int, count: int) -> list[Partition]:
@@ -176,6 +191,7 @@ class AsyncConsumer:
         config: ConsumerConfig,
         offset_store: OffsetStore | None = None,
         executor: concurrent.futures.Executor | None = None,
+        cluster: ConfigServer | None = None,
     ):
         if not config.group or " " in config.group:
             raise ClientError(f"invalid consumer group {config.group!r}")
@@ -211,6 +227,14 @@ class AsyncConsumer:
         self._recover_lock: asyncio.Lock | None = None
         self._scheduler: Any = None
         self._watchdog: asyncio.Task[None] | None = None
+        # configserver (issue #7): group membership drives the assignment when set
+        self._cluster = cluster
+        self._member: GroupMember | None = None
+
+    @property
+    def member(self) -> GroupMember | None:
+        """The group membership (cluster mode), else None."""
+        return self._member
 
     # -- public API
 
@@ -253,11 +277,14 @@ class AsyncConsumer:
             return
         self._started = True
         self._init_sync_objects()
-        for sub in self._subs.values():
-            if sub.listener is None:
-                continue
-            for part in await self._assigned(sub.topic):
-                self._start_cursor(sub, part)
+        if self._cluster is not None:
+            await self._join_group(self._cluster)
+        else:
+            for sub in self._subs.values():
+                if sub.listener is None:
+                    continue
+                for part in await self._assigned(sub.topic):
+                    self._start_cursor(sub, part)
         if self.config.commit_interval_s > 0:
             self._spawn(self._commit_loop())
         if any(s.listener is not None for s in self._subs.values()):
@@ -274,6 +301,10 @@ class AsyncConsumer:
         """
         if self._closed:
             raise ClientError("consumer is closed")
+        if self._cluster is not None:
+            raise ClientError(
+                "fetch()/messages() take a static share; with a cluster, subscribe a listener"
+            )
         self._init_sync_objects()
         sub = self._subs.get(topic)
         if sub is None:
@@ -382,6 +413,8 @@ class AsyncConsumer:
         self._stopping = True
         assert self._stop_evt is not None
         self._stop_evt.set()
+        if self._member is not None:
+            await self._member.stop()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
@@ -391,10 +424,16 @@ class AsyncConsumer:
             for t in still:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self._member is not None and self._cluster is not None:
+            # disconnected (e.g. ZooKeeper restarting): give the session a chance to come
+            # back, so the final commit and the release happen and nothing is redone
+            await self._cluster.wait_connected(self.client_config.zk_session_timeout_s)
         try:
             await self.commit()
         except ClientError as e:
             log.error("final offset commit of group %s failed: %s", self.group, e)
+        if self._member is not None:  # offsets committed: release the partitions, leave
+            await self._member.leave()
         if self._own_store:
             self.offset_store.close()
         if self._own_executor and self._executor is not None:
@@ -432,6 +471,46 @@ class AsyncConsumer:
         cur = _Cursor(sub.topic, part, FetchSizer(sub.max_size, self.config.max_fetch_bytes))
         self._cursors[(sub.topic, part)] = cur
         cur.task = self._spawn(self._run_cursor(sub, cur))
+
+    # -- cluster mode (configserver, issue #7)
+
+    async def _join_group(self, cluster: ConfigServer) -> None:
+        from configserver import GroupMember
+
+        topics = [t for t, sub in self._subs.items() if sub.listener is not None]
+        if not topics:
+            return
+        cfg = self.config
+        self._member = GroupMember(
+            cluster,
+            self.group,
+            topics,
+            _ClusterTarget(self),
+            consumer_id=cfg.consumer_id,
+            strategy=cfg.assignment,
+            retry_max_s=cfg.rebalance_retry_max_s,
+        )
+        try:
+            await self._member.start()
+        except NotifyError as e:  # configserver errors, translated at the client boundary
+            self._member = None
+            raise ConnectionLostError(f"cannot join group {self.group}: {e}") from e
+
+    async def _stop_cursor(self, cur: _Cursor) -> None:
+        """Stop fetching one partition at a message boundary (a running listener finishes
+        its message, up to the listener timeout); the cursor keeps its position."""
+        cur.stopped = True
+        task, cur.task = cur.task, None
+        if task is None or task.done():
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.listener_timeout_s or 30.0) + 1.0
+        while not task.done():
+            if not cur.busy or loop.time() >= deadline:
+                task.cancel()
+                break
+            await asyncio.wait({task}, timeout=0.01)
+        await asyncio.wait({task})
 
     async def _manual_cursors(self, sub: _Subscription) -> list[_Cursor]:
         cursors = self._manual.get(sub.topic)
@@ -613,7 +692,7 @@ class AsyncConsumer:
     async def _run_cursor(self, sub: _Subscription, cur: _Cursor) -> None:
         cfg = self.config
         backoff = cfg.idle_backoff_min_s
-        while not self._stopping:
+        while not self._stopping and not cur.stopped and cur.position < 0:
             try:
                 await self._init_offset(cur)
                 break
@@ -628,7 +707,7 @@ class AsyncConsumer:
         held_s = cfg.long_poll_ms / 2000
         prefetch: tuple[int, int, asyncio.Task[Response], float] | None = None
         try:
-            while not self._stopping:
+            while not self._stopping and not cur.stopped:
                 offset, size = cur.position, cur.sizer.current
                 try:
                     if prefetch is not None and prefetch[:2] == (offset, size):
@@ -663,7 +742,14 @@ class AsyncConsumer:
                 prefetch = (nxt, cur.sizer.current, ptask, loop.time())
                 cur.position = nxt
                 for m in msgs:
-                    if self._stopping or not await self._handle(sub, m, cur):
+                    if self._stopping or cur.stopped:
+                        break
+                    cur.busy = True
+                    try:
+                        handled = await self._handle(sub, m, cur)
+                    finally:
+                        cur.busy = False
+                    if not handled:
                         break
                     cur.done = m.next_offset
                     cur.msg_id = m.msg_id
@@ -702,7 +788,7 @@ class AsyncConsumer:
                 )
                 if attempt < cfg.max_retries:
                     await self._sleep(delay)
-                    if self._stopping:
+                    if self._stopping or cur.stopped:
                         return False
                     delay = min(delay * 2, cfg.retry_delay_max_s)
                 continue
@@ -838,7 +924,7 @@ class AsyncConsumer:
             except ClientError as e:
                 log.error("offset commit of group %s failed: %s", self.group, e)
             n += 1
-            if n % refresh_every == 0:
+            if n % refresh_every == 0 and self._cluster is None:
                 await self._refresh_partitions()
 
     async def _refresh_partitions(self) -> None:
@@ -852,6 +938,56 @@ class AsyncConsumer:
                 continue
             for p in parts:
                 self._start_cursor(sub, p)
+
+
+class _ClusterTarget:
+    """The consumer as a :class:`configserver.AssignmentTarget` (called by its GroupMember,
+    one call at a time)."""
+
+    def __init__(self, consumer: AsyncConsumer):
+        self.c = consumer
+
+    def _cursor(self, topic: str, p: PartitionInfo) -> _Cursor | None:
+        return self.c._cursors.get((topic, Partition(p.broker_id, p.partition, p.address)))
+
+    async def assign(self, topic: str, partitions: Sequence[PartitionInfo]) -> None:
+        c = self.c
+        sub = c._subs.get(topic)
+        if sub is None or sub.listener is None or c._stopping:
+            return
+        for p in partitions:
+            cur = self._cursor(topic, p)
+            if cur is None:
+                c._start_cursor(sub, Partition(p.broker_id, p.partition, p.address))
+            elif cur.task is None or cur.task.done():  # suspended: resume where handled
+                cur.stopped = False
+                if cur.done >= 0:
+                    cur.position = cur.done
+                cur.task = c._spawn(c._run_cursor(sub, cur))
+
+    async def revoke(self, topic: str, partitions: Sequence[PartitionInfo]) -> None:
+        c = self.c
+        curs = [cur for p in partitions if (cur := self._cursor(topic, p)) is not None]
+        if not curs:
+            return
+        await asyncio.gather(*(c._stop_cursor(cur) for cur in curs))
+        try:
+            await c.commit()
+        except ClientError as e:
+            log.error("group %s: commit before releasing %s failed: %s", c.group, topic, e)
+        for cur in curs:
+            c._cursors.pop((cur.topic, cur.partition), None)
+
+    async def suspend(self) -> None:
+        c = self.c
+        await asyncio.gather(*(c._stop_cursor(cur) for cur in list(c._cursors.values())))
+
+    async def lost(self) -> None:
+        c = self.c
+        curs = list(c._cursors.values())
+        await asyncio.gather(*(c._stop_cursor(cur) for cur in curs))
+        for cur in curs:
+            c._cursors.pop((cur.topic, cur.partition), None)
 
 
 def _swallow(t: asyncio.Future[Any]) -> None:

@@ -4,23 +4,32 @@ A client-side *global partition* is a broker plus that broker's local partition 
 written ``"<brokerId>-<part>"`` as MetaQ does; the wire carries only the local number.
 :class:`StaticBrokerDirectory` knows a fixed list of broker addresses (broker id = position
 in the list unless a mapping is given) and learns each topic's partition count with the
-``stats topics`` command, or takes it from the user. A ZooKeeper directory (cluster issue)
-implements the same Protocol. :class:`TopicRouter` caches the answers.
+``stats topics`` command, or takes it from the user. :class:`ZkBrokerDirectory` reads the
+configserver (ZooKeeper or embedded, :mod:`configserver`) and keeps a live view per topic
+through watches: a broker joining or leaving changes the answer within moments, without a
+restart. :class:`TopicRouter` caches the answers (a live directory's view wins).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from notify.codec.wire import encode_line
 from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
 
 from ._connection import ConnectionPool
+
+log = logging.getLogger("notify.client")
+
+if TYPE_CHECKING:
+    from configserver import ConfigServer, PartitionInfo
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -53,6 +62,15 @@ class BrokerDirectory(Protocol):
 
     async def close(self) -> None:
         """Release what the directory holds."""
+        ...
+
+
+@runtime_checkable
+class LiveBrokerDirectory(BrokerDirectory, Protocol):
+    """A directory that keeps its answers current by itself (watches)."""
+
+    def current(self, topic: str) -> list[Partition] | None:
+        """The live partition list of ``topic`` if known (no I/O), else None."""
         ...
 
 
@@ -155,6 +173,10 @@ class TopicRouter:
 
     def cached(self, topic: str) -> list[Partition] | None:
         """The cached partition list when still fresh (no I/O)."""
+        if isinstance(self.directory, LiveBrokerDirectory):  # configserver (issue #7)
+            live = self.directory.current(topic)
+            if live is not None:
+                return live or None
         hit = self._cache.get(topic)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
@@ -182,3 +204,117 @@ class TopicRouter:
     def invalidate(self, topic: str) -> None:
         """Forget the cached partitions of ``topic`` (e.g. after a 404)."""
         self._cache.pop(topic, None)
+
+
+# ---------------------------------------------------------------------------- configserver
+
+
+class ZkBrokerDirectory:
+    """Brokers and partitions from a :class:`configserver.ConfigServer`, kept live.
+
+    Producers read ``topics-pub`` (``subscribe=False``), consumers ``topics-sub``. The first
+    :meth:`partitions` call of a topic reads the configserver and arms a watch; every change
+    (a broker joins or leaves the topic, its partition count or address changes) re-reads
+    it, so :meth:`current` follows the cluster. The list is sorted by (broker id, partition):
+    while the set is unchanged, ``crc32(key) % n`` keeps every key on its partition.
+    While the configserver is unreachable the last view is kept. ``own_server``: close the
+    configserver with the directory.
+    """
+
+    def __init__(self, server: ConfigServer, *, subscribe: bool = False, own_server: bool = False):
+        self.server = server
+        self.subscribe = subscribe
+        self._own = own_server
+        self._views: dict[str, list[Partition]] = {}
+        self._watches: dict[str, Callable[[], None]] = {}
+        self._refreshing: dict[str, asyncio.Task[None]] = {}
+        self._stale: set[str] = set()
+        self._seen: set[str] = set()  # topics that had partitions once
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+        self.refreshes = 0
+
+    def current(self, topic: str) -> list[Partition] | None:
+        """See :meth:`LiveBrokerDirectory.current`."""
+        return self._views.get(topic)
+
+    async def partitions(self, topic: str) -> list[Partition]:
+        """See :meth:`BrokerDirectory.partitions`."""
+        view = self._views.get(topic)
+        if view is None:
+            async with self._lock(topic):  # reads of a topic are serialized: last one wins
+                if topic not in self._views:
+                    await self._read(topic)
+            view = self._views.get(topic)
+        if not view:
+            if topic in self._seen:  # its brokers are gone for now (restarting?): retriable
+                raise ConnectionLostError(f"no broker of topic {topic!r} is registered now")
+            raise BrokerError(404, f"unknown topic {topic!r}: no broker registered it")
+        return view
+
+    async def _read(self, topic: str) -> None:
+        from configserver import ConfigServerError, ConfigServerUnavailableError
+
+        watch = self._watches.get(topic)
+        if watch is None:
+            watch = self._watches[topic] = lambda: self._changed(topic)
+        try:
+            if not self.server.started:
+                await self.server.start()
+            infos = await self.server.topic_partitions(
+                topic, publish=not self.subscribe, watch=watch
+            )
+        except ConfigServerUnavailableError as e:
+            raise ConnectionLostError(f"configserver unavailable: {e}") from e
+        except ConfigServerError as e:
+            raise ClientError(f"configserver: {e}") from e
+        self.refreshes += 1
+        self._views[topic] = _to_partitions(infos)
+        if infos:
+            self._seen.add(topic)
+
+    def _lock(self, topic: str) -> asyncio.Lock:
+        lock = self._locks.get(topic)
+        if lock is None:
+            lock = self._locks[topic] = asyncio.Lock()
+        return lock
+
+    def _changed(self, topic: str) -> None:
+        if self._closed:
+            return
+        self._stale.add(topic)  # a change during a read: read once more after it
+        task = self._refreshing.get(topic)
+        if task is None or task.done():
+            self._refreshing[topic] = asyncio.ensure_future(self._refresh(topic))
+
+    async def _refresh(self, topic: str) -> None:
+        backoff = 0.1
+        while topic in self._stale and not self._closed:
+            self._stale.discard(topic)
+            try:
+                async with self._lock(topic):
+                    await self._read(topic)
+                backoff = 0.1
+                continue
+            except ClientError as e:  # keep the last view meanwhile
+                log.debug("configserver view of %s not refreshed: %s", topic, e)
+                self._stale.add(topic)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def close(self) -> None:
+        """Stop following topics (and close the configserver when owned)."""
+        self._closed = True
+        for watch in self._watches.values():
+            self.server.forget_watch(watch)
+        for t in list(self._refreshing.values()):
+            t.cancel()
+        for t in list(self._refreshing.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self._own:
+            await self.server.close()
+
+
+def _to_partitions(infos: Sequence[PartitionInfo]) -> list[Partition]:
+    return sorted(Partition(i.broker_id, i.partition, i.address) for i in infos)

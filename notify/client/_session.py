@@ -4,6 +4,11 @@
 :class:`MessageSessionFactory` is the synchronous API: it starts a background event-loop
 thread, builds the same asyncio core there and waits for each call with
 ``run_coroutine_threadsafe``; its :class:`Producer` and :class:`Consumer` are thin wrappers.
+
+Cluster mode (issue #7): ``zk="127.0.0.1:2181/meta"`` (or a :class:`configserver.ConfigServer`)
+instead of broker addresses: producers find brokers and partitions in the configserver
+(:class:`~._routing.ZkBrokerDirectory`, live), consumers join their group there and
+rebalance, and their offsets default to ZooKeeper (MetaQ's ``consumers/<group>/offsets``).
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from notify.errors import ClientError
+from notify.errors import ClientError, ConnectionLostError
 
 from ._config import ClientConfig, ConsumerConfig, ProducerConfig
 from ._connection import ConnectionPool
@@ -29,7 +34,13 @@ from ._loopthread import LoopThread
 from ._message import Message, SendResult
 from ._offsets import OffsetStore
 from ._producer import AsyncProducer
-from ._routing import BrokerDirectory, Partition, StaticBrokerDirectory, TopicRouter
+from ._routing import (
+    BrokerDirectory,
+    Partition,
+    StaticBrokerDirectory,
+    TopicRouter,
+    ZkBrokerDirectory,
+)
 from ._selectors import PartitionSelector
 from ._transaction import (
     LocalTransaction,
@@ -38,6 +49,9 @@ from ._transaction import (
     TransactionSendResult,
     as_state,
 )
+
+if TYPE_CHECKING:
+    from configserver import ConfigServer
 
 log = logging.getLogger("notify.client")
 
@@ -49,9 +63,11 @@ class AsyncMessageSessionFactory:
 
     ``brokers``: ``["host:port", ...]`` (broker id = position) or ``{brokerId: "host:port"}``.
     ``partitions``: ``{topic: partitions per broker}`` to skip ``stats topics`` discovery.
-    ``directory``: any :class:`BrokerDirectory` instead of the static one. Use as
-    ``async with AsyncMessageSessionFactory([...]) as session:``; every object it created
-    is closed with it.
+    ``directory``: any :class:`BrokerDirectory` instead of the static one. ``zk``: a
+    configserver address (``"127.0.0.1:2181/meta"``, ``"zookeeper://h1,h2/meta"``) or a
+    :class:`configserver.ConfigServer` (cluster mode; ``await session.start()`` or ``async
+    with`` connects it, else the first use does). Use as ``async with
+    AsyncMessageSessionFactory([...]) as session:``; every object it created is closed with it.
     """
 
     def __init__(
@@ -61,6 +77,7 @@ class AsyncMessageSessionFactory:
         config: ClientConfig | None = None,
         partitions: Mapping[str, int] | None = None,
         directory: BrokerDirectory | None = None,
+        zk: str | ConfigServer | None = None,
     ):
         self.config = config or ClientConfig()
         self.pool = ConnectionPool(
@@ -68,14 +85,30 @@ class AsyncMessageSessionFactory:
             self.config.reconnect_backoff_min_s,
             self.config.reconnect_backoff_max_s,
         )
+        # configserver (issue #7): cluster membership and discovery
+        self.cluster: ConfigServer | None = None
+        self._own_cluster = False
+        if zk is not None:
+            from configserver import ConfigServer
+
+            if isinstance(zk, ConfigServer):
+                self.cluster = zk
+            else:
+                self.cluster = ConfigServer.from_url(
+                    zk, session_timeout_s=self.config.zk_session_timeout_s
+                )
+                self._own_cluster = True
+            if directory is None:
+                directory = ZkBrokerDirectory(self.cluster)
         if directory is None:
             if brokers is None:
-                raise ClientError("give broker addresses or a BrokerDirectory")
+                raise ClientError("give broker addresses, zk= or a BrokerDirectory")
             directory = StaticBrokerDirectory(
                 brokers, self.pool, self.config.request_timeout_s, partitions
             )
         self.directory = directory
         self.router = TopicRouter(directory, self.config.metadata_ttl_s)
+        self._cluster_stores: list[OffsetStore] = []
         self._producers: list[AsyncProducer] = []
         self._consumers: list[AsyncConsumer] = []
         self._closed = False
@@ -130,9 +163,28 @@ class AsyncMessageSessionFactory:
         """
         self._check_open()
         cfg = ConsumerConfig(group=config) if isinstance(config, str) else config
-        c = AsyncConsumer(self.pool, self.router, self.config, cfg, offset_store, executor)
+        if self.cluster is not None and offset_store is None and not cfg.broadcast:
+            offset_store = self.cluster.offset_store()  # ZooKeeper: shared by the group
+            if offset_store is not None:
+                self._cluster_stores.append(offset_store)
+        c = AsyncConsumer(
+            self.pool, self.router, self.config, cfg, offset_store, executor, self.cluster
+        )
         self._consumers.append(c)
         return c
+
+    async def start(self) -> None:
+        """Connect to the configserver now (cluster mode; idempotent). Raises
+        :class:`~notify.errors.ConnectionLostError` when it cannot be reached in
+        ``config.zk_connect_timeout_s``."""
+        from configserver import ConfigServerError
+
+        if self.cluster is None or self.cluster.started:
+            return
+        try:
+            await self.cluster.start(self.config.zk_connect_timeout_s)
+        except ConfigServerError as e:
+            raise ConnectionLostError(f"configserver: {e}") from e
 
     async def partitions(self, topic: str) -> list[Partition]:
         """The global partitions of ``topic``."""
@@ -152,9 +204,14 @@ class AsyncMessageSessionFactory:
         for p in self._producers:
             await p.close()
         await self.directory.close()
+        for s in self._cluster_stores:
+            s.close()
+        if self.cluster is not None and self._own_cluster:
+            await self.cluster.close()
         await self.pool.close()
 
     async def __aenter__(self) -> AsyncMessageSessionFactory:
+        await self.start()
         return self
 
     async def __aexit__(
@@ -444,14 +501,21 @@ class MessageSessionFactory:
         config: ClientConfig | None = None,
         partitions: Mapping[str, int] | None = None,
         directory: BrokerDirectory | None = None,
+        zk: str | ConfigServer | None = None,
     ):
         cfg = config or ClientConfig()
         self._lt = LoopThread(cfg.use_uvloop)
 
         async def build() -> AsyncMessageSessionFactory:
-            return AsyncMessageSessionFactory(
-                brokers, config=cfg, partitions=partitions, directory=directory
+            core = AsyncMessageSessionFactory(
+                brokers, config=cfg, partitions=partitions, directory=directory, zk=zk
             )
+            try:
+                await core.start()
+            except BaseException:
+                await core.close()
+                raise
+            return core
 
         try:
             self.core = self._lt.run(build())
@@ -538,10 +602,13 @@ def _check_group(group: str) -> None:
 
 
 def connect(
-    brokers: Brokers,
+    brokers: Brokers | None = None,
     *,
     config: ClientConfig | None = None,
     partitions: Mapping[str, int] | None = None,
+    zk: str | ConfigServer | None = None,
 ) -> MessageSessionFactory:
-    """Open a synchronous session: ``with connect(["127.0.0.1:8123"]) as session: ...``."""
-    return MessageSessionFactory(brokers, config=config, partitions=partitions)
+    """Open a synchronous session: ``with connect(["127.0.0.1:8123"]) as session: ...``,
+    or in a cluster ``with connect(zk="127.0.0.1:2181/meta") as session: ...`` (brokers and
+    partitions from ZooKeeper, consumer groups rebalanced there)."""
+    return MessageSessionFactory(brokers, config=config, partitions=partitions, zk=zk)

@@ -497,10 +497,13 @@ class BrokerService:
     # ------------------------------------------------------------------ long poll
 
     def _park(self, conn: Connection, part: Partition, r: Get) -> None:
-        """Hold a ``get`` (8-token form) until the partition has data or the wait ends."""
+        """Hold a ``get`` (8-token form) until the partition has data or the wait ends.
+
+        Its reply is queued only when it is ready, after whatever the connection was sent
+        meanwhile: a parked fetch never holds back the replies to later requests on the same
+        connection (a long-poll client matches replies by opaque, as the protocol allows)."""
         slot = PendingReplies(conn, r.partition)
         slot.items.append([r.opaque])
-        conn.send(slot)
         wait_s = min(r.max_wait_ms, MAX_LONG_POLL_MS) / 1000.0
         entry: list[Any] = [conn, r, slot, None]
         entry[3] = self.loop.call_later(wait_s, self._unpark, part, entry, True)
@@ -512,7 +515,7 @@ class BrokerService:
         self.stats.parked_gets += 1
 
     def _unpark(self, part: Partition, entry: list[Any], expired: bool) -> None:
-        _conn, r, slot, timer = entry
+        conn, r, slot, timer = entry
         waiters = self._waiting.get(part)
         if waiters is not None and entry in waiters:
             waiters.remove(entry)
@@ -527,8 +530,7 @@ class BrokerService:
             sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
         except OffsetOutOfRangeError as e:
             slot.body = encode_result(301, r.opaque, b"%d" % e.nearest)
-            slot.resolve()
-            return
+            return self._deliver(conn, slot)
         if sl is None:
             self.stats.get_misses += 1
             slot.body = encode_result(
@@ -541,7 +543,13 @@ class BrokerService:
             self.stats.get_bytes += sl.length
             slot.body = encode_value_header(sl.length, r.opaque)
             slot.tail = sl
-        slot.resolve()
+        self._deliver(conn, slot)
+
+    @staticmethod
+    def _deliver(conn: Connection, slot: PendingReplies) -> None:
+        slot.done = True
+        if not conn.closed:
+            conn.send(slot)
 
     def partition_visible(self, part: Partition) -> None:
         """Called when ``part``'s visible end advanced: answer the gets parked on it."""

@@ -307,3 +307,14 @@ def test_long_poll_get_wakes_on_put_and_times_out(broker_factory: BrokerFactory)
             assert rec.body == b"wake"
             # old clients (7 tokens) still get an immediate 404
             assert c.call(b"get %s g 0 %d 4096 3\r\n" % (topic.encode(), rec.size)).code == 404
+
+
+def test_parked_get_does_not_hold_back_later_replies(broker: BrokerProcess) -> None:
+    with WireClient(broker.addr) as c:
+        c.send(b"get single g 0 0 4096 3000 1\r\n")  # parks: nothing there yet
+        t0 = time.monotonic()
+        r = c.call(b"put single 0 2 0 2\r\nhi")  # answered at once, before the parked get
+        assert r.opaque == 2 and r.code == 200
+        (g,) = c.replies(1)
+        assert g.opaque == 1 and g.kind == "value"
+        assert time.monotonic() - t0 < 1.0

@@ -53,6 +53,9 @@ class LocalConnection(Connection):
                 if not item.done:
                     break
                 data = item.render()
+                if item.tail is not None:  # a parked get: its bytes follow the header
+                    tl = item.tail
+                    data += tl.segment.read(tl.file_pos, tl.length)
             else:
                 assert isinstance(item, Slice)
                 try:

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -58,8 +58,10 @@ from pyspark.sql.types import (
 )
 
 from notify.audit import formats
-from notify.audit.coordinator import CoordinatorLog, read_coordinator_log
 from notify.audit.sources import LOG_FORMAT, TXLOG_FORMAT, register_sources
+
+if TYPE_CHECKING:  # the coordinator's codec (notify.xa) is imported only when used
+    from notify.audit.coordinator import CoordinatorLog
 
 __all__ = [
     "FINDING_COLUMNS",
@@ -364,9 +366,6 @@ def audit(
         .cast("long")
         .alias("messages"),
         F.coalesce(F.sum(when_kind("APPEND_MSG", sizes_sum)), F.lit(0)).cast("long").alias("bytes"),
-        F.count_distinct(when_kind("APPEND_MSG", F.concat_ws("-", "topic", "partition"))).alias(
-            "partitions"
-        ),
         F.count("*").alias("records"),
     )
     outcome = (
@@ -386,6 +385,17 @@ def audit(
         .withColumn(
             "history_complete",
             F.col("has_append") & (~F.col("has_applied") | (F.col("n_ids") == placed_count)),
+        )
+        .withColumn(
+            "partitions",
+            F.size(
+                F.array_distinct(
+                    F.transform(
+                        "appends",
+                        lambda a: F.concat(a["topic"], F.lit("-"), a["partition"].cast("string")),
+                    )
+                )
+            ),
         )
         .withColumn("first_file_no", F.col("_first.file_no"))
         .withColumn("first_position", F.col("_first.position"))
@@ -471,7 +481,12 @@ def audit(
         F.col("checksum").alias("a_checksum"),
     )
     here = (F.col("a_topic") == F.col("topic")) & (F.col("a_partition") == F.col("partition"))
+    # grouping by every carried column keeps the aggregate hash-based (fixed-width buffers)
+    # and needs no shuffle: the join output is already partitioned by msg_id
     carried = [
+        "msg_id",
+        "tx_key",
+        "inc",
         "tx_outcome",
         "topic",
         "partition",
@@ -487,16 +502,12 @@ def audit(
     ]
     messages = keep(
         E.join(A, "msg_id", "left")
-        .groupBy("msg_id", "tx_key", "inc")
+        .groupBy(*carried)
         .agg(
-            *[F.first(c).alias(c) for c in carried],
             F.count(F.when(here, 1)).alias("n_here"),
             F.count("a_offset").alias("n_any"),
             F.min(F.when(here, F.col("a_offset"))).alias("found_offset"),
             F.max(F.when(here, F.col("a_checksum"))).alias("found_checksum"),
-            F.min(
-                F.when(F.col("a_offset").isNotNull(), F.concat_ws("-", "a_topic", "a_partition"))
-            ).alias("found_in"),
         )
         .join(
             F.broadcast(parts.select("topic", "partition", "min_offset")),
@@ -533,7 +544,7 @@ def audit(
         "topic": F.col("topic"),
         "partition": F.col("partition"),
         "msg_id": F.col("msg_id"),
-        "file": F.lit(None),
+        "file": F.concat(F.lit("redo."), F.col("file_no").cast("string")),
         "position": F.col("position"),
     }
     f_list: list[DataFrame] = [
@@ -546,7 +557,8 @@ def audit(
                 F.lit("committed message not in its partition; "),
                 where,
                 F.when(
-                    F.col("n_any") > 0, F.concat(F.lit("; found in "), F.col("found_in"))
+                    F.col("n_any") > 0,
+                    F.concat(F.lit("; "), F.col("n_any"), F.lit(" copies in other partitions")),
                 ).otherwise(F.lit("")),
             ),
         ),
@@ -588,6 +600,7 @@ def audit(
             "msg_id",
             "tx_key",
             "tx_outcome",
+            "file_no",
             "position",
             F.col("topic").alias("put_topic"),
             F.col("partition").alias("put_partition"),
@@ -603,6 +616,7 @@ def audit(
             partition=F.col("a_partition"),
             offset=F.col("a_offset"),
             msg_id=F.col("msg_id"),
+            file=F.concat(F.lit("redo."), F.col("file_no").cast("string")),
             position=F.col("position"),
             detail=F.concat(
                 F.lit("message of a "),
@@ -732,6 +746,8 @@ def audit(
     clog: CoordinatorLog | None = None
     if coordinator_log is not None:
         say("reading the coordinator log")
+        from notify.audit.coordinator import read_coordinator_log
+
         clog = read_coordinator_log(coordinator_log)
         coord_df, coord_findings = _coordinator_checks(spark, clog, tx)
         f_list.extend(coord_findings)

@@ -63,11 +63,13 @@ def _iso(ms: int | None) -> str | None:
 
 def _bucket_labels(kind: str, b: int) -> str:
     if kind == "size":
+        if b < 0:
+            return "0"
         lo, hi = 2**b, 2 ** (b + 1) - 1
         return f"{lo}" if lo == hi else f"{lo}-{hi}"
     # duration buckets: powers of 10 ms
-    names = {0: "<10ms", 1: "10-99ms", 2: "0.1-1s", 3: "1-10s", 4: "10-100s", 5: "100s-17m"}
-    return names.get(b, "<1ms" if b < 0 else ">17m")
+    names = {-1: "0ms", 0: "1-9ms", 1: "10-99ms", 2: "0.1-1s", 3: "1-10s", 4: "10-100s"}
+    return names.get(b, ">100s")
 
 
 def _log_bucket(c: Any, base: float) -> Any:
@@ -265,7 +267,7 @@ def svg_bars(
     """A stacked bar chart as an inline ``<svg>``: one bar per category, one color per series."""
     esc = html.escape
     n = max(1, len(categories))
-    left, right, top, bottom = 56, 12, 28, 64
+    left, right, top, bottom = 72, 12, 28, 72
     plot_w, plot_h = width - left - right, height - top - bottom
     totals = [sum(s[i] for s in series.values()) for i in range(len(categories))]
     vmax = max(totals, default=0) or 1.0
@@ -345,6 +347,7 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px}
 .ok{color:#1b7f3b} .bad{color:#c0392b} .warn{color:#b7791f}
 table{border-collapse:collapse;margin:6px 0;font-size:13px}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+td{overflow-wrap:anywhere;max-width:420px}
 th{background:#f4f4f4} td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr.violation td:first-child{border-left:3px solid #c0392b}
 tr.warning td:first-child{border-left:3px solid #edc948}
@@ -429,8 +432,8 @@ def render_html(s: dict[str, Any]) -> str:
                         f["check"],
                         f["tx_key"],
                         None if f["topic"] is None else f"{f['topic']}-{f['partition']}",
-                        f["offset"],
-                        f["msg_id"],
+                        None if f["offset"] is None else str(f["offset"]),
+                        None if f["msg_id"] is None else str(f["msg_id"]),
                         None
                         if f["file"] is None and f["position"] is None
                         else f"{f['file'] or ''}@{f['position']}",

@@ -7,9 +7,9 @@ Usage::
 
 1. Generates a broker's files directly with the real codecs, the way the broker writes them
    (no broker process): partition segments ``<topic>-<n>/<start>.meta`` of
-   :func:`notify.codec.records.encode` records rolled at 64 MiB, and a redo log
+   :func:`notify.protocol.records.encode` records rolled at 64 MiB, and a redo log
    ``transactions/redo.<N>`` of :mod:`txlog.records` frames (rolled at txlog's 64 MiB) whose
-   bodies are :mod:`notify.tx.logrecords` APPEND_MSG / PREPARE / COMMIT / APPLIED / ROLLBACK,
+   bodies are :mod:`notify.protocol.logrecords` APPEND_MSG / PREPARE / COMMIT / APPLIED / ROLLBACK,
    plus a checkpoint. ``--txs`` transactions of 1..9 messages (mean 5) over 16 partitions,
    one in three spanning two partitions; 97 % committed in one phase, 1 % XA committed in
    two, 1 % rolled back, 1 % rolled back after PREPARE; message times spread over 24 hours.
@@ -35,9 +35,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
-from notify.codec import records
+from notify.protocol import logrecords as lr
+from notify.protocol import records
 from notify.store.segment import segment_name
-from notify.tx import logrecords as lr
 from txlog import Position
 from txlog.checkpoint import Checkpoint, write_checkpoints
 from txlog.config import TxLogConfig

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import uvloop
 
-from notify.codec import records
-from notify.codec.wire import ResponseParser, encode_mput
+from notify.protocol import records
+from notify.protocol.frames import ResponseParser, encode_mput
 from notify.testing import BrokerProcess
 
 

@@ -24,7 +24,7 @@ import uvloop
 from broker_bench import pipelined
 
 from notify.admin import parse_stats, request
-from notify.codec.wire import encode_dput, encode_line
+from notify.protocol.frames import encode_dput, encode_line
 from notify.testing import BrokerProcess
 
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import uvloop
 
-from notify.codec.wire import ResponseParser
+from notify.protocol.frames import ResponseParser
 from notify.testing import BrokerProcess
 
 

@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
+from notify.protocol.keys import Xid
 from notify.testing import BrokerProcess
-from notify.tx.keys import Xid
 from notify.xa import (
     BrokerParticipant,
     CoordinatorConfig,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import socket
 
-from notify.codec.wire import Response, ResponseParser, encode_line
 from notify.errors import BrokerError, ConnectionLostError
+from notify.protocol.frames import Response, ResponseParser, encode_line
 
 
 def parse_addr(addr: str, default_port: int = 8123) -> tuple[str, int]:

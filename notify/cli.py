@@ -135,7 +135,7 @@ def config_check(config_path: str) -> None:
 def config_reload(server: str, secret: str | None) -> None:
     """Ask a running broker to re-read its server.ini."""
     from notify.admin import request
-    from notify.codec.wire import encode_line
+    from notify.protocol.frames import encode_line
 
     try:
         reply = request(server, encode_line("reload", 1), secret)
@@ -152,7 +152,7 @@ def config_reload(server: str, secret: str | None) -> None:
 def stats(item: str, server: str, secret: str | None, as_json: bool) -> None:
     """Show a broker's stats (items: topics, offsets, realtime, config, reset, <topic>)."""
     from notify.admin import parse_stats, request
-    from notify.codec.wire import encode_line
+    from notify.protocol.frames import encode_line
 
     frame = encode_line("stats", item, 1) if item else encode_line("stats", 1)
     try:

@@ -395,7 +395,7 @@ def tx_list(in_doubt: bool, http_url: str, secret: str | None, as_json: bool) ->
 def _resolve(
     key: str, commit: bool, server: str | None, http_url: str, secret: str | None, as_json: bool
 ) -> None:
-    from notify.tx.keys import validate_key
+    from notify.protocol.keys import validate_key
 
     try:
         validate_key(key)
@@ -406,7 +406,7 @@ def _resolve(
     def action() -> None:
         if server is not None:
             from notify.admin import request
-            from notify.codec.wire import encode_line
+            from notify.protocol.frames import encode_line
 
             ttype = "COMMIT_TWO_PHASE" if commit else "ROLLBACK"
             try:

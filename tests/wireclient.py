@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import zlib
 
-from notify.codec.wire import Response, ResponseParser
+from notify.protocol.frames import Response, ResponseParser
 
 
 def crc(body: bytes) -> int:

@@ -33,8 +33,8 @@ from bench.peers.common import (
 )
 from bench.peers.servers import check_stop, cpu_seconds, peak_rss_kib
 from notify.client import AsyncMessageSessionFactory, AsyncProducer, ConsumerConfig
-from notify.codec import records
-from notify.codec.wire import ResponseParser, encode_mput
+from notify.protocol import records
+from notify.protocol.frames import ResponseParser, encode_mput
 from notify.testing import BrokerProcess
 
 _CRC = crc(BODY)

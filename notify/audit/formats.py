@@ -3,12 +3,12 @@
 Two inputs, each read one file at a time (one Spark input partition per file):
 
 * partition segments ``<dataPath>/<topic>-<partition>/<20-digit start>.meta`` (layout in
-  :mod:`notify.codec.records`): one row per record. A record whose payload CRC does not match
+  :mod:`notify.protocol.records`): one row per record. A record whose payload CRC does not match
   its header keeps its row (``checksum_ok`` false) as long as its length is sane; where the
   framing itself breaks (negative length, a length past the end of the file, a zero-filled
   area) one row with ``error`` set and no ``msg_id`` ends the file.
 * redo transaction logs ``<dir>/redo.<N>`` (frames of :mod:`txlog.records`, bodies of
-  :mod:`notify.tx.logrecords`) and the ``checkpoint`` file: one row per frame; a frame that
+  :mod:`notify.protocol.logrecords`) and the ``checkpoint`` file: one row per frame; a frame that
   cannot be read ends its file with a ``CORRUPT`` row.
 
 Times: PREPARE and COMMIT carry their own time; APPEND_MSG gets the time encoded in its first
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
-from notify.codec.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
+from notify.protocol import logrecords as lr
+from notify.protocol.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
 from notify.store.segment import NAME_DIGITS, SUFFIX, parse_segment_name
-from notify.tx import logrecords as lr
 from txlog.checkpoint import CHECKPOINT_FILE, read_checkpoints
 from txlog.records import DEFAULT_MAX_RECORD_BYTES, CorruptReason
 from txlog.segment import list_segments, segment_path
@@ -358,7 +358,7 @@ _LISTS_OF: Final = {"APPEND_MSG": 0, "APPLIED": 1, "COMMIT": 2}
 class TxlogColumns:
     """Rows of one redo file, built for Arrow: one tuple of the scalar columns per row
     (:data:`_SCALARS` order) and the list columns kept flat (values plus per-row offsets).
-    Layouts of the bodies: :mod:`notify.tx.logrecords`."""
+    Layouts of the bodies: :mod:`notify.protocol.logrecords`."""
 
     def __init__(self, f: TxlogFile):
         self.file = f

@@ -24,8 +24,8 @@ import os
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
-from notify.codec.wire import RequestParser, encode_error
 from notify.errors import ProtocolError
+from notify.protocol.frames import RequestParser, encode_error
 from notify.store.partition import Slice
 
 if TYPE_CHECKING:

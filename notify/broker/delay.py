@@ -45,10 +45,10 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
-from notify.codec import records
 from notify.config import TopicConfig, default_topic
 from notify.errors import NotifyError, StoreError, TxLogError
 from notify.faults import crashpoint
+from notify.protocol import records
 from notify.store.idempotent import already_present
 from notify.store.partition import Partition
 from txlog import TxLog, TxLogConfig

@@ -21,8 +21,16 @@ from typing import TYPE_CHECKING, Any, Final
 from notify.broker.connection import Connection, PendingReplies
 from notify.broker.idgen import MAX_BATCH, IdGenerator
 from notify.broker.stats import BrokerStats
-from notify.codec import records
-from notify.codec.wire import (
+from notify.config import ServerConfig, describe, validate_topic
+from notify.errors import (
+    InvalidTopicError,
+    NotifyError,
+    OffsetOutOfRangeError,
+    ProtocolError,
+    StoreFullError,
+)
+from notify.protocol import records
+from notify.protocol.frames import (
     Auth,
     DelayedPut,
     Get,
@@ -43,14 +51,6 @@ from notify.codec.wire import (
     encode_result,
     encode_stats_body,
     encode_value_header,
-)
-from notify.config import ServerConfig, describe, validate_topic
-from notify.errors import (
-    InvalidTopicError,
-    NotifyError,
-    OffsetOutOfRangeError,
-    ProtocolError,
-    StoreFullError,
 )
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore

@@ -37,16 +37,14 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from notify.broker.connection import Connection, PendingReplies
 from notify.broker.delay import DELAY_TOPIC
-from notify.codec import records
-from notify.codec.wire import MultiPut, Put, Register, Transaction, encode_check, encode_result
+from notify.core.states import TERMINAL, TxEvent, TxState, allowed, next_state
 from notify.errors import NotifyError, TransactionError, TxLogError
 from notify.faults import crashpoint
-from notify.store.idempotent import already_present
-from notify.store.partition import Partition
-from notify.tx import logrecords as lr
-from notify.tx.keys import is_xa, parse_xid, validate_key
-from notify.tx.states import TERMINAL, TxEvent, TxState, allowed, next_state
-from notify.tx.xacodes import (
+from notify.protocol import logrecords as lr
+from notify.protocol import records
+from notify.protocol.frames import MultiPut, Put, Register, Transaction, encode_check, encode_result
+from notify.protocol.keys import is_xa, parse_xid, validate_key
+from notify.protocol.xa import (
     XA_OK,
     XA_RBTIMEOUT,
     XA_RDONLY,
@@ -57,6 +55,8 @@ from notify.tx.xacodes import (
     XAER_RMERR,
     XAER_RMFAIL,
 )
+from notify.store.idempotent import already_present
+from notify.store.partition import Partition
 from txlog import Position, TxLog, TxLogConfig
 
 if TYPE_CHECKING:

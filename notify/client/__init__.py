@@ -33,7 +33,7 @@ Cluster (ZooKeeper, MetaQ's layout; see :mod:`configserver`)::
         consumer.subscribe("test", handle).complete_subscribe()   # the group rebalances
 
 Modules: ``_connection`` owns the sockets (pipelined, opaque-matched requests over the
-sans-IO codec of :mod:`notify.codec.wire`); ``_routing`` the broker directory;
+sans-IO codec of :mod:`notify.protocol.frames`); ``_routing`` the broker directory;
 ``_producer``/``_consumer`` the asyncio cores; ``_session`` the factories and the
 synchronous wrappers; ``_transaction`` local transactions, half messages and check-backs;
 ``_offsets``, ``_recover``, ``_spool`` the local files.

@@ -1,7 +1,7 @@
 """The one layer of the client that owns sockets.
 
 A :class:`BrokerConnection` is an asyncio protocol speaking the MetaQ text protocol through
-the sans-IO :class:`notify.codec.wire.ResponseParser`. Requests are pipelined: each carries
+the sans-IO :class:`notify.protocol.frames.ResponseParser`. Requests are pipelined: each carries
 an ``opaque`` from a per-connection counter and its reply is matched by that opaque, so
 replies may arrive in any order. A :class:`ConnectionPool` keeps one connection per broker
 address, reused by every producer and consumer of a session, and reconnects with
@@ -25,8 +25,8 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 
-from notify.codec.wire import Response, ResponseParser
 from notify.errors import ClientError, ConnectionLostError, ProtocolError, RequestTimeoutError
+from notify.protocol.frames import Response, ResponseParser
 
 log = logging.getLogger("notify.client")
 

@@ -42,9 +42,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from notify.codec.records import CorruptRecordError, decode_all, first_record_size
-from notify.codec.wire import Response, encode_get, encode_offset
 from notify.errors import BrokerError, ClientError, ConnectionLostError, NotifyError
+from notify.protocol.frames import Response, encode_get, encode_offset
+from notify.protocol.records import CorruptRecordError, decode_all, first_record_size
 
 from ._config import MAX_OFFSET, ClientConfig, ConsumerConfig
 from ._connection import ConnectionPool

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from notify.codec.records import HEADER_SIZE, first_record_size
+from notify.protocol.records import HEADER_SIZE, first_record_size
 
 
 class FetchSizer:

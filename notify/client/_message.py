@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from notify.codec.records import Record, split_payload
+from notify.protocol.records import Record, split_payload
 
 from ._routing import Partition
 

@@ -34,10 +34,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from notify.codec import records as rec
-from notify.codec.wire import Response, encode_dput, encode_line, encode_mput, encode_put
 from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
-from notify.tx.keys import local_key
+from notify.protocol import records as rec
+from notify.protocol.frames import Response, encode_dput, encode_line, encode_mput, encode_put
+from notify.protocol.keys import local_key
 
 from ._config import ClientConfig, ProducerConfig
 from ._connection import BrokerConnection, ConnectionPool

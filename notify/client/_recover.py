@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from notify.codec.records import split_payload
 from notify.errors import ClientError
+from notify.protocol.records import split_payload
 
 from ._message import Message
 from ._routing import Partition

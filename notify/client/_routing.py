@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from notify.codec.wire import encode_line
 from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
+from notify.protocol.frames import encode_line
 
 from ._connection import ConnectionPool
 

@@ -18,8 +18,8 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from notify.codec.records import decode_all, encode, scan
 from notify.errors import ClientError
+from notify.protocol.records import decode_all, encode, scan
 
 
 class Spool:

@@ -63,9 +63,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
-from notify.codec import records as rec
-from notify.codec.wire import Response, encode_line, encode_put
 from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
+from notify.protocol import records as rec
+from notify.protocol.frames import Response, encode_line, encode_put
 
 from ._connection import BrokerConnection, ConnectionPool
 from ._errors import (

@@ -19,9 +19,8 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from notify.codec import records
-from notify.codec.wire import Put, Response, Transaction
 from notify.config import TOPIC_KEYS, parse_config
+from notify.core.states import TxState
 from notify.errors import ConfigError, NotifyError, OffsetOutOfRangeError, TransactionError
 from notify.http import openapi
 from notify.http.bridge import call, call_one
@@ -35,8 +34,9 @@ from notify.http.views import (
     topics_view,
     transactions_view,
 )
-from notify.tx.keys import validate_key
-from notify.tx.states import TxState
+from notify.protocol import records
+from notify.protocol.frames import Put, Response, Transaction
+from notify.protocol.keys import validate_key
 
 log = logging.getLogger("notify.http")
 

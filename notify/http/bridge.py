@@ -1,10 +1,10 @@
 """Run wire requests through the broker's :class:`BrokerService` on behalf of HTTP callers.
 
-An HTTP request becomes one or more decoded wire requests (:mod:`notify.codec.wire` objects,
+An HTTP request becomes one or more decoded wire requests (:mod:`notify.protocol.frames` objects,
 built directly, never parsed from text an HTTP client wrote, so nothing can be smuggled into
 a frame) handed to :meth:`BrokerService.handle` through a :class:`LocalConnection`: a
 connection without a socket whose replies are decoded back into
-:class:`~notify.codec.wire.Response` objects. HTTP puts therefore join the same per-turn
+:class:`~notify.protocol.frames.Response` objects. HTTP puts therefore join the same per-turn
 batches, group commit and fsync acknowledgement as wire puts, and every reply code and body
 is exactly the wire's.
 """
@@ -15,7 +15,7 @@ import asyncio
 from typing import TYPE_CHECKING, Final
 
 from notify.broker.connection import Connection, PendingReplies
-from notify.codec.wire import Quit, Request, Response, ResponseParser, encode_result
+from notify.protocol.frames import Quit, Request, Response, ResponseParser, encode_result
 from notify.store.partition import Slice
 
 if TYPE_CHECKING:

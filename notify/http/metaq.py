@@ -26,10 +26,10 @@ from aiohttp import web
 
 from notify.admin import parse_stats
 from notify.broker.service import MAX_LONG_POLL_MS
-from notify.codec.wire import Get, Offset, Put, Response, Stats
 from notify.http.bridge import call_one
 from notify.http.params import INT32, group_name, int_param, topic_name
 from notify.http.server import SERVER, json_response
+from notify.protocol.frames import Get, Offset, Put, Response, Stats
 
 #: The group ``/offset`` reports when the caller names none.
 DEFAULT_GROUP = "http"

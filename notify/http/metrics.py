@@ -20,8 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from notify.core.states import TxState
 from notify.http.views import groups_view, replication_view
-from notify.tx.states import TxState
 from notify.version import __version__
 
 if TYPE_CHECKING:

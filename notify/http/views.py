@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from notify.config import DeletePolicy, TopicConfig
+from notify.core.states import TxState
 from notify.store.partition import Partition
 from notify.store.retention import LIVE_CONSUMER_S
-from notify.tx.states import TxState
 from notify.version import __version__
 
 if TYPE_CHECKING:

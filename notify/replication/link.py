@@ -8,8 +8,8 @@ import itertools
 from typing import Any
 
 from notify.admin import parse_addr
-from notify.codec.wire import Response, ResponseParser, encode_line
 from notify.errors import BrokerError, ConnectionLostError, RequestTimeoutError
+from notify.protocol.frames import Response, ResponseParser, encode_line
 
 
 class BrokerLink(asyncio.Protocol):

@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from notify.admin import parse_stats
-from notify.codec import records
-from notify.codec.wire import encode_get, encode_line, encode_offset
 from notify.config import SlaveConfig, default_topic
 from notify.errors import NotifyError
+from notify.protocol import records
+from notify.protocol.frames import encode_get, encode_line, encode_offset
 from notify.replication.link import BrokerLink
 from notify.store.partition import Partition
 

@@ -21,8 +21,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from notify.codec.wire import Response, encode_msync, encode_offset
 from notify.errors import NotifyError
+from notify.protocol.frames import Response, encode_msync, encode_offset
 from notify.replication.link import BrokerLink
 from notify.store.partition import Partition
 

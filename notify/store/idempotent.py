@@ -9,7 +9,7 @@ assigned before the intent was logged.
 
 from __future__ import annotations
 
-from notify.codec import records
+from notify.protocol import records
 from notify.store.partition import Partition
 
 

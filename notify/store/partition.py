@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from notify.codec import records
 from notify.errors import OffsetOutOfRangeError, StoreCorruptError, StoreError
+from notify.protocol import records
 from notify.store.segment import Segment, fsync_dir, parse_segment_name
 
 log = logging.getLogger("notify.store")

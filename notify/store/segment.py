@@ -1,7 +1,7 @@
 """One segment file of a partition: an append-only run of records.
 
 File layout: ``<partitionDir>/<startOffset:020d>.meta`` holding whole records back to back
-(layout in :mod:`notify.codec.records`); the file's byte ``i`` is partition offset
+(layout in :mod:`notify.protocol.records`); the file's byte ``i`` is partition offset
 ``start + i``. Only the last segment of a partition is written; older ones are read-only.
 
 This module owns the file descriptor: appends (``os.pwrite`` at the tracked size, truncated

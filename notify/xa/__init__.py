@@ -15,7 +15,7 @@ Modules: :mod:`~notify.xa.manager` (TransactionManager), :mod:`~notify.xa.transa
 
 from typing import TYPE_CHECKING, Any
 
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 from notify.xa.admin import InDoubt, Resolution
 from notify.xa.decisionlog import DecisionLog
 from notify.xa.errors import (

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 from notify.xa import records as rec
 from notify.xa.decisionlog import DecisionLog
 from notify.xa.errors import HeuristicKind, InDoubtError

@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from notify.xa.records import HeuristicRecord
 
 # javax.transaction.xa.XAException codes (the broker sends them as XAException:code=<n>),
-# re-exported from their one home, notify.tx.xacodes
-from notify.tx.xacodes import (  # noqa: I001
+# re-exported from their one home, notify.protocol.xa
+from notify.protocol.xa import (  # noqa: I001
     XA_HEURCOM as XA_HEURCOM,
     XA_HEURHAZ as XA_HEURHAZ,
     XA_HEURMIX as XA_HEURMIX,

@@ -1,6 +1,6 @@
 """Transaction ids of one coordinator: how they are made and how they are recognised.
 
-Every branch id is an X/Open :class:`~notify.tx.keys.Xid` ``(formatId, gtrid, bqual)``:
+Every branch id is an X/Open :class:`~notify.protocol.keys.Xid` ``(formatId, gtrid, bqual)``:
 
 * ``formatId``: the coordinator's (default :data:`DEFAULT_FORMAT_ID`, "NTXA").
 * ``gtrid``: ASCII ``<coordinatorId>-<deadline>-<nonce>``; ``deadline`` is the transaction's
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from notify.errors import ConfigError
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 
 DEFAULT_FORMAT_ID: Final = 0x4E545841  # "NTXA"
 MAX_COORDINATOR_ID: Final = 16

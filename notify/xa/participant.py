@@ -63,7 +63,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, Protocol
 
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 from notify.xa.ids import Scope
 
 

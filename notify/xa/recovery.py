@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 from notify.xa import records as rec
 from notify.xa.decisionlog import DecisionLog
 from notify.xa.errors import (

@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 
 from notify.errors import TransactionError
 from notify.faults import crashpoint
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 from notify.xa import records as rec
 from notify.xa.decisionlog import DecisionLog
 from notify.xa.errors import (

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from notify.codec import records
-from notify.codec.wire import encode_mput
+from notify.protocol import logrecords as lr
+from notify.protocol import records
+from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
-from notify.tx import logrecords as lr
 from tests.wireclient import WireClient, crc
 from txlog.records import decode as decode_frames
 from txlog.records import encode as encode_frame

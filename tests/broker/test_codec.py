@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from notify.codec import records
-from notify.codec.wire import (
+from notify.errors import FrameTooLargeError, ProtocolError
+from notify.protocol import records
+from notify.protocol.frames import (
     Get,
     MultiPut,
     Offset,
@@ -25,7 +26,6 @@ from notify.codec.wire import (
     encode_put,
     encode_result,
 )
-from notify.errors import FrameTooLargeError, ProtocolError
 
 
 def crc(b: bytes) -> int:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from notify.codec import records
-from notify.codec.wire import ResponseParser
+from notify.protocol import records
+from notify.protocol.frames import ResponseParser
 from notify.testing import BrokerProcess
 from tests.wireclient import WireClient
 

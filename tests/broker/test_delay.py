@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from notify.codec import records
-from notify.codec.wire import encode_dput
+from notify.protocol import records
+from notify.protocol.frames import encode_dput
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
 from tests.wireclient import WireClient

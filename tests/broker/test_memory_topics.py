@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from notify.codec import records
+from notify.protocol import records
 from tests.conftest import BrokerFactory
 from tests.wireclient import WireClient
 

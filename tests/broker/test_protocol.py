@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 import zlib
 
-from notify.codec import records
-from notify.codec.wire import encode_mput
+from notify.protocol import records
+from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
 from tests.wireclient import WireClient, crc

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from notify.codec import records
 from notify.config import parse_config
 from notify.errors import OffsetOutOfRangeError, StoreCorruptError, StoreFullError
+from notify.protocol import records
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from tests.conftest import IN_CI

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from notify.codec import records
+from notify.protocol import records
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
 from tests.wireclient import WireClient, crc

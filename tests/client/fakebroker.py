@@ -12,8 +12,9 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
-from notify.codec import records
-from notify.codec.wire import (
+from notify.errors import ProtocolError
+from notify.protocol import records
+from notify.protocol.frames import (
     Get,
     MultiPut,
     Offset,
@@ -26,7 +27,6 @@ from notify.codec.wire import (
     encode_stats_body,
     encode_value_header,
 )
-from notify.errors import ProtocolError
 
 
 @dataclass

@@ -14,8 +14,8 @@ from notify.client import (
     connect,
 )
 from notify.client._connection import ConnectionPool
-from notify.codec.wire import encode_line
 from notify.errors import ConnectionLostError, RequestTimeoutError
+from notify.protocol.frames import encode_line
 from tests.client.fakebroker import FakeBroker
 
 FAST = ClientConfig(

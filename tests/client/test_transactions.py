@@ -31,9 +31,9 @@ from notify.client import (
 )
 from notify.client._connection import BrokerConnection
 from notify.client._transaction import as_state, reply_error
-from notify.codec import records
-from notify.codec.wire import Response, encode_check
 from notify.errors import BrokerError, ClientError, TransactionError
+from notify.protocol import records
+from notify.protocol.frames import Response, encode_check
 from notify.testing import BrokerProcess
 from tests.client.conftest import wait_until
 from tests.conftest import BrokerFactory

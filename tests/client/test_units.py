@@ -30,9 +30,9 @@ from notify.client._connection import split_address
 from notify.client._consumer import _make_filter, _share
 from notify.client._producer import _Item, _parse_mput_reply, _unknown_command
 from notify.client._spool import Spool, existing_spools
-from notify.codec import records
-from notify.codec.wire import Response
 from notify.errors import ClientError
+from notify.protocol import records
+from notify.protocol.frames import Response
 
 PARTS = [Partition(0, p, "h:1") for p in range(4)] + [Partition(1, p, "h:2") for p in range(4)]
 

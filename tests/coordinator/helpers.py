@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 import pymysql
 
-from notify.codec import records
-from notify.codec.wire import ResponseParser, encode_get, encode_line
+from notify.protocol import records
+from notify.protocol.frames import ResponseParser, encode_get, encode_line
 from notify.xa.resources.mysql import connect_args
 from notify.xa.resources.postgres import conninfo_of
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from notify.errors import TransactionError
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 from notify.xa import (
     BranchHeuristicError,
     BranchStatus,

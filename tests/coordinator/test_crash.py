@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from notify.protocol.keys import Xid
 from notify.testing import BrokerProcess
-from notify.tx.keys import Xid
 from notify.xa import BranchStatus, PostgresParticipant, RollbackError, TxState, Vote
 from notify.xa.ids import deadline_of
 from tests.coordinator.conftest import XA_TOPICS, Env, MakeTM

@@ -8,8 +8,8 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 
+from notify.protocol.keys import Xid
 from notify.testing import BrokerProcess, free_port
-from notify.tx.keys import Xid
 from notify.xa import (
     BrokerParticipant,
     MySQLParticipant,

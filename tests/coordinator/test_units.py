@@ -9,7 +9,7 @@ import pytest
 
 import notify.xa
 from notify.errors import ConfigError, TransactionError, TxLogCorruptError
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 from notify.xa import records as rec
 from notify.xa.decisionlog import DecisionLog, peek
 from notify.xa.errors import (

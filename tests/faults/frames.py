@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from notify.codec import records
+from notify.protocol import records
 
 BODY_COMMANDS = (b"put", b"mput", b"sync", b"msync")
 LENGTH_INDEX = 3  # the body length is the 4th token of every body command

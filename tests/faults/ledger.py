@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from notify.codec import records
+from notify.protocol import records
 from tests.wireclient import WireClient
 
 TOPICS: dict[str, int] = {"fa": 4, "fb": 2}

@@ -10,8 +10,8 @@ import threading
 import time
 import zlib
 
-from notify.codec import records
-from notify.codec.wire import Response, ResponseParser
+from notify.protocol import records
+from notify.protocol.frames import Response, ResponseParser
 from tests.faults.ledger import (
     COMMIT_SENT,
     COMMITTED,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from notify.codec import records
-from notify.codec.wire import encode_mput
+from notify.protocol import records
+from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
 from tests.conftest import IN_CI
 from tests.faults import summary

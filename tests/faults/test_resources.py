@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from notify.codec import records
-from notify.codec.wire import encode_mput
+from notify.protocol import records
+from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
 from tests.faults import summary
 from tests.wireclient import WireClient

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from notify.codec import records
+from notify.protocol import records
 from notify.testing import BrokerProcess
 from tests.faults import summary
 from tests.wireclient import WireClient, crc

@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from notify.codec.wire import (
+from notify.errors import ProtocolError
+from notify.protocol.frames import (
     MultiPut,
     Put,
     RequestParser,
@@ -32,7 +33,6 @@ from notify.codec.wire import (
     encode_result,
     encode_value_header,
 )
-from notify.errors import ProtocolError
 from notify.testing import BrokerProcess
 from tests.faults import summary
 from tests.faults.frames import Frame, mutated_frames, valid_frames

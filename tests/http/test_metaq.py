@@ -6,7 +6,7 @@ import threading
 import time
 import zlib
 
-from notify.codec import records
+from notify.protocol import records
 from notify.testing import BrokerProcess
 from tests.http.conftest import MAX_MESSAGE, Http
 from tests.wireclient import WireClient

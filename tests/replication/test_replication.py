@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from notify.codec import records
+from notify.protocol import records
 from notify.testing import BrokerProcess, free_port
 from tests.wireclient import WireClient, crc
 

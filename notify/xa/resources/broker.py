@@ -25,10 +25,10 @@ import socket
 from dataclasses import dataclass
 from typing import Final
 
-from notify.codec import records
-from notify.codec.wire import Response, ResponseParser, encode_line, encode_put
 from notify.errors import ProtocolError, TransactionError
-from notify.tx.keys import Xid, parse_xid
+from notify.protocol import records
+from notify.protocol.frames import Response, ResponseParser, encode_line, encode_put
+from notify.protocol.keys import Xid, parse_xid
 from notify.xa.errors import (
     XAER_PROTO,
     BranchHeuristicError,

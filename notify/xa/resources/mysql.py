@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import pymysql
 
 from notify.errors import ConfigError, TransactionError
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 from notify.xa.errors import (
     ParticipantError,
     ParticipantUnavailableError,

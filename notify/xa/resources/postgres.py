@@ -24,7 +24,7 @@ from psycopg import errors as pgerr
 from psycopg.pq import TransactionStatus
 
 from notify.errors import TransactionError
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 from notify.xa.errors import (
     ParticipantError,
     ParticipantUnavailableError,

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from notify.tx.keys import Xid
+from notify.protocol.keys import Xid
 from notify.xa.errors import ParticipantError, ParticipantUnavailableError
 from notify.xa.ids import Scope, xid_from_text, xid_to_text
 from notify.xa.participant import Vote

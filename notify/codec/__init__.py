@@ -1,1 +1,0 @@
-"""Sans-IO codecs: the record layout and the MetaQ text wire protocol (no sockets, no files)."""

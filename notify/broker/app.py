@@ -103,7 +103,15 @@ class Broker:
         # may re-apply committed delayed puts to it
         self.store.add_topic(delay_topic_config(default_topic(self.config.system, "")))
         service.refresh_topics()
-        tm = TransactionManager(service, self.scheduler)
+        tm = TransactionManager(
+            self.config.system,
+            self.store,
+            self.flusher,
+            service.ids,
+            loop,
+            self.scheduler,
+            service.transaction_applied,
+        )
         service.transactions = tm
         tm.recover()
         self.delay = DelayQueue(service)

@@ -22,6 +22,7 @@ from notify.broker.connection import Connection, PendingReplies
 from notify.broker.idgen import MAX_BATCH, IdGenerator
 from notify.broker.stats import BrokerStats
 from notify.config import ServerConfig, describe, validate_topic
+from notify.core.effects import Applied
 from notify.errors import (
     InvalidTopicError,
     NotifyError,
@@ -307,7 +308,7 @@ class BrokerService:
             return self._error(conn, 500, r.opaque, part.failed)
         base = part.end
         first_id = self.ids.next_block(r.count)
-        _stamp_ids(buf, first_id)
+        records.stamp_ids(buf, first_id)
         try:
             part.append(buf)
         except NotifyError as e:
@@ -363,9 +364,13 @@ class BrokerService:
         tc.put_messages += count
         tc.put_bytes += nbytes
 
-    def _count_put_tx(self, placements: list[tuple[str, int, int, int, int]]) -> None:
-        for topic, _part, _off, count, nbytes in placements:
-            self._count_put(topic, count, nbytes - count * records.HEADER_SIZE)
+    def transaction_applied(self, eff: Applied) -> None:
+        """A committed transaction reached its partitions: count it; index delayed messages."""
+        for pl in eff.placements:
+            self._count_put(pl.topic, pl.count, pl.nbytes - pl.count * records.HEADER_SIZE)
+        if self.delay is not None:
+            for offset, data in eff.delayed:
+                self.delay.index_appended(offset, data)
 
     def commit(self) -> None:
         """Write every pending batch: one buffer and one write per partition."""
@@ -552,10 +557,15 @@ class BrokerService:
             conn.send(slot)
 
     def partition_visible(self, part: Partition) -> None:
-        """Called when ``part``'s visible end advanced: answer the gets parked on it."""
-        for entry in list(self._waiting.get(part, ())):
-            if entry[1].offset < part.visible_end:
-                self._unpark(part, entry, False)
+        """Called when ``part``'s visible end advanced: answer the gets parked on it and the
+        commits waiting until readers can see them."""
+        waiting = self._waiting.get(part)
+        if waiting:
+            for entry in list(waiting):
+                if entry[1].offset < part.visible_end:
+                    self._unpark(part, entry, False)
+        if self.transactions is not None:
+            self.transactions.partition_visible(part)
 
     def _offset(self, conn: Connection, r: Offset) -> None:
         self.stats.cmd_offset += 1
@@ -800,17 +810,3 @@ class BrokerService:
         else:
             return self._error(conn, 404, r.opaque, f"unknown stats item {item!r}")
         conn.send(encode_result(200, r.opaque, encode_stats_body(items)))
-
-
-def _stamp_ids(buf: bytearray, first_id: int) -> None:
-    """Write consecutive message ids into the records of ``buf`` (validated beforehand)."""
-    pos = 0
-    n = len(buf)
-    mid = first_id
-    unpack = _HEADER.unpack_from
-    pack_id = _ID_AT.pack_into
-    while pos < n:
-        length = unpack(buf, pos)[0]
-        pack_id(buf, pos + 8, mid)
-        mid += 1
-        pos += records.HEADER_SIZE + length

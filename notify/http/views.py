@@ -135,7 +135,7 @@ def transactions_view(service: BrokerService) -> list[JSON]:
                 "prepared_at_ms": tx.prepared_at_ms or None,
                 "check_backs": tx.checks,
                 "apply_error": tx.apply_error,
-                "connection": tx.conn.peer if tx.conn is not None else None,
+                "connection": tx.owner.peer if tx.owner is not None else None,
             }
         )
     return out

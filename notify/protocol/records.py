@@ -179,3 +179,21 @@ def first_record_size(header: bytes | bytearray | memoryview) -> int | None:
         return None
     length: int = _ATTR_LEN.unpack_from(header, 0)[0]
     return HEADER_SIZE + length
+
+
+_ID_AT = struct.Struct(">q")
+
+
+def stamp_ids(buf: bytearray, first_id: int) -> None:
+    """Write consecutive message ids (``first_id``, ``first_id + 1``, ...) into the records
+    of ``buf``, which must hold whole, already validated records."""
+    pos = 0
+    n = len(buf)
+    mid = first_id
+    unpack = HEADER.unpack_from
+    pack_id = _ID_AT.pack_into
+    while pos < n:
+        length = unpack(buf, pos)[0]
+        pack_id(buf, pos + 8, mid)
+        mid += 1
+        pos += HEADER_SIZE + length

@@ -22,3 +22,8 @@ XAER_INVAL: Final = -5
 XAER_PROTO: Final = -6
 XAER_RMFAIL: Final = -7
 XAER_DUPID: Final = -8
+
+
+def encode_xa_failure(code: int, message: str) -> bytes:
+    """The body of an XA error reply: ``XAException:code=<n>,msg=<text>`` (MetaQ's form)."""
+    return f"XAException:code={code},msg={message}".encode("utf-8", "replace")

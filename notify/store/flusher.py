@@ -141,13 +141,8 @@ class Flusher:
             return
         finished, self._round_done = self._round_done, []
         for p, _f, tg in finished:
-            if tg > p.flushed_end:
-                p.flushed_end = tg
-            if tg > p.visible_end:
-                p.visible_end = tg
+            p.mark_flushed(tg)  # tells the partition's visibility hook (parked gets, commits)
         for p, f, tg in finished:
-            if p.waiting and p.on_visible is not None:
-                p.on_visible(p)
             if not f.done():
                 f.set_result(tg)
             for cb in self.on_flushed:

@@ -20,6 +20,7 @@ import bisect
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,8 +90,11 @@ class Partition:
         self.recovery: RecoveryReport | None = None
         self.closed = False
         #: long-poll hook: called when ``visible_end`` advances while ``waiting`` is set
+        #: (and whenever a flush or a covered append advances it)
         self.waiting = False
         self.on_visible: Callable[[Partition], None] | None = None
+        #: ``(start, end)`` of appends another log keeps durable (applied commits), in order
+        self._covered: deque[tuple[int, int]] = deque()
 
     # ------------------------------------------------------------------ open / recover
 
@@ -232,6 +236,40 @@ class Partition:
                 self.on_visible(self)
         return offset
 
+    def append_covered(self, data: bytes | bytearray | memoryview) -> int:
+        """Append records whose durability another log already guarantees (a committed
+        transaction's messages sit in the redo log, and recovery re-applies them at this same
+        offset). Under group commit readers may see them as soon as everything before them
+        is visible, without waiting for this partition's fsync."""
+        offset = self.append(data)
+        if self.group_commit:
+            self._covered.append((offset, offset + len(data)))
+            self._advance_visible()
+        return offset
+
+    def mark_flushed(self, target: int) -> None:
+        """An fsync covering everything before ``target`` finished: advance the marks and
+        tell the visibility hook."""
+        before = self.visible_end
+        if target > self.flushed_end:
+            self.flushed_end = target
+        if target > self.visible_end:
+            self.visible_end = target
+        self._advance_visible(before)
+
+    def _advance_visible(self, before: int = -1) -> None:
+        if before < 0:
+            before = self.visible_end
+        v = self.visible_end
+        cov = self._covered
+        while cov and cov[0][0] <= v:
+            end = cov.popleft()[1]
+            if end > v:
+                v = end
+        self.visible_end = v
+        if v > before and self.on_visible is not None:
+            self.on_visible(self)
+
     def _roll(self) -> Segment:
         old = self.segments[-1]
         try:
@@ -294,6 +332,8 @@ class Partition:
         seg.truncate(offset - seg.start)
         self.visible_end = min(self.visible_end, offset)
         self.flushed_end = min(self.flushed_end, offset)
+        while self._covered and self._covered[-1][0] >= offset:
+            self._covered.pop()
 
     def read_raw(self, offset: int, length: int) -> bytes:
         """Bytes at ``offset`` regardless of visibility (replication compares with them)."""
@@ -347,8 +387,7 @@ class Partition:
         """Synchronous fdatasync of the active segment (shutdown, tests); updates marks."""
         end = self.end
         self.active.sync()
-        self.flushed_end = max(self.flushed_end, end)
-        self.visible_end = max(self.visible_end, end)
+        self.mark_flushed(end)
 
     def close(self) -> None:
         if self.closed:

@@ -1,0 +1,158 @@
+"""One mechanism for "intent -> idempotent apply -> done", shared by transaction commits and
+delayed-message moves.
+
+The caller first makes an *intent* durable in its own log (a transaction's COMMIT record, a
+delay MOVE record) holding the messages (ids already assigned) and, per target partition, the
+partition's end when the intent was written (the *hint*). Then :meth:`Applier.apply` appends
+each partition's share with one write, all or nothing across partitions, and the caller logs
+*done* (APPLIED, MOVED) without forcing it. After a crash the caller runs the same
+:meth:`Applier.apply` with ``verify=True``: records already present (matched by message id
+from the hint on) are skipped, so each message lands exactly once.
+
+Because the intent log holds the bytes durably, applied shares are appended *covered*
+(:meth:`~notify.store.partition.Partition.append_covered`): readers may see them as soon as
+everything before them in the partition is visible, without waiting for the partition's own
+fsync. Until that fsync, the intent must stay in its log: :meth:`Applier.durable` tells when
+placements are on disk in their partitions, so the caller's checkpoints never drop an intent
+whose messages a crash could still take from the partition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from notify.core.effects import Placement
+from notify.errors import NotifyError, StoreError
+from notify.store.idempotent import already_present
+from notify.store.partition import Partition
+
+
+class PartitionLookup(Protocol):
+    """The store as the core sees it."""
+
+    def get(self, topic: str, partition: int) -> Partition | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One partition's part of an intent: whole records in the partition layout."""
+
+    topic: str
+    partition: int
+    data: bytes
+    count: int
+
+
+def group_shares(batches: Iterable[tuple[str, int, bytes, int]]) -> list[Share]:
+    """Join ``(topic, partition, records, count)`` batches per partition, keeping the order in
+    which partitions first appear and the order of records within each."""
+    chunks: dict[tuple[str, int], list[bytes]] = {}
+    counts: dict[tuple[str, int], int] = {}
+    for topic, part, data, count in batches:
+        k = (topic, part)
+        lst = chunks.get(k)
+        if lst is None:
+            lst = chunks[k] = []
+            counts[k] = 0
+        lst.append(data)
+        counts[k] += count
+    return [Share(t, p, b"".join(c), counts[(t, p)]) for (t, p), c in chunks.items()]
+
+
+def no_crashpoint(_name: str) -> None:
+    """The default crash hook: nothing happens."""
+
+
+class Applier:
+    """Appends shares exactly once and tracks when they are durable in their partitions."""
+
+    def __init__(
+        self,
+        store: PartitionLookup,
+        after_append: Callable[[Partition, int], None],
+        crashpoint: Callable[[str], None] = no_crashpoint,
+    ) -> None:
+        self.store = store
+        self.after_append = after_append
+        self.crashpoint = crashpoint
+
+    def apply(
+        self,
+        shares: Sequence[Share],
+        hints: Mapping[tuple[str, int], int],
+        *,
+        verify: bool,
+        what: str,
+        on_missing: Callable[[Share], None] | None = None,
+    ) -> list[Placement]:
+        """Append every share (``verify``: only what is not already there, matched by message
+        id from the hint on). All or nothing: when one partition refuses, the shares appended
+        in this call are taken back and StoreError is raised. A share whose partition no
+        longer exists is reported to ``on_missing`` and skipped."""
+        placements: list[Placement] = []
+        done: list[tuple[Partition, int]] = []
+        appended: list[tuple[Partition, int]] = []
+        first = True
+        for sh in shares:
+            part = self.store.get(sh.topic, sh.partition)
+            if part is None:
+                if on_missing is not None:
+                    on_missing(sh)
+                continue
+            data = sh.data
+            start = -1
+            if verify:
+                present, at = already_present(part, hints.get((sh.topic, sh.partition), 0), data)
+                if present:
+                    start = at
+                if present == len(data):
+                    placements.append(Placement(sh.topic, sh.partition, at, sh.count, len(data)))
+                    continue
+                data = data[present:]
+            if not first:
+                self.crashpoint("mid_apply")
+            first = False
+            before = part.end
+            try:
+                off = part.append_covered(data)
+            except NotifyError as e:
+                for p, end in done:
+                    # on failure the caller retries the whole apply with verify=True
+                    with contextlib.suppress(NotifyError, OSError):
+                        p.rollback_to(end)
+                raise StoreError(
+                    f"{what}: appending to {sh.topic}-{sh.partition} failed: {e}"
+                ) from e
+            done.append((part, before))
+            appended.append((part, sh.count))
+            placements.append(
+                Placement(
+                    sh.topic, sh.partition, off if start < 0 else start, sh.count, len(sh.data)
+                )
+            )
+        for part, count in appended:
+            self.after_append(part, count)
+        return placements
+
+    def durable(self, placements: Iterable[Placement]) -> bool:
+        """Whether every placement is on disk in its partition (or its partition is gone, or
+        lives in memory and is lost on restart by design)."""
+        for pl in placements:
+            part = self.store.get(pl.topic, pl.partition)
+            if part is None or part.memory:
+                continue
+            if part.flushed_end < pl.end:
+                return False
+        return True
+
+    def visible(self, placements: Iterable[Placement]) -> list[tuple[Partition, int]]:
+        """The ``(partition, end)`` pairs readers cannot see yet."""
+        out: list[tuple[Partition, int]] = []
+        for pl in placements:
+            part = self.store.get(pl.topic, pl.partition)
+            if part is not None and part.visible_end < pl.end:
+                out.append((part, pl.end))
+        return out

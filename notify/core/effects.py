@@ -1,0 +1,108 @@
+"""Effects: what the transaction engine asks its shell to do.
+
+The engine never touches a socket or the scheduler. Each command appends effects to an
+outbox (a plain list); the broker's shell (:mod:`notify.broker.transactions`) executes them
+with sockets, fsyncs and timers, and the simulation (:mod:`notify.sim`) executes them with a
+simulated disk and a seeded scheduler, so both run the same engine code.
+
+==========  ===============================================================================
+effect      the shell must
+==========  ===============================================================================
+Reply       send ``result <code> <len> <opaque>`` + body to ``owner`` now (in request order)
+Defer       reserve the reply slot of ``ticket`` in ``owner``'s reply order (filled later)
+Complete    the ``ticket`` reserved earlier now has its code and body: release it
+Force       make the redo log durable up to ``pos`` (group commit), then call
+            ``engine.forced(pos, error)``
+SendCheck   send a half-message check-back frame to ``owner``
+Applied     messages reached their partitions (count them; index delayed messages)
+==========  ===============================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from txlog import Position
+
+
+class Ticket:
+    """A reply that will be known later (after a force, or once readers can see a commit).
+
+    ``slot`` belongs to the shell (its place in the connection's reply queue)."""
+
+    __slots__ = ("body", "code", "done", "opaque", "owner", "slot")
+
+    def __init__(self, owner: Any, opaque: int) -> None:
+        self.owner = owner
+        self.opaque = opaque
+        self.code = 0
+        self.body = b""
+        self.done = False
+        self.slot: Any = None
+
+    def set(self, code: int, body: bytes) -> None:
+        self.code = code
+        self.body = body
+        self.done = True
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    owner: Any
+    opaque: int
+    code: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Defer:
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True)
+class Force:
+    pos: Position
+
+
+@dataclass(frozen=True, slots=True)
+class SendCheck:
+    owner: Any
+    key: str
+    topic: str
+    partition: int
+    records: bytes
+    opaque: int
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one partition's share of an intent went."""
+
+    topic: str
+    partition: int
+    offset: int
+    count: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A transaction's messages reached their partitions; ``delayed`` holds ``(offset,
+    bytes)`` of what went to the internal delay partition (it must be indexed)."""
+
+    key: str
+    placements: tuple[Placement, ...]
+    delayed: tuple[tuple[int, bytes], ...] = ()
+
+
+Effect = Reply | Defer | Complete | Force | SendCheck | Applied

@@ -27,6 +27,7 @@ from notify.config import ServerConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
 from notify.replication.slave import SlaveReplicator
 from notify.replication.sync_master import SyncMaster
+from notify.runtime import SYSTEM_CLOCK
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.retention import (
@@ -114,7 +115,13 @@ class Broker:
         )
         service.transactions = tm
         tm.recover()
-        self.delay = DelayQueue(service)
+        self.delay = DelayQueue(
+            self.store,
+            self.config.system,
+            tm.applier,
+            SYSTEM_CLOCK,
+            lambda: service.role == "master",
+        )
         self.delay.open()
         service.delay = self.delay
         tm.add_jobs()

@@ -12,8 +12,9 @@ each, so a million pending messages cost megabytes, not a million callbacks. One
 broker's own timer, not an APScheduler job per message) wakes every 50 ms, takes the due
 buckets, reads those records, and moves them in order of due time.
 
-Moving is exactly once, with the same intent/apply/done protocol as transaction commits, on a
-redo log of its own (``<dataLogPath>/delay/``, :mod:`txlog`)::
+Moving is exactly once, through the same intent -> idempotent apply -> done mechanism as
+transaction commits (:class:`notify.core.apply.Applier`), on a redo log of its own
+(``<dataLogPath>/delay/``, :mod:`txlog`)::
 
     MOVE  (20)  seq:u64 · n:u16 · n*(topic:str · partition:u32 · hint:i64) · m:u32 · m*offset:i64
     MOVED (21)  seq:u64 · m:u32 · m*offset:i64
@@ -24,7 +25,9 @@ already reached the target), then rebuilds the index by scanning ``__delay`` fro
 checkpointed watermark (the lowest offset still pending), skipping delivered offsets.
 Checkpoints (every ``CHECKPOINT_S``) store ``watermark:u64 · k:u32 · k*delivered offset:i64``
 (the delivered offsets above the watermark); segments of ``__delay`` wholly below the
-watermark are deleted.
+watermark are deleted. A move whose messages are not yet on disk in their target partitions
+keeps its MOVE record and its ``__delay`` records (it holds both the checkpoint and the
+watermark back), so a crash before the targets' fsync still re-applies it.
 
 Inside a transaction, a delayed put becomes an APPEND_MSG for ``__delay``; the commit applies
 it there and the index learns it then, so a rolled-back delayed message never becomes due.
@@ -39,22 +42,22 @@ import heapq
 import logging
 import struct
 import sys
-import time
 from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from notify.config import TopicConfig, default_topic
-from notify.errors import NotifyError, StoreError, TxLogError
+from notify.config import SystemConfig, TopicConfig, default_topic
+from notify.core.apply import Applier, Share, group_shares
+from notify.core.effects import Placement
+from notify.core.ports import Clock
+from notify.errors import NotifyError, TxLogError
 from notify.faults import crashpoint
 from notify.protocol import records
-from notify.store.idempotent import already_present
+from notify.store.manager import MessageStore
 from notify.store.partition import Partition
-from txlog import TxLog, TxLogConfig
-
-if TYPE_CHECKING:
-    from notify.broker.service import BrokerService
+from txlog import Position, TxLog, TxLogConfig
 
 log = logging.getLogger("notify.delay")
 
@@ -120,10 +123,19 @@ def _unpack_i64s(data: bytes) -> list[int]:
 class DelayQueue:
     """Pending delayed messages of one broker and the task that delivers them."""
 
-    def __init__(self, service: BrokerService):
-        self.service = service
-        self.store = service.store
-        sysc = service.config.system
+    def __init__(
+        self,
+        store: MessageStore,
+        sysc: SystemConfig,
+        applier: Applier,
+        clock: Clock,
+        is_master: Callable[[], bool],
+    ):
+        self.store = store
+        self.sysc = sysc
+        self.applier = applier
+        self.clock = clock
+        self.is_master = is_master
         self.part: Partition | None = None
         self.log = TxLog.open(
             (sysc.data_log_path or sysc.data_path) / "delay",
@@ -138,7 +150,9 @@ class DelayQueue:
         self.moved_total = 0
         self.lateness_ms: deque[float] = deque(maxlen=10_000)
         self._task: asyncio.Task[None] | None = None
-        self._last_checkpoint = time.monotonic()
+        self._last_checkpoint = clock.monotonic()
+        #: (MOVE position, moved __delay offsets, placements) not yet flushed in targets
+        self._unflushed: deque[tuple[Position, list[int], tuple[Placement, ...]]] = deque()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -146,27 +160,34 @@ class DelayQueue:
         """Create ``__delay-0``, recover interrupted moves and rebuild the index."""
         self.part = self.store.get(DELAY_TOPIC, 0)
         if self.part is None:
-            sysc = self.service.config.system
+            sysc = self.sysc
             self.part = self.store.add_topic(delay_topic_config(default_topic(sysc, "")))[0]
         ck = self.log.latest_checkpoint()
         if ck is not None and ck.state:
             (self.watermark,) = _U64.unpack_from(ck.state, 0)
             (k,) = _U32.unpack_from(ck.state, 8)
             self.delivered = set(_unpack_i64s(ck.state[12 : 12 + 8 * k]))
-        moves: dict[int, tuple[list[tuple[str, int, int]], list[int]]] = {}
-        for _pos, rtype, body in self.log.replay():
+        # every MOVE still in the log is re-applied idempotently: one without MOVED was
+        # interrupted, one with MOVED may have lost its unflushed target bytes in a crash
+        moves: dict[int, tuple[Position, list[tuple[str, int, int]], list[int]]] = {}
+        for pos, rtype, body in self.log.replay():
             if rtype == MOVE:
                 seq, hints, offs = _decode_move(body)
-                moves[seq] = (hints, offs)
+                moves[seq] = (pos, hints, offs)
                 self.seq = max(self.seq, seq)
             elif rtype == MOVED:
                 seq, offs = _decode_moved(body)
-                moves.pop(seq, None)
                 self.delivered.update(offs)
                 self.seq = max(self.seq, seq)
-        for seq, (hints, offs) in sorted(moves.items()):
-            log.info("delay: finishing interrupted move %d (%d messages)", seq, len(offs))
-            self._apply_move(seq, hints, offs, recovering=True)
+        touched: set[Partition] = set()
+        for seq, (pos, hints, offs) in sorted(moves.items()):
+            placements = self._apply_move(seq, pos, hints, offs, recovering=True)
+            for pl in placements:
+                target = self.store.get(pl.topic, pl.partition)
+                if target is not None:
+                    touched.add(target)
+        for target in touched:
+            target.sync()
         self._rebuild_index()
         self.log.sync()
         log.info(
@@ -235,11 +256,11 @@ class DelayQueue:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
-            if self.service.role != "master":
+            if not self.is_master():
                 continue
             try:
                 self.move_due()
-                if time.monotonic() - self._last_checkpoint >= CHECKPOINT_S:
+                if self.clock.monotonic() - self._last_checkpoint >= CHECKPOINT_S:
                     self._checkpoint()
             except NotifyError as e:
                 log.error("delay mover: %s (retrying)", e)
@@ -247,7 +268,7 @@ class DelayQueue:
 
     def move_due(self, now_ms: int | None = None) -> int:
         """Deliver every pending message due by ``now_ms``; returns how many moved."""
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        now_ms = int(self.clock.time() * 1000) if now_ms is None else now_ms
         now_sec = now_ms // 1000
         part = self.part
         assert part is not None
@@ -283,14 +304,14 @@ class DelayQueue:
         hint_list = [(t, p, h) for (t, p), h in hints.items()]
         offsets = [x[1] for x in taken]
         try:
-            self.log.commit(MOVE, _encode_move(seq, hint_list, offsets))
+            pos = self.log.commit(MOVE, _encode_move(seq, hint_list, offsets))
         except TxLogError:
             for due, off, *_ in taken:  # not moved: try again next tick
                 self.add(off, due)
             raise
         crashpoint("after_move_intent")
-        self._apply_move(seq, hint_list, offsets, prepared=taken)
-        now2 = time.time() * 1000
+        self._apply_move(seq, pos, hint_list, offsets, prepared=taken)
+        now2 = self.clock.time() * 1000
         for due, *_ in taken:
             self.lateness_ms.append(now2 - due)
         return len(taken)
@@ -309,16 +330,21 @@ class DelayQueue:
     def _apply_move(
         self,
         seq: int,
+        pos: Position,
         hints: list[tuple[str, int, int]],
         offsets: list[int],
         recovering: bool = False,
         prepared: list[tuple[int, int, str, int, bytes]] | None = None,
-    ) -> None:
+    ) -> tuple[Placement, ...]:
         part = self.part
         assert part is not None
         if prepared is None:  # recovery: read the records again, keep due order
             prepared = []
             for off in offsets:
+                if off < part.min_offset:
+                    # below the checkpointed watermark: this move was on disk in its
+                    # targets before its __delay segment was deleted
+                    continue
                 rec = self._read_record(part, off)
                 if rec is None:
                     continue
@@ -327,58 +353,54 @@ class DelayQueue:
                     (due, off, topic, pidx, records.encode(rec.msg_id, rec.flag, payload))
                 )
             prepared.sort(key=lambda x: (x[0], x[1]))
-        grouped: dict[tuple[str, int], list[bytes]] = {}
-        counts: dict[tuple[str, int], int] = {}
-        for _due, _off, topic, pidx, out in prepared:
-            grouped.setdefault((topic, pidx), []).append(out)
-            counts[(topic, pidx)] = counts.get((topic, pidx), 0) + 1
-        hint_of = {(t, p): h for t, p, h in hints}
-        first = True
-        for (topic, pidx), chunks in grouped.items():
-            target = self.store.get(topic, pidx)
-            if target is None:
-                log.error(
-                    "delay: %s-%d no longer exists: %d messages dropped",
-                    topic,
-                    pidx,
-                    counts[(topic, pidx)],
-                )
-                continue
-            data = b"".join(chunks)
-            if recovering:
-                present, _at = already_present(target, hint_of.get((topic, pidx), 0), data)
-                data = data[present:]
-                if not data:
-                    continue
-            if not first:
-                crashpoint("mid_move")
-            first = False
-            try:
-                target.append(data)
-            except StoreError as e:
-                raise StoreError(f"delay: moving to {topic}-{pidx} failed: {e}") from e
-            fut = self.service.flusher.after_append(target, counts[(topic, pidx)])
-            if fut is not None:
-                fut.add_done_callback(_consume)
+        shares = group_shares((topic, pidx, out, 1) for _d, _o, topic, pidx, out in prepared)
+
+        def missing(sh: Share) -> None:
+            log.error(
+                "delay: %s-%d no longer exists: %d messages dropped",
+                sh.topic,
+                sh.partition,
+                sh.count,
+            )
+
+        placements = tuple(
+            self.applier.apply(
+                shares,
+                {(t, p): h for t, p, h in hints},
+                verify=recovering,
+                what=f"delay move {seq}",
+                on_missing=missing,
+                between="mid_move",
+            )
+        )
         try:
             self.log.append(MOVED, _encode_moved(seq, offsets))
         except TxLogError as e:
             log.error("delay: MOVED %d not logged (recovery re-checks it): %s", seq, e)
         crashpoint("after_move")
+        self._unflushed.append((pos, offsets, placements))
         self.delivered.update(offsets)
-        self.moved_total += len(offsets)
+        if not recovering:
+            self.moved_total += len(offsets)
+        return placements
 
     # ------------------------------------------------------------------ checkpoints
 
     def _checkpoint(self) -> None:
         part = self.part
         assert part is not None
-        self._last_checkpoint = time.monotonic()
+        self._last_checkpoint = self.clock.monotonic()
+        unflushed = self._unflushed
+        while unflushed and self.applier.durable(unflushed[0][2]):
+            unflushed.popleft()
         low = min((min(a[0::2]) for a in self.buckets.values() if len(a)), default=part.end)
+        if unflushed:  # keep the records a re-apply would read
+            low = min(low, min(min(offs) for _p, offs, _pl in unflushed if offs))
         self.watermark = low
         self.delivered = {o for o in self.delivered if o >= low}
         state = _U64.pack(low) + _U32.pack(len(self.delivered)) + _pack_i64s(self.delivered)
-        self.log.checkpoint(self.log.end_position, state)
+        keep = unflushed[0][0] if unflushed else self.log.end_position
+        self.log.checkpoint(keep, state)
         part.delete_segments_before(low)
 
     def stats_items(self) -> list[tuple[str, object]]:
@@ -430,7 +452,3 @@ def _decode_moved(body: bytes) -> tuple[int, list[int]]:
     (m,) = _U32.unpack_from(body, 8)
     return seq, _unpack_i64s(body[12 : 12 + 8 * m])
 
-
-def _consume(fut: asyncio.Future[int]) -> None:
-    if not fut.cancelled():
-        fut.exception()

@@ -87,11 +87,13 @@ class Applier:
         verify: bool,
         what: str,
         on_missing: Callable[[Share], None] | None = None,
+        between: str = "mid_apply",
     ) -> list[Placement]:
         """Append every share (``verify``: only what is not already there, matched by message
         id from the hint on). All or nothing: when one partition refuses, the shares appended
         in this call are taken back and StoreError is raised. A share whose partition no
-        longer exists is reported to ``on_missing`` and skipped."""
+        longer exists is reported to ``on_missing`` and skipped. ``between`` names the crash
+        point reached between two partitions' appends."""
         placements: list[Placement] = []
         done: list[tuple[Partition, int]] = []
         appended: list[tuple[Partition, int]] = []
@@ -113,7 +115,7 @@ class Applier:
                     continue
                 data = data[present:]
             if not first:
-                self.crashpoint("mid_apply")
+                self.crashpoint(between)
             first = False
             before = part.end
             try:

@@ -1,0 +1,248 @@
+"""The transaction engine in-process: real redo log and partitions in a temp directory, a
+hand-driven clock, effects read from the outbox. No broker process, no event loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from notify.broker.idgen import IdGenerator
+from notify.config import parse_config
+from notify.core.apply import Applier
+from notify.core.effects import Applied, Complete, Defer, Effect, Force, Reply, SendCheck
+from notify.core.transactions import TxEngine, TxLimits
+from notify.protocol import records
+from notify.protocol.frames import Transaction
+from notify.store.manager import MessageStore
+from notify.store.partition import Partition
+from txlog import TxLog, TxLogConfig
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def time(self) -> float:
+        return 1.7e9 + self.t
+
+
+class Owner:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class Core:
+    def __init__(self, root: Path, **limits: Any) -> None:
+        ini = f"[system]\ndataPath={root}/data\nunflushThreshold=0\n[topic=a]\nnumPartitions=2\n"
+        self.config = parse_config(ini)
+        self.store = MessageStore(self.config)
+        self.store.open()
+        self.log = TxLog.open(root / "tx", TxLogConfig(flush_at_commit=1))
+        self.flush_requests: list[Partition] = []
+        self.applier = Applier(self.store, lambda p, n: self.flush_requests.append(p))
+        self.clock = Clock()
+        self.out: list[Effect] = []
+        self.engine = TxEngine(
+            self.log,
+            self.store,
+            self.applier,
+            self.clock,
+            IdGenerator(1),
+            TxLimits(**limits),
+            self.out,
+        )
+
+    def take(self) -> list[Effect]:
+        got = self.out[:]
+        self.out.clear()
+        return got
+
+    def cmd(self, owner: Any, key: str, verb: str, timeout: int | None = None) -> list[Effect]:
+        self.engine.handle(owner, Transaction(key, "s", verb, timeout, None, 7))
+        return self.take()
+
+    def put(self, owner: Any, key: str, body: bytes, part: int = 0) -> list[Effect]:
+        self.engine.put(owner, key, "a", part, 0, body, records.checksum(body), 3)
+        return self.take()
+
+    def force_all(self) -> list[Effect]:
+        self.log.sync()
+        self.engine.forced(self.log.end_position)
+        return self.take()
+
+    def visible(self, part: int = 0) -> list[bytes]:
+        p = self.store.get("a", part)
+        assert p is not None
+        recs, _ = records.decode_all(p.read(p.min_offset, 1 << 20), p.min_offset)
+        return [r.payload for r in recs]
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> Core:
+    return Core(tmp_path)
+
+
+def replies(effects: list[Effect]) -> list[tuple[int, bytes]]:
+    out = []
+    for e in effects:
+        if isinstance(e, Reply):
+            out.append((e.code, e.body))
+        elif isinstance(e, Complete):
+            out.append((e.ticket.code, e.ticket.body))
+    return out
+
+
+def test_commit_forces_then_applies_and_is_visible_at_once(core: Core) -> None:
+    o = Owner("c1")
+    assert replies(core.cmd(o, "TX:s:1", "BEGIN")) == [(200, b"")]
+    assert replies(core.put(o, "TX:s:1", b"m1"))[0][0] == 200
+    assert replies(core.put(o, "TX:s:1", b"m2", part=1))[0][0] == 200
+    eff = core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
+    assert [type(e) for e in eff] == [Defer, Force]
+    assert core.visible(0) == [] and core.visible(1) == []  # nothing before the force
+    eff = core.force_all()
+    assert [type(e) for e in eff] == [Applied, Complete]
+    assert replies(eff) == [(200, b"")]
+    # readable although no partition fsync has run yet (the redo log holds the messages)
+    assert core.visible(0) == [b"m1"] and core.visible(1) == [b"m2"]
+    assert {p.index for p in core.flush_requests} == {0, 1}
+
+
+def test_commit_waits_until_earlier_unflushed_data_is_visible(core: Core) -> None:
+    o = Owner("c1")
+    part = core.store.get("a", 0)
+    assert part is not None
+    part.on_visible = core.engine.partition_visible
+    part.append(records.encode(1, 0, b"plain"))  # a plain put waiting for its fsync round
+    core.cmd(o, "TX:s:1", "BEGIN")
+    core.put(o, "TX:s:1", b"m1")
+    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
+    eff = core.force_all()
+    assert replies(eff) == []  # applied, but readers cannot see it before "plain"
+    assert core.visible(0) == []
+    part.mark_flushed(part.end - 22)  # the plain put's round finishes
+    assert replies(core.take()) == [(200, b"")]
+    assert core.visible(0) == [b"plain", b"m1"]
+
+
+def test_checkpoint_keeps_applied_transactions_until_their_partitions_are_flushed(
+    core: Core,
+) -> None:
+    o = Owner("c1")
+    start = core.log.end_position
+    core.cmd(o, "TX:s:1", "BEGIN")
+    core.put(o, "TX:s:1", b"m1")
+    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
+    core.force_all()
+    assert core.engine.checkpoint_position() == start
+    p = core.store.get("a", 0)
+    assert p is not None
+    p.sync()
+    assert core.engine.checkpoint_position() == core.log.end_position
+
+
+def test_failed_put_makes_commit_roll_back(tmp_path: Path) -> None:
+    core = Core(tmp_path, max_tx_size=100)
+    o = Owner("c1")
+    core.cmd(o, "TX:s:1", "BEGIN")
+    assert replies(core.put(o, "TX:s:1", b"x" * 60))[0][0] == 200
+    code, body = replies(core.put(o, "TX:s:1", b"y" * 60))[0]
+    assert code == 500 and body.startswith(b"XAException:code=-3")
+    code, body = replies(core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE"))[0]
+    assert code == 500 and body.startswith(b"XAException:code=100")
+    core.force_all()
+    assert core.visible(0) == [] and "TX:s:1" not in core.engine.txs
+
+
+def test_timeouts_and_orphaned_prepared_local_transactions(core: Core) -> None:
+    o = Owner("c1")
+    core.cmd(o, "TX:s:1", "BEGIN", timeout=5)
+    core.put(o, "TX:s:1", b"a")
+    core.cmd(o, "TX:s:2", "BEGIN", timeout=5)
+    core.put(o, "TX:s:2", b"b")
+    assert replies(core.cmd(o, "TX:s:2", "PREPARE")) == []
+    assert replies(core.force_all()) == [(200, b"0")]
+    core.clock.t += 4
+    core.engine.expire()
+    assert core.engine.txs["TX:s:1"].state.value == "ACTIVE"
+    core.clock.t += 2
+    core.engine.expire()
+    assert core.engine.txs["TX:s:1"].state.value == "ROLLED_BACK"
+    assert core.engine.txs["TX:s:2"].state.value == "ROLLED_BACK"
+    code, body = replies(core.cmd(o, "TX:s:2", "COMMIT_TWO_PHASE"))[0]
+    assert code == 500 and body.startswith(b"XAException:code=106")
+    core.clock.t += 200
+    core.engine.expire()
+    assert core.engine.txs == {}
+
+
+def test_owner_lost_rolls_back_open_and_orphaned_prepared_but_keeps_xa_and_half(
+    core: Core,
+) -> None:
+    o, producer = Owner("c1"), Owner("p")
+    core.engine.register(producer, "shop", 1)
+    core.take()
+    for key, owner in (("TX:s:1", o), ("TX:s:2", o), ("XID:1:aa:bb:q", o), ("TX:p:1", producer)):
+        core.cmd(owner, key, "BEGIN")
+        core.put(owner, key, b"x")
+    for key, owner in (("TX:s:2", o), ("XID:1:aa:bb:q", o), ("TX:p:1", producer)):
+        if key.startswith("XID"):
+            core.cmd(owner, key, "END")
+        core.cmd(owner, key, "PREPARE")
+    core.force_all()
+    core.engine.owner_lost(o)
+    states = {k: t.state.value for k, t in core.engine.txs.items()}
+    assert states == {"XID:1:aa:bb:q": "PREPARED", "TX:p:1": "PREPARED"}
+    assert core.engine.stats.abandoned == 1 and core.engine.stats.connection_rollbacks == 1
+
+
+def test_half_message_check_back_then_exhaustion(tmp_path: Path) -> None:
+    core = Core(tmp_path, check_back_delay_ms=1000, check_back_max_times=2)
+    producer = Owner("p")
+    core.engine.register(producer, "shop", 1)
+    core.cmd(producer, "TX:p:1", "BEGIN")
+    core.put(producer, "TX:p:1", b"half")
+    core.cmd(producer, "TX:p:1", "PREPARE")
+    core.force_all()
+    core.engine.owner_lost(producer)  # the producer dies; a new one of the group comes
+    p2 = Owner("p2")
+    core.engine.register(p2, "shop", 1)
+    core.take()
+    sent = []
+    for _ in range(4):
+        core.clock.t += 6
+        core.engine.check_backs()
+        sent += [e for e in core.take() if isinstance(e, SendCheck)]
+    assert [s.owner for s in sent] == [p2, p2]
+    assert core.engine.stats.check_back_exhausted == 1 and core.engine.txs == {}
+
+
+def test_recovery_reapplies_a_commit_whose_partition_lost_it(tmp_path: Path) -> None:
+    core = Core(tmp_path)
+    o = Owner("c1")
+    core.cmd(o, "TX:s:1", "BEGIN")
+    core.put(o, "TX:s:1", b"m1")
+    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
+    core.force_all()
+    core.log.sync()
+    p = core.store.get("a", 0)
+    assert p is not None
+    p.rollback_to(0)  # what a crash before the partition's fsync does to it
+    core.log.close()
+    again = Core(tmp_path)
+    again.engine.recover()
+    assert again.visible(0) == [b"m1"]
+    assert again.engine.stats.recovered_reapplied == 1
+    # a second recovery finds it present and changes nothing
+    again.log.close()
+    third = Core(tmp_path)
+    third.engine.recover()
+    assert third.visible(0) == [b"m1"] and third.engine.stats.recovered_reapplied == 0

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from notify.errors import TxLogCorruptError
+from txlog.fs import OS_FS, FileSystem
 from txlog.position import Position
 from txlog.records import HEADER, CorruptReason, RecordType, decode, encode, frame_size
 
@@ -68,10 +69,12 @@ def _decode_body(body: bytes) -> Checkpoint | None:
     return Checkpoint(Position(file_no, offset), body[_BODY.size :], created)
 
 
-def read_checkpoints(directory: Path, max_state_bytes: int) -> tuple[list[Checkpoint], int]:
+def read_checkpoints(
+    directory: Path, max_state_bytes: int, fs: FileSystem = OS_FS
+) -> tuple[list[Checkpoint], int]:
     """Intact checkpoints of ``directory`` oldest first, and the number of damaged entries."""
     try:
-        data = (directory / CHECKPOINT_FILE).read_bytes()
+        data = fs.read_file(directory / CHECKPOINT_FILE)
     except FileNotFoundError:
         return [], 0
     except OSError as exc:
@@ -106,6 +109,7 @@ def write_checkpoints(
     max_state_bytes: int,
     fsync: Callable[[int], None],
     fsync_dir: Callable[[Path], None],
+    fs: FileSystem = OS_FS,
 ) -> None:
     """Atomically replace the checkpoint file with ``checkpoints`` (oldest first).
 
@@ -115,19 +119,19 @@ def write_checkpoints(
     data = b"".join(encode_checkpoint(cp, max_state_bytes) for cp in checkpoints)
     final = directory / CHECKPOINT_FILE
     tmp = directory / (CHECKPOINT_FILE + _TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view) :]
+                view = view[fs.write(fd, view) :]
             fsync(fd)
         finally:
-            os.close(fd)
-        os.replace(tmp, final)
+            fs.close(fd)
+        fs.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(OSError):
-            tmp.unlink()
+            fs.unlink(tmp)
         raise
     fsync_dir(directory)
 
@@ -137,7 +141,7 @@ def new_checkpoint(position: Position, state: bytes) -> Checkpoint:
     return Checkpoint(position, bytes(state), time.time())
 
 
-def remove_stale_temp(directory: Path) -> None:
+def remove_stale_temp(directory: Path, fs: FileSystem = OS_FS) -> None:
     """Delete a ``checkpoint.tmp`` left behind by a crash during :func:`write_checkpoints`."""
     with contextlib.suppress(FileNotFoundError):
-        (directory / (CHECKPOINT_FILE + _TMP_SUFFIX)).unlink()
+        fs.unlink(directory / (CHECKPOINT_FILE + _TMP_SUFFIX))

@@ -7,10 +7,12 @@ Directory layout::
     <dir>/checkpoint            the last max_checkpoints checkpoints (see txlog.checkpoint)
     <dir>/checkpoint.tmp        only transiently while a checkpoint is written
 
-Writes go through ``os.pwrite`` at the tracked end of the newest segment, one syscall per
-:meth:`TxLog.append` or :meth:`TxLog.append_many`. With ``flush_at_commit=1``,
-:meth:`TxLog.commit` hands its frame to the group commit leader, which writes every queued
-frame with one syscall and covers them with one fsync (see :mod:`txlog.groupsync`).
+All file I/O goes through a :class:`~txlog.fs.FileSystem` (``fs=``, the real one by default;
+a simulated disk in the crash simulation). Writes go through ``pwrite`` at the tracked end of
+the newest segment, one syscall per :meth:`TxLog.append` or :meth:`TxLog.append_many`. With
+``flush_at_commit=1``, :meth:`TxLog.commit` hands its frame to the group commit leader, which
+writes every queued frame with one syscall and covers them with one fsync (see
+:mod:`txlog.groupsync`).
 
 When a write would take the segment past ``segment_bytes`` the segment is fsynced and closed
 and the next one is created (the directory is fsynced too), so only the newest segment can
@@ -50,16 +52,15 @@ from txlog.checkpoint import (
     write_checkpoints,
 )
 from txlog.config import FLUSH_ON_COMMIT, FLUSH_PERIODIC, TxLogConfig
+from txlog.fs import OS_FS, FileSystem, ensure_dir
 from txlog.groupsync import FlushCoordinator, FlushFailed
 from txlog.position import Position
 from txlog.records import RecordType, decode, encode, frame_size
-from txlog.segment import SegmentReader, fsync_dir, list_segments, segment_path
+from txlog.segment import SegmentReader, list_segments, segment_path
 
 __all__ = ["LogRecord", "RecoveryReport", "TxLog"]
 
 logger = logging.getLogger("txlog")
-
-_fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
 class LogRecord(NamedTuple):
@@ -102,8 +103,15 @@ class TxLog:
     :meth:`commit` / :meth:`commit_async` append and apply ``config.flush_at_commit``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], config: TxLogConfig | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        config: TxLogConfig | None = None,
+        *,
+        fs: FileSystem = OS_FS,
+    ) -> None:
         """Open (creating if needed) and recover the log in ``path``; prefer :meth:`open`."""
+        self._fs = fs
         self._dir = Path(path)
         self._config = config if config is not None else TxLogConfig()
         self._max_record = self._config.max_record_bytes
@@ -131,26 +139,33 @@ class TxLog:
             self._flusher.start()
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], config: TxLogConfig | None = None) -> Self:
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        config: TxLogConfig | None = None,
+        *,
+        fs: FileSystem = OS_FS,
+    ) -> Self:
         """Open the log in directory ``path`` (created if missing) and recover it.
 
+        ``fs`` is the file system to use (the real one by default).
         Raises :class:`~notify.errors.TxLogCorruptError` if a segment other than the newest is
         damaged or segments are missing, :class:`~notify.errors.TxLogError` on I/O errors.
         """
-        return cls(path, config)
+        return cls(path, config, fs=fs)
 
     # ------------------------------------------------------------------ the fsync seam
 
     def _fsync(self, fd: int) -> None:
         """The single place data is made durable (fdatasync). Tests replace it."""
-        _fdatasync(fd)
+        self._fs.fdatasync(fd)
 
     def _pwrite(self, fd: int, data: memoryview, offset: int) -> int:
         """The single place log data is written. Tests replace it."""
-        return os.pwrite(fd, data, offset)
+        return self._fs.pwrite(fd, data, offset)
 
     def _fsync_dir(self) -> None:
-        fsync_dir(self._dir)
+        self._fs.fsync_dir(self._dir)
 
     # ------------------------------------------------------------------ properties
 
@@ -193,18 +208,19 @@ class TxLog:
     def _recover(self) -> RecoveryReport:
         t0 = time.monotonic()
         cfg = self._config
+        fs = self._fs
         try:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            remove_stale_temp(self._dir)
-            files = list_segments(self._dir)
+            ensure_dir(fs, self._dir)
+            remove_stale_temp(self._dir, fs)
+            files = list_segments(self._dir, fs)
         except OSError as exc:
             raise TxLogError(f"cannot open transaction log {self._dir}: {exc}") from exc
-        checkpoints, discarded = read_checkpoints(self._dir, cfg.max_record_bytes)
+        checkpoints, discarded = read_checkpoints(self._dir, cfg.max_record_bytes, fs)
         if not files:
             if checkpoints:
                 raise TxLogCorruptError(f"{self._dir}: a checkpoint file but no redo.<N> files")
             try:
-                fd = os.open(
+                fd = fs.open(
                     segment_path(self._dir, 0), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644
                 )
                 self._fsync_dir()
@@ -217,7 +233,10 @@ class TxLog:
                 time.monotonic() - t0,
             )  # fmt: skip
 
-        sizes = {n: segment_path(self._dir, n).stat().st_size for n in files}
+        try:
+            sizes = {n: fs.size(segment_path(self._dir, n)) for n in files}
+        except OSError as exc:
+            raise TxLogError(f"cannot open transaction log {self._dir}: {exc}") from exc
         usable: list[Checkpoint] = []
         for cp in checkpoints:
             n, off = cp.position
@@ -245,12 +264,12 @@ class TxLog:
             path = segment_path(self._dir, n)
             first = start.offset if n == start.file_no else 0
             try:
-                fd = os.open(path, (os.O_RDWR if n == last else os.O_RDONLY) | os.O_CLOEXEC)
+                fd = fs.open(path, (os.O_RDWR if n == last else os.O_RDONLY) | os.O_CLOEXEC)
             except OSError as exc:
                 raise TxLogError(f"cannot open {path}: {exc}") from exc
             try:
-                size = os.fstat(fd).st_size
-                reader = SegmentReader(fd, first, size, cfg.max_record_bytes)
+                size = fs.fsize(fd)
+                reader = SegmentReader(fd, first, size, cfg.max_record_bytes, fs)
                 for _ in reader:
                     records += 1
                 scanned += reader.stop - first
@@ -263,18 +282,18 @@ class TxLog:
                     truncated = size - reader.stop
                     truncated_at = Position(n, reader.stop)
                     reason = str(reader.error)
-                    os.ftruncate(fd, reader.stop)
+                    fs.ftruncate(fd, reader.stop)
                     size = reader.stop
                 if n == last:
                     self._fsync(fd)  # what survived the crash is now durable
             except OSError as exc:
-                os.close(fd)
+                fs.close(fd)
                 raise TxLogError(f"recovery of {path} failed: {exc}") from exc
             except BaseException:
-                os.close(fd)
+                fs.close(fd)
                 raise
             if n != last:
-                os.close(fd)
+                fs.close(fd)
         self._fd, self._file_no, self._size, self._first_file_no = fd, last, size, files[0]
         report = RecoveryReport(
             directory=self._dir,
@@ -356,7 +375,7 @@ class TxLog:
                 done += n
         except OSError as exc:
             try:
-                os.ftruncate(self._fd, offset)
+                self._fs.ftruncate(self._fd, offset)
             except OSError as exc2:
                 self._broken = exc2
                 logger.error("%s: cannot remove a partial write: %s", self._dir, exc2)
@@ -375,19 +394,19 @@ class TxLog:
             raise TxLogError(f"fsync of redo.{old_no} before rolling failed: {exc}") from exc
         path = segment_path(self._dir, old_no + 1)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = self._fs.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise TxLogError(f"cannot create {path}: {exc}") from exc
         try:
             self._fsync_dir()
         except OSError as exc:
-            os.close(fd)
+            self._fs.close(fd)
             with contextlib.suppress(OSError):
-                path.unlink()
+                self._fs.unlink(path)
             raise TxLogError(f"fsync of {self._dir} failed: {exc}") from exc
         old_fd, self._fd = self._fd, fd
         self._file_no, self._size = old_no + 1, 0
-        os.close(old_fd)
+        self._fs.close(old_fd)
         self._coord.advance(Position(old_no + 1, 0))
 
     # ------------------------------------------------------------------ durability
@@ -407,13 +426,13 @@ class TxLog:
                 if self._final_synced:
                     return start, end
                 raise TxLogError("the transaction log is closed")
-            fd = os.dup(self._fd)  # a roll may close self._fd while we fsync
+            fd = self._fs.dup(self._fd)  # a roll may close self._fd while we fsync
         try:
             self._fsync(fd)
         except OSError as exc:
             raise FlushFailed(start, end, exc) from exc
         finally:
-            os.close(fd)
+            self._fs.close(fd)
         return start, end
 
     def sync(self, pos: Position | None = None) -> None:
@@ -483,24 +502,25 @@ class TxLog:
         return self._replay(Position(*start), end)
 
     def _replay(self, start: Position, end: Position) -> Iterator[LogRecord]:
+        fs = self._fs
         for n in range(start.file_no, end.file_no + 1):
             path = segment_path(self._dir, n)
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = fs.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
                 raise TxLogCorruptError(f"cannot open {path}: {exc}") from exc
             try:
-                limit = end.offset if n == end.file_no else os.fstat(fd).st_size
+                limit = end.offset if n == end.file_no else fs.fsize(fd)
                 first = start.offset if n == start.file_no else 0
                 if first > limit:
                     raise TxLogError(f"position {start} is past the end of {path}")
-                reader = SegmentReader(fd, first, limit, self._config.max_record_bytes)
+                reader = SegmentReader(fd, first, limit, self._config.max_record_bytes, fs)
                 for rec in reader:
                     yield LogRecord(Position(n, rec.offset), rec.type, rec.body)
                 if reader.error is not None:
                     raise TxLogCorruptError(f"{path}: {reader.error} at offset {reader.stop}")
             finally:
-                os.close(fd)
+                fs.close(fd)
 
     def _check_boundary(self, pos: Position) -> None:
         """Raise unless ``pos`` is the start of a record or the end of a segment."""
@@ -510,17 +530,18 @@ class TxLog:
         if pos.offset == 0 or pos == end:
             return
         path = segment_path(self._dir, pos.file_no)
+        fs = self._fs
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = fs.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                size = os.fstat(fd).st_size
+                size = fs.fsize(fd)
                 if pos.offset == size:
                     return
-                head = os.pread(fd, 8, pos.offset)
+                head = fs.pread(fd, 8, pos.offset)
                 need = frame_size(head)
-                data = os.pread(fd, need, pos.offset) if need is not None else b""
+                data = fs.pread(fd, need, pos.offset) if need is not None else b""
             finally:
-                os.close(fd)
+                fs.close(fd)
         except OSError as exc:
             raise TxLogError(f"cannot read {path}: {exc}") from exc
         limit = self._config.max_record_bytes
@@ -550,7 +571,12 @@ class TxLog:
             kept = [*self._checkpoints, cp][-self._config.max_checkpoints :]
             try:
                 write_checkpoints(
-                    self._dir, kept, self._config.max_record_bytes, self._fsync, fsync_dir
+                    self._dir,
+                    kept,
+                    self._config.max_record_bytes,
+                    self._fsync,
+                    self._fs.fsync_dir,
+                    self._fs,
                 )
             except OSError as exc:
                 raise TxLogError(f"cannot write the checkpoint file: {exc}") from exc
@@ -588,7 +614,7 @@ class TxLog:
         deleted = []
         for n in range(first, min(bound.file_no, current)):
             with contextlib.suppress(FileNotFoundError):
-                segment_path(self._dir, n).unlink()
+                self._fs.unlink(segment_path(self._dir, n))
             deleted.append(n)
             with self._wlock:
                 self._first_file_no = n + 1
@@ -623,7 +649,7 @@ class TxLog:
                     self._final_synced = True
                 except OSError as exc:
                     error = exc
-                os.close(self._fd)
+                self._fs.close(self._fd)
                 if self._final_synced:
                     self._coord.advance(Position(self._file_no, self._size))
             if error is not None:

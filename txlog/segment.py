@@ -7,11 +7,11 @@ the directory is ignored by the listing.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from txlog.fs import OS_FS, FileSystem
 from txlog.records import HEADER, CorruptReason, Record, decode, frame_size
 
 __all__ = ["SegmentReader", "fsync_dir", "list_segments", "segment_path"]
@@ -25,37 +25,35 @@ def segment_path(directory: Path, file_no: int) -> Path:
     return directory / f"redo.{file_no}"
 
 
-def list_segments(directory: Path) -> list[int]:
+def list_segments(directory: Path, fs: FileSystem = OS_FS) -> list[int]:
     """Sorted numbers of the ``redo.<N>`` files in ``directory``."""
     numbers = []
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            m = _NAME.fullmatch(entry.name)
-            if m is not None and entry.is_file(follow_symlinks=False):
-                numbers.append(int(m.group(1)))
+    for name in fs.list_files(directory):
+        m = _NAME.fullmatch(name)
+        if m is not None:
+            numbers.append(int(m.group(1)))
     numbers.sort()
     return numbers
 
 
 def fsync_dir(directory: Path) -> None:
     """fsync a directory so that creations, renames and deletions in it are durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    OS_FS.fsync_dir(directory)
 
 
 class SegmentReader:
     """Iterate the intact frames of one open segment file between ``start`` and ``limit``.
 
-    Reads in chunks with ``os.pread`` (the file offset of ``fd`` is not used). After iteration
+    Reads in chunks with ``fs.pread`` (the file offset of ``fd`` is not used). After iteration
     ``stop`` is the offset just after the last intact frame and ``error`` is ``None`` if that
     is ``limit``, otherwise the reason the frame at ``stop`` is not intact. Record offsets are
     absolute offsets in the file.
     """
 
-    def __init__(self, fd: int, start: int, limit: int, max_record_bytes: int) -> None:
+    def __init__(
+        self, fd: int, start: int, limit: int, max_record_bytes: int, fs: FileSystem = OS_FS
+    ) -> None:
+        self._pread = fs.pread
         self._fd = fd
         self._start = start
         self._limit = limit
@@ -71,7 +69,7 @@ class SegmentReader:
         while True:
             if read_to < self._limit:
                 n = min(want, self._limit - read_to)
-                data = os.pread(self._fd, n, read_to)
+                data = self._pread(self._fd, n, read_to)
                 if not data:  # the file shrank under us: treat as its end
                     self._limit = read_to
                 read_to += len(data)

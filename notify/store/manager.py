@@ -15,16 +15,15 @@ segment.
 from __future__ import annotations
 
 import logging
-import os
 import zlib
 from pathlib import Path
 from typing import Final
 
 from notify.config import ServerConfig, TopicConfig, validate_topic
 from notify.errors import StoreError
+from notify.fs import OS_FS, FileSystem, ensure_dir, write_file_atomically
 from notify.store.memory import MemoryPartition
 from notify.store.partition import Partition, RecoveryReport
-from notify.store.segment import fsync_dir
 
 log = logging.getLogger("notify.store")
 
@@ -33,9 +32,11 @@ _MAGIC: Final = "notify-recovery-points 1"
 
 
 class MessageStore:
-    """Opens, looks up and closes partitions; owns the recovery points file."""
+    """Opens, looks up and closes partitions; owns the recovery points file. Every file
+    operation goes through ``fs`` (the real file system by default)."""
 
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, fs: FileSystem = OS_FS):
+        self.fs = fs
         self.config = config
         self.data_path = config.system.data_path
         self.topics: dict[str, TopicConfig] = {}
@@ -48,7 +49,7 @@ class MessageStore:
 
     def open(self) -> list[RecoveryReport]:
         try:
-            self.data_path.mkdir(parents=True, exist_ok=True)
+            ensure_dir(self.fs, self.data_path)
         except OSError as e:
             raise StoreError(f"cannot create dataPath {self.data_path}: {e.strerror}") from e
         points = self._read_points()
@@ -91,6 +92,7 @@ class MessageStore:
                 self.config.system.max_segment_size,
                 topic.unflush_threshold == 0,
                 rp,
+                self.fs,
             )
             if part.recovery is not None:
                 self.reports.append(part.recovery)
@@ -120,7 +122,7 @@ class MessageStore:
     def _read_points(self) -> dict[tuple[str, int], int]:
         path = self._points_path()
         try:
-            raw = path.read_bytes()
+            raw = self.fs.read_file(path)
         except FileNotFoundError:
             return {}
         except OSError as e:
@@ -150,16 +152,8 @@ class MessageStore:
         body = ("\n".join(lines) + "\n").encode()
         data = body + b"END %d\n" % zlib.crc32(body)
         path = self._points_path()
-        tmp = path.with_suffix(".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            fsync_dir(self.data_path)
+            write_file_atomically(self.fs, path, data)
         except OSError as e:
             log.warning("cannot write %s: %s (recovery will scan more)", path, e)
             return False

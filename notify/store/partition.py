@@ -17,8 +17,8 @@ and reported.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Final
 
 from notify.errors import OffsetOutOfRangeError, StoreCorruptError, StoreError
+from notify.fs import OS_FS, FileSystem, ensure_dir
 from notify.protocol import records
-from notify.store.segment import Segment, fsync_dir, parse_segment_name
+from notify.store.segment import Segment, parse_segment_name
 
 log = logging.getLogger("notify.store")
 
@@ -60,7 +61,8 @@ class Slice:
 
 class Partition:
     """One topic partition on disk. Used from one thread (the broker's event loop), except
-    :meth:`Segment.sync` of the active segment, which the flusher runs in a worker thread."""
+    :meth:`Segment.sync` of the active segment, which the flusher runs in a worker thread.
+    All file I/O goes through ``fs`` (the real file system by default)."""
 
     memory = False
 
@@ -71,7 +73,9 @@ class Partition:
         directory: Path,
         max_segment_size: int,
         group_commit: bool,
+        fs: FileSystem = OS_FS,
     ):
+        self.fs = fs
         self.topic = topic
         self.index = index
         self.directory = directory
@@ -107,21 +111,26 @@ class Partition:
         max_segment_size: int,
         group_commit: bool,
         recovery_point: int | None = None,
+        fs: FileSystem = OS_FS,
     ) -> Partition:
-        p = cls(topic, index, directory, max_segment_size, group_commit)
+        p = cls(topic, index, directory, max_segment_size, group_commit, fs)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            names = sorted(os.listdir(directory))
+            ensure_dir(fs, directory)
+            names = sorted(fs.listdir(directory))
         except OSError as e:
             raise StoreError(f"cannot open partition directory {directory}: {e.strerror}") from e
         starts = sorted(s for s in (parse_segment_name(n) for n in names) if s is not None)
         if not starts:
-            seg = Segment.open(directory, 0, create=True)
-            fsync_dir(directory)
+            seg = Segment.open(directory, 0, create=True, fs=fs)
+            try:
+                fs.fsync_dir(directory)
+            except OSError as e:
+                seg.close()
+                raise StoreError(f"cannot sync partition directory {directory}: {e}") from e
             p._add(seg)
         else:
             for s in starts:
-                p._add(Segment.open(directory, s))
+                p._add(Segment.open(directory, s, fs=fs))
             p._check_contiguous()
         p.recovery = p._recover(recovery_point)
         p.flushed_end = p.end
@@ -275,8 +284,8 @@ class Partition:
         try:
             old.sync()
             self.flushed_end = max(self.flushed_end, old.end)
-            new = Segment.open(self.directory, old.end, create=True)
-            fsync_dir(self.directory)
+            new = Segment.open(self.directory, old.end, create=True, fs=self.fs)
+            self.fs.fsync_dir(self.directory)
         except OSError as e:
             raise StoreError(f"cannot roll segment in {self.directory}: {e.strerror}") from e
         self._add(new)
@@ -327,7 +336,8 @@ class Partition:
             self._starts.pop()
             seg.close()
             if not self.memory:
-                seg.path.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.unlink(seg.path)
         seg = self.segments[-1]
         seg.truncate(offset - seg.start)
         self.visible_end = min(self.visible_end, offset)
@@ -348,9 +358,10 @@ class Partition:
         old = self.segments.pop()
         self._starts.pop()
         old.close()
-        old.path.unlink(missing_ok=True)
-        self._add(Segment.open(self.directory, offset, create=True))
-        fsync_dir(self.directory)
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.unlink(old.path)
+        self._add(Segment.open(self.directory, offset, create=True, fs=self.fs))
+        self.fs.fsync_dir(self.directory)
         self.flushed_end = self.visible_end = offset
 
     def read(self, offset: int, max_bytes: int) -> bytes:
@@ -379,7 +390,8 @@ class Partition:
             self._starts.pop(0)
             seg.close()
             if not self.memory:
-                seg.path.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.unlink(seg.path)
             removed.append(seg.path)
         return removed
 

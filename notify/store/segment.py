@@ -4,9 +4,11 @@ File layout: ``<partitionDir>/<startOffset:020d>.meta`` holding whole records ba
 (layout in :mod:`notify.protocol.records`); the file's byte ``i`` is partition offset
 ``start + i``. Only the last segment of a partition is written; older ones are read-only.
 
-This module owns the file descriptor: appends (``os.pwrite`` at the tracked size, truncated
+This module owns the file descriptor: appends (``pwrite`` at the tracked size, truncated
 back on failure so a failed append leaves no partial record), positional reads and the
 fsync, which sits in :meth:`Segment.sync` alone so tests can replace it to inject faults.
+Every call goes through the segment's :class:`~notify.fs.FileSystem` (``fs``, the real one
+by default); ``fd`` is a real descriptor only with the real one (sendfile needs it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Final
 
 from notify.errors import StoreError, StoreFullError
+from notify.fs import OS_FS, FileSystem
 
 SUFFIX: Final = ".meta"
 NAME_DIGITS: Final = 20
@@ -40,24 +43,31 @@ def parse_segment_name(name: str) -> int | None:
 class Segment:
     """An open segment file. ``size`` is the byte length of the whole records it holds."""
 
-    __slots__ = ("fd", "path", "size", "start")
+    __slots__ = ("fd", "fs", "path", "size", "start")
 
-    def __init__(self, path: Path, start: int, fd: int, size: int):
+    def __init__(self, path: Path, start: int, fd: int, size: int, fs: FileSystem = OS_FS):
         self.path = path
         self.start = start
         self.fd = fd
         self.size = size
+        self.fs = fs
 
     @classmethod
-    def open(cls, directory: Path, start: int, create: bool = False) -> Segment:
+    def open(
+        cls, directory: Path, start: int, create: bool = False, fs: FileSystem = OS_FS
+    ) -> Segment:
         path = directory / segment_name(start)
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         try:
-            fd = os.open(path, flags, 0o644)
+            fd = fs.open(path, flags, 0o644)
         except OSError as e:
             raise StoreError(f"cannot open segment {path}: {e.strerror}") from e
-        size = os.fstat(fd).st_size
-        return cls(path, start, fd, size)
+        try:
+            size = fs.fsize(fd)
+        except OSError as e:
+            fs.close(fd)
+            raise StoreError(f"cannot open segment {path}: {e.strerror}") from e
+        return cls(path, start, fd, size, fs)
 
     @property
     def end(self) -> int:
@@ -72,15 +82,16 @@ class Segment:
         pos = self.size
         view = memoryview(data)
         written = 0
+        pwrite = self.fs.pwrite
         try:
             while written < len(view):
-                n = os.pwrite(self.fd, view[written:], pos + written)
+                n = pwrite(self.fd, view[written:], pos + written)
                 if n <= 0:
                     raise OSError(errno.EIO, "short write")
                 written += n
         except OSError as e:
             with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, pos)
+                self.fs.ftruncate(self.fd, pos)
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreFullError(f"disk full writing {self.path}: {e.strerror}") from e
             raise StoreError(f"write to {self.path} failed: {e.strerror}") from e
@@ -89,29 +100,25 @@ class Segment:
 
     def read(self, file_pos: int, length: int) -> bytes:
         """Read ``length`` bytes at file position ``file_pos`` (fewer at end of file)."""
-        return os.pread(self.fd, length, file_pos)
+        return self.fs.pread(self.fd, length, file_pos)
 
     def truncate(self, size: int) -> None:
-        os.ftruncate(self.fd, size)
+        self.fs.ftruncate(self.fd, size)
         self.size = size
         self.sync()
 
     def sync(self) -> None:
         """fdatasync this segment (the one place the store forces data to disk)."""
-        os.fdatasync(self.fd)
+        self.fs.fdatasync(self.fd)
 
     def close(self) -> None:
         if self.fd >= 0:
             try:
-                os.close(self.fd)
+                self.fs.close(self.fd)
             finally:
                 self.fd = -1
 
 
 def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (new or renamed files) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Make a directory's entries (new or renamed files) durable (real file system)."""
+    OS_FS.fsync_dir(path)

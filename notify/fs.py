@@ -1,0 +1,27 @@
+"""The storage seam of the broker: :class:`FileSystem` and the real :class:`OsFileSystem`.
+
+Defined in :mod:`txlog.fs` (the lower package, which must not import the broker) and
+re-exported here: the message store (:mod:`notify.store`) and the redo logs take an
+``fs: FileSystem`` argument, ``OS_FS`` by default; :mod:`notify.sim.disk` provides the
+simulated disk used by the crash simulation.
+"""
+
+from txlog.fs import (
+    OS_FS,
+    Buf,
+    FileSystem,
+    OsFileSystem,
+    StrPath,
+    ensure_dir,
+    write_file_atomically,
+)
+
+__all__ = [
+    "OS_FS",
+    "Buf",
+    "FileSystem",
+    "OsFileSystem",
+    "StrPath",
+    "ensure_dir",
+    "write_file_atomically",
+]

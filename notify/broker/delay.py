@@ -17,7 +17,8 @@ transaction commits (:class:`notify.core.apply.Applier`), on a redo log of its o
 (``<dataLogPath>/delay/``, :mod:`txlog`)::
 
     MOVE  (20)  seq:u64 · n:u16 · n*(topic:str · partition:u32 · hint:i64) · m:u32 · m*offset:i64
-    MOVED (21)  seq:u64 · m:u32 · m*offset:i64
+    MOVED (21)  seq:u64 · m:u32 · m*offset:i64 · [k:u16 · k*(topic:str · partition:u32 ·
+                offset:i64 · bytes:u64)]   (where the messages went; absent in old logs)
 
 MOVE is fsynced before any target partition is written; after the appends MOVED is logged
 (not forced). Recovery re-applies a MOVE without MOVED idempotently (message ids tell what
@@ -54,6 +55,7 @@ from notify.core.effects import Placement
 from notify.core.ports import Clock
 from notify.errors import NotifyError, TxLogError
 from notify.faults import crashpoint
+from notify.fs import OS_FS, FileSystem
 from notify.protocol import records
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
@@ -94,12 +96,14 @@ def decode_envelope(env: bytes) -> tuple[str, int, int, bytes]:
 
 
 def delay_topic_config(system_default: TopicConfig) -> TopicConfig:
-    """The internal topic: one disk partition, the broker's flush policy, no direct puts."""
+    """The internal topic: one disk partition under group commit (a delayed message is
+    acknowledged only once it is on disk, and moved only then), no direct puts."""
     return replace(
         system_default,
         name=DELAY_TOPIC,
         num_partitions=1,
         store="disk",
+        unflush_threshold=0,
         accept_publish=False,
         retention_ignores_consumers=True,
     )
@@ -130,7 +134,10 @@ class DelayQueue:
         applier: Applier,
         clock: Clock,
         is_master: Callable[[], bool],
+        fs: FileSystem = OS_FS,
+        crash: Callable[[str], None] = crashpoint,
     ):
+        self.crash = crash
         self.store = store
         self.sysc = sysc
         self.applier = applier
@@ -140,6 +147,7 @@ class DelayQueue:
         self.log = TxLog.open(
             (sysc.data_log_path or sysc.data_path) / "delay",
             TxLogConfig(flush_at_commit=1, max_checkpoints=sysc.max_checkpoints),
+            fs=fs,
         )
         self.buckets: dict[int, array[int]] = {}
         self.heap: list[int] = []
@@ -176,16 +184,21 @@ class DelayQueue:
                 moves[seq] = (pos, hints, offs)
                 self.seq = max(self.seq, seq)
             elif rtype == MOVED:
-                seq, offs = _decode_moved(body)
+                seq, offs, placed = _decode_moved(body)
                 self.delivered.update(offs)
                 self.seq = max(self.seq, seq)
-        touched: set[Partition] = set()
+                if seq in moves and placed is not None:
+                    if self._present(placed):
+                        del moves[seq]  # done, and its messages are all in their partitions
+                    else:  # the exact offsets it went to are the hints for its re-apply
+                        moves[seq] = (moves[seq][0], [(t, p, o) for t, p, o, _n in placed], offs)
+        touched: dict[Partition, None] = {}
         for seq, (pos, hints, offs) in sorted(moves.items()):
             placements = self._apply_move(seq, pos, hints, offs, recovering=True)
             for pl in placements:
                 target = self.store.get(pl.topic, pl.partition)
                 if target is not None:
-                    touched.add(target)
+                    touched[target] = None
         for target in touched:
             target.sync()
         self._rebuild_index()
@@ -196,6 +209,16 @@ class DelayQueue:
             self.watermark,
             len(self.delivered),
         )
+
+    def _present(self, placed: list[tuple[str, int, int, int]]) -> bool:
+        """Whether a finished move's messages certainly survived: they end before their
+        partitions' checked start (durable before the crash). Otherwise the move is applied
+        again with ``verify`` (message ids tell what is already there)."""
+        for topic, pidx, off, nbytes in placed:
+            target = self.store.get(topic, pidx)
+            if target is not None and not target.memory and target.scan_start < off + nbytes:
+                return False
+        return True
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="delay-mover")
@@ -280,7 +303,9 @@ class DelayQueue:
             self.pending -= len(pairs) // 2
             for i in range(0, len(pairs), 2):
                 off, due = pairs[i], pairs[i + 1]
-                if due > now_ms or len(taken) >= MAX_MOVE_BATCH:
+                if due > now_ms or len(taken) >= MAX_MOVE_BATCH or off >= part.visible_end:
+                    # not due, or not yet durable in __delay: a crash could still take it
+                    # (and its offset could then be reused by another message)
                     later.append((off, due))
                     continue
                 rec = self._read_record(part, off)
@@ -309,7 +334,7 @@ class DelayQueue:
             for due, off, *_ in taken:  # not moved: try again next tick
                 self.add(off, due)
             raise
-        crashpoint("after_move_intent")
+        self.crash("after_move_intent")
         self._apply_move(seq, pos, hint_list, offsets, prepared=taken)
         now2 = self.clock.time() * 1000
         for due, *_ in taken:
@@ -374,10 +399,10 @@ class DelayQueue:
             )
         )
         try:
-            self.log.append(MOVED, _encode_moved(seq, offsets))
+            self.log.append(MOVED, _encode_moved(seq, offsets, placements))
         except TxLogError as e:
             log.error("delay: MOVED %d not logged (recovery re-checks it): %s", seq, e)
-        crashpoint("after_move")
+        self.crash("after_move")
         self._unflushed.append((pos, offsets, placements))
         self.delivered.update(offsets)
         if not recovering:
@@ -443,12 +468,33 @@ def _decode_move(body: bytes) -> tuple[int, list[tuple[str, int, int]], list[int
     return seq, hints, _unpack_i64s(body[pos + 4 : pos + 4 + 8 * m])
 
 
-def _encode_moved(seq: int, offsets: list[int]) -> bytes:
-    return _U64.pack(seq) + _U32.pack(len(offsets)) + _pack_i64s(offsets)
+_PLACED = struct.Struct(">Iqq")
 
 
-def _decode_moved(body: bytes) -> tuple[int, list[int]]:
+def _encode_moved(seq: int, offsets: list[int], placements: tuple[Placement, ...] = ()) -> bytes:
+    parts = [_U64.pack(seq), _U32.pack(len(offsets)), _pack_i64s(offsets)]
+    parts.append(_U16.pack(len(placements)))
+    for pl in placements:
+        t = pl.topic.encode()
+        parts += [_U16.pack(len(t)), t, _PLACED.pack(pl.partition, pl.offset, pl.nbytes)]
+    return b"".join(parts)
+
+
+def _decode_moved(body: bytes) -> tuple[int, list[int], list[tuple[str, int, int, int]] | None]:
+    """``(seq, offsets, placements)``; placements are None in a record from an older broker."""
     (seq,) = _U64.unpack_from(body, 0)
     (m,) = _U32.unpack_from(body, 8)
-    return seq, _unpack_i64s(body[12 : 12 + 8 * m])
-
+    pos = 12 + 8 * m
+    offsets = _unpack_i64s(body[12:pos])
+    if len(body) < pos + 2:
+        return seq, offsets, None
+    (k,) = _U16.unpack_from(body, pos)
+    pos += 2
+    placed = []
+    for _ in range(k):
+        (tl,) = _U16.unpack_from(body, pos)
+        topic = body[pos + 2 : pos + 2 + tl].decode()
+        pidx, off, nbytes = _PLACED.unpack_from(body, pos + 2 + tl)
+        placed.append((topic, pidx, off, nbytes))
+        pos += 2 + tl + _PLACED.size
+    return seq, offsets, placed

@@ -6,6 +6,7 @@ generator borrows from the next millisecond, so it never blocks and never repeat
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Final
 
 EPOCH_MS: Final = 1_577_836_800_000  # 2020-01-01T00:00:00Z
@@ -17,12 +18,13 @@ MAX_BATCH: Final = 1 << SEQ_BITS
 class IdGenerator:
     """Allocates message ids for one broker (single-threaded use: the broker's event loop)."""
 
-    __slots__ = ("_broker", "_last_ms", "_seq")
+    __slots__ = ("_broker", "_clock", "_last_ms", "_seq")
 
-    def __init__(self, broker_id: int):
+    def __init__(self, broker_id: int, clock: Callable[[], float] = time.time):
         if not 0 <= broker_id < (1 << BROKER_BITS):
             raise ValueError(f"broker id {broker_id} does not fit {BROKER_BITS} bits")
         self._broker = broker_id
+        self._clock = clock
         self._last_ms = 0
         self._seq = 0
 
@@ -30,7 +32,7 @@ class IdGenerator:
         """Reserve ``count`` (1..4096) consecutive ids and return the first."""
         if not 1 <= count <= MAX_BATCH:
             raise ValueError(f"id block of {count} outside 1..{MAX_BATCH}")
-        now = int(time.time() * 1000) - EPOCH_MS
+        now = int(self._clock() * 1000) - EPOCH_MS
         if now > self._last_ms:
             self._last_ms = now
             self._seq = 0

@@ -20,7 +20,9 @@ def already_present(part: Partition, hint: int, data: bytes) -> tuple[int, int]:
     if not want:
         return 0, -1
     ids = [r.msg_id for r in want]
-    off = max(hint, part.min_offset)
+    # the hint is a record boundary only in data that was durable before the crash; past
+    # the partition's checked start, scan from that known boundary instead
+    off = max(min(hint, part.scan_start), part.min_offset)
     found_at = -1
     matched = 0
     done = False

@@ -99,6 +99,7 @@ class Partition:
         self.on_visible: Callable[[Partition], None] | None = None
         #: ``(start, end)`` of appends another log keeps durable (applied commits), in order
         self._covered: deque[tuple[int, int]] = deque()
+        self.scan_start = 0
 
     # ------------------------------------------------------------------ open / recover
 
@@ -167,6 +168,9 @@ class Partition:
                 seg.end,
             )
         pos = start
+        #: a record boundary from which every record was checked at open: data before it
+        #: was durable before the last crash, so re-applies verify only from here on
+        self.scan_start = seg.start + start
         reason: str | None = None
         while pos < size:
             want = min(SCAN_CHUNK, size - pos)

@@ -1,0 +1,684 @@
+"""Deterministic simulation of the broker core (after FoundationDB's simulation testing and
+TigerBeetle's VOPR).
+
+One seed = one world: a :class:`~notify.sim.disk.SimFileSystem` (a write is durable only
+after the fsync that covers it; a crash drops every unsynced byte, optionally tearing the last
+write), a :class:`~notify.sim.clock.SimClock`, and the *real* core on top: the
+:class:`~notify.store.manager.MessageStore` with its partitions, the redo
+:class:`~txlog.TxLog`, the :class:`~notify.core.apply.Applier`, the
+:class:`~notify.core.transactions.TxEngine` and the :class:`~notify.broker.delay.DelayQueue`.
+A seeded random scheduler interleaves many clients' work one action at a time:
+
+* plain puts and batches (group commit: acknowledged when a flush round covers them),
+* local transactions (commit, rollback, oversized puts that make them rollback-only, owners
+  that vanish), XA transactions (prepare, commit or roll back from another owner, left
+  prepared across crashes), half messages whose producer dies and whose check-back another
+  producer of the group answers, delayed messages (inside transactions too),
+* redo-log forces, partition flush rounds, clock advances with timeouts and check-backs,
+  delay moves, checkpoints of both logs,
+
+and crashes the machine at effect boundaries: at a random file-system operation (the
+real code is interrupted between any two of its writes, fsyncs or renames) or at one of the
+core's named crash points. The restart runs the real recovery code (partition scans, txlog
+replay, transaction re-apply, delay recovery). After every restart the checker asserts:
+
+* every acknowledged put and every message of an acknowledged commit is present with
+  identical bytes, id and offset, exactly once;
+* a committed transaction is all or nothing; a rolled-back, refused or never-decided one is
+  never visible (a commit whose reply was lost may land either way, but whole);
+* an acknowledged PREPARE is still prepared (XA) unless it was decided since;
+* each partition decodes from its first offset to its end without a gap or a CRC failure;
+* an acknowledged delayed message is delivered exactly once, never before it is due.
+
+Replay a seed: ``python -m notify.sim --seed N [--verbose]``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config, encode_envelope
+from notify.broker.idgen import IdGenerator
+from notify.config import ServerConfig, TopicConfig, default_topic, parse_config
+from notify.core.apply import Applier
+from notify.core.effects import Applied, Complete, Defer, Effect, Force, Reply, SendCheck, Ticket
+from notify.core.transactions import TxEngine, TxLimits
+from notify.errors import NotifyError
+from notify.protocol import records
+from notify.protocol.frames import Transaction
+from notify.sim.clock import SimClock
+from notify.sim.disk import SimCrash, SimFileSystem
+from notify.store.manager import MessageStore
+from notify.store.partition import Partition
+from txlog import TxLog, TxLogConfig
+
+ROOT = PurePosixPath("/broker")
+TOPICS = (("a", 2), ("b", 1))
+MAX_TX_SIZE = 600
+CORE_POINTS = (
+    "after_append_msg",
+    "after_commit_record",
+    "mid_apply",
+    "after_apply",
+    "after_prepare_record",
+    "after_move_intent",
+    "mid_move",
+    "after_move",
+)
+
+
+class SimFailure(AssertionError):
+    """An invariant did not hold; the message names the seed and how to replay it."""
+
+
+@dataclass(eq=False)
+class Owner:
+    """A client connection as the core sees it."""
+
+    name: str
+    closed: bool = False
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass
+class TxRecord:
+    """What the model knows of one transaction."""
+
+    key: str
+    msgs: list[tuple[str, int, int, bytes]] = field(default_factory=list)  # topic, p, id, body
+    delayed: list[tuple[int, str, int, bytes, int]] = field(default_factory=list)
+    outcome: str = "open"  # open, commit_sent, committed, rolled_back, prepared
+    placements: dict[int, tuple[str, int, int]] = field(default_factory=dict)
+
+
+class Core:
+    """The real core of one broker incarnation on the simulated disk."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        fs = world.fs
+        self.config = world.config
+        self.store = MessageStore(self.config, fs)
+        self.store.open()
+        self.out: list[Effect] = []
+        self.flush_wanted: dict[Partition, None] = {}
+        self.applier = Applier(self.store, self._after_append, world.crashpoint)
+        self.log = TxLog.open(ROOT / "tx", TxLogConfig(flush_at_commit=1), fs=fs)
+        self.engine = TxEngine(
+            self.log,
+            self.store,
+            self.applier,
+            world.clock,
+            world.ids,
+            TxLimits(max_tx_size=MAX_TX_SIZE, check_back_delay_ms=2000, check_back_max_times=3),
+            self.out,
+            world.crashpoint,
+        )
+        self.delay: DelayQueue | None = None
+        self.store.add_topic(_delay_topic(self.config))
+        self.engine.recover()
+        self.out.clear()  # recovery's Applied effects: the delay queue re-indexes by scanning
+        self.delay = DelayQueue(
+            self.store,
+            self.config.system,
+            self.applier,
+            world.clock,
+            lambda: True,
+            fs=fs,
+            crash=world.crashpoint,
+        )
+        self.delay.open()
+        for part in self.store.all_partitions():
+            part.on_visible = self._visible
+
+    def _after_append(self, part: Partition, _count: int) -> None:
+        self.flush_wanted[part] = None
+
+    def _visible(self, part: Partition) -> None:
+        self.engine.partition_visible(part)
+
+    def close(self) -> None:
+        self.log.close()
+        if self.delay is not None:
+            self.delay.log.close()
+        self.store.close()
+
+
+def _delay_topic(config: ServerConfig) -> TopicConfig:
+    return delay_topic_config(default_topic(config.system, ""))
+
+
+class World:
+    """One seed's world: the disk, the clock, the model, the clients, the schedule."""
+
+    def __init__(self, seed: int, steps: int = 60, crashes: int = 2, verbose: bool = False):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.fs = SimFileSystem(random.Random(seed ^ 0x5EED))
+        self.clock = SimClock()
+        self.steps = steps
+        self.crashes = crashes
+        self.verbose = verbose
+        self.ids = IdGenerator(1, self.clock.time)
+        ini = f"[system]\ndataPath={ROOT}/data\nunflushThreshold=0\n" + "".join(
+            f"[topic={t}]\nnumPartitions={n}\n" for t, n in TOPICS
+        )
+        self.config = parse_config(ini)
+        self.trace: list[str] = []
+        self._armed_point: str | None = None
+        # the model
+        self.acked_puts: dict[int, tuple[str, int, int, bytes]] = {}  # id -> topic, p, off, body
+        self.txs: dict[str, TxRecord] = {}
+        self.delayed_acked: dict[int, tuple[int, str, int, bytes]] = {}  # id -> due, t, p, body
+        self.waiting_puts: list[tuple[Partition, int, list[tuple[int, str, int, int, bytes]]]] = []
+        self.replies: dict[int, tuple[int, bytes]] = {}
+        self.tickets: dict[int, Ticket] = {}
+        self.checks: list[SendCheck] = []
+        self._opaque = 0
+        self._n = 0
+        self.core = Core(self)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def log(self, msg: str) -> None:
+        if self.verbose:
+            print(f"[{self.seed}] {msg}")
+        self.trace.append(msg)
+        del self.trace[:-200]
+
+    def crashpoint(self, name: str) -> None:
+        if name == self._armed_point:
+            self._armed_point = None
+            self.log(f"crash at core point {name}")
+            raise SimCrash(name)
+
+    def opaque(self) -> int:
+        self._opaque += 1
+        return self._opaque
+
+    def drain(self) -> None:
+        core = self.core
+        out = core.out
+        while out:
+            batch = out[:]
+            out.clear()
+            for e in batch:
+                if isinstance(e, Reply):
+                    self.replies[e.opaque] = (e.code, e.body)
+                elif isinstance(e, Defer):
+                    self.tickets[e.ticket.opaque] = e.ticket
+                elif isinstance(e, Complete):
+                    pass  # the ticket itself carries code and body
+                elif isinstance(e, Force):
+                    pass  # forces are run by the schedule (``force`` action)
+                elif isinstance(e, SendCheck):
+                    self.checks.append(e)
+                elif isinstance(e, Applied) and core.delay is not None:
+                    for off, data in e.delayed:
+                        core.delay.index_appended(off, data)
+
+    def answer(self, opaque: int) -> tuple[int, bytes] | None:
+        """The reply to ``opaque`` if it is known yet."""
+        r = self.replies.pop(opaque, None)
+        if r is not None:
+            return r
+        t = self.tickets.get(opaque)
+        if t is not None and t.done:
+            del self.tickets[opaque]
+            return t.code, t.body
+        return None
+
+    def body(self) -> bytes:
+        self._n += 1
+        return b"%d:" % self._n + self.rng.randbytes(self.rng.randrange(1, 90))
+
+    def pick_partition(self) -> tuple[str, int]:
+        t, n = self.rng.choice(TOPICS)
+        return t, self.rng.randrange(n)
+
+    # ------------------------------------------------------------------ clients (scripts)
+
+    def plain_put(self) -> Generator[None, None, None]:
+        topic, p = self.pick_partition()
+        part = self.core.store.get(topic, p)
+        assert part is not None
+        count = self.rng.choice((1, 1, 1, 3))
+        items = []
+        chunks = []
+        for _ in range(count):
+            b = self.body()
+            mid = self.ids.next()
+            chunks.append(records.encode(mid, 0, b))
+            items.append((mid, b))
+        data = b"".join(chunks)
+        off = part.append(data)
+        placed = []
+        pos = off
+        for (mid, b), rec in zip(items, chunks, strict=True):
+            placed.append((mid, topic, p, pos, b))
+            pos += len(rec)
+        self.core.flush_wanted[part] = None
+        self.waiting_puts.append((part, pos, placed))
+        self.log(f"put {topic}-{p} x{count} at {off}")
+        yield
+
+    def delayed_put(self) -> Generator[None, None, None]:
+        topic, p = self.pick_partition()
+        dpart = self.core.store.get(DELAY_TOPIC, 0)
+        assert dpart is not None and self.core.delay is not None
+        b = self.body()
+        due = int(self.clock.time() * 1000) + self.rng.randrange(0, 4000)
+        mid = self.ids.next()
+        rec = records.encode(mid, 0, encode_envelope(topic, p, due, b))
+        off = dpart.append(rec)
+        self.core.delay.add(off, due)
+        self.core.flush_wanted[dpart] = None
+        # acknowledged once __delay is flushed, like any put
+        self.waiting_puts.append((dpart, off + len(rec), [(mid, DELAY_TOPIC, due, -1, b)]))
+        self.delay_targets[mid] = (due, topic, p, b)
+        self.log(f"dput {topic}-{p} due {due}")
+        yield
+
+    def transaction(self, xa: bool) -> Generator[None, None, None]:
+        owner = Owner(f"c{self._n}")
+        self._n += 1
+        key = f"XID:1:{self._n:04x}:0b:q" if xa else f"TX:{owner.name}:{self._n}"
+        rec = self.txs[key] = TxRecord(key)
+        engine = self.core.engine
+        o = self.opaque()
+        engine.handle(
+            owner, Transaction(key, "s", "BEGIN", self.rng.choice((None, 2, 30)), None, o)
+        )
+        self.drain()
+        r = self.answer(o)
+        if r is None or r[0] != 200:
+            rec.outcome = "rolled_back"
+            return
+        yield
+        for _ in range(self.rng.randrange(1, 4)):
+            topic, p = self.pick_partition()
+            size = self.rng.choice((20, 60, 400)) if not xa else 30
+            b = self.body() + b"x" * size
+            o = self.opaque()
+            if self.rng.random() < 0.2:
+                due = int(self.clock.time() * 1000) + self.rng.randrange(0, 3000)
+                env = encode_envelope(topic, p, due, b)
+                self.core.engine.put(
+                    owner, key, DELAY_TOPIC, 0, 0, env, records.checksum(env), o, p
+                )
+                self.drain()
+                r = self.answer(o)
+                if r is not None and r[0] == 200:
+                    rec.delayed.append((int(r[1].split()[0]), topic, p, b, due))
+            else:
+                self.core.engine.put(owner, key, topic, p, 0, b, records.checksum(b), o)
+                self.drain()
+                r = self.answer(o)
+                if r is not None and r[0] == 200:
+                    rec.msgs.append((topic, p, int(r[1].split()[0]), b))
+            self.log(f"{key} put -> {r and r[0]}")
+            yield
+        fate = self.rng.random()
+        if fate < 0.1:
+            owner.closed = True
+            self.core.engine.owner_lost(owner)  # the client vanishes
+            self.drain()
+            self.log(f"{key} owner lost")
+            return
+        if fate < 0.2:
+            self.log(f"{key} left to time out")
+            return
+        if xa:
+            for verb in ("END", "PREPARE"):
+                o = self.opaque()
+                engine.handle(owner, Transaction(key, "s", verb, None, None, o))
+                self.drain()
+                while (r := self.answer(o)) is None:
+                    yield
+                if r[0] != 200:
+                    rec.outcome = "rolled_back"
+                    return
+            if r is not None and r[1] == b"0" and rec.outcome == "open":
+                rec.outcome = "prepared"
+            self.log(f"{key} prepared")
+            yield
+            if self.rng.random() < 0.3:
+                return  # left prepared (maybe across a crash); a later "decide" resolves it
+            yield from self.decide(key, self.rng.random() < 0.7)
+            return
+        verb = "COMMIT_ONE_PHASE" if self.rng.random() < 0.8 else "ROLLBACK"
+        o = self.opaque()
+        if verb == "ROLLBACK":
+            rec.outcome = "rolled_back"
+        else:
+            rec.outcome = "commit_sent"
+        engine.handle(owner, Transaction(key, "s", verb, None, None, o))
+        self.drain()
+        while (r := self.answer(o)) is None:
+            yield
+        if verb == "COMMIT_ONE_PHASE":
+            rec.outcome = "committed" if r[0] == 200 else "rolled_back"
+            self.log(f"{key} commit -> {r[0]}")
+
+    def decide(self, key: str, commit: bool) -> Generator[None, None, None]:
+        """Commit or roll back a prepared transaction from another owner (a coordinator,
+        or a producer answering a check-back)."""
+        rec = self.txs[key]
+        tx = self.core.engine.txs.get(key)
+        if tx is None or tx.state.value != "PREPARED" or rec.outcome.endswith("_sent"):
+            return
+        owner = Owner(f"admin{self._n}")
+        self._n += 1
+        o = self.opaque()
+        verb = "COMMIT_TWO_PHASE" if commit else "ROLLBACK"
+        rec.outcome = "commit_sent" if commit else "rollback_sent"
+        self.core.engine.handle(owner, Transaction(key, "s", verb, None, None, o))
+        self.drain()
+        while (r := self.answer(o)) is None:
+            yield
+        if r[0] == 200:
+            rec.outcome = "committed" if commit else "rolled_back"
+        else:
+            rec.outcome = "unknown"
+        self.log(f"{key} {verb} -> {r[0]}")
+
+    def half_message(self) -> Generator[None, None, None]:
+        producer = Owner(f"p{self._n}")
+        self._n += 1
+        engine = self.core.engine
+        engine.register(producer, "shop", self.opaque())
+        if not any(o for o in self.producers if not o.closed):
+            backup = Owner(f"p{self._n}b")
+            engine.register(backup, "shop", self.opaque())
+            self.producers.append(backup)
+        self.drain()
+        key = f"TX:{producer.name}:1"
+        rec = self.txs[key] = TxRecord(key)
+        o = self.opaque()
+        engine.handle(producer, Transaction(key, "s", "BEGIN", 30, None, o))
+        self.drain()
+        yield
+        topic, p = self.pick_partition()
+        b = self.body()
+        o = self.opaque()
+        engine.put(producer, key, topic, p, 0, b, records.checksum(b), o)
+        self.drain()
+        r = self.answer(o)
+        if r is not None and r[0] == 200:
+            rec.msgs.append((topic, p, int(r[1].split()[0]), b))
+        o = self.opaque()
+        engine.handle(producer, Transaction(key, "s", "PREPARE", None, None, o))
+        self.drain()
+        while (r := self.answer(o)) is None:
+            yield
+        if r == (200, b"0") and rec.outcome == "open":
+            rec.outcome = "prepared"
+        producer.closed = True
+        engine.owner_lost(producer)  # dies before deciding: the check-back decides
+        self.drain()
+        self.log(f"{key} half prepared, producer gone")
+
+    def answer_checks(self) -> Generator[None, None, None]:
+        checks, self.checks = self.checks, []
+        for c in checks:
+            rec = self.txs.get(c.key)
+            if rec is None or self.rng.random() < 0.3:
+                continue  # no answer: asked again later
+            yield from self.decide(c.key, self.rng.random() < 0.6)
+
+    # ------------------------------------------------------------------ system actions
+
+    def force(self) -> None:
+        core = self.core
+        if not core.engine.pending_force:
+            return
+        core.log.sync()
+        core.engine.forced(core.log.end_position)
+        self.drain()
+
+    def flush_round(self) -> None:
+        core = self.core
+        parts = list(core.flush_wanted)
+        self.rng.shuffle(parts)
+        if not parts:
+            return
+        take = parts[: self.rng.randrange(1, len(parts) + 1)]
+        for part in take:
+            core.flush_wanted.pop(part, None)
+            target = part.end
+            part.active.sync()
+            part.mark_flushed(target)
+        self.drain()
+        keep = []
+        for part, end, placed in self.waiting_puts:
+            if part.flushed_end >= end:
+                for mid, topic, p, off, b in placed:
+                    if topic == DELAY_TOPIC:
+                        self.delayed_acked[mid] = self.delay_targets[mid]
+                    else:
+                        self.acked_puts[mid] = (topic, p, off, b)
+            else:
+                keep.append((part, end, placed))
+        self.waiting_puts = keep
+
+    def tick(self) -> None:
+        self.clock.advance(self.rng.choice((0.05, 0.5, 1.0, 2.5)))
+        core = self.core
+        core.engine.expire()
+        core.engine.check_backs()
+        for key in core.engine.stats.exhausted:
+            rec = self.txs.get(key)
+            if rec is not None and rec.outcome == "prepared":
+                rec.outcome = "rolled_back"
+        core.engine.retry_applies()
+        assert core.delay is not None
+        core.delay.move_due()
+        self.drain()
+
+    def checkpoint(self) -> None:
+        core = self.core
+        core.log.checkpoint(core.engine.checkpoint_position())
+        assert core.delay is not None
+        core.delay._checkpoint()
+
+    # ------------------------------------------------------------------ the run
+
+    generation = 0
+
+    def run(self) -> None:
+        self.producers: list[Owner] = []
+        self.delay_targets: dict[int, tuple[int, str, int, bytes]] = {}
+        for cycle in range(self.crashes + 1):
+            scripts: list[Generator[None, None, None]] = []
+            armed = cycle < self.crashes
+            if armed:
+                if self.rng.random() < 0.5:
+                    self.fs.arm_crash(self.rng.randrange(5, 400))
+                else:
+                    self._armed_point = self.rng.choice(CORE_POINTS)
+            try:
+                for _ in range(self.steps):
+                    self.step(scripts)
+                # quiesce: finish what is pending so the check has acknowledged work to see
+                for _ in range(3):
+                    self.force()
+                    self.flush_round()
+                    self.force()
+            except SimCrash:
+                pass
+            self.fs.disarm_crash()
+            self._armed_point = None
+            tear = self.rng.random() < 0.5
+            self.log(f"--- crash (tear={tear}) and restart")
+            self.fs.crash(tear=tear, writeback=self.rng.random() < 0.3)
+            self.restart()
+            self.check()
+        # finally: let time pass so every acknowledged delayed message is due, and deliver
+        self.clock.advance(10)
+        assert self.core.delay is not None
+        self.core.delay.move_due()
+        self.drain()
+        self.check(final=True)
+
+    def step(self, scripts: list[Generator[None, None, None]]) -> None:
+        rng = self.rng
+        x = rng.random()
+        if x < 0.25 or not scripts:
+            kind = rng.random()
+            if kind < 0.3:
+                g = self.plain_put()
+            elif kind < 0.55:
+                g = self.transaction(xa=False)
+            elif kind < 0.7:
+                g = self.transaction(xa=True)
+            elif kind < 0.8:
+                g = self.half_message()
+            elif kind < 0.9:
+                g = self.delayed_put()
+            else:
+                prepared = [k for k, t in self.txs.items() if t.outcome == "prepared"]
+                g = (
+                    self.decide(rng.choice(prepared), rng.random() < 0.6)
+                    if prepared
+                    else self.plain_put()
+                )
+            scripts.append(g)
+        elif x < 0.6:
+            g = rng.choice(scripts)
+            try:
+                next(g)
+            except StopIteration:
+                scripts.remove(g)
+        elif x < 0.72:
+            self.force()
+        elif x < 0.84:
+            self.flush_round()
+        elif x < 0.94:
+            self.tick()
+        elif x < 0.97:
+            scripts.append(self.answer_checks())
+        else:
+            self.checkpoint()
+
+    def restart(self) -> None:
+        self.generation += 1
+        self.waiting_puts = []  # unacknowledged puts: the client never got an answer
+        self.tickets.clear()
+        self.replies.clear()
+        self.checks.clear()
+        for rec in self.txs.values():
+            if rec.outcome in ("commit_sent", "rollback_sent"):
+                rec.outcome = "unknown"  # the reply was lost: either way, but whole
+            elif rec.outcome == "open":
+                rec.outcome = "rolled_back"  # no decision logged: rolled back by recovery
+        for o in self.producers:
+            o.closed = True
+        self.producers = []
+        try:
+            self.core = Core(self)
+        except NotifyError as e:
+            self.fail(f"restart failed: {e}")
+        # half messages come back prepared; XA prepared come back prepared; local prepared
+        # without a group are rolled back by recovery
+        for key, rec in self.txs.items():
+            tx = self.core.engine.txs.get(key)
+            if rec.outcome == "prepared" and (tx is None or tx.state.value != "PREPARED"):
+                self.fail(f"acknowledged PREPARE of {key} lost by the restart")
+
+    # ------------------------------------------------------------------ the checker
+
+    def fail(self, why: str) -> None:
+        tail = "\n  ".join(self.trace[-40:])
+        raise SimFailure(
+            f"seed {self.seed}: {why}\n  replay: python -m notify.sim --seed {self.seed} "
+            f"--verbose\n  last steps:\n  {tail}"
+        )
+
+    def read_all(self) -> dict[int, tuple[str, int, int, bytes]]:
+        """Every record of every partition (``__delay`` checked for readability only: its
+        envelopes carry the ids their messages get when delivered)."""
+        found: dict[int, tuple[str, int, int, bytes]] = {}
+        for (topic, p), part in self.core.store.partitions.items():
+            if topic == DELAY_TOPIC:
+                self._scan(topic, p, part, {})
+                continue
+            self._scan(topic, p, part, found)
+        return found
+
+    def _scan(
+        self, topic: str, p: int, part: Partition, found: dict[int, tuple[str, int, int, bytes]]
+    ) -> None:
+        if True:
+            off = part.min_offset
+            while off < part.end:
+                data = part.read_raw(off, 1 << 20)
+                try:
+                    recs, used = records.decode_all(data, off)
+                except NotifyError as e:
+                    self.fail(f"{topic}-{p}: unreadable at {off}: {e}")
+                if not recs:
+                    self.fail(f"{topic}-{p}: gap or torn record at {off} (end {part.end})")
+                for r in recs:
+                    if r.msg_id in found:
+                        self.fail(
+                            f"message {r.msg_id} stored twice ({found[r.msg_id]}, {topic}-{p})"
+                        )
+                    found[r.msg_id] = (topic, p, r.offset, r.payload)
+                off += used
+
+    def check(self, final: bool = False) -> None:
+        found = self.read_all()
+        for mid, (topic, p, off, b) in self.acked_puts.items():
+            got = found.get(mid)
+            if got != (topic, p, off, b):
+                self.fail(f"acknowledged put {mid} at {topic}-{p}@{off}: found {got and got[:3]}")
+        for key, rec in self.txs.items():
+            present = [m for m in rec.msgs if m[2] in found]
+            for topic, p, mid, b in present:
+                g = found[mid]
+                if (g[0], g[1], g[3]) != (topic, p, b):
+                    self.fail(f"{key}: message {mid} changed: {g[:3]}")
+            if rec.outcome == "committed":
+                if len(present) != len(rec.msgs):
+                    self.fail(f"acknowledged commit {key}: {len(present)}/{len(rec.msgs)} visible")
+                placed = {m[2]: found[m[2]][:3] for m in present}
+                if rec.placements and rec.placements != placed:
+                    self.fail(f"{key}: offsets changed {rec.placements} -> {placed}")
+                rec.placements = placed
+            elif rec.outcome == "unknown":
+                if present and len(present) != len(rec.msgs):
+                    self.fail(f"commit of {key} partly visible ({len(present)}/{len(rec.msgs)})")
+            elif rec.outcome == "rolled_back" and present:
+                tx = self.core.engine.txs.get(key)
+                if tx is None or tx.state.value not in ("COMMITTING",):
+                    self.fail(f"rolled-back or undecided {key} is visible: {present[:2]}")
+            elif rec.outcome == "prepared" and present:
+                self.fail(f"prepared {key} is visible before its commit")
+        # delayed messages: never early, exactly once, all of them in the end
+        now_ms = int(self.clock.time() * 1000)
+        for mid, (due, topic, p, b) in self.delayed_acked.items():
+            got = found.get(mid)
+            in_target = got is not None and got[0] == topic
+            if got is not None and in_target and (got[1], got[3]) != (p, b):
+                self.fail(f"delayed {mid} delivered wrong: {got[:2]}")
+            if in_target and due > now_ms:
+                self.fail(f"delayed {mid} delivered before it was due ({due} > {now_ms})")
+            if final and due <= now_ms - 1000 and not in_target:
+                self.fail(f"acknowledged delayed message {mid} (due {due}) never delivered")
+        for key, rec in self.txs.items():
+            for mid, topic, _p, _b, due in rec.delayed:
+                got = found.get(mid)
+                in_target = got is not None and got[0] == topic
+                if in_target and rec.outcome not in ("committed", "unknown", "commit_sent"):
+                    tx = self.core.engine.txs.get(key)
+                    if tx is None or tx.state.value != "COMMITTING":
+                        self.fail(f"delayed {mid} of {key} ({rec.outcome}) delivered")
+                if in_target and due > now_ms:
+                    self.fail(f"delayed {mid} of {key} delivered before it was due")
+                if final and rec.outcome == "committed" and not in_target:
+                    self.fail(f"delayed {mid} of committed {key} never delivered")

@@ -512,6 +512,8 @@ class TransactionManager:
             if t == "BEGIN":
                 return self._begin(conn, key, r)
             tx = self.txs.get(key)
+            if t == "FORGET" and _forget_is_noop(key, tx):
+                return conn.send(encode_result(200, r.opaque, b""))
             if tx is None:
                 raise TxFailure(XAER_NOTA, f"unknown transaction {key}")
             if t == "END":
@@ -827,6 +829,13 @@ class TransactionManager:
         ]
         items += [(f"tx_state_{k.lower()}", v) for k, v in sorted(by_state.items())]
         return items
+
+
+def _forget_is_noop(key: str, tx: BrokerTx | None) -> bool:
+    """MetaQ answers FORGET of any XA xid with 200 and only drops a heuristic outcome, so
+    FORGET of an XA transaction that is gone (committed, rolled back, never known) or rolled
+    back is a no-op success; FORGET of a live one stays a protocol error."""
+    return is_xa(key) and (tx is None or tx.state is TxState.ROLLED_BACK)
 
 
 def _consume(fut: asyncio.Future[int]) -> None:

@@ -508,7 +508,7 @@ class BrokerService:
             st.get_misses += 1
             tc.get_misses += 1
             return self._error(
-                conn, 404, r.opaque, f"no message at offset {r.offset} of {r.topic}-{r.partition}"
+                conn, 404, r.opaque, f"Could not find message at position {r.offset}"
             )
         st.get_bytes += sl.length
         tc.get_bytes += sl.length
@@ -562,7 +562,7 @@ class BrokerService:
             slot.body = encode_result(
                 404,
                 r.opaque,
-                f"no message at offset {r.offset} of {r.topic}-{r.partition}".encode(),
+                f"Could not find message at position {r.offset}".encode(),
             )
         else:
             # header now, bytes straight from the segment when the reply is written

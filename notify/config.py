@@ -459,26 +459,55 @@ def describe(config: ServerConfig) -> list[tuple[str, object]]:
 
 #: ini keys whose values ``stats config`` never shows.
 SECRET_KEYS: Final = frozenset({"authSecret"})
-_KEY_LINE: Final = re.compile(r"([^=:\s]+)\s*[=:]")
+#: notify's own ini keys ("(ext)" in the README). MetaQ's ``MetaConfig`` rejects keys it does
+#: not know, so ``stats config`` serves them commented out.
+EXTENSION_KEYS: Final = frozenset(
+    {
+        "maxMessageSize",
+        "maxConnections",
+        "authSecret",
+        "configWatchInterval",
+        "maxTxSize",
+        "retentionIgnoresConsumers",
+        "txCheckBackDelay",
+        "txCheckBackMaxTimes",
+        "txCheckBackConcurrency",
+        "syncSlave",
+        "syncSlaveTimeout",
+        "syncSlaveFailurePolicy",
+        "syncSlaveMaxFailures",
+        "store",
+        "memoryMaxBytes",
+        "memoryFullPolicy",
+    }
+)
+_KEY_LINE: Final = re.compile(r"([^=:\s;#\[]+)\s*[=:]")
+EXTENSION_MARK: Final = "; notify: "
 
 
 def served_config(config: ServerConfig) -> bytes | None:
-    """The ``server.ini`` text as ``stats config`` serves it (MetaQ serves the file itself):
-    the text that was loaded, with the values of :data:`SECRET_KEYS` replaced by ``***``.
-    None when the config did not come from a file."""
+    """The ``server.ini`` text as ``stats config`` serves it (MetaQ serves the file itself,
+    and a MetaQ slave loads it with ``MetaConfig.loadFromString``): the text that was loaded,
+    with the lines of :data:`EXTENSION_KEYS` commented out (``; notify: key=value``) and the
+    values of :data:`SECRET_KEYS` replaced by ``***``. None when the config did not come
+    from a file."""
     if config.source is None and not config.text:
         return None
     out: list[str] = []
-    in_secret = False
+    key: str | None = None  # the key whose (continued) value this line belongs to
     for line in config.text.splitlines(keepends=True):
-        if in_secret and line[:1] in (" ", "\t") and line.strip():
-            continue  # a continuation line of a secret value
-        in_secret = False
+        if key is not None and line[:1] in (" ", "\t") and line.strip():
+            if key not in SECRET_KEYS:  # a continuation line of an extension key's value
+                out.append(";" + line)
+            continue
+        key = None
         m = _KEY_LINE.match(line)
-        if m and m.group(1) in SECRET_KEYS:
-            in_secret = True
-            end = "\r\n" if line.endswith("\r\n") else "\n" if line.endswith("\n") else ""
-            line = f"{m.group(1)}=***{end}"
+        if m and m.group(1) in EXTENSION_KEYS:
+            key = m.group(1)
+            if key in SECRET_KEYS:
+                end = line[len(line.rstrip("\r\n")) :]
+                line = f"{key}=***{end}"
+            line = EXTENSION_MARK + line
         out.append(line)
     return "".join(out).encode("utf-8")
 

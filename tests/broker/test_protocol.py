@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import zlib
 
+from notify.config import load_config, served_config
 from notify.protocol import records
 from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
@@ -204,8 +205,11 @@ def test_stats_items_and_version(broker: BrokerProcess) -> None:
         assert items(b"stats topics 2\r\n")["test"].startswith("partitions=4 ")
         assert items(b"stats offsets 2\r\n")["test-2"].startswith("min_offset=0 max_offset=25 ")
         assert "put_tps" in items(b"stats realtime 2\r\n")
-        cfg = c.call(b"stats config 2\r\n")  # the server.ini text, as MetaQ serves it
-        assert cfg.code == 200 and cfg.body == broker.config_path.read_bytes()
+        # the server.ini text, as MetaQ serves it (notify's own keys commented out)
+        cfg = c.call(b"stats config 2\r\n")
+        assert cfg.code == 200 and cfg.body == served_config(load_config(broker.config_path))
+        assert b"\n; notify: configWatchInterval=0\n" in cfg.body
+        assert b"\n[topic=orders]\nnumPartitions=2\n" in cfg.body
         assert items(b"stats test 2\r\n")["put_messages"] == "1"
         assert "topics" in items(b"stats help 2\r\n")
         assert items(b"stats reset 2\r\n") == {"reset": "ok"}

@@ -13,14 +13,17 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 from notify.client import ClientConfig, ConsumerConfig, connect
+from notify.config import load_config, served_config
 from tests.cluster.conftest import SESSION_S, ZkBrokers, dump_tree, wait_until
 
 E, P = True, False  # ephemeral / persistent
 
 
 def _crc(path: Path) -> bytes:
-    """``master_config_checksum``: the CRC32 of the config file (no secret in these)."""
-    return str(zlib.crc32(path.read_bytes())).encode()
+    """``master_config_checksum``: the CRC32 of the config as ``stats config`` serves it."""
+    served = served_config(load_config(path))
+    assert served is not None
+    return str(zlib.crc32(served)).encode()
 
 
 def test_broker_nodes_byte_for_byte(zk_brokers: ZkBrokers, kz: KazooClient) -> None:

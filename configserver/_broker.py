@@ -18,7 +18,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import replace
 
-from notify.config import ServerConfig, TopicConfig
+from notify.config import ServerConfig, TopicConfig, config_checksum
 
 from ._errors import ConfigServerError, ConfigServerUnavailableError
 from ._layout import BrokerRegistration, TopicRegistration
@@ -70,6 +70,7 @@ class BrokerRegistrar:
             port,
             _topics(topics),
             None if slave is None else slave.slave_id,
+            config_checksum(self.config) if self.config.source is not None else None,
         )
         # waited for at most STARTUP_WAIT_S: a broker without ZooKeeper serves anyway
         timeout = min(self.config.zookeeper.zk_connection_timeout_ms / 1000, STARTUP_WAIT_S)
@@ -88,11 +89,14 @@ class BrokerRegistrar:
             self.registration.key,
         )
 
-    def update(self, topics: Mapping[str, TopicConfig]) -> None:
-        """Register the current topics (after a config reload); runs in the background."""
+    def update(self, topics: Mapping[str, TopicConfig], config: ServerConfig | None = None) -> None:
+        """Register the current topics (after a config reload) and, given the reloaded
+        ``config``, its checksum; runs in the background."""
         if self.registration is None:
             return
         new = replace(self.registration, topics=_topics(topics))
+        if config is not None and config.source is not None:
+            new = replace(new, config_checksum=config_checksum(config))
         if new != self.registration:
             self.registration = new
             self._submit(new)

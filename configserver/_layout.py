@@ -4,6 +4,7 @@ Under the root (``zk.zkRoot``, default ``/meta``); parents are persistent, leave
 
     brokers/ids/<id>/master                       meta://host:port                   ephemeral
     brokers/ids/<id>/slave<N>                     meta://host:port                   ephemeral
+    brokers/ids/<id>/master_config_checksum       <CRC32 of the served server.ini>   ephemeral
     brokers/topics/<topic>/<id>-m                 <numPartitions>  (legacy clients)  ephemeral
     brokers/topics/<topic>/<id>-s<N>              <numPartitions>  (a slave)         ephemeral
     brokers/topics-pub/<topic>/<id>-m             {"numParts":N,"broker":"<id>-m"}   ephemeral
@@ -134,6 +135,8 @@ class BrokerRegistration:
     port: int
     topics: tuple[TopicRegistration, ...] = ()
     slave_id: int | None = None
+    #: CRC32 of the config a master serves with ``stats config`` (None: not published)
+    config_checksum: int | None = None
 
     @property
     def key(self) -> str:
@@ -166,6 +169,11 @@ class Layout:
         leaf = "master" if slave_id is None else f"slave{slave_id}"
         return f"{self.broker_dir(broker_id)}/{leaf}"
 
+    def master_config_checksum(self, broker_id: int) -> str:
+        """``ids/<id>/master_config_checksum``: a MetaQ slave with ``autoSyncMasterConfig``
+        fetches ``stats config`` when this differs from its own file's CRC32."""
+        return f"{self.broker_dir(broker_id)}/master_config_checksum"
+
     def topics_dir(self, kind: str = "topics") -> str:
         """``brokers/topics``, ``brokers/topics-pub`` or ``brokers/topics-sub``."""
         if kind not in ("topics", "topics-pub", "topics-sub"):
@@ -183,6 +191,8 @@ class Layout:
         order: the address first, then per topic the legacy, pub and sub nodes)."""
         key = reg.key
         out = {self.broker_node(reg.broker_id, reg.slave_id): encode_address(reg.host, reg.port)}
+        if reg.slave_id is None and reg.config_checksum is not None:
+            out[self.master_config_checksum(reg.broker_id)] = str(reg.config_checksum).encode()
         for t in sorted(reg.topics, key=lambda t: t.topic):
             out[self.topic_broker("topics", t.topic, key)] = str(t.num_partitions).encode()
             value = encode_topic_broker(t.num_partitions, key)

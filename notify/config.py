@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import configparser
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -23,6 +24,11 @@ from notify.errors import ConfigError, InvalidTopicError
 TOPIC_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 KIB: Final = 1024
 MIB: Final = 1024 * KIB
+#: Default ``maxMessageSize``. A MetaQ Java consumer reads replies into a buffer that stops
+#: growing at 2 MiB (gecko's and ``MessageUtils.MAX_READ_BUFFER_SIZE``, 2097152): the whole
+#: ``value <len> <opaque>\r\n`` frame holding one record (20-byte header + payload) must fit.
+#: 1 KiB of slack covers the record header and the reply line with room to spare.
+MAX_METAQ_CLIENT_PAYLOAD: Final = 2 * MIB - KIB
 GIB: Final = 1024 * MIB
 
 
@@ -132,7 +138,8 @@ class SystemConfig:
     update_consumer_offsets: bool = False
     # notify extensions (documented in README)
     retention_ignores_consumers: bool = False
-    max_message_size: int = 4 * MIB
+    #: the largest payload a MetaQ Java consumer can read (see MAX_METAQ_CLIENT_PAYLOAD)
+    max_message_size: int = MAX_METAQ_CLIENT_PAYLOAD
     max_connections: int = 10000
     auth_secret: str = ""
     config_watch_interval_ms: int = 2000
@@ -448,3 +455,65 @@ def describe(config: ServerConfig) -> list[tuple[str, object]]:
             if f.name != "name":
                 out.append((f"topic.{t.name}.{f.name}", getattr(t, f.name)))
     return out
+
+
+#: ini keys whose values ``stats config`` never shows.
+SECRET_KEYS: Final = frozenset({"authSecret"})
+#: notify's own ini keys ("(ext)" in the README). MetaQ's ``MetaConfig`` rejects keys it does
+#: not know, so ``stats config`` serves them commented out.
+EXTENSION_KEYS: Final = frozenset(
+    {
+        "maxMessageSize",
+        "maxConnections",
+        "authSecret",
+        "configWatchInterval",
+        "maxTxSize",
+        "retentionIgnoresConsumers",
+        "txCheckBackDelay",
+        "txCheckBackMaxTimes",
+        "txCheckBackConcurrency",
+        "syncSlave",
+        "syncSlaveTimeout",
+        "syncSlaveFailurePolicy",
+        "syncSlaveMaxFailures",
+        "store",
+        "memoryMaxBytes",
+        "memoryFullPolicy",
+    }
+)
+_KEY_LINE: Final = re.compile(r"([^=:\s;#\[]+)\s*[=:]")
+EXTENSION_MARK: Final = "; notify: "
+
+
+def served_config(config: ServerConfig) -> bytes | None:
+    """The ``server.ini`` text as ``stats config`` serves it (MetaQ serves the file itself,
+    and a MetaQ slave loads it with ``MetaConfig.loadFromString``): the text that was loaded,
+    with the lines of :data:`EXTENSION_KEYS` commented out (``; notify: key=value``) and the
+    values of :data:`SECRET_KEYS` replaced by ``***``. None when the config did not come
+    from a file."""
+    if config.source is None and not config.text:
+        return None
+    out: list[str] = []
+    key: str | None = None  # the key whose (continued) value this line belongs to
+    for line in config.text.splitlines(keepends=True):
+        if key is not None and line[:1] in (" ", "\t") and line.strip():
+            if key not in SECRET_KEYS:  # a continuation line of an extension key's value
+                out.append(";" + line)
+            continue
+        key = None
+        m = _KEY_LINE.match(line)
+        if m and m.group(1) in EXTENSION_KEYS:
+            key = m.group(1)
+            if key in SECRET_KEYS:
+                end = line[len(line.rstrip("\r\n")) :]
+                line = f"{key}=***{end}"
+            line = EXTENSION_MARK + line
+        out.append(line)
+    return "".join(out).encode("utf-8")
+
+
+def config_checksum(config: ServerConfig) -> int | None:
+    """CRC32 of :func:`served_config`, as MetaQ publishes its config file's CRC32 in
+    ``/meta/brokers/ids/<id>/master_config_checksum`` (a slave compares it with its own)."""
+    served = served_config(config)
+    return None if served is None else zlib.crc32(served)

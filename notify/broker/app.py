@@ -296,7 +296,7 @@ class Broker:
             self.service.config = self.config
             self.service.refresh_topics()
         if self.registrar is not None:  # configserver (issue #7): register added topics
-            self.registrar.update(self.store.topics)
+            self.registrar.update(self.store.topics, self.config)
         parts = [
             f"added topics: {', '.join(added) or '-'}",
             f"changed topics: {', '.join(changed) or '-'}",

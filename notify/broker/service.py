@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import random
 import struct
 import time
 import zlib
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 from notify.broker.connection import Connection, PendingReplies
 from notify.broker.idgen import MAX_BATCH, IdGenerator
 from notify.broker.stats import BrokerStats
-from notify.config import ServerConfig, describe, validate_topic
+from notify.config import ServerConfig, served_config, validate_topic
 from notify.core.effects import Applied
 from notify.errors import (
     InvalidTopicError,
@@ -71,6 +72,9 @@ _ID_AT = struct.Struct(">q")
 #: Longest a long-poll ``get`` may be held, whatever the client asks.
 MAX_LONG_POLL_MS: Final = 60_000
 MPUT_MAX_BYTES: Final = 16 * 1024 * 1024
+#: ``put`` to this partition: the broker chooses one (MetaQ's ``Partition.RandomPartiton``).
+RANDOM_PARTITION: Final = -1
+LONG_MAX: Final = 2**63 - 1
 STATS_ITEMS: Final = ("", "topics", "offsets", "realtime", "config", "reset", "help")
 
 
@@ -242,6 +246,8 @@ class BrokerService:
 
     def _put(self, conn: Connection, r: Put) -> None:
         self.stats.cmd_put += 1
+        if r.partition == RANDOM_PARTITION:
+            r.partition = self._random_partition(r.topic)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             self.stats.put_failed += 1
@@ -286,6 +292,12 @@ class BrokerService:
         group.items.append([r.opaque, body, crc, r.flag, 0, 0])
         batch.count += 1
         batch.nbytes += len(body)
+
+    def _random_partition(self, topic: str) -> int:
+        """MetaQ's ``getPartition``: a put to partition -1 goes to a random partition of the
+        topic (-1 stays for an unknown topic, which then gets its 404)."""
+        parts = self._topic_parts.get(topic)
+        return random.randrange(len(parts)) if parts else RANDOM_PARTITION
 
     def _mput(self, conn: Connection, r: MultiPut) -> None:
         self.stats.cmd_mput += 1
@@ -485,6 +497,13 @@ class BrokerService:
         try:
             sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
         except OffsetOutOfRangeError as e:
+            if r.offset > e.nearest and r.max_wait_ms == 0 and not self._moved_past_end(r):
+                # MetaQ: beyond the end is "not found" unless updateConsumerOffsets
+                st.get_misses += 1
+                tc.get_misses += 1
+                return self._error(
+                    conn, 404, r.opaque, f"Could not find message at position {r.offset}"
+                )
             return conn.send(encode_result(301, r.opaque, b"%d" % e.nearest))
         if sl is None:
             if r.max_wait_ms > 0:
@@ -492,12 +511,17 @@ class BrokerService:
             st.get_misses += 1
             tc.get_misses += 1
             return self._error(
-                conn, 404, r.opaque, f"no message at offset {r.offset} of {r.topic}-{r.partition}"
+                conn, 404, r.opaque, f"Could not find message at position {r.offset}"
             )
         st.get_bytes += sl.length
         tc.get_bytes += sl.length
         conn.send(encode_value_header(sl.length, r.opaque))
         conn.send(sl)
+
+    def _moved_past_end(self, r: Get) -> bool:
+        """MetaQ answers a get beyond the end with 301 (to the end) only when
+        ``updateConsumerOffsets`` is set or the offset is Long.MAX_VALUE; else 404."""
+        return self.config.system.update_consumer_offsets or r.offset == LONG_MAX
 
     # ------------------------------------------------------------------ long poll
 
@@ -541,7 +565,7 @@ class BrokerService:
             slot.body = encode_result(
                 404,
                 r.opaque,
-                f"no message at offset {r.offset} of {r.topic}-{r.partition}".encode(),
+                f"Could not find message at position {r.offset}".encode(),
             )
         else:
             # header now, bytes straight from the segment when the reply is written
@@ -788,7 +812,7 @@ class BrokerService:
         elif item == "realtime":
             items = st.realtime()
         elif item == "config":
-            items = describe(self.config)
+            return self._stats_config(conn, r)
         elif item == "reset":
             st.reset()
             items = [("reset", "ok")]
@@ -808,5 +832,21 @@ class BrokerService:
                 ("get_bytes", tc.get_bytes),
             ] + [(f"partition.{p.index}", f"min={p.min_offset} max={p.visible_end}") for p in parts]
         else:
-            return self._error(conn, 404, r.opaque, f"unknown stats item {item!r}")
+            # MetaQ reads any other item as a topic: 200, resultCode 1 = no such topic
+            items = [
+                (item, None),
+                ("resultCode", 1),
+                ("partitions", 0),
+                ("message_count", 0),
+                ("bytes", 0),
+            ]
         conn.send(encode_result(200, r.opaque, encode_stats_body(items)))
+
+    def _stats_config(self, conn: Connection, r: Stats) -> None:
+        """MetaQ's ``stats config``: the server.ini text as loaded (see ``served_config``),
+        which a MetaQ async slave with ``autoSyncMasterConfig`` loads as its own ini."""
+        text = served_config(self.config)
+        if text is None:
+            return self._error(conn, 500, r.opaque, "this broker was not started from a file")
+        conn.send(encode_result(200, r.opaque, text))
+

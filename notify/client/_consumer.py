@@ -47,7 +47,7 @@ from notify.protocol.frames import Response, encode_get, encode_offset
 from notify.protocol.records import CorruptRecordError, decode_all, first_record_size
 
 from ._config import MAX_OFFSET, ClientConfig, ConsumerConfig
-from ._connection import ConnectionPool
+from ._connection import BrokerConnection, ConnectionPool
 from ._dedup import DuplicateWindow
 from ._errors import ListenerTimeoutError
 from ._fetchsize import FetchSizer
@@ -122,6 +122,7 @@ class _Cursor:
         "deadline",
         "dirty",
         "done",
+        "end_checked",
         "msg_id",
         "partition",
         "position",
@@ -139,6 +140,7 @@ class _Cursor:
         self.position = -1  # next offset to fetch
         self.done = -1  # offset up to which everything is handled (committable)
         self.msg_id = -1
+        self.end_checked = -1  # position last checked for being beyond the end (see _get)
         self.dirty = False
         self.corrupt = 0
         # listener watchdog: the cursor task is cancelled when ``deadline`` passes
@@ -577,13 +579,38 @@ class AsyncConsumer:
         topic, group, part = cur.topic, self.group, cur.partition.partition
         self._stats.fetches += 1
         try:
-            return await conn.request(
+            r = await conn.request(
                 lambda o: encode_get(topic, group, part, offset, max_size, o, max_wait_ms=wait_ms),
                 timeout,
             )
+            if r.code == 404 and cur.end_checked != offset:
+                r = await self._past_end(conn, cur, offset, r)
+            return r
         except ConnectionLostError:
             self.pool.discard(conn)
             raise
+
+    async def _past_end(
+        self, conn: BrokerConnection, cur: _Cursor, offset: int, miss: Response
+    ) -> Response:
+        """MetaQ answers a get beyond the end of a partition with the same 404 as "nothing
+        new yet" (301 only with ``updateConsumerOffsets``). Once per position, ask ``offset``:
+        an end below our position (the partition was emptied or recreated, or the stored
+        offset is wrong) is treated as MetaQ's 301 to that end."""
+        cur.end_checked = offset
+        topic, group, part = cur.topic, self.group, cur.partition.partition
+        r = await conn.request(
+            lambda o: encode_offset(topic, group, part, offset, o),
+            self.client_config.request_timeout_s,
+        )
+        if r.code == 200:
+            try:
+                end = int(r.body.split()[0])
+            except (IndexError, ValueError):
+                return miss
+            if end < offset:
+                return Response("result", 301, miss.opaque, b"%d" % end)
+        return miss
 
     async def _init_offset(self, cur: _Cursor) -> None:
         stored = await asyncio.to_thread(

@@ -222,6 +222,13 @@ class _Recovered:
     heuristic: lr.Heuristic | None = None
 
 
+def _forget_is_noop(key: str, tx: BrokerTx | None) -> bool:
+    """MetaQ answers FORGET of any XA xid with 200 and only drops a heuristic outcome, so
+    FORGET of an XA transaction that is gone (committed, rolled back, never known) or rolled
+    back is a no-op success; FORGET of a live one stays a protocol error."""
+    return is_xa(key) and (tx is None or tx.state is TxState.ROLLED_BACK)
+
+
 def _xa_reply(e: TxFailure) -> tuple[int, bytes]:
     return e.http, encode_xa_failure(e.code, str(e))
 
@@ -425,6 +432,8 @@ class TxEngine:
             if t == "BEGIN":
                 return self._begin(owner, key, r)
             tx = self.txs.get(key)
+            if t == "FORGET" and _forget_is_noop(key, tx):
+                return self._reply(owner, r.opaque, 200)
             if tx is None:
                 raise TxFailure(XAER_NOTA, f"unknown transaction {key}")
             if t == "END":

@@ -17,12 +17,17 @@ Requests (MetaQ 1.4)::
     version [<opaque>]\\r\\n
     quit\\r\\n
     transaction <txKey> <sessionId> <TYPE> [<timeout>] [<uniqueQualifier>] <opaque>\\r\\n
-    sync <topic> <partition> <len> <flag> <msgId> <checksum> <opaque>\\r\\n<body>
+    sync <topic> <partition> <len> <flag> <msgId> [<checksum>] <opaque>\\r\\n<body>
 
     In a 7-token put, slot 5 is a checksum if it starts with a digit or '-', else a txKey.
-    checksum -1 means "not supplied". In ``transaction``, one optional slot is a timeout for
-    BEGIN and a uniqueQualifier for every other TYPE (MetaQ mistakes a numeric qualifier for
-    a timeout; we decide by TYPE).
+    checksum -1 means "not supplied" (so does a 7-token ``sync``: masters before MetaQ 1.4.4).
+    A put to partition -1 lets the broker choose the partition (MetaQ's
+    ``Partition.RandomPartiton``; the Java producer sends it when configured with a server URL
+    instead of ZooKeeper). In a 6-token ``transaction`` the optional slot is a timeout only
+    for BEGIN and only when it is all digits, and not when it repeats the uniqueQualifier of
+    the XA key (MetaQ reads any all-digit slot as a timeout, so it loses a numeric
+    qualifier); for every other TYPE it is the uniqueQualifier. ``version`` and ``stats``
+    without an opaque are answered with opaque 2147483647, as MetaQ does.
 
 notify extensions (old clients never send them; old brokers answer them with an error)::
 
@@ -72,7 +77,7 @@ ABSURD_LENGTH: Final = 1 << 31
 _TOKEN_COUNTS: Final = {
     b"put": (6, 8),
     b"mput": (6, 7),
-    b"sync": (8, 8),
+    b"sync": (7, 8),
     b"msync": (7, 7),
     b"dput": (8, 9),
 }
@@ -290,8 +295,28 @@ def _int(tok: bytes, name: str, opaque: int) -> int:
     return v
 
 
+#: Opaque of the reply to a request that carried none (MetaQ's Integer.MAX_VALUE).
+NO_OPAQUE: Final = 2**31 - 1
+
+#: Token counts of the known line commands (their opaque is the last token).
+_LINE_COUNTS: Final = {
+    b"get": (7, 8),
+    b"offset": (6, 6),
+    b"stats": (1, 3),
+    b"version": (1, 2),
+    b"transaction": (5, 7),
+    b"auth": (3, 3),
+    b"register": (3, 3),
+}
+
+
 def _opaque_of(tokens: list[bytes]) -> int:
-    """Best-effort opaque of a broken request: its last token when it is an int32."""
+    """Best-effort opaque of a broken request: its last token when it is an int32 and sits
+    where the command keeps its opaque. A known command with a wrong number of tokens has no
+    known opaque slot: 0. An unknown command: its last token (most commands end with one)."""
+    counts = _TOKEN_COUNTS.get(tokens[0]) or _LINE_COUNTS.get(tokens[0]) if tokens else None
+    if counts is not None and not counts[0] <= len(tokens) <= counts[1]:
+        return 0
     try:
         v = int(tokens[-1])
     except (ValueError, IndexError):
@@ -480,13 +505,13 @@ class RequestParser:
             if mtx == "null":
                 mtx = None
             return MultiPut(topic, partition, count, mtx, opaque, body)
-        # sync
+        # sync (7 tokens: a master before MetaQ 1.4.4, no checksum)
         return Sync(
             topic,
             partition,
             _int(t[4], "flag", opaque),
             _int(t[5], "msgId", opaque),
-            _int(t[6], "checksum", opaque),
+            _int(t[6], "checksum", opaque) if len(t) == 8 else -1,
             opaque,
             body,
         )
@@ -521,19 +546,19 @@ class RequestParser:
             )
         if cmd == b"stats":
             if n == 1:
-                return Stats(None, 0)
+                return Stats(None, NO_OPAQUE)
             if n == 2:
                 tok = t[1]
                 if tok.lstrip(b"-").isdigit():
-                    return Stats(None, int(tok))
-                return Stats(_text(tok, "item", 0) or None, 0)
+                    return Stats(None, _int(tok, "opaque", 0))
+                return Stats(_text(tok, "item", NO_OPAQUE) or None, NO_OPAQUE)
             if n == 3:
                 opaque = _int(t[2], "opaque", 0)
                 return Stats(_text(t[1], "item", opaque) or None, opaque)
             raise ProtocolError(f"stats: expected 1-3 tokens, got {n}", 400, _opaque_of(t))
         if cmd == b"version":
             if n == 1:
-                return Version(0)
+                return Version(NO_OPAQUE)
             if n == 2:
                 return Version(_int(t[1], "opaque", 0))
             raise ProtocolError(f"version: expected 1-2 tokens, got {n}", 400, _opaque_of(t))
@@ -574,14 +599,20 @@ class RequestParser:
         timeout: int | None = None
         uq: str | None = None
         if n == 6:
-            if ttype == "BEGIN":
-                timeout = _int(t[4], "timeout", opaque)
+            slot = t[4]
+            if ttype == "BEGIN" and slot.isdigit() and not _is_key_qualifier(key, slot):
+                timeout = _int(slot, "timeout", opaque)
             else:
-                uq = _text(t[4], "uniqueQualifier", opaque)
+                uq = _text(slot, "uniqueQualifier", opaque)
         elif n == 7:
             timeout = _int(t[4], "timeout", opaque)
             uq = _text(t[5], "uniqueQualifier", opaque)
         return Transaction(None if key == "null" else key, session, ttype, timeout, uq, opaque)
+
+
+def _is_key_qualifier(key: str, slot: bytes) -> bool:
+    """True when ``slot`` is the uniqueQualifier that ends the XA key ``key``."""
+    return key.startswith("XID:") and key.rsplit(":", 1)[-1].encode() == slot
 
 
 class _SkipBody(ProtocolError):
@@ -612,9 +643,10 @@ def encode_value_header(length: int, opaque: int) -> bytes:
 
 
 def encode_stats_body(items: list[tuple[str, object]]) -> bytes:
-    """``STATS\\r\\n<key> <value>\\r\\n...END\\r\\n``."""
+    """``STATS\\r\\n<key> <value>\\r\\n...END\\r\\n``; a value of None gives a line with
+    the key alone (MetaQ starts a topic's block with the bare topic name)."""
     lines = [b"STATS\r\n"]
-    lines.extend(f"{k} {v}\r\n".encode() for k, v in items)
+    lines.extend((f"{k}\r\n" if v is None else f"{k} {v}\r\n").encode() for k, v in items)
     lines.append(b"END\r\n")
     return b"".join(lines)
 

@@ -19,6 +19,7 @@ from notify.protocol.frames import (
     RequestParser,
     ResponseParser,
     Stats,
+    Sync,
     Transaction,
     Version,
     encode_get,
@@ -67,8 +68,9 @@ def test_line_commands() -> None:
     )
     assert out[0] == Get("t", "g", 2, 100, 4096, 7)
     assert out[1] == Offset("t", "g", 1, 0, 8)
-    assert out[2:6] == [Stats(None, 0), Stats("topics", 0), Stats(None, 12), Stats("offsets", 13)]
-    assert out[6:8] == [Version(0), Version(3)]
+    m = 2**31 - 1  # MetaQ's opaque when none is sent
+    assert out[2:6] == [Stats(None, m), Stats("topics", m), Stats(None, 12), Stats("offsets", 13)]
+    assert out[6:8] == [Version(m), Version(3)]
     assert isinstance(out[8], Quit)
     (g8,) = parse(b"get t g 2 100 4096 250 7\r\n")
     assert g8 == Get("t", "g", 2, 100, 4096, 7, 250)
@@ -84,6 +86,22 @@ def test_transaction_optional_slot_decided_by_type() -> None:
     assert isinstance(c, Transaction) and c.timeout == 10 and c.unique_qualifier == "q"
     (bad,) = parse(b"transaction k s NOPE 4\r\n")
     assert isinstance(bad, ProtocolError) and bad.opaque == 4
+    # BEGIN: an all-digit slot is a timeout, anything else the uniqueQualifier (MetaQ's
+    # rule), and digits that repeat the XA key's qualifier are the qualifier (not MetaQ's)
+    (q,) = parse(b"transaction XID:1:ab:cd:host-1 s BEGIN host-1 5\r\n")
+    assert q == Transaction("XID:1:ab:cd:host-1", "s", "BEGIN", None, "host-1", 5)
+    (n,) = parse(b"transaction XID:1:ab:cd:77 s BEGIN 77 6\r\n")
+    assert isinstance(n, Transaction) and (n.timeout, n.unique_qualifier) == (None, "77")
+    (t,) = parse(b"transaction XID:1:ab:cd:77 s BEGIN 30 7\r\n")
+    assert isinstance(t, Transaction) and (t.timeout, t.unique_qualifier) == (30, None)
+    (neg,) = parse(b"transaction TX:s:2 s BEGIN -5 8\r\n")
+    assert isinstance(neg, Transaction) and (neg.timeout, neg.unique_qualifier) == (None, "-5")
+
+
+def test_sync_with_and_without_checksum() -> None:
+    new, old = parse(b"sync t 1 2 0 99 7 3\r\nab" + b"sync t 1 2 0 100 4\r\ncd")
+    assert isinstance(new, Sync) and (new.msg_id, new.checksum, new.opaque) == (99, 7, 3)
+    assert isinstance(old, Sync) and (old.msg_id, old.checksum, old.body) == (100, -1, b"cd")
 
 
 def test_split_at_every_byte_gives_same_requests() -> None:
@@ -110,7 +128,8 @@ def test_errors_keep_stream_in_sync() -> None:
     )
     assert all(isinstance(x, ProtocolError) for x in out) and len(out) == 5
     assert isinstance(out[4], FrameTooLargeError)
-    assert [x.opaque for x in out] == [1, 2, 0, 5, 6]  # type: ignore[attr-defined]
+    # a known command with a wrong token count has no known opaque slot: 0
+    assert [x.opaque for x in out] == [1, 2, 0, 0, 6]  # type: ignore[attr-defined]
     assert all(not x.fatal for x in out)  # type: ignore[attr-defined]
     assert "unknown command" in str(out[0])
     assert "partition" in str(out[1])

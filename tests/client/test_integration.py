@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections import defaultdict
@@ -22,6 +23,7 @@ from notify.client import (
     Message,
     Partition,
     ProducerConfig,
+    TopicPartitionOffset,
     connect,
     list_dead_letters,
     replay_dead_letters,
@@ -536,3 +538,28 @@ def test_delayed_send_arrives_when_due(broker: BrokerProcess, tmp_path: Path) ->
         assert got == [b"sooner", b"later"]
         assert _time.time() - t0 >= 0.8
         consumer.shutdown()
+
+
+def test_offset_beyond_the_end_moves_to_the_end(broker: BrokerProcess, tmp_path: Path) -> None:
+    """A broker answers a get beyond the end with MetaQ's 404 (like "nothing new"); the
+    consumer asks ``offset`` once per position and continues from the real end."""
+    with connect([broker.addr], config=FAST) as s:
+        p = s.create_producer()
+        p.send("single", b"first")
+        c = s.create_consumer(cconf(tmp_path, commit_interval_s=0))
+        assert [m.data for m in c.fetch("single", max_wait_s=2)] == [b"first"]
+        c.commit()
+        c.shutdown()
+        store = FileOffsetStore(tmp_path / "consumer" / "offsets")
+        doc = json.loads(store.path("g").read_bytes())
+        (key,) = doc["offsets"]["single"]
+        old = store.load("g", "single", key)
+        assert old is not None and old.offset == 25
+        store.commit("g", [TopicPartitionOffset("single", key, 10_000, old.msg_id)])
+        c2 = s.create_consumer(cconf(tmp_path, commit_interval_s=0))
+        assert c2.fetch("single", max_wait_s=0.3) == []
+        p.send("single", b"second")
+        got = c2.fetch("single", max_wait_s=2) or c2.fetch("single", max_wait_s=2)
+        assert [m.data for m in got] == [b"second"]
+        assert c2.stats.redirects == 1
+        c2.shutdown()

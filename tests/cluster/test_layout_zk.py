@@ -7,14 +7,23 @@ import os
 import re
 import signal
 import time
+import zlib
 from pathlib import Path
 
 from kazoo.client import KazooClient
 
 from notify.client import ClientConfig, ConsumerConfig, connect
+from notify.config import load_config, served_config
 from tests.cluster.conftest import SESSION_S, ZkBrokers, dump_tree, wait_until
 
 E, P = True, False  # ephemeral / persistent
+
+
+def _crc(path: Path) -> bytes:
+    """``master_config_checksum``: the CRC32 of the config as ``stats config`` serves it."""
+    served = served_config(load_config(path))
+    assert served is not None
+    return str(zlib.crc32(served)).encode()
 
 
 def test_broker_nodes_byte_for_byte(zk_brokers: ZkBrokers, kz: KazooClient) -> None:
@@ -34,8 +43,10 @@ def test_broker_nodes_byte_for_byte(zk_brokers: ZkBrokers, kz: KazooClient) -> N
         f"{br}/ids": (b"", P),
         f"{br}/ids/0": (b"", P),
         f"{br}/ids/0/master": (a0, E),
+        f"{br}/ids/0/master_config_checksum": (_crc(b0.config_path), E),
         f"{br}/ids/1": (b"", P),
         f"{br}/ids/1/master": (a1, E),
+        f"{br}/ids/1/master_config_checksum": (_crc(b1.config_path), E),
         f"{br}/topics": (b"", P),
         f"{br}/topics/audit": (b"", P),
         f"{br}/topics/audit/0-m": (b"2", E),

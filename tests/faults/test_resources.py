@@ -221,7 +221,7 @@ def test_oversized_frames_are_skipped_without_buffering(broker: BrokerProcess) -
     base = rss(broker)
     host, port = broker.addr.rsplit(":", 1)
     n_conn = 20
-    # puts declaring 100 MB (maxMessageSize is 4 MiB): 400 at once, then skipped unbuffered
+    # puts declaring 100 MB (over the 16 MiB frame limit): 400 at once, then skipped unbuffered
     socks = []
     try:
         for i in range(n_conn):
@@ -275,8 +275,8 @@ def test_oversized_frames_are_skipped_without_buffering(broker: BrokerProcess) -
         partial_frames_peak_rss_growth_mib=round(partial_peak / MIB, 1),
         oversized_and_partial_peak_rss_mib=round(hwm(broker) / MIB, 1),
         note_partial_frames="a connection may hold one unfinished frame: up to "
-        "maxMessageSize (4 MiB) for put, 16 MiB for mput; there is no global cap, "
-        "so the worst case is maxConnections x 16 MiB",
+        "16 MiB for put and mput (a put over maxMessageSize is refused once read); "
+        "there is no global cap, so the worst case is maxConnections x 16 MiB",
     )
     assert skipped_peak < 64 * MIB, f"skipped bodies grew RSS by {skipped_peak / MIB:.0f} MiB"
     assert partial_peak < n_conn * 4 * MIB * 2 + 64 * MIB, f"{partial_peak / MIB:.0f} MiB"

@@ -36,10 +36,13 @@ def test_put_get_offset_as_metaq_clients_send_them(http_broker: BrokerProcess, h
     # a window ending mid-record is served as the wire serves it
     r = http.get("/get/0?topic=single&partition=0&offset=0&group=g1&maxSize=30")
     assert r.status == 200 and len(r.body) == 30
-    # the end of the partition: 404; past it or before it: 301 with the offset to use
+    # the end of the partition and past it: 404 (MetaQ); Long.MAX_VALUE: 301 to the end
     r = http.get("/get/0?topic=single&partition=0&offset=50&group=g1&maxsize=1024")
-    assert r.status == 404 and "no message at offset 50" in r.text
+    assert r.status == 404 and "Could not find message at position 50" in r.text
     r = http.get("/get/0?topic=single&partition=0&offset=7777&group=g1&maxsize=1024")
+    assert r.status == 404 and "Could not find message at position 7777" in r.text
+    top = 2**63 - 1
+    r = http.get(f"/get/0?topic=single&partition=0&offset={top}&group=g1&maxsize=1024")
     assert (r.status, r.body) == (301, b"50")
     assert "Location" not in r.headers
     # /offset: the nearest valid offset
@@ -145,14 +148,15 @@ def test_stats_like_the_wire(http_broker: BrokerProcess, http: Http) -> None:
     with WireClient(http_broker.addr) as c:
         wire = c.call(b"stats topics 3\r\n").body
     assert http.get("/stats/topics").body == wire
-    for item in ("offsets", "realtime", "config", "help", "test"):
+    for item in ("offsets", "realtime", "help", "test"):
         r = http.get(f"/stats/{item}")
         assert r.status == 200 and r.body.startswith(b"STATS\r\n"), item
-    assert http.get("/stats/nosuch").status == 404
+    assert http.get("/stats/config").body.startswith(b"[system]")  # the ini, as MetaQ
+    nosuch = http.get("/stats/nosuch")  # MetaQ: any other item is a topic, resultCode 1
+    assert nosuch.status == 200 and b"\r\nresultCode 1\r\n" in nosuch.body
     j = http.get("/stats?format=json").json()
     assert j["broker_id"] == 0 and isinstance(j["put_messages"], int)
     t = http.get("/stats/test?format=json").json()
     assert t["topic"] == "test" and t["partitions"] == 4
     assert "***" not in http.get("/stats/config").text  # no secret configured
-    r = http.get("/stats/nosuch?format=json")
-    assert r.status == 404 and "unknown stats item" in r.json()["error"]
+    assert http.get("/stats/nosuch?format=json").json()["resultCode"] == 1

@@ -376,6 +376,7 @@ class TxLog:
         except OSError as exc:
             try:
                 self._fs.ftruncate(self._fd, offset)
+                self._fsync(self._fd)  # else a crash can bring the failed frames back
             except OSError as exc2:
                 self._broken = exc2
                 logger.error("%s: cannot remove a partial write: %s", self._dir, exc2)

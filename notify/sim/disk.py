@@ -36,6 +36,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from notify.fs import Buf, StrPath
@@ -116,6 +117,7 @@ class SimFileSystem:
         #: bytes the disk holds at most (``None``: unlimited); writes past it fail with ENOSPC
         self.capacity = capacity
         self._root = _Dir()
+        self._pcache: dict[str, list[str]] = {}
         self._files: list[_File] = []
         self._fds: dict[int, _Handle] = {}
         self._next_fd = 1000
@@ -132,6 +134,8 @@ class SimFileSystem:
         self.bytes_written = 0
         #: ``(path, offset, kept, length)`` of the write the last crash tore, or None
         self.last_tear: tuple[str, int, int, int] | None = None
+        #: called with a one-line description of each mutating operation (debugging a seed)
+        self.trace: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ faults
 
@@ -267,11 +271,15 @@ class SimFileSystem:
 
     # ------------------------------------------------------------------ internals
 
-    def _op(self) -> None:
+    def _op(self, what: str = "", arg: object = None, detail: object = "") -> None:
         """Account one mutating operation; fire an armed crash point."""
         if self._down:
             raise SimCrash("the simulated machine is down")
         self.ops += 1
+        if self.trace is not None:
+            if isinstance(arg, int) and arg in self._fds:
+                arg = self._fds[arg].path
+            self.trace(f"#{self.ops} {what} {arg} {detail}")
         if self._crash_at is not None and self.ops >= self._crash_at:
             self._down = True
             self._crash_at = None
@@ -281,10 +289,13 @@ class SimFileSystem:
         if self._down:
             raise SimCrash("the simulated machine is down")
 
-    @staticmethod
-    def _parts(path: StrPath) -> list[str]:
-        out: list[str] = []
-        for part in os.fspath(path).split("/"):
+    def _parts(self, path: StrPath) -> list[str]:
+        key = os.fspath(path)
+        out = self._pcache.get(key)
+        if out is not None:
+            return out
+        out = []
+        for part in key.split("/"):
             if not part or part == ".":
                 continue
             if part == "..":
@@ -292,6 +303,9 @@ class SimFileSystem:
                     out.pop()
                 continue
             out.append(part)
+        if len(self._pcache) > 4096:
+            self._pcache.clear()
+        self._pcache[key] = out
         return out
 
     def _lookup(self, path: StrPath) -> _File | _Dir | None:
@@ -357,7 +371,7 @@ class SimFileSystem:
         """Open (``O_CREAT``, ``O_EXCL``, ``O_TRUNC``, ``O_DIRECTORY`` and the access mode are
         honoured; other flags are ignored). Creating or truncating counts as an operation."""
         if flags & (os.O_CREAT | os.O_TRUNC):
-            self._op()
+            self._op("open", path, f"flags={flags:#x}")
         else:
             self._up()
         parts = self._parts(path)
@@ -409,7 +423,7 @@ class SimFileSystem:
 
     def pwrite(self, fd: int, data: Buf, offset: int, /) -> int:
         """Write at ``offset``: visible at once, durable after the next fsync of the file."""
-        self._op()
+        self._op("pwrite", fd, f"{len(data)} B at {offset}")
         h, f = self._file(fd)
         if not h.writable:
             raise _err(errno.EBADF)
@@ -457,7 +471,7 @@ class SimFileSystem:
 
     def ftruncate(self, fd: int, size: int, /) -> None:
         """Cut or zero-extend the file; durable after the next fsync of the file."""
-        self._op()
+        self._op("ftruncate", fd, size)
         h, f = self._file(fd)
         if not h.writable:
             raise _err(errno.EINVAL)
@@ -465,7 +479,7 @@ class SimFileSystem:
 
     def fdatasync(self, fd: int, /) -> None:
         """Make the file's unsynced operations durable (or fail, see :meth:`fail_fsync`)."""
-        self._op()
+        self._op("fsync", fd, "FAILS" if self._fsync_failures else "")
         h = self._fds.get(fd)
         if h is None:
             raise _err(errno.EBADF)
@@ -525,7 +539,7 @@ class SimFileSystem:
 
     def mkdir(self, path: StrPath, /) -> None:
         """Create a directory; durable once its parent is fsynced."""
-        self._op()
+        self._op("mkdir", path)
         parent, name = self._parent(path)
         if name in parent.entries:
             raise _err(errno.EEXIST, path)
@@ -533,13 +547,13 @@ class SimFileSystem:
 
     def fsync_dir(self, path: StrPath, /) -> None:
         """Make the directory's current entries durable."""
-        self._op()
+        self._op("fsync_dir", path)
         d = self._dir(path)
         d.durable = dict(d.entries)
 
     def replace(self, src: StrPath, dst: StrPath, /) -> None:
         """Rename atomically; durable once the directories are fsynced."""
-        self._op()
+        self._op("replace", src, f"-> {os.fspath(dst)}")
         sp, sn = self._parent(src)
         node = sp.entries.get(sn)
         if node is None:
@@ -559,7 +573,7 @@ class SimFileSystem:
 
     def unlink(self, path: StrPath, /) -> None:
         """Remove a file's name; durable once the directory is fsynced."""
-        self._op()
+        self._op("unlink", path)
         parent, name = self._parent(path)
         node = parent.entries.get(name)
         if node is None:

@@ -335,6 +335,7 @@ class Partition:
         served it, since nothing ran in between."""
         if offset < self.min_offset or offset > self.end:
             raise StoreError(f"{self.topic}-{self.index}: cannot roll back to {offset}")
+        removed = False
         while len(self.segments) > 1 and self.segments[-1].start >= offset:
             seg = self.segments.pop()
             self._starts.pop()
@@ -342,6 +343,9 @@ class Partition:
             if not self.memory:
                 with contextlib.suppress(FileNotFoundError):
                     self.fs.unlink(seg.path)
+                removed = True
+        if removed:  # else a crash brings the segment back: its records, or a gap at open
+            self.fs.fsync_dir(self.directory)
         seg = self.segments[-1]
         seg.truncate(offset - seg.start)
         self.visible_end = min(self.visible_end, offset)

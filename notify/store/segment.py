@@ -76,8 +76,9 @@ class Segment:
     def append(self, data: bytes | bytearray | memoryview) -> int:
         """Write ``data`` at the end; return the partition offset it starts at.
 
-        On any failure the file is cut back to its previous size and StoreFullError (disk
-        full / quota) or StoreError is raised: no partial record is left behind.
+        On any failure the file is cut back to its previous size (and synced, so that a crash
+        cannot bring a failed record back) and StoreFullError (disk full / quota) or
+        StoreError is raised: no partial record is left behind.
         """
         pos = self.size
         view = memoryview(data)
@@ -92,6 +93,7 @@ class Segment:
         except OSError as e:
             with contextlib.suppress(OSError):
                 self.fs.ftruncate(self.fd, pos)
+                self.fs.fdatasync(self.fd)
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreFullError(f"disk full writing {self.path}: {e.strerror}") from e
             raise StoreError(f"write to {self.path} failed: {e.strerror}") from e

@@ -55,7 +55,6 @@ import functools
 import inspect
 import logging
 import math
-import re
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -63,9 +62,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
-from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
+from notify.errors import (
+    BrokerError,
+    ClientError,
+    ConnectionLostError,
+    ProtocolError,
+    RequestTimeoutError,
+)
 from notify.protocol import records as rec
 from notify.protocol.frames import Response, encode_line, encode_put
+from notify.protocol.replies import XAFailure, put_ack_msg_id
 
 from ._connection import BrokerConnection, ConnectionPool
 from ._errors import (
@@ -93,8 +99,6 @@ log = logging.getLogger("notify.client")
 MAX_PENDING_CHECKS: Final = 1024
 #: Pause between attempts to (re)register with a broker after a non-connection failure.
 REGISTER_RETRY_S: Final = 1.0
-
-_XA_REPLY = re.compile(rb"XAException:code=(-?\d+),msg=(.*)", re.DOTALL)
 
 
 class LocalTxState(enum.Enum):
@@ -137,12 +141,14 @@ class TransactionSendResult:
 def reply_error(r: Response, tx_key: str | None) -> ClientError:
     """The error of a non-200 reply: :class:`XAError` (or its timeout subclass) for
     ``XAException:code=N,msg=...`` bodies, :class:`BrokerError` otherwise."""
-    m = _XA_REPLY.fullmatch(r.body.strip())
-    if m is None:
+    try:
+        failure = XAFailure.parse(r.body)
+    except ProtocolError:
+        failure = None
+    if failure is None:
         return BrokerError(r.code, r.body.decode("utf-8", "replace"))
-    code, text = int(m.group(1)), m.group(2).decode("utf-8", "replace")
-    cls = TransactionTimeoutError if code == XA_RBTIMEOUT else XAError
-    return cls(code, text, tx_key, r.code)
+    cls = TransactionTimeoutError if failure.code == XA_RBTIMEOUT else XAError
+    return cls(failure.code, failure.message, tx_key, r.code)
 
 
 def as_state(value: object, tx_key: str) -> LocalTxState:
@@ -162,9 +168,9 @@ def _retrieve(fut: asyncio.Future[Response]) -> None:
 
 def _put_msg_id(r: Response) -> int:
     try:
-        return int(r.body.split()[0])
-    except (IndexError, ValueError):
-        raise ClientError(f"malformed put reply body {r.body[:80]!r}") from None
+        return put_ack_msg_id(r.body)
+    except ProtocolError as e:
+        raise ClientError(str(e)) from None
 
 
 def timeout_token(timeout: float | None) -> int | None:

@@ -45,9 +45,10 @@ from notify.protocol import records as rec
 from notify.protocol.frames import Response, encode_dput, encode_line, encode_mput, encode_put
 from notify.protocol.keys import local_key
 from notify.protocol.replies import MultiPutAck, PutAck, parse_prepare_vote
+from notify.transport import AsyncConnection
 
 from ._config import ClientConfig, ProducerConfig
-from ._connection import BrokerConnection, ConnectionPool
+from ._connection import ConnectionPool
 from ._errors import XA_RDONLY, ClientTransactionError, TransactionConnectionError
 from ._message import Message, SendResult
 from ._routing import Partition, TopicRouter
@@ -527,7 +528,7 @@ class AsyncProducer:
             self._channel = TxChannel(self)
         return self._channel
 
-    async def _tx_connection(self, address: str) -> BrokerConnection:
+    async def _tx_connection(self, address: str) -> AsyncConnection:
         return await self._tx_channel().get(address)
 
     def start_check_backs(self) -> None:
@@ -782,7 +783,7 @@ class AsyncProducer:
 
     async def _request_mput(
         self,
-        conn: BrokerConnection,
+        conn: AsyncConnection,
         topic: str,
         partition: int,
         items: Sequence[_Item],
@@ -796,7 +797,7 @@ class AsyncProducer:
 
     async def _pipelined_puts(
         self,
-        conn: BrokerConnection,
+        conn: AsyncConnection,
         topic: str,
         partition: int,
         items: Sequence[_Item],

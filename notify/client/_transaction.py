@@ -72,8 +72,9 @@ from notify.errors import (
 from notify.protocol import records as rec
 from notify.protocol.frames import Response, encode_line, encode_put
 from notify.protocol.replies import XAFailure, put_ack_msg_id
+from notify.transport import AsyncConnection
 
-from ._connection import BrokerConnection, ConnectionPool
+from ._connection import ConnectionPool
 from ._errors import (
     XA_RBROLLBACK,
     XA_RBTIMEOUT,
@@ -233,7 +234,7 @@ class AsyncTransaction:
         self.timeout = timeout_token(timeout)
         self._p = producer
         self._status: str = ACTIVE
-        self._conn: BrokerConnection | None = None
+        self._conn: AsyncConnection | None = None
         self._broker: tuple[int, str] | None = None
         self._begin: asyncio.Future[Response] | None = None
         self._begin_lost: ClientError | None = None
@@ -774,7 +775,7 @@ class HalfMessage:
     """A prepared half message waiting for its local transaction's outcome."""
 
     tx_key: str
-    conn: BrokerConnection
+    conn: AsyncConnection
     result: SendResult
     message: Message
 
@@ -791,17 +792,20 @@ class TxChannel:
         cc = producer.client_config
         self._p = producer
         self.pool = ConnectionPool(
-            cc.connect_timeout_s, cc.reconnect_backoff_min_s, cc.reconnect_backoff_max_s
+            cc.connect_timeout_s,
+            cc.reconnect_backoff_min_s,
+            cc.reconnect_backoff_max_s,
+            producer.pool.options,
         )
         self.group = producer.config.producer_group
-        self._registering: dict[BrokerConnection, asyncio.Task[None]] = {}
+        self._registering: dict[AsyncConnection, asyncio.Task[None]] = {}
         self._kept: set[str] = set()
         self._checking: set[str] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
         self.checks_answered = 0
 
-    async def get(self, address: str) -> BrokerConnection:
+    async def get(self, address: str) -> AsyncConnection:
         """An open connection to ``address``, registered with the group if there is one."""
         conn = await self.pool.get(address)
         if self.group is None or conn.producer_group == self.group:
@@ -815,12 +819,12 @@ class TxChannel:
         self.keep_registered(address)
         return conn
 
-    def _registered(self, conn: BrokerConnection, task: asyncio.Task[None]) -> None:
+    def _registered(self, conn: AsyncConnection, task: asyncio.Task[None]) -> None:
         self._registering.pop(conn, None)
         if not task.cancelled() and task.exception() is not None:
             self.pool.discard(conn)
 
-    async def _register(self, conn: BrokerConnection, group: str) -> None:
+    async def _register(self, conn: AsyncConnection, group: str) -> None:
         conn.check_handler = self._on_check
         r = await conn.request(
             lambda o: encode_line("register", group, o), self._p.client_config.request_timeout_s
@@ -864,7 +868,7 @@ class TxChannel:
 
     # -- check-backs
 
-    def _on_check(self, conn: BrokerConnection, r: Response) -> None:
+    def _on_check(self, conn: AsyncConnection, r: Response) -> None:
         key = r.tx_key or ""
         if key in self._checking:
             return  # still answering the previous check of it
@@ -897,7 +901,7 @@ class TxChannel:
                     return bid
         return -1
 
-    async def _answer(self, conn: BrokerConnection, key: str, msg: Message) -> None:
+    async def _answer(self, conn: AsyncConnection, key: str, msg: Message) -> None:
         try:
             state = await self._ask(key, msg)
             if state is LocalTxState.UNKNOWN:

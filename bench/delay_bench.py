@@ -23,9 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import uvloop
 from broker_bench import pipelined
 
-from notify.admin import parse_stats, request
+from notify.admin import request
 from notify.protocol.frames import encode_dput, encode_line
+from notify.protocol.replies import parse_stats
 from notify.testing import BrokerProcess
+
+
+def _stats(opaque: int) -> bytes:
+    return encode_line("stats", opaque)
 
 
 def rss_kb(pid: int) -> int:
@@ -56,15 +61,15 @@ def main() -> None:
         dt, ok = uvloop.run(pipelined((b.host, b.port), frames, 20_000))
         send_rate = ok / dt
         rss_pending = rss_kb(b.pid)
-        st = dict(parse_stats(request(b.addr, encode_line("stats", 1)).body))
+        st = dict(parse_stats(request(b.addr, _stats).body))
         pending = int(st["delay_pending"])
         while (
-            int(dict(parse_stats(request(b.addr, encode_line("stats", 1)).body))["delay_moved"]) < n
+            int(dict(parse_stats(request(b.addr, _stats).body))["delay_moved"]) < n
         ):
             time.sleep(0.5)
             if time.perf_counter() - t0 > est_send_s * 4 + 120:
                 raise SystemExit("not all delivered in time")
-        st = dict(parse_stats(request(b.addr, encode_line("stats", 1)).body))
+        st = dict(parse_stats(request(b.addr, _stats).body))
         print()
         print("| measure | value |")
         print("|---|---|")

@@ -16,9 +16,22 @@ from pathlib import Path
 from typing import Any, Final
 
 import click
+from rich.console import Console
+from rich.table import Table
 
+from notify.admin import request
+from notify.audit.cli import audit as _audit
+from notify.broker.app import Broker
+from notify.cli_admin import register as _register_admin
+from notify.cli_db import db as _db
+from notify.cli_db import offsets as _offsets
+from notify.cli_options import Security, security_options
+from notify.cli_tx import xa as _xa
 from notify.config import ServerConfig, load_config
+from notify.demo import run_demo
 from notify.errors import ConfigError, NotifyError
+from notify.protocol.frames import encode_line
+from notify.protocol.replies import parse_stats
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
@@ -36,7 +49,7 @@ def _setup_logging(level: str) -> None:
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop when installed, the stdlib loop otherwise."""
     try:
-        import uvloop
+        import uvloop  # optional dependency (not on every platform): only where it is used
 
         loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
         return loop
@@ -46,8 +59,6 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 async def serve(config: ServerConfig, ready: Any = None) -> None:
     """Run a broker until SIGTERM/SIGINT (or until the task is cancelled)."""
-    from notify.broker.app import Broker
-
     broker = Broker(config)
     await broker.start()
     loop = asyncio.get_running_loop()
@@ -131,14 +142,11 @@ def config_check(config_path: str) -> None:
 
 @config.command("reload")
 @click.option("-s", "--server", default="127.0.0.1:8123", show_default=True)
-@click.option("--secret", envvar="NOTIFY_SECRET", default=None)
-def config_reload(server: str, secret: str | None) -> None:
+@security_options
+def config_reload(server: str, security: Security) -> None:
     """Ask a running broker to re-read its server.ini."""
-    from notify.admin import request
-    from notify.protocol.frames import encode_line
-
     try:
-        reply = request(server, encode_line("reload", 1), secret)
+        reply = request(server, lambda o: encode_line("reload", o), security.transport())
     except NotifyError as e:
         _fail(str(e))
     click.echo(reply.body.decode())
@@ -147,24 +155,20 @@ def config_reload(server: str, secret: str | None) -> None:
 @main.command("stats")
 @click.argument("item", required=False, default="")
 @click.option("-s", "--server", default="127.0.0.1:8123", show_default=True)
-@click.option("--secret", envvar="NOTIFY_SECRET", default=None)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def stats(item: str, server: str, secret: str | None, as_json: bool) -> None:
+@security_options
+def stats(item: str, server: str, as_json: bool, security: Security) -> None:
     """Show a broker's stats (items: topics, offsets, realtime, config, reset, <topic>)."""
-    from notify.admin import parse_stats, request
-    from notify.protocol.frames import encode_line
-
-    frame = encode_line("stats", item, 1) if item else encode_line("stats", 1)
+    tokens = ("stats", item) if item else ("stats",)
     try:
-        pairs = parse_stats(request(server, frame, secret).body)
+        pairs = parse_stats(
+            request(server, lambda o: encode_line(*tokens, o), security.transport()).body
+        )
     except NotifyError as e:
         _fail(str(e))
     if as_json:
         click.echo(json.dumps(dict(pairs), indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"stats {item}".strip())
     table.add_column("key")
     table.add_column("value")
@@ -177,8 +181,6 @@ def stats(item: str, server: str, secret: str | None, as_json: bool) -> None:
 @click.option("-c", "--config", "config_path", default=DEFAULT_CONFIG, show_default=True)
 def demo(config_path: str) -> None:
     """Quickstart: a broker on embedded defaults, a producer, a consumer and a transaction."""
-    from notify.demo import run_demo
-
     try:
         run_demo(Path(config_path))
     except ConfigError as e:
@@ -187,22 +189,8 @@ def demo(config_path: str) -> None:
         _fail(str(e))
 
 
-from notify.cli_db import db as _db, offsets as _offsets  # noqa: E402, I001
-
 main.add_command(_db)
 main.add_command(_offsets)
-
-
-from notify.cli_admin import register as _register_admin  # noqa: E402
-
 _register_admin(main)
-
-
-from notify.cli_tx import xa as _xa  # noqa: E402
-
 main.add_command(_xa)
-
-
-from notify.audit.cli import audit as _audit  # noqa: E402
-
 main.add_command(_audit)

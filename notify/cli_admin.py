@@ -9,7 +9,8 @@ Registered on the main group by :func:`register` (called at the end of :mod:`not
 
 Broker commands talk to the broker's HTTP admin API (``--http``, default
 ``http://127.0.0.1:8120``, env ``NOTIFY_HTTP``; ``--secret`` / ``NOTIFY_SECRET`` when the broker
-sets ``authSecret``); ``tx commit|rollback --server host:port`` uses the wire ``transaction``
+sets ``authSecret``; ``--tls-ca-file`` etc. for an ``https://`` address, see
+:mod:`notify.cli_options`); ``tx commit|rollback --server host:port`` uses the wire ``transaction``
 command instead. ``dlq`` works on a consumer's local recover store (its ``data_dir``), not on
 the broker. Tables for people by default, ``--json`` for scripts.
 
@@ -18,6 +19,7 @@ Exit codes: 0 ok, 1 runtime failure (broker unreachable, error reply), 2 usage e
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import time
@@ -29,9 +31,17 @@ from pathlib import Path
 from typing import Any, Final, NoReturn, TypeVar
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
 
+from notify.admin import request
+from notify.cli_options import Security, security_options
+from notify.client import list_dead_letters, replay_dead_letters
 from notify.config import TOPIC_KEYS, validate_topic
 from notify.errors import InvalidTopicError, NotifyError, TransactionError
+from notify.protocol.frames import encode_line
+from notify.protocol.keys import validate_key
 
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
@@ -61,12 +71,22 @@ def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
 class AdminClient:
     """Blocking JSON calls to a broker's ``/api`` (urllib: nothing to close)."""
 
-    def __init__(self, base_url: str, secret: str | None = None, timeout: float = HTTP_TIMEOUT_S):
+    def __init__(
+        self,
+        base_url: str,
+        security: Security | None = None,
+        timeout: float = HTTP_TIMEOUT_S,
+    ):
         if "://" not in base_url:
             base_url = "http://" + base_url
         self.base = base_url.rstrip("/")
-        self.secret = secret
+        sec = security or Security()
+        self.secret = sec.secret
         self.timeout = timeout
+        try:
+            self._ssl = sec.ssl_context() if self.base.startswith("https:") else None
+        except NotifyError as e:
+            raise AdminError(str(e), EXIT_USAGE) from None
 
     def call(self, method: str, path: str, body: object = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -77,7 +97,7 @@ class AdminClient:
             headers["Authorization"] = f"Bearer {self.secret}"
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as e:
             with e:
@@ -100,9 +120,7 @@ def _http_options(f: F) -> F:
     f = click.option(
         "--json", "as_json", is_flag=True, help="machine-readable output (JSON on stdout)"
     )(f)
-    f = click.option(
-        "--secret", envvar="NOTIFY_SECRET", default=None, help="the broker's authSecret"
-    )(f)
+    f = security_options(f)
     f = click.option(
         "-H",
         "--http",
@@ -129,15 +147,11 @@ def _emit_json(data: object) -> None:
 
 
 def _console() -> Any:
-    from rich.console import Console
-
     return Console()
 
 
 def _table(title: str, columns: list[tuple[str, str]], keep_whole: int | None = None) -> Any:
     """A rich table; column ``keep_whole`` (an index) is never wrapped (ids to copy)."""
-    from rich.table import Table
-
     table = Table(title=title, title_justify="left", header_style="bold")
     for i, (name, justify) in enumerate(columns):
         table.add_column(name, justify=justify, no_wrap=i == keep_whole)  # type: ignore[arg-type]
@@ -175,11 +189,11 @@ def topics() -> None:
 
 @topics.command("list")
 @_http_options
-def topics_list(http_url: str, secret: str | None, as_json: bool) -> None:
+def topics_list(http_url: str, security: Security, as_json: bool) -> None:
     """Topics with partitions, sizes and offsets."""
 
     def action() -> None:
-        data = AdminClient(http_url, secret).call("GET", "/api/topics")["topics"]
+        data = AdminClient(http_url, security).call("GET", "/api/topics")["topics"]
         if as_json:
             return _emit_json(data)
         table = _table(
@@ -219,12 +233,12 @@ def topics_list(http_url: str, secret: str | None, as_json: bool) -> None:
 @topics.command("describe")
 @click.argument("topic")
 @_http_options
-def topics_describe(topic: str, http_url: str, secret: str | None, as_json: bool) -> None:
+def topics_describe(topic: str, http_url: str, security: Security, as_json: bool) -> None:
     """One topic: its partitions' offsets and the consumer groups' lag."""
     _check_topic(topic)
 
     def action() -> None:
-        client = AdminClient(http_url, secret)
+        client = AdminClient(http_url, security)
         t = client.call("GET", f"/api/topics/{_quote(topic)}")
         groups = [g for g in client.call("GET", "/api/groups")["groups"] if g["topic"] == topic]
         if as_json:
@@ -319,7 +333,7 @@ def topics_create(
     partitions: int | None,
     settings: tuple[str, ...],
     http_url: str,
-    secret: str | None,
+    security: Security,
     as_json: bool,
 ) -> None:
     """Create a topic: the broker appends [topic=NAME] to its server.ini and reloads."""
@@ -330,7 +344,7 @@ def topics_create(
         body["numPartitions"] = partitions
 
     def action() -> None:
-        reply = AdminClient(http_url, secret).call("POST", "/api/topics", body)
+        reply = AdminClient(http_url, security).call("POST", "/api/topics", body)
         if as_json:
             return _emit_json(reply)
         t = reply["topic"]
@@ -350,12 +364,12 @@ def tx() -> None:
 @tx.command("list")
 @click.option("--in-doubt", is_flag=True, help="only prepared transactions awaiting a decision")
 @_http_options
-def tx_list(in_doubt: bool, http_url: str, secret: str | None, as_json: bool) -> None:
+def tx_list(in_doubt: bool, http_url: str, security: Security, as_json: bool) -> None:
     """Transactions in flight and in doubt."""
 
     def action() -> None:
         path = "/api/transactions" + ("?in_doubt=1" if in_doubt else "")
-        txs = AdminClient(http_url, secret).call("GET", path)["transactions"]
+        txs = AdminClient(http_url, security).call("GET", path)["transactions"]
         if as_json:
             return _emit_json(txs)
         if not txs:
@@ -393,10 +407,8 @@ def tx_list(in_doubt: bool, http_url: str, secret: str | None, as_json: bool) ->
 
 
 def _resolve(
-    key: str, commit: bool, server: str | None, http_url: str, secret: str | None, as_json: bool
+    key: str, commit: bool, server: str | None, http_url: str, security: Security, as_json: bool
 ) -> None:
-    from notify.protocol.keys import validate_key
-
     try:
         validate_key(key)
     except TransactionError as e:
@@ -405,13 +417,12 @@ def _resolve(
 
     def action() -> None:
         if server is not None:
-            from notify.admin import request
-            from notify.protocol.frames import encode_line
-
             ttype = "COMMIT_TWO_PHASE" if commit else "ROLLBACK"
             try:
                 reply = request(
-                    server, encode_line("transaction", key, ADMIN_SESSION, ttype, 1), secret
+                    server,
+                    lambda o: encode_line("transaction", key, ADMIN_SESSION, ttype, o),
+                    security.transport(),
                 )
             except NotifyError as e:
                 raise AdminError(f"{verb} {key}: {e}") from None
@@ -421,7 +432,7 @@ def _resolve(
                 "detail": reply.body.decode("utf-8", "replace"),
             }
         else:
-            result = AdminClient(http_url, secret).call(
+            result = AdminClient(http_url, security).call(
                 "POST", f"/api/transactions/{_quote(key)}/{verb}"
             )
         if as_json:
@@ -444,10 +455,10 @@ _SERVER_OPTION = click.option(
 @_SERVER_OPTION
 @_http_options
 def tx_commit(
-    key: str, server: str | None, http_url: str, secret: str | None, as_json: bool
+    key: str, server: str | None, http_url: str, security: Security, as_json: bool
 ) -> None:
     """Commit an in-doubt (PREPARED) transaction: its messages become visible."""
-    _resolve(key, True, server, http_url, secret, as_json)
+    _resolve(key, True, server, http_url, security, as_json)
 
 
 @tx.command("rollback")
@@ -455,10 +466,10 @@ def tx_commit(
 @_SERVER_OPTION
 @_http_options
 def tx_rollback(
-    key: str, server: str | None, http_url: str, secret: str | None, as_json: bool
+    key: str, server: str | None, http_url: str, security: Security, as_json: bool
 ) -> None:
     """Roll back an in-doubt (PREPARED) transaction: its messages are dropped."""
-    _resolve(key, False, server, http_url, secret, as_json)
+    _resolve(key, False, server, http_url, security, as_json)
 
 
 # ---------------------------------------------------------------------- dead letters
@@ -494,10 +505,6 @@ def _preview(data: bytes, width: int = 24) -> str:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output (JSON on stdout)")
 def dlq_show(data_dir: Path, group: str | None, as_json: bool) -> None:
     """List dead letters."""
-    import base64
-
-    from notify.client import list_dead_letters
-
     def action() -> None:
         letters = list_dead_letters(data_dir, group)
         if as_json:
@@ -563,8 +570,6 @@ def dlq_show(data_dir: Path, group: str | None, as_json: bool) -> None:
 def dlq_replay(data_dir: Path, group: str | None, ids: tuple[str, ...], as_json: bool) -> None:
     """Hand dead letters back for re-delivery to their group's listener (the running or next
     consumer of the group re-delivers them on its next recover round)."""
-    from notify.client import list_dead_letters, replay_dead_letters
-
     def action() -> None:
         letters = list_dead_letters(data_dir, group)
         if ids:
@@ -578,8 +583,6 @@ def dlq_replay(data_dir: Path, group: str | None, ids: tuple[str, ...], as_json:
         total = len(letters)
         done = 0
         if total and not as_json:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
             with Progress(
                 TextColumn("replaying dead letters"),
                 BarColumn(),
@@ -602,8 +605,6 @@ def dlq_replay(data_dir: Path, group: str | None, ids: tuple[str, ...], as_json:
 
 
 def _stderr_console() -> Any:
-    from rich.console import Console
-
     return Console(stderr=True)
 
 
@@ -629,12 +630,13 @@ def retention() -> None:
 @retention.command("run")
 @click.argument("topic")
 @_http_options
-def retention_run(topic: str, http_url: str, secret: str | None, as_json: bool) -> None:
+def retention_run(topic: str, http_url: str, security: Security, as_json: bool) -> None:
     """Apply TOPIC's deletePolicy now instead of waiting for its deleteWhen schedule."""
     _check_topic(topic)
 
     def action() -> None:
-        reply = AdminClient(http_url, secret).call("POST", f"/api/topics/{_quote(topic)}/retention")
+        path = f"/api/topics/{_quote(topic)}/retention"
+        reply = AdminClient(http_url, security).call("POST", path)
         if as_json:
             return _emit_json(reply)
         results = reply["results"]

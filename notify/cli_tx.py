@@ -25,16 +25,22 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import click
+from rich.console import Console
+from rich.table import Table
 
+from notify.cli_options import Security, security_options
 from notify.errors import ConfigError, NotifyError
-
-if TYPE_CHECKING:  # imported by the commands themselves: `notify` starts fast
-    from notify.xa.admin import InDoubt
-    from notify.xa.decisionlog import DecisionLog
-    from notify.xa.pool import ParticipantPool
+from notify.xa import records as rec
+from notify.xa.admin import InDoubt, TableView, forget, list_in_doubt, resolve
+from notify.xa.decisionlog import DecisionLog, peek
+from notify.xa.errors import LogLockedError
+from notify.xa.ids import validate_name
+from notify.xa.pool import ParticipantPool
+from notify.xa.recovery import recover_once
+from notify.xa.resources import factory_from_url
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
@@ -50,13 +56,11 @@ def build_pool(
     brokers: tuple[str, ...],
     pgs: tuple[str, ...],
     mysqls: tuple[str, ...],
-    secret: str | None = None,
+    security: Security | None = None,
 ) -> ParticipantPool:
-    """A pool with one participant per ``[NAME=]URL`` option."""
-    from notify.xa.ids import validate_name
-    from notify.xa.pool import ParticipantPool
-    from notify.xa.resources import factory_from_url
-
+    """A pool with one participant per ``[NAME=]URL`` option (brokers with ``security``)."""
+    sec = security or Security()
+    tls = sec.ssl_context()
     pool = ParticipantPool(max_idle=1)
     for kind, values in (("broker", brokers), ("pg", pgs), ("mysql", mysqls)):
         for i, value in enumerate(values):
@@ -69,14 +73,12 @@ def build_pool(
                 raise ConfigError(f"--mysql expects a mysql+pymysql:// URL, got {url!r}")
             if kind == "broker" and "://" not in url:
                 url = f"meta://{url}"
-            pool.register(validate_name(name), factory_from_url(url, secret))
+            pool.register(validate_name(name), factory_from_url(url, sec.secret, tls))
     return pool
 
 
 def _require_log(log_dir: str) -> None:
     """Fail unless ``log_dir`` holds a decision log (never create one by accident)."""
-    from notify.xa.decisionlog import peek
-
     try:
         found = peek(log_dir)
     except NotifyError as e:
@@ -87,11 +89,9 @@ def _require_log(log_dir: str) -> None:
 
 @contextmanager
 def _session(ctx: click.Context) -> Iterator[tuple[DecisionLog, ParticipantPool]]:
-    from notify.xa.decisionlog import DecisionLog
-
     opts = ctx.obj
     _require_log(opts["log"])
-    pool = build_pool(opts["broker"], opts["pg"], opts["mysql"], opts["secret"])
+    pool = build_pool(opts["broker"], opts["pg"], opts["mysql"], opts["security"])
     try:
         log = DecisionLog.open(opts["log"])
     except BaseException:
@@ -114,7 +114,7 @@ def _participant_options(f: Any) -> Any:
             click.option("--broker", multiple=True, help="[NAME=]host:port of a broker"),
             click.option("--pg", multiple=True, help="[NAME=]postgresql://... URL"),
             click.option("--mysql", multiple=True, help="[NAME=]mysql+pymysql://... URL"),
-            click.option("--secret", envvar="NOTIFY_SECRET", default=None, help="broker auth"),
+            security_options,
         ]
     ):  # fmt: skip
         f = opt(f)
@@ -127,9 +127,9 @@ def xa() -> None:
 
 
 def _ctx(log_dir: str, broker: tuple[str, ...], pg: tuple[str, ...], mysql: tuple[str, ...],
-         secret: str | None) -> click.Context:  # fmt: skip
+         security: Security) -> click.Context:  # fmt: skip
     ctx = click.get_current_context()
-    ctx.obj = {"log": log_dir, "broker": broker, "pg": pg, "mysql": mysql, "secret": secret}
+    ctx.obj = {"log": log_dir, "broker": broker, "pg": pg, "mysql": mysql, "security": security}
     return ctx
 
 
@@ -157,18 +157,14 @@ def xa_list(
     broker: tuple[str, ...],
     pg: tuple[str, ...],
     mysql: tuple[str, ...],
-    secret: str | None,
+    security: Security,
     as_json: bool,
 ) -> None:
     """List in-doubt transactions: prepared branches, live decisions, heuristic reports."""
-    from notify.xa.admin import TableView, list_in_doubt
-    from notify.xa.decisionlog import DecisionLog, peek
-    from notify.xa.errors import LogLockedError
-
     _require_log(log_dir)
     try:
-        pool = build_pool(broker, pg, mysql, secret)
-    except ConfigError as e:
+        pool = build_pool(broker, pg, mysql, security)
+    except (ConfigError, NotifyError) as e:
         _fail(str(e), EXIT_USAGE)
     try:
         try:
@@ -190,9 +186,6 @@ def xa_list(
     if as_json:
         click.echo(json.dumps({"in_use": live, "errors": errors, "transactions": rows}, indent=2))
     else:
-        from rich.console import Console
-        from rich.table import Table
-
         table_out = Table(title=f"in-doubt transactions in {log_dir}")
         for col in ("gtrid", "status", "prepared branches", "deadline"):
             table_out.add_column(col)
@@ -217,9 +210,6 @@ def xa_list(
 
 
 def _resolve(gtrid: str, commit: bool, force: bool, by: str | None) -> None:
-    from notify.xa import records as rec
-    from notify.xa.admin import resolve
-
     ctx = click.get_current_context()
     who = by or f"{getpass.getuser()}@notify-xa"
     try:
@@ -252,12 +242,12 @@ def xa_commit(
     broker: tuple[str, ...],
     pg: tuple[str, ...],
     mysql: tuple[str, ...],
-    secret: str | None,
+    security: Security,
     force: bool,
     by: str | None,
 ) -> None:
     """Commit an in-doubt transaction by hand (recorded as an admin decision)."""
-    _ctx(log_dir, broker, pg, mysql, secret)
+    _ctx(log_dir, broker, pg, mysql, security)
     _resolve(gtrid, True, force, by)
 
 
@@ -272,12 +262,12 @@ def xa_rollback(
     broker: tuple[str, ...],
     pg: tuple[str, ...],
     mysql: tuple[str, ...],
-    secret: str | None,
+    security: Security,
     force: bool,
     by: str | None,
 ) -> None:
     """Roll back an in-doubt transaction by hand (recorded as an admin decision)."""
-    _ctx(log_dir, broker, pg, mysql, secret)
+    _ctx(log_dir, broker, pg, mysql, security)
     _resolve(gtrid, False, force, by)
 
 
@@ -287,9 +277,6 @@ def xa_rollback(
 @click.option("--by", default=None, help="who acknowledges (recorded in the log)")
 def xa_forget(gtrid: str, log_dir: str, by: str | None) -> None:
     """Acknowledge the heuristic reports of a transaction (they stop being listed)."""
-    from notify.xa.admin import forget
-    from notify.xa.decisionlog import DecisionLog
-
     _require_log(log_dir)
     try:
         with DecisionLog.open(log_dir) as log:
@@ -306,12 +293,10 @@ def xa_recover(
     broker: tuple[str, ...],
     pg: tuple[str, ...],
     mysql: tuple[str, ...],
-    secret: str | None,
+    security: Security,
 ) -> None:
     """Run one recovery pass, as the coordinator does when it starts."""
-    from notify.xa.recovery import recover_once
-
-    ctx = _ctx(log_dir, broker, pg, mysql, secret)
+    ctx = _ctx(log_dir, broker, pg, mysql, security)
     try:
         with _session(ctx) as (log, pool):
             report = recover_once(pool, log, lambda g: False, pool.names(), 0.0)

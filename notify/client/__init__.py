@@ -39,6 +39,8 @@ synchronous wrappers; ``_transaction`` local transactions, half messages and che
 ``_offsets``, ``_recover``, ``_spool`` the local files.
 """
 
+from notify.protocol.replies import parse_stats_topics
+
 from ._config import ClientConfig, ConsumerConfig, ProducerConfig
 from ._consumer import AsyncConsumer, ConsumerStats, MessageFilter, MessageListener
 from ._dedup import DuplicateWindow
@@ -70,7 +72,6 @@ from ._routing import (
     StaticBrokerDirectory,
     TopicRouter,
     ZkBrokerDirectory,
-    parse_stats_topics,
 )
 from ._selectors import KeyHashSelector, PartitionSelector, RoundRobinSelector, key_hash
 from ._session import (

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from notify.transport import SECRET_ENV, TransportOptions
 
 #: Default fetch window (MetaQ's consumer ``maxSize``).
 DEFAULT_MAX_SIZE_BYTES = 1 << 20
@@ -58,6 +61,31 @@ class ClientConfig:
     zk_session_timeout_s: float = DEFAULT_ZK_SESSION_TIMEOUT_S
     #: Cluster mode: how long ``connect(zk=...)`` waits for ZooKeeper.
     zk_connect_timeout_s: float = DEFAULT_ZK_CONNECT_TIMEOUT_S
+    #: The brokers' shared secret (``authSecret``), sent with ``auth`` first on every
+    #: connection; defaults to the ``NOTIFY_SECRET`` environment variable (unset: none).
+    secret: str | None = field(default_factory=lambda: os.environ.get(SECRET_ENV) or None)
+    #: TLS to the brokers: on when ``tls`` is set or a CA / client certificate file is given.
+    tls: bool = False
+    #: CA certificates (PEM) to trust for the brokers' certificates (None: the system store).
+    tls_ca_file: str | None = None
+    #: Check the broker's certificate and host name (False only for testing).
+    tls_verify: bool = True
+    #: Client certificate (PEM) and its key, for brokers that ask for one.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    def transport_options(self) -> TransportOptions:
+        """The :class:`~notify.transport.TransportOptions` of these settings (builds the TLS
+        context; raises :class:`~notify.transport.TLSError` on unreadable files)."""
+        return TransportOptions.build(
+            self.secret,
+            tls=self.tls,
+            tls_ca_file=self.tls_ca_file,
+            tls_verify=self.tls_verify,
+            tls_cert_file=self.tls_cert_file,
+            tls_key_file=self.tls_key_file,
+            connect_timeout_s=self.connect_timeout_s,
+        )
 
 
 @dataclass(slots=True)

@@ -42,12 +42,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from notify.errors import BrokerError, ClientError, ConnectionLostError, NotifyError
+from notify.errors import BrokerError, ClientError, ConnectionLostError, NotifyError, ProtocolError
 from notify.protocol.frames import Response, encode_get, encode_offset
 from notify.protocol.records import CorruptRecordError, decode_all, first_record_size
+from notify.protocol.replies import parse_offset
+from notify.transport import AsyncConnection
 
 from ._config import MAX_OFFSET, ClientConfig, ConsumerConfig
-from ._connection import BrokerConnection, ConnectionPool
+from ._connection import ConnectionPool
 from ._dedup import DuplicateWindow
 from ._errors import ListenerTimeoutError
 from ._fetchsize import FetchSizer
@@ -591,7 +593,7 @@ class AsyncConsumer:
             raise
 
     async def _past_end(
-        self, conn: BrokerConnection, cur: _Cursor, offset: int, miss: Response
+        self, conn: AsyncConnection, cur: _Cursor, offset: int, miss: Response
     ) -> Response:
         """MetaQ answers a get beyond the end of a partition with the same 404 as "nothing
         new yet" (301 only with ``updateConsumerOffsets``). Once per position, ask ``offset``:
@@ -638,9 +640,9 @@ class AsyncConsumer:
         if r.code != 200:
             raise BrokerError(r.code, r.body.decode("utf-8", "replace"))
         try:
-            value = int(r.body.split()[0])
-        except (IndexError, ValueError):
-            raise ClientError(f"malformed offset reply {r.body[:80]!r}") from None
+            value = parse_offset(r.body)
+        except ProtocolError as e:
+            raise ClientError(str(e)) from None
         cur.position = cur.done = value
         cur.dirty = True
 
@@ -651,9 +653,9 @@ class AsyncConsumer:
             return []
         if r.code == 301:
             try:
-                cur.position = int(r.body.split()[0])
-            except (IndexError, ValueError):
-                raise ClientError(f"malformed 301 body {r.body[:80]!r}") from None
+                cur.position = parse_offset(r.body)
+            except ProtocolError as e:
+                raise ClientError(str(e)) from None
             self._stats.redirects += 1
             log.info("%s %s: offset %d moved to %d", cur.topic, cur.partition, offset, cur.position)
             if cur.done < 0 or cur.done == offset:

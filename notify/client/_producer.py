@@ -34,13 +34,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
+from notify.errors import (
+    BrokerError,
+    ClientError,
+    ConnectionLostError,
+    ProtocolError,
+    RequestTimeoutError,
+)
 from notify.protocol import records as rec
 from notify.protocol.frames import Response, encode_dput, encode_line, encode_mput, encode_put
 from notify.protocol.keys import local_key
+from notify.protocol.replies import MultiPutAck, PutAck, parse_prepare_vote
+from notify.transport import AsyncConnection
 
 from ._config import ClientConfig, ProducerConfig
-from ._connection import BrokerConnection, ConnectionPool
+from ._connection import ConnectionPool
 from ._errors import XA_RDONLY, ClientTransactionError, TransactionConnectionError
 from ._message import Message, SendResult
 from ._routing import Partition, TopicRouter
@@ -80,27 +88,18 @@ def _retriable(e: BaseException) -> bool:
 
 
 def _parse_put_reply(r: Response) -> _Ack:
-    parts = r.body.split()
     try:
-        return int(parts[0]), int(parts[2])
-    except (IndexError, ValueError):
-        raise ClientError(f"malformed put reply body {r.body[:80]!r}") from None
+        ack = PutAck.parse(r.body)
+    except ProtocolError as e:
+        raise ClientError(str(e)) from None
+    return ack.msg_id, ack.offset
 
 
 def _parse_mput_reply(r: Response, items: Sequence[_Item]) -> list[_Ack]:
-    parts = r.body.split()
     try:
-        first_id, first_off, count = int(parts[0]), int(parts[2]), int(parts[3])
-    except (IndexError, ValueError):
-        raise ClientError(f"malformed mput reply body {r.body[:80]!r}") from None
-    if count != len(items):
-        raise ClientError(f"mput reply acknowledges {count} of {len(items)} messages")
-    acks: list[_Ack] = []
-    off = first_off
-    for i, it in enumerate(items):
-        acks.append((first_id + i, off if first_off >= 0 else -1))
-        off += rec.HEADER_SIZE + len(it.payload)
-    return acks
+        return MultiPutAck.parse(r.body).expand([len(it.payload) for it in items])
+    except ProtocolError as e:
+        raise ClientError(str(e)) from None
 
 
 def _unknown_command(r: Response) -> bool:
@@ -529,7 +528,7 @@ class AsyncProducer:
             self._channel = TxChannel(self)
         return self._channel
 
-    async def _tx_connection(self, address: str) -> BrokerConnection:
+    async def _tx_connection(self, address: str) -> AsyncConnection:
         return await self._tx_channel().get(address)
 
     def start_check_backs(self) -> None:
@@ -643,12 +642,13 @@ class AsyncProducer:
                     lambda o: encode_line("transaction", tx_key, sid, "ROLLBACK", o), t
                 )
             raise reply_error(r_prep, tx_key)
-        if r_prep.body.strip() == str(XA_RDONLY).encode():
-            raise ClientTransactionError(f"half message {tx_key} was not recorded", tx_key)
         try:
-            msg_id = int(r_put.body.split()[0])
-        except (IndexError, ValueError):
-            raise ClientError(f"malformed put reply body {r_put.body[:80]!r}") from None
+            vote = parse_prepare_vote(r_prep.body)
+            msg_id = PutAck.parse(r_put.body).msg_id
+        except ProtocolError as e:
+            raise ClientError(str(e)) from None
+        if vote == XA_RDONLY:
+            raise ClientTransactionError(f"half message {tx_key} was not recorded", tx_key)
         result = SendResult(True, part, -1, msg_id)
         return HalfMessage(tx_key, conn, result, Message(topic, part, -1, msg_id, flag, payload))
 
@@ -783,7 +783,7 @@ class AsyncProducer:
 
     async def _request_mput(
         self,
-        conn: BrokerConnection,
+        conn: AsyncConnection,
         topic: str,
         partition: int,
         items: Sequence[_Item],
@@ -797,7 +797,7 @@ class AsyncProducer:
 
     async def _pipelined_puts(
         self,
-        conn: BrokerConnection,
+        conn: AsyncConnection,
         topic: str,
         partition: int,
         items: Sequence[_Item],

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
 from notify.protocol.frames import encode_line
+from notify.protocol.replies import parse_stats_topics
 
 from ._connection import ConnectionPool
 
@@ -72,29 +72,6 @@ class LiveBrokerDirectory(BrokerDirectory, Protocol):
     def current(self, topic: str) -> list[Partition] | None:
         """The live partition list of ``topic`` if known (no I/O), else None."""
         ...
-
-
-_PARTS_RE = re.compile(r"(?:^|\s)(?:partitions|numPartitions|num_partitions)=(\d+)")
-
-
-def parse_stats_topics(body: bytes) -> dict[str, int]:
-    """Parse a ``stats topics`` body into ``{topic: partition count}``.
-
-    Lenient: each ``<topic> <value>`` line is read for a ``partitions=N`` field; a bare
-    integer value is taken as the count; lines without either are ignored.
-    """
-    out: dict[str, int] = {}
-    for raw in body.decode("utf-8", "replace").splitlines():
-        line = raw.strip()
-        if not line or line in ("STATS", "END"):
-            continue
-        topic, _, value = line.partition(" ")
-        m = _PARTS_RE.search(value)
-        if m:
-            out[topic] = int(m.group(1))
-        elif value.strip().isdigit():
-            out[topic] = int(value.strip())
-    return out
 
 
 class StaticBrokerDirectory:

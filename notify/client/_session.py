@@ -57,13 +57,20 @@ log = logging.getLogger("notify.client")
 
 Brokers = Sequence[str] | Mapping[int, str]
 
+def with_security(config: ClientConfig, overrides: Mapping[str, Any]) -> ClientConfig:
+    """``config`` with the given (not None) ``secret``/``tls*`` keyword arguments applied."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(config, **given) if given else config
+
 
 class AsyncMessageSessionFactory:
     """Connections to the brokers plus the producers and consumers using them (asyncio).
 
     ``brokers``: ``["host:port", ...]`` (broker id = position) or ``{brokerId: "host:port"}``.
     ``partitions``: ``{topic: partitions per broker}`` to skip ``stats topics`` discovery.
-    ``directory``: any :class:`BrokerDirectory` instead of the static one. ``zk``: a
+    ``directory``: any :class:`BrokerDirectory` instead of the static one. ``secret`` and
+    ``tls*`` override the same fields of ``config`` (see :class:`ClientConfig`; the secret
+    defaults to ``NOTIFY_SECRET``). ``zk``: a
     configserver address (``"127.0.0.1:2181/meta"``, ``"zookeeper://h1,h2/meta"``) or a
     :class:`configserver.ConfigServer` (cluster mode; ``await session.start()`` or ``async
     with`` connects it, else the first use does). Use as ``async with
@@ -78,12 +85,27 @@ class AsyncMessageSessionFactory:
         partitions: Mapping[str, int] | None = None,
         directory: BrokerDirectory | None = None,
         zk: str | ConfigServer | None = None,
+        secret: str | None = None,
+        tls: bool | None = None,
+        tls_ca_file: str | None = None,
+        tls_verify: bool | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
     ):
-        self.config = config or ClientConfig()
+        security = {
+            "secret": secret,
+            "tls": tls,
+            "tls_ca_file": tls_ca_file,
+            "tls_verify": tls_verify,
+            "tls_cert_file": tls_cert_file,
+            "tls_key_file": tls_key_file,
+        }
+        self.config = with_security(config or ClientConfig(), security)
         self.pool = ConnectionPool(
             self.config.connect_timeout_s,
             self.config.reconnect_backoff_min_s,
             self.config.reconnect_backoff_max_s,
+            self.config.transport_options(),
         )
         # configserver (issue #7): cluster membership and discovery
         self.cluster: ConfigServer | None = None
@@ -502,14 +524,28 @@ class MessageSessionFactory:
         partitions: Mapping[str, int] | None = None,
         directory: BrokerDirectory | None = None,
         zk: str | ConfigServer | None = None,
+        secret: str | None = None,
+        tls: bool | None = None,
+        tls_ca_file: str | None = None,
+        tls_verify: bool | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
     ):
-        cfg = config or ClientConfig()
+        security = {
+            "secret": secret,
+            "tls": tls,
+            "tls_ca_file": tls_ca_file,
+            "tls_verify": tls_verify,
+            "tls_cert_file": tls_cert_file,
+            "tls_key_file": tls_key_file,
+        }
+        cfg = with_security(config or ClientConfig(), security)
         self._lt = LoopThread(cfg.use_uvloop)
 
         async def build() -> AsyncMessageSessionFactory:
             core = AsyncMessageSessionFactory(
                 brokers, config=cfg, partitions=partitions, directory=directory, zk=zk
-            )
+            )  # cfg already carries the security overrides
             try:
                 await core.start()
             except BaseException:
@@ -607,8 +643,29 @@ def connect(
     config: ClientConfig | None = None,
     partitions: Mapping[str, int] | None = None,
     zk: str | ConfigServer | None = None,
+    secret: str | None = None,
+    tls: bool | None = None,
+    tls_ca_file: str | None = None,
+    tls_verify: bool | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
 ) -> MessageSessionFactory:
     """Open a synchronous session: ``with connect(["127.0.0.1:8123"]) as session: ...``,
     or in a cluster ``with connect(zk="127.0.0.1:2181/meta") as session: ...`` (brokers and
-    partitions from ZooKeeper, consumer groups rebalanced there)."""
-    return MessageSessionFactory(brokers, config=config, partitions=partitions, zk=zk)
+    partitions from ZooKeeper, consumer groups rebalanced there).
+
+    ``secret`` (default: the ``NOTIFY_SECRET`` environment variable) authenticates every
+    connection to brokers that set ``authSecret``; ``tls*`` turn on TLS (see
+    :class:`ClientConfig`). Given here they override the same fields of ``config``."""
+    return MessageSessionFactory(
+        brokers,
+        config=config,
+        partitions=partitions,
+        zk=zk,
+        secret=secret,
+        tls=tls,
+        tls_ca_file=tls_ca_file,
+        tls_verify=tls_verify,
+        tls_cert_file=tls_cert_file,
+        tls_key_file=tls_key_file,
+    )

@@ -55,7 +55,6 @@ import functools
 import inspect
 import logging
 import math
-import re
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -63,11 +62,19 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
-from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
+from notify.errors import (
+    BrokerError,
+    ClientError,
+    ConnectionLostError,
+    ProtocolError,
+    RequestTimeoutError,
+)
 from notify.protocol import records as rec
 from notify.protocol.frames import Response, encode_line, encode_put
+from notify.protocol.replies import XAFailure, put_ack_msg_id
+from notify.transport import AsyncConnection
 
-from ._connection import BrokerConnection, ConnectionPool
+from ._connection import ConnectionPool
 from ._errors import (
     XA_RBROLLBACK,
     XA_RBTIMEOUT,
@@ -93,8 +100,6 @@ log = logging.getLogger("notify.client")
 MAX_PENDING_CHECKS: Final = 1024
 #: Pause between attempts to (re)register with a broker after a non-connection failure.
 REGISTER_RETRY_S: Final = 1.0
-
-_XA_REPLY = re.compile(rb"XAException:code=(-?\d+),msg=(.*)", re.DOTALL)
 
 
 class LocalTxState(enum.Enum):
@@ -137,12 +142,14 @@ class TransactionSendResult:
 def reply_error(r: Response, tx_key: str | None) -> ClientError:
     """The error of a non-200 reply: :class:`XAError` (or its timeout subclass) for
     ``XAException:code=N,msg=...`` bodies, :class:`BrokerError` otherwise."""
-    m = _XA_REPLY.fullmatch(r.body.strip())
-    if m is None:
+    try:
+        failure = XAFailure.parse(r.body)
+    except ProtocolError:
+        failure = None
+    if failure is None:
         return BrokerError(r.code, r.body.decode("utf-8", "replace"))
-    code, text = int(m.group(1)), m.group(2).decode("utf-8", "replace")
-    cls = TransactionTimeoutError if code == XA_RBTIMEOUT else XAError
-    return cls(code, text, tx_key, r.code)
+    cls = TransactionTimeoutError if failure.code == XA_RBTIMEOUT else XAError
+    return cls(failure.code, failure.message, tx_key, r.code)
 
 
 def as_state(value: object, tx_key: str) -> LocalTxState:
@@ -162,9 +169,9 @@ def _retrieve(fut: asyncio.Future[Response]) -> None:
 
 def _put_msg_id(r: Response) -> int:
     try:
-        return int(r.body.split()[0])
-    except (IndexError, ValueError):
-        raise ClientError(f"malformed put reply body {r.body[:80]!r}") from None
+        return put_ack_msg_id(r.body)
+    except ProtocolError as e:
+        raise ClientError(str(e)) from None
 
 
 def timeout_token(timeout: float | None) -> int | None:
@@ -227,7 +234,7 @@ class AsyncTransaction:
         self.timeout = timeout_token(timeout)
         self._p = producer
         self._status: str = ACTIVE
-        self._conn: BrokerConnection | None = None
+        self._conn: AsyncConnection | None = None
         self._broker: tuple[int, str] | None = None
         self._begin: asyncio.Future[Response] | None = None
         self._begin_lost: ClientError | None = None
@@ -768,7 +775,7 @@ class HalfMessage:
     """A prepared half message waiting for its local transaction's outcome."""
 
     tx_key: str
-    conn: BrokerConnection
+    conn: AsyncConnection
     result: SendResult
     message: Message
 
@@ -785,17 +792,20 @@ class TxChannel:
         cc = producer.client_config
         self._p = producer
         self.pool = ConnectionPool(
-            cc.connect_timeout_s, cc.reconnect_backoff_min_s, cc.reconnect_backoff_max_s
+            cc.connect_timeout_s,
+            cc.reconnect_backoff_min_s,
+            cc.reconnect_backoff_max_s,
+            producer.pool.options,
         )
         self.group = producer.config.producer_group
-        self._registering: dict[BrokerConnection, asyncio.Task[None]] = {}
+        self._registering: dict[AsyncConnection, asyncio.Task[None]] = {}
         self._kept: set[str] = set()
         self._checking: set[str] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
         self.checks_answered = 0
 
-    async def get(self, address: str) -> BrokerConnection:
+    async def get(self, address: str) -> AsyncConnection:
         """An open connection to ``address``, registered with the group if there is one."""
         conn = await self.pool.get(address)
         if self.group is None or conn.producer_group == self.group:
@@ -809,12 +819,12 @@ class TxChannel:
         self.keep_registered(address)
         return conn
 
-    def _registered(self, conn: BrokerConnection, task: asyncio.Task[None]) -> None:
+    def _registered(self, conn: AsyncConnection, task: asyncio.Task[None]) -> None:
         self._registering.pop(conn, None)
         if not task.cancelled() and task.exception() is not None:
             self.pool.discard(conn)
 
-    async def _register(self, conn: BrokerConnection, group: str) -> None:
+    async def _register(self, conn: AsyncConnection, group: str) -> None:
         conn.check_handler = self._on_check
         r = await conn.request(
             lambda o: encode_line("register", group, o), self._p.client_config.request_timeout_s
@@ -858,7 +868,7 @@ class TxChannel:
 
     # -- check-backs
 
-    def _on_check(self, conn: BrokerConnection, r: Response) -> None:
+    def _on_check(self, conn: AsyncConnection, r: Response) -> None:
         key = r.tx_key or ""
         if key in self._checking:
             return  # still answering the previous check of it
@@ -891,7 +901,7 @@ class TxChannel:
                     return bid
         return -1
 
-    async def _answer(self, conn: BrokerConnection, key: str, msg: Message) -> None:
+    async def _answer(self, conn: AsyncConnection, key: str, msg: Message) -> None:
         try:
             state = await self._ask(key, msg)
             if state is LocalTxState.UNKNOWN:

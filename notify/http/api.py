@@ -21,7 +21,13 @@ from aiohttp import web
 
 from notify.config import TOPIC_KEYS, parse_config
 from notify.core.states import TxState
-from notify.errors import ConfigError, NotifyError, OffsetOutOfRangeError, TransactionError
+from notify.errors import (
+    ConfigError,
+    NotifyError,
+    OffsetOutOfRangeError,
+    ProtocolError,
+    TransactionError,
+)
 from notify.http import openapi
 from notify.http.bridge import call, call_one
 from notify.http.params import INT32, bad_request, int_param, parse_int, topic_name
@@ -37,6 +43,7 @@ from notify.http.views import (
 from notify.protocol import records
 from notify.protocol.frames import Put, Response, Transaction
 from notify.protocol.keys import validate_key
+from notify.protocol.replies import PutAck, XAFailure
 
 log = logging.getLogger("notify.http")
 
@@ -185,8 +192,10 @@ async def produce(request: web.Request) -> web.Response:
     for req in reqs:
         r = replies[req.opaque]
         if r.code == 200:
-            mid, part_s, off = r.body.split(b" ")[:3]
-            results.append({"id": mid.decode(), "partition": int(part_s), "offset": int(off)})
+            ack = PutAck.parse(r.body)
+            results.append(
+                {"id": str(ack.msg_id), "partition": ack.partition, "offset": ack.offset}
+            )
         else:
             failed = failed or r
             text = r.body.decode("utf-8", "replace")
@@ -385,9 +394,10 @@ async def _resolve(request: web.Request, commit: bool) -> web.Response:
     text = r.body.decode("utf-8", "replace")
     if r.code != 200:
         status = r.code
-        if text.startswith("XAException:code="):
-            code_s = text[len("XAException:code=") :].split(",", 1)[0]
-            status = _XA_STATUS.get(int(code_s), status) if code_s.lstrip("-").isdigit() else status
+        with contextlib.suppress(ProtocolError):
+            failure = XAFailure.parse(r.body)
+            if failure is not None:
+                status = _XA_STATUS.get(failure.code, status)
         return json_response({"key": key, "error": text}, status)
     log.warning(
         "http: admin %s in-doubt transaction %s", "committed" if commit else "rolled back", key

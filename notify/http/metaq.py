@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from notify.admin import parse_stats
 from notify.broker.service import MAX_LONG_POLL_MS
 from notify.http.bridge import call_one
 from notify.http.params import INT32, group_name, int_param, topic_name
 from notify.http.server import SERVER, json_response
 from notify.protocol.frames import Get, Offset, Put, Response, Stats
+from notify.protocol.replies import parse_stats_dict
 
 #: The group ``/offset`` reports when the caller names none.
 DEFAULT_GROUP = "http"
@@ -93,15 +93,6 @@ async def offset(request: web.Request) -> web.Response:
     return _reply(await call_one(service, req))
 
 
-def _number(text: str) -> object:
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return text
-
-
 async def stats(request: web.Request) -> web.Response:
     service = request.app[SERVER].service
     item = request.match_info.get("item", "")
@@ -109,7 +100,7 @@ async def stats(request: web.Request) -> web.Response:
     if request.query.get("format") == "json":
         if reply.code != 200:
             return json_response({"error": reply.body.decode("utf-8", "replace")}, reply.code)
-        return json_response({k: _number(v) for k, v in parse_stats(reply.body)})
+        return json_response(parse_stats_dict(reply.body))
     return _reply(reply)
 
 

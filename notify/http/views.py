@@ -191,7 +191,7 @@ def replication_view(broker: Broker) -> JSON:
         out["sync_slave"] = {
             "address": sm.addr,
             "state": "refusing" if sm.refusing else ("degraded" if sm.degraded else "in_sync"),
-            "connected": bool(sm.link and sm.link.connected),
+            "connected": bool(sm.link and sm.link.is_open),
             "pushed_batches": sm.pushed_batches,
             "failed_batches": sm.failed_batches,
             "last_error": sm.last_error or None,

@@ -68,6 +68,11 @@ from dataclasses import dataclass
 from typing import Final
 
 from notify.errors import FrameTooLargeError, ProtocolError
+from notify.protocol.replies import encode_stats
+
+#: Old name of :func:`notify.protocol.replies.encode_stats`, kept for notify.broker until it
+#: imports that one (then delete).
+encode_stats_body = encode_stats
 
 CRLF: Final = b"\r\n"
 DEFAULT_MAX_HEADER_BYTES: Final = 4096
@@ -640,15 +645,6 @@ def encode_error(err: ProtocolError) -> bytes:
 def encode_value_header(length: int, opaque: int) -> bytes:
     """``value <len> <opaque>\\r\\n`` (the raw records follow)."""
     return b"value %d %d\r\n" % (length, opaque)
-
-
-def encode_stats_body(items: list[tuple[str, object]]) -> bytes:
-    """``STATS\\r\\n<key> <value>\\r\\n...END\\r\\n``; a value of None gives a line with
-    the key alone (MetaQ starts a topic's block with the bare topic name)."""
-    lines = [b"STATS\r\n"]
-    lines.extend((f"{k}\r\n" if v is None else f"{k} {v}\r\n").encode() for k, v in items)
-    lines.append(b"END\r\n")
-    return b"".join(lines)
 
 
 # --------------------------------------------------------------------------- client side

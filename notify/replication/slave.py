@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import ssl
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from notify.admin import parse_stats
 from notify.config import SlaveConfig, default_topic
 from notify.errors import NotifyError
 from notify.protocol import records
 from notify.protocol.frames import encode_get, encode_line, encode_offset
-from notify.replication.link import BrokerLink
+from notify.protocol.replies import parse_fields, parse_offset, parse_stats
+from notify.replication.link import BrokerLink, connect_link
 from notify.store.partition import Partition
 
 if TYPE_CHECKING:
@@ -49,10 +51,17 @@ class PullState:
 class SlaveReplicator:
     """Pulls the master's partitions into this broker's store."""
 
-    def __init__(self, broker: Broker, cfg: SlaveConfig, secret: str = ""):
+    def __init__(
+        self,
+        broker: Broker,
+        cfg: SlaveConfig,
+        secret: str = "",
+        tls: ssl.SSLContext | None = None,
+    ):
         self.broker = broker
         self.cfg = cfg
         self.secret = secret
+        self.tls = tls
         self.master = cfg.master_address
         self.state: dict[tuple[str, int], PullState] = {}
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
@@ -79,9 +88,8 @@ class SlaveReplicator:
         link: BrokerLink | None = None
         while not self.stopped:
             try:
-                if link is None or not link.connected:
-                    link = BrokerLink(self.master, self.secret)
-                    await link.connect()
+                if link is None or not link.is_open:
+                    link = await connect_link(self.master, self.secret, self.tls)
                 if self.cfg.auto_sync_master_config:
                     await self._sync_topics(link)
                 self._ensure_pullers()
@@ -100,7 +108,7 @@ class SlaveReplicator:
         store = self.broker.store
         changed = False
         for topic, value in parse_stats(r.body):
-            fields = dict(kv.split("=", 1) for kv in value.split() if "=" in kv)
+            fields = parse_fields(value)
             try:
                 n = int(fields.get("partitions", "0"))
             except ValueError:
@@ -131,10 +139,10 @@ class SlaveReplicator:
     async def _refresh_master_ends(self, link: BrokerLink) -> None:
         for (topic, idx), st in self.state.items():
             r = await link.request(
-                lambda o, t=topic, i=idx: encode_offset(t, self.cfg.slave_group, i, 2**63 - 1, o)
+                functools.partial(encode_offset, topic, self.cfg.slave_group, idx, 2**63 - 1)
             )
             if r.code == 200:
-                st.master_end = int(r.body)
+                st.master_end = parse_offset(r.body)
 
     # ------------------------------------------------------------------ pulling
 
@@ -148,13 +156,18 @@ class SlaveReplicator:
         assert service is not None
         while not self.stopped:
             try:
-                if link is None or not link.connected:
-                    link = BrokerLink(self.master, self.secret)
-                    await link.connect()
+                if link is None or not link.is_open:
+                    link = await connect_link(self.master, self.secret, self.tls)
                 off = part.end
                 r = await link.request(
-                    lambda o, off=off: encode_get(
-                        part.topic, group, part.index, off, FETCH_BYTES, o, wait_ms
+                    functools.partial(
+                        encode_get,
+                        part.topic,
+                        group,
+                        part.index,
+                        off,
+                        FETCH_BYTES,
+                        max_wait_ms=wait_ms,
                     ),
                     timeout_s=wait_ms / 1000.0 + 10,
                 )
@@ -163,7 +176,7 @@ class SlaveReplicator:
                     st.error = ""
                     continue
                 if r.code == 301:
-                    nearest = int(r.body)
+                    nearest = parse_offset(r.body)
                     if nearest > off and part.size_bytes == 0:
                         part.reset_start(nearest)
                         log.info(

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import ssl
 import time
 from typing import TYPE_CHECKING
 
 from notify.errors import NotifyError
 from notify.protocol.frames import Response, encode_msync, encode_offset
-from notify.replication.link import BrokerLink
+from notify.protocol.replies import parse_offset
+from notify.replication.link import BrokerLink, connect_link
 from notify.store.partition import Partition
 
 if TYPE_CHECKING:
@@ -51,6 +54,7 @@ class SyncMaster:
         policy: str,
         max_failures: int,
         secret: str = "",
+        tls: ssl.SSLContext | None = None,
     ):
         self.service = service
         self.addr = addr
@@ -58,6 +62,7 @@ class SyncMaster:
         self.policy = policy
         self.max_failures = max_failures
         self.secret = secret
+        self.tls = tls
         self.link: BrokerLink | None = None
         self.failures = 0
         self.refusing = False
@@ -98,12 +103,12 @@ class SyncMaster:
         loop = self.service.loop
         out: asyncio.Future[None] = loop.create_future()
         link = self.link
-        if link is None or not link.connected:
+        if link is None or not link.is_open:
             self._failed(out, "not connected")
             return out
         payload = bytes(data)
         try:
-            sent = link.send(
+            sent = link.submit(
                 lambda o: encode_msync(part.topic, part.index, payload, count, base, o)
             )
         except NotifyError as e:
@@ -167,10 +172,8 @@ class SyncMaster:
     async def _probe(self) -> None:
         while True:
             try:
-                if self.link is None or not self.link.connected:
-                    link = BrokerLink(self.addr, self.secret)
-                    await link.connect()
-                    self.link = link
+                if self.link is None or not self.link.is_open:
+                    self.link = await connect_link(self.addr, self.secret, self.tls)
                     log.info("connected to synchronous slave %s", self.addr)
                 if (self.refusing or self.degraded) and await self._in_sync(self.link):
                     log.info("synchronous slave %s is back in sync", self.addr)
@@ -189,10 +192,10 @@ class SyncMaster:
             if part.memory:
                 continue
             r = await link.request(
-                lambda o, p=part: encode_offset(p.topic, "sync-probe", p.index, 2**63 - 1, o),
+                functools.partial(encode_offset, part.topic, "sync-probe", part.index, 2**63 - 1),
                 timeout_s=self.timeout_s,
             )
-            if r.code != 200 or int(r.body) != part.end:
+            if r.code != 200 or parse_offset(r.body) != part.end:
                 return False
         return True
 
@@ -202,7 +205,7 @@ class SyncMaster:
             ("role", "master"),
             ("sync_slave", self.addr),
             ("sync_slave_state", state),
-            ("sync_slave_connected", bool(self.link and self.link.connected)),
+            ("sync_slave_connected", bool(self.link and self.link.is_open)),
             ("sync_pushed_batches", self.pushed_batches),
             ("sync_failed_batches", self.failed_batches),
             ("sync_last_error", self.last_error or "-"),

@@ -29,12 +29,12 @@ from notify.client import (
     XAError,
     connect,
 )
-from notify.client._connection import BrokerConnection
 from notify.client._transaction import as_state, reply_error
 from notify.errors import BrokerError, ClientError, TransactionError
 from notify.protocol import records
 from notify.protocol.frames import Response, encode_check
 from notify.testing import BrokerProcess
+from notify.transport import AsyncConnection
 from tests.client.conftest import wait_until
 from tests.conftest import BrokerFactory
 from tests.wireclient import WireClient
@@ -84,7 +84,7 @@ def test_reply_errors_and_states() -> None:
 def test_check_frames_are_not_replies() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        conn = BrokerConnection("x:1", loop)
+        conn = AsyncConnection("x:1", loop)
         written: list[bytes] = []
 
         class Transport:

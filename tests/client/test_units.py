@@ -26,13 +26,13 @@ from notify.client import (
     parse_stats_topics,
     replay_dead_letters,
 )
-from notify.client._connection import split_address
 from notify.client._consumer import _make_filter, _share
 from notify.client._producer import _Item, _parse_mput_reply, _unknown_command
 from notify.client._spool import Spool, existing_spools
 from notify.errors import ClientError
 from notify.protocol import records
 from notify.protocol.frames import Response
+from notify.transport import split_address
 
 PARTS = [Partition(0, p, "h:1") for p in range(4)] + [Partition(1, p, "h:2") for p in range(4)]
 

@@ -3,8 +3,13 @@ SQLAlchemy; and :func:`factory_from_url` to make one from a URL (used by ``notif
 
 from __future__ import annotations
 
+import ssl
+
 from notify.errors import ConfigError
 from notify.xa.participant import Participant, ParticipantFactory
+from notify.xa.resources.broker import BrokerParticipant
+from notify.xa.resources.mysql import MySQLParticipant
+from notify.xa.resources.postgres import PostgresParticipant
 
 __all__ = ["factory_from_url", "kind_of_url"]
 
@@ -21,27 +26,24 @@ def kind_of_url(url: str) -> str:
     raise ConfigError(f"unsupported participant URL {url!r}")
 
 
-def factory_from_url(url: str, secret: str | None = None) -> ParticipantFactory:
-    """A participant factory for ``url``: ``host:port`` / ``meta://host:port`` (broker),
-    ``postgresql://...`` (psycopg), ``mysql+pymysql://...`` / ``mariadb://...`` (PyMySQL)."""
+def factory_from_url(
+    url: str, secret: str | None = None, tls: ssl.SSLContext | None = None
+) -> ParticipantFactory:
+    """A participant factory for ``url``: ``host:port`` / ``meta://host:port`` (broker,
+    with the shared ``secret`` and the ``tls`` context when given), ``postgresql://...``
+    (psycopg), ``mysql+pymysql://...`` / ``mariadb://...`` (PyMySQL)."""
     kind = kind_of_url(url)
     if kind == "postgres":
-        from notify.xa.resources.postgres import PostgresParticipant
-
         def make_pg() -> Participant:
             return PostgresParticipant(url)
 
         return make_pg
     if kind == "mysql":
-        from notify.xa.resources.mysql import MySQLParticipant
-
         def make_my() -> Participant:
             return MySQLParticipant(url)
 
         return make_my
-    from notify.xa.resources.broker import BrokerParticipant
-
     def make_broker() -> Participant:
-        return BrokerParticipant(url, secret=secret)
+        return BrokerParticipant(url, secret=secret, tls=tls)
 
     return make_broker

@@ -1,4 +1,5 @@
-"""The notify broker as an XA participant, over its own blocking socket.
+"""The notify broker as an XA participant, over a blocking
+:class:`~notify.transport.BlockingConnection` (shared secret and TLS as configured).
 
 Speaks MetaQ's ``transaction`` and ``put`` commands directly (no client library)::
 
@@ -17,18 +18,32 @@ broker at all: it votes READ_ONLY without a round trip.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import re
 import secrets
-import socket
+import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TypeVar
 
-from notify.errors import ProtocolError, TransactionError
+from notify.errors import ClientError, ProtocolError, TransactionError
 from notify.protocol import records
-from notify.protocol.frames import Response, ResponseParser, encode_line, encode_put
+from notify.protocol.frames import Response, encode_line, encode_put
 from notify.protocol.keys import Xid, parse_xid
+from notify.protocol.replies import (
+    PutAck,
+    XAFailure,
+    parse_partition_count,
+    parse_prepare_vote,
+    parse_recover,
+)
+from notify.protocol.xa import XA_RDONLY
+from notify.transport import (
+    AuthenticationError,
+    BlockingConnection,
+    FrameBuilder,
+    TLSError,
+    TransportOptions,
+)
 from notify.xa.errors import (
     XAER_PROTO,
     BranchHeuristicError,
@@ -39,10 +54,8 @@ from notify.xa.errors import (
 )
 from notify.xa.ids import Scope, qualifier_of
 from notify.xa.participant import Vote
-from notify.xa.resources._alive import peer_closed
 
-DEFAULT_PORT: Final = 8123
-_XA_ERR: Final = re.compile(rb"XAException:code=(-?\d+),msg=(.*)", re.S)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +65,6 @@ class SendResult:
     topic: str
     partition: int
     msg_id: int
-
-
-def parse_addr(addr: str) -> tuple[str, int]:
-    """``host:port``, ``meta://host:port`` or ``notify://host:port`` -> ``(host, port)``."""
-    if "://" in addr:
-        addr = addr.split("://", 1)[1]
-    addr = addr.rstrip("/")
-    host, sep, port = addr.rpartition(":")
-    if not sep:
-        return addr, DEFAULT_PORT
-    return host, int(port)
 
 
 class BrokerProducer:
@@ -92,7 +94,8 @@ class BrokerParticipant:
 
     ``unique_qualifier`` defaults to the coordinator id found in each gtrid (so ``RECOVER``
     returns only that coordinator's keys). ``secret`` authenticates first when the broker
-    requires it.
+    requires it (on every reconnect); ``tls`` is the TLS context to connect with
+    (:func:`notify.transport.tls_context`).
     """
 
     def __init__(
@@ -100,20 +103,22 @@ class BrokerParticipant:
         addr: str,
         *,
         secret: str | None = None,
+        tls: ssl.SSLContext | None = None,
         unique_qualifier: str | None = None,
         connect_timeout_s: float = 5.0,
         request_timeout_s: float = 30.0,
     ):
         self.addr = addr
-        self.host, self.port = parse_addr(addr)
         self.secret = secret
         self.unique_qualifier = unique_qualifier
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self.session_id = "xa" + secrets.token_hex(6)
-        self._sock: socket.socket | None = None
-        self._parser = ResponseParser()
-        self._opaque = itertools.count(1)
+        try:
+            options = TransportOptions(secret or None, tls, connect_timeout_s)
+            self._conn = BlockingConnection(addr, options, request_timeout_s)
+        except ClientError as e:
+            raise ParticipantError(f"broker {addr}: {e}") from e
         self._producer = BrokerProducer(self)
         self._partitions: dict[str, int] = {}
         self._rr = itertools.count()
@@ -136,59 +141,35 @@ class BrokerParticipant:
         uq = self.unique_qualifier or qualifier_of(xid.gtrid) or "null"
         return xid.key(uq)
 
-    def _connect(self) -> socket.socket:
-        if self._sock is not None:
-            return self._sock
+    def _exchange(self, builds: list[FrameBuilder]) -> list[Response]:
+        """Send the frames in one write and return their replies in order."""
         try:
-            s = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
-        except OSError as e:
-            raise ParticipantUnavailableError(f"broker {self.addr}: cannot connect: {e}") from e
-        s.settimeout(self.request_timeout_s)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock = s
-        self._parser = ResponseParser()
-        if self.secret:
-            r = self._exchange([encode_line("auth", self.secret, self._next())])[0]
-            if r.code != 200:
-                self._drop()
-                raise ParticipantError(f"broker {self.addr}: authentication refused")
-        return s
-
-    def _next(self) -> int:
-        return next(self._opaque) & 0x7FFFFFFF
-
-    def _drop(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-            self._sock = None
-
-    def _exchange(self, frames: list[bytes]) -> list[Response]:
-        """Send ``frames`` in one write and return their replies in order."""
-        sock = self._connect()
-        try:
-            sock.sendall(b"".join(frames))
-            replies: list[Response] = []
-            while len(replies) < len(frames):
-                data = sock.recv(1 << 16)
-                if not data:
-                    raise ConnectionResetError("the broker closed the connection")
-                replies.extend(r for r in self._parser.feed(data) if r.kind != "check")
-        except (OSError, ProtocolError) as e:
-            self._drop()
+            return self._conn.exchange(builds)
+        except (AuthenticationError, TLSError) as e:
+            raise ParticipantError(f"broker {self.addr}: {e}") from e
+        except ClientError as e:  # connection lost, timeout (the connection was dropped)
             raise ParticipantUnavailableError(f"broker {self.addr}: {e}") from e
-        return replies
 
-    def _tx_frame(self, key: str, verb: str, *extra: object) -> bytes:
-        return encode_line("transaction", key, self.session_id, verb, *extra, self._next())
+    def _tx_frame(self, key: str, verb: str, *extra: object) -> FrameBuilder:
+        sid = self.session_id
+        return lambda o: encode_line("transaction", key, sid, verb, *extra, o)
+
+    def _parse(self, parse: Callable[[bytes], T], body: bytes, what: str) -> T:
+        try:
+            return parse(body)
+        except ProtocolError as e:
+            raise ParticipantError(f"broker {self.addr}: {what}: {e}") from e
 
     @staticmethod
     def _check(r: Response, what: str) -> bytes:
         if r.code == 200:
             return r.body
-        m = _XA_ERR.match(r.body)
-        if m:
-            code, text = int(m.group(1)), m.group(2).decode(errors="replace")
+        try:
+            failure = XAFailure.parse(r.body)
+        except ProtocolError:
+            failure = None
+        if failure is not None:
+            code, text = failure.code, failure.message
             if code == XAER_PROTO and "HEURISTIC_" in text:  # decided by the broker's admin
                 kind = (
                     HeuristicKind.COMMIT
@@ -208,8 +189,8 @@ class BrokerParticipant:
         """Remember the branch; BEGIN goes out with the first message."""
         if self._xid is not None:
             raise ParticipantError(f"broker {self.addr}: a branch is already active")
-        if self._sock is not None and peer_closed(self._sock.fileno()):
-            self._drop()  # a pooled connection the broker closed (restart): reconnect lazily
+        if self._conn.peer_closed():
+            self._conn.drop()  # a pooled connection the broker closed (restart): reconnect lazily
         self._xid, self._key, self._timeout_s = xid, self._key_of(xid), max(1, timeout_s)
         self._begun = self._ended = False
         self._sent = 0
@@ -217,12 +198,8 @@ class BrokerParticipant:
     def _partition_for(self, topic: str) -> int:
         n = self._partitions.get(topic)
         if n is None:
-            r = self._exchange([encode_line("stats", topic, self._next())])[0]
-            body = self._check(r, f"stats {topic}")
-            for line in body.decode(errors="replace").split("\r\n"):
-                k, _, v = line.partition(" ")
-                if k == "partitions":
-                    n = int(v)
+            r = self._exchange([lambda o: encode_line("stats", topic, o)])[0]
+            n = parse_partition_count(self._check(r, f"stats {topic}"))
             if not n:
                 raise ParticipantError(f"broker {self.addr}: topic {topic!r} has no partitions")
             self._partitions[topic] = n
@@ -237,19 +214,12 @@ class BrokerParticipant:
         if partition is None:
             partition = self._partition_for(topic)
         payload, flag = records.make_payload(bytes(data), attribute)
-        frames = []
+        frames: list[FrameBuilder] = []
         if not self._begun:
             frames.append(self._tx_frame(self._key, "BEGIN", self._timeout_s))
+        key, crc, part = self._key, records.checksum(payload), partition
         frames.append(
-            encode_put(
-                topic,
-                partition,
-                payload,
-                flag,
-                self._next(),
-                checksum=records.checksum(payload),
-                tx_key=self._key,
-            )
+            lambda o: encode_put(topic, part, payload, flag, o, checksum=crc, tx_key=key)
         )
         replies = self._exchange(frames)
         if not self._begun:
@@ -257,8 +227,8 @@ class BrokerParticipant:
             self._begun = True
         body = self._check(replies[-1], f"put {topic}-{partition}")
         self._sent += 1
-        parts = body.split()
-        return SendResult(topic, int(parts[1]), int(parts[0]))
+        ack = self._parse(PutAck.parse, body, f"put {topic}-{partition}")
+        return SendResult(topic, ack.partition, ack.msg_id)
 
     def end(self, xid: Xid, success: bool) -> None:
         """Mark the branch ended; END is pipelined with the next command."""
@@ -279,7 +249,8 @@ class BrokerParticipant:
         self._check(replies[0], f"END {key}")
         if self._xid == xid:
             self._finish_branch()
-        return Vote.READ_ONLY if body.strip() == b"3" else Vote.OK
+        vote = self._parse(parse_prepare_vote, body, f"PREPARE {key}")
+        return Vote.READ_ONLY if vote == XA_RDONLY else Vote.OK
 
     def commit(self, xid: Xid, one_phase: bool) -> None:
         """COMMIT_ONE_PHASE (after END) or COMMIT_TWO_PHASE."""
@@ -310,12 +281,11 @@ class BrokerParticipant:
     def recover(self, scope: Scope) -> list[Xid]:
         """``RECOVER <uniqueQualifier>``, filtered by ``scope``."""
         uq = self.unique_qualifier or scope.unique_qualifier
-        frame = encode_line("transaction", "null", self.session_id, "RECOVER", uq, self._next())
+        sid = self.session_id
+        frame: FrameBuilder = lambda o: encode_line("transaction", "null", sid, "RECOVER", uq, o)  # noqa: E731
         body = self._check(self._exchange([frame])[0], "RECOVER")
         out = []
-        for line in body.decode(errors="replace").split("\r\n"):
-            if not line:
-                continue
+        for line in parse_recover(body):
             try:
                 xid, _ = parse_xid(line)
             except TransactionError:  # not an XA key: not ours
@@ -330,11 +300,8 @@ class BrokerParticipant:
         self._check(self._exchange([self._tx_frame(key, "FORGET")])[0], f"FORGET {key}")
 
     def close(self) -> None:
-        """Say ``quit`` and close the socket; never raises."""
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.sendall(b"quit\r\n")
-        self._drop()
+        """Say ``quit`` and close the connection; never raises."""
+        self._conn.close()
 
     def __repr__(self) -> str:
         return f"<BrokerParticipant {self.addr}>"

@@ -1,0 +1,560 @@
+"""The one client transport of notify: a connection to a broker speaking the MetaQ protocol.
+
+Everything in notify that talks to a broker over the wire goes through here: the client
+library (:mod:`notify.client`), the XA broker participant, the admin CLI and the replication
+links between brokers. Two implementations of the same contract:
+
+* :class:`AsyncConnection` (asyncio protocol; :func:`open_connection`) and
+* :class:`BlockingConnection` (a plain socket driving the sans-IO
+  :class:`~notify.protocol.frames.ResponseParser`).
+
+The contract:
+
+* every request carries an ``opaque`` from a per-connection counter (positive int32,
+  wrapping) and its reply is matched by that opaque, so requests may be pipelined and replies
+  may come in any order; replies to nobody (a request that timed out) are dropped;
+* broker-initiated ``check`` frames (half-message check-back) are never taken for replies:
+  they go to the connection's ``check_handler`` (asyncio) or are dropped (blocking);
+* on every (re)connect, when a shared secret is configured, ``auth <secret>`` is the first
+  request and its reply is awaited: a refusal raises :class:`AuthenticationError`;
+* TLS when :attr:`TransportOptions.ssl` is set (build it with :func:`tls_context` from a
+  CA file / verify flag / client certificate);
+* foreign errors are translated here: ``OSError`` -> :class:`~notify.errors.ConnectionLostError`,
+  no reply in time -> :class:`~notify.errors.RequestTimeoutError`, a garbage stream ->
+  :class:`~notify.errors.ConnectionLostError` (the connection is dropped), an untrusted TLS
+  certificate -> :class:`TLSError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import select
+import socket
+import ssl
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from notify.errors import (
+    BrokerError,
+    ClientError,
+    ConnectionLostError,
+    ProtocolError,
+    RequestTimeoutError,
+)
+from notify.protocol.frames import Response, ResponseParser, encode_line
+
+log = logging.getLogger("notify.transport")
+
+DEFAULT_PORT: Final = 8123
+DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
+DEFAULT_REQUEST_TIMEOUT_S: Final = 30.0
+#: Environment variable holding the shared secret (``authSecret``) for clients and the CLI.
+SECRET_ENV: Final = "NOTIFY_SECRET"
+OPAQUE_MAX: Final = 2**31 - 1
+_RECV_BYTES: Final = 1 << 18
+
+#: ``build(opaque) -> frame``: how callers hand a request to a connection.
+FrameBuilder = Callable[[int], bytes]
+
+
+class AuthenticationError(BrokerError):
+    """The broker refused the shared secret (``auth`` answered 403). Not retriable."""
+
+
+class TLSError(ClientError):
+    """The TLS handshake failed (untrusted certificate, wrong host name, bad client
+    certificate): retrying will not help until the configuration changes."""
+
+
+def split_address(address: str, default_port: int | None = None) -> tuple[str, int]:
+    """``host:port`` (``meta://``/``notify://`` prefixes and a trailing ``/`` allowed) ->
+    ``(host, port)``; a bare ``host`` takes ``default_port`` when given."""
+    addr = address.split("://", 1)[1] if "://" in address else address
+    addr = addr.rstrip("/")
+    host, sep, port = addr.rpartition(":")
+    if not sep and default_port is not None and addr:
+        return addr, default_port
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClientError(f"invalid broker address {address!r}: expected host:port")
+    return host, int(port)
+
+
+def tls_context(
+    ca_file: str | Path | None = None,
+    verify: bool = True,
+    cert_file: str | Path | None = None,
+    key_file: str | Path | None = None,
+) -> ssl.SSLContext:
+    """A client-side TLS context: trust ``ca_file`` (the system store when None), check the
+    broker's certificate and host name unless ``verify`` is False, and present
+    ``cert_file``/``key_file`` as client certificate when given. Raises :class:`TLSError`
+    when a file cannot be loaded."""
+    try:
+        ctx = ssl.create_default_context(
+            ssl.Purpose.SERVER_AUTH, cafile=str(ca_file) if ca_file else None
+        )
+        if not verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if cert_file:
+            ctx.load_cert_chain(str(cert_file), str(key_file) if key_file else None)
+        elif key_file:
+            raise TLSError("a TLS key file needs its certificate file (tls_cert_file)")
+    except (OSError, ssl.SSLError) as e:
+        raise TLSError(f"cannot set up TLS: {e}") from e
+    return ctx
+
+
+@dataclass(frozen=True, slots=True)
+class TransportOptions:
+    """How to open a connection: shared secret, TLS context, connect timeout."""
+
+    secret: str | None = None
+    ssl: ssl.SSLContext | None = None
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.secret is not None and (not self.secret or any(c.isspace() for c in self.secret)):
+            raise ClientError("the shared secret must be non-empty and contain no whitespace")
+
+    @classmethod
+    def build(
+        cls,
+        secret: str | None = None,
+        *,
+        tls: bool = False,
+        tls_ca_file: str | Path | None = None,
+        tls_verify: bool = True,
+        tls_cert_file: str | Path | None = None,
+        tls_key_file: str | Path | None = None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    ) -> TransportOptions:
+        """Options from plain settings; TLS is on when ``tls`` is set or a CA / client
+        certificate file is given. An empty ``secret`` means none."""
+        use_tls = tls or bool(tls_ca_file) or bool(tls_cert_file)
+        ctx = tls_context(tls_ca_file, tls_verify, tls_cert_file, tls_key_file) if use_tls else None
+        return cls(secret or None, ctx, connect_timeout_s)
+
+
+def _auth_error(address: str, r: Response) -> AuthenticationError:
+    text = r.body.decode("utf-8", "replace")
+    return AuthenticationError(r.code, f"{address} refused the shared secret: {text}")
+
+
+def _connect_error(address: str, e: BaseException) -> ClientError:
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return TLSError(f"TLS certificate of {address} not accepted: {e.verify_message or e}")
+    if isinstance(e, ssl.SSLError):
+        return TLSError(f"TLS handshake with {address} failed: {e}")
+    return ConnectionLostError(f"cannot connect to {address}: {e or 'timeout'}")
+
+
+# --------------------------------------------------------------------------- asyncio
+
+
+class AsyncConnection(asyncio.Protocol):
+    """One connection to a broker with pipelined, opaque-matched requests (asyncio).
+
+    Open with :func:`open_connection`. The hot path (:meth:`send`, :meth:`send_many`) does
+    one dict insert and one transport write per request; no per-message timers unless asked.
+    """
+
+    def __init__(self, address: str, loop: asyncio.AbstractEventLoop):
+        self.address = address
+        self._loop = loop
+        self._transport: asyncio.Transport | None = None
+        self._parser = ResponseParser()
+        self._pending: dict[int, asyncio.Future[Response]] = {}
+        self._opaque = 0
+        self._closed = False
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.closed_future: asyncio.Future[None] = loop.create_future()
+        #: The producer group this connection registered (``register``), if any.
+        self.producer_group: str | None = None
+        #: Called on the loop with each broker-initiated ``check`` frame (must not block).
+        self.check_handler: Callable[[AsyncConnection, Response], None] | None = None
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            replies = self._parser.feed(data)
+        except ProtocolError as e:
+            log.error("broker %s sent garbage: %s", self.address, e)
+            self._fail_all(ConnectionLostError(f"{self.address}: {e}"))
+            if self._transport is not None:
+                self._transport.abort()
+            return
+        pending = self._pending
+        for r in replies:
+            if r.kind == "check":  # broker-initiated: not a reply to any request
+                self._on_check(r)
+                continue
+            fut = pending.pop(r.opaque, None)
+            if fut is None:
+                log.debug("%s: reply for unknown opaque %d dropped", self.address, r.opaque)
+            elif not fut.done():
+                fut.set_result(r)
+
+    def _on_check(self, r: Response) -> None:
+        handler = self.check_handler
+        if handler is None:
+            log.warning("%s: check-back of %s with no handler: ignored", self.address, r.tx_key)
+            return
+        try:
+            handler(self, r)
+        except Exception:  # a handler bug must not kill the connection
+            log.exception("%s: check-back handler failed for %s", self.address, r.tx_key)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        reason = f": {exc}" if exc else ""
+        self._fail_all(ConnectionLostError(f"connection to {self.address} lost{reason}"))
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)
+        self._drain_waiters.clear()
+        if not self.closed_future.done():
+            self.closed_future.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)
+        self._drain_waiters.clear()
+
+    # -- API
+
+    @property
+    def is_open(self) -> bool:
+        return not self._closed and self._transport is not None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def next_opaque(self) -> int:
+        """A fresh opaque (positive int32, wrapping) not in use on this connection."""
+        o = self._opaque
+        while True:
+            o = o + 1 if o < OPAQUE_MAX else 1
+            if o not in self._pending:
+                self._opaque = o
+                return o
+
+    def send(self, frame: bytes, opaque: int) -> asyncio.Future[Response]:
+        """Write ``frame`` (built with ``opaque``) and return the future of its reply."""
+        if self._closed or self._transport is None:
+            raise ConnectionLostError(f"connection to {self.address} is closed")
+        fut: asyncio.Future[Response] = self._loop.create_future()
+        self._pending[opaque] = fut
+        self._transport.write(frame)
+        return fut
+
+    def submit(self, build: FrameBuilder) -> asyncio.Future[Response]:
+        """Write the frame ``build(opaque)`` now; the future gets its reply (no timeout:
+        the caller bounds the wait)."""
+        opaque = self.next_opaque()
+        return self.send(build(opaque), opaque)
+
+    def send_many(
+        self, frames: Sequence[tuple[bytes, int]], timeout_s: float | None = None
+    ) -> list[asyncio.Future[Response]]:
+        """Write several ``(frame, opaque)`` with one write; the futures of their replies.
+
+        With ``timeout_s`` each future fails with :class:`RequestTimeoutError` when its
+        reply does not come in time (no need to :meth:`wait` on it)."""
+        if self._closed or self._transport is None:
+            raise ConnectionLostError(f"connection to {self.address} is closed")
+        loop = self._loop
+        futs: list[asyncio.Future[Response]] = []
+        for _, opaque in frames:
+            fut: asyncio.Future[Response] = loop.create_future()
+            self._pending[opaque] = fut
+            if timeout_s is not None:
+                handle = loop.call_later(timeout_s, self._expire, opaque, timeout_s)
+                fut.add_done_callback(functools.partial(_cancel_timer, handle))
+            futs.append(fut)
+        self._transport.write(b"".join([f for f, _ in frames]))
+        return futs
+
+    async def request(
+        self, build: FrameBuilder, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    ) -> Response:
+        """Send the frame ``build(opaque)`` and wait for its reply.
+
+        Raises :class:`ConnectionLostError` or :class:`RequestTimeoutError`.
+        """
+        opaque = self.next_opaque()
+        fut = self.send(build(opaque), opaque)
+        if self._write_paused:
+            await self._drain()
+        return await self.wait(fut, opaque, timeout_s)
+
+    async def wait(self, fut: asyncio.Future[Response], opaque: int, timeout_s: float) -> Response:
+        """Wait for a reply future returned by :meth:`send`."""
+        if fut.done():
+            return fut.result()
+        handle = self._loop.call_later(timeout_s, self._expire, opaque, timeout_s)
+        try:
+            return await fut
+        finally:
+            handle.cancel()
+
+    async def drain(self) -> None:
+        """Wait until the transport's write buffer is below its high-water mark."""
+        if self._write_paused:
+            await self._drain()
+
+    async def _drain(self) -> None:
+        if self._closed:
+            return
+        w: asyncio.Future[None] = self._loop.create_future()
+        self._drain_waiters.append(w)
+        await w
+
+    def _expire(self, opaque: int, timeout_s: float) -> None:
+        fut = self._pending.pop(opaque, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(
+                RequestTimeoutError(f"{self.address}: no reply within {timeout_s:g} s")
+            )
+
+    def _fail_all(self, exc: BaseException) -> None:
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def close(self) -> None:
+        """Close the connection; requests in flight fail with ConnectionLostError."""
+        if self._transport is not None and not self._closed:
+            self._transport.close()
+        self._closed = True
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+        self._closed = True
+
+
+def _cancel_timer(handle: asyncio.TimerHandle, _fut: asyncio.Future[Response]) -> None:
+    handle.cancel()
+
+
+async def open_connection(
+    address: str, options: TransportOptions | None = None
+) -> AsyncConnection:
+    """Connect to ``address`` (TLS when ``options.ssl``), then authenticate when
+    ``options.secret``; the whole within ``options.connect_timeout_s``.
+
+    Raises :class:`ConnectionLostError` (unreachable, timeout), :class:`TLSError` or
+    :class:`AuthenticationError`."""
+    opts = options or TransportOptions()
+    host, port = split_address(address)
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(opts.connect_timeout_s):
+            _, conn = await loop.create_connection(
+                lambda: AsyncConnection(address, loop),
+                host,
+                port,
+                ssl=opts.ssl,
+                server_hostname=host if opts.ssl is not None else None,
+            )
+    except (OSError, TimeoutError) as e:
+        raise _connect_error(address, e) from e
+    transport = conn._transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if opts.secret:
+        secret = opts.secret
+        try:
+            r = await conn.request(lambda o: encode_line("auth", secret, o), opts.connect_timeout_s)
+        except ClientError:
+            conn.abort()
+            raise
+        if r.code != 200:
+            conn.abort()
+            raise _auth_error(address, r)
+    log.debug("connected to %s", address)
+    return conn
+
+
+# --------------------------------------------------------------------------- blocking
+
+
+class BlockingConnection:
+    """One connection to a broker over a plain (or TLS) socket, for code without an event
+    loop (the XA participant, the CLI). Connects lazily and again after a failure.
+
+    :meth:`exchange` pipelines several requests in one write and returns their replies in
+    request order, matched by opaque. After a failure or a timeout the socket is dropped
+    (the next call reconnects, and authenticates again).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        options: TransportOptions | None = None,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    ):
+        self.address = address
+        self.options = options or TransportOptions()
+        self.host, self.port = split_address(address, DEFAULT_PORT)
+        self.request_timeout_s = request_timeout_s
+        self._sock: socket.socket | None = None
+        self._parser = ResponseParser()
+        self._opaque = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._sock is not None
+
+    def connect(self) -> None:
+        """Open the socket (and authenticate) unless already open."""
+        if self._sock is not None:
+            return
+        opts = self.options
+        try:
+            raw = socket.create_connection((self.host, self.port), timeout=opts.connect_timeout_s)
+        except OSError as e:
+            raise _connect_error(self.address, e) from e
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = (
+                opts.ssl.wrap_socket(raw, server_hostname=self.host)
+                if opts.ssl is not None
+                else raw
+            )
+        except OSError as e:
+            raw.close()
+            raise _connect_error(self.address, e) from e
+        self._sock = sock
+        self._parser = ResponseParser()
+        if opts.secret:
+            secret = opts.secret
+            r = self.exchange([lambda o: encode_line("auth", secret, o)], opts.connect_timeout_s)[0]
+            if r.code != 200:
+                self.drop()
+                raise _auth_error(self.address, r)
+
+    def peer_closed(self) -> bool:
+        """True when the open socket should not be reused: the peer closed or reset it, or
+        bytes nobody asked for are waiting (no round trip; False when not connected)."""
+        sock = self._sock
+        if sock is None:
+            return False
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        if not readable:
+            return False
+        if not isinstance(sock, ssl.SSLSocket):
+            return True  # EOF, a reset, or bytes nobody asked for
+        # TLS: the bytes may be a record for the TLS layer alone (a TLS 1.3 session ticket)
+        try:
+            sock.setblocking(False)
+            sock.recv(1)  # application data or EOF: do not reuse
+            return True
+        except ssl.SSLWantReadError:
+            return False
+        except OSError:
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                sock.settimeout(self.request_timeout_s)
+
+    def _next_opaque(self) -> int:
+        self._opaque = self._opaque + 1 if self._opaque < OPAQUE_MAX else 1
+        return self._opaque
+
+    def exchange(
+        self, builds: Sequence[FrameBuilder], timeout_s: float | None = None
+    ) -> list[Response]:
+        """Send the frames ``build(opaque)`` in one write; their replies, in order.
+
+        Raises :class:`ConnectionLostError`, :class:`RequestTimeoutError` (both drop the
+        socket), :class:`TLSError` or :class:`AuthenticationError` (on connect)."""
+        self.connect()
+        sock = self._sock
+        assert sock is not None
+        opaques = [self._next_opaque() for _ in builds]
+        frames = b"".join([b(o) for b, o in zip(builds, opaques, strict=True)])
+        wanted = set(opaques)
+        got: dict[int, Response] = {}
+        limit = self.request_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        try:
+            sock.settimeout(limit)
+            sock.sendall(frames)
+            while wanted:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
+                data = sock.recv(_RECV_BYTES)
+                if not data:
+                    raise ConnectionResetError("the broker closed the connection")
+                for r in self._parser.feed(data):
+                    if r.kind == "check" or r.opaque not in wanted:
+                        continue  # a check-back, or the reply to a request that timed out
+                    wanted.discard(r.opaque)
+                    got[r.opaque] = r
+        except TimeoutError:
+            self.drop()
+            raise RequestTimeoutError(
+                f"{self.address}: no reply within {limit:g} s"
+            ) from None
+        except (OSError, ProtocolError) as e:
+            self.drop()
+            raise ConnectionLostError(f"connection to {self.address} lost: {e}") from e
+        return [got[o] for o in opaques]
+
+    def request(self, build: FrameBuilder, timeout_s: float | None = None) -> Response:
+        """One request, one reply (see :meth:`exchange`)."""
+        return self.exchange([build], timeout_s)[0]
+
+    def drop(self) -> None:
+        """Close the socket without a word (the next request reconnects)."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        """Say ``quit`` and close; never raises."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.settimeout(1.0)
+                self._sock.sendall(b"quit\r\n")
+        self.drop()
+
+    def __enter__(self) -> BlockingConnection:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

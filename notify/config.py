@@ -12,6 +12,7 @@ ini file, so ``conf/server.ini`` with ``dataPath=../data`` keeps data inside the
 from __future__ import annotations
 
 import configparser
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -438,13 +439,20 @@ def _check_system(s: SystemConfig) -> None:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _check_delete_when(expr: str) -> None:
+    """Validate a Quartz expression once (building the trigger costs ~0.5 ms; every topic
+    usually shares one expression). Failures are not cached: they raise."""
+    from notify.store.retention import quartz_trigger
+
+    quartz_trigger(expr)
+
+
 def _check_topic(t: TopicConfig, max_partitions: int = 65536) -> None:
     sec = f"topic={t.name}"
     _check_ranges(sec, t, _TOPIC_KEYS)
-    from notify.store.retention import quartz_trigger
-
     try:
-        quartz_trigger(t.delete_when)
+        _check_delete_when(t.delete_when)
     except ConfigError as e:
         raise ConfigError(f"[{sec}] {e}") from None
     if t.num_partitions > max_partitions:

@@ -39,7 +39,7 @@ import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from aiohttp import web
 
@@ -83,9 +83,9 @@ class _Busy(asyncio.Protocol):
     """Answers a connection over ``httpMaxConnections`` with 503 and closes it at once."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(_BUSY_REPLY)
-        transport.close()
+        tr = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
+        tr.write(_BUSY_REPLY)
+        tr.close()
 
 
 class _CappedSite(web.BaseSite):

@@ -409,6 +409,9 @@ async def create_topic(request: web.Request) -> web.Response:
         try:
             summary = broker.reload(cfg)
         except (NotifyError, OSError) as e:
+            if name not in broker.config.topics:  # opened half-way: forget it again
+                broker.store.discard_topic(name)
+                server.service.refresh_topics()
             await loop.run_in_executor(None, _write_atomic, src, old)
             log.error("http: creating topic %s failed, %s restored: %s", name, src, e)
             status = 422 if isinstance(e, NotifyError) else 503

@@ -75,14 +75,21 @@ def test_a_failed_creation_restores_server_ini(
     ini = Path(b.config_path).read_text()
     # a file where the partition directory must go: opening the partition fails
     b.data_dir.mkdir(parents=True, exist_ok=True)
-    (b.data_dir / "blocked-0").write_text("not a directory")
-    r = h.post("/api/topics", json_body={"name": "blocked", "numPartitions": 1})
+    (b.data_dir / "blocked-2").write_text("not a directory")  # 0 and 1 open, 2 fails
+    r = h.post("/api/topics", json_body={"name": "blocked", "numPartitions": 3})
     assert 400 <= r.status < 600 and r.status != 500, r.text
     assert "not created" in r.json()["error"] and "unchanged" in r.json()["error"]
     assert Path(b.config_path).read_text() == ini
+    assert h.get("/api/topics/blocked").status == 404  # not left half-open
+    (b.data_dir / "blocked-2").unlink()
+    r = h.post("/api/topics", json_body={"name": "blocked", "numPartitions": 3})
+    assert r.status == 201, r.text
+    assert h.post("/api/topics/blocked/messages", json_body={"text": "x"}).status == 200
     assert b.stop() == 0
+    assert "blocked" in load_config(b.config_path).topics
+    b.topics = {**b.topics, "blocked": 3}  # (BrokerProcess.start rewrites server.ini)
     b.start()
-    assert Http(b.http_url).get("/api/topics/t").status == 200
+    assert Http(b.http_url).get("/api/topics/blocked").status == 200
 
 
 def test_creation_cost_does_not_grow_with_the_topic_count(

@@ -39,11 +39,17 @@ EXIT_USAGE: Final = 2
 DEFAULT_CONFIG: Final = "conf/server.ini"
 
 
+#: Chatty libraries kept at WARNING unless ``--log-level debug`` (APScheduler logs every job
+#: run at INFO: about ten lines a second on an idle broker).
+QUIET_LOGGERS: Final = ("apscheduler", "aiohttp.access")
+
+
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    lvl = getattr(logging, level.upper(), logging.INFO)
+    logging.basicConfig(level=lvl, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if lvl > logging.DEBUG:
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(max(lvl, logging.WARNING))
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -91,7 +91,7 @@ class AdminClient:
     def call(self, method: str, path: str, body: object = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json"}
-        if data is not None:
+        if data is not None or method != "GET":  # the broker refuses other types
             headers["Content-Type"] = "application/json"
         if self.secret:
             headers["Authorization"] = f"Bearer {self.secret}"

@@ -12,6 +12,7 @@ ini file, so ``conf/server.ini`` with ``dataPath=../data`` keeps data inside the
 from __future__ import annotations
 
 import configparser
+import functools
 import re
 import zlib
 from collections.abc import Callable
@@ -22,6 +23,10 @@ from typing import Any, Final
 from notify.errors import ConfigError, InvalidTopicError
 
 TOPIC_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
+#: Topic names with this prefix belong to the broker (``__delay``); config and REST refuse them.
+RESERVED_PREFIX: Final = "__"
+#: A secret is one wire token: printable ASCII without spaces (``auth <secret>``, bearer).
+SECRET_RE: Final = re.compile(r"[!-~]{1,1024}")
 KIB: Final = 1024
 MIB: Final = 1024 * KIB
 #: Default ``maxMessageSize``. A MetaQ Java consumer reads replies into a buffer that stops
@@ -44,6 +49,18 @@ def validate_topic(name: str) -> str:
     return name
 
 
+def check_user_topic(name: str) -> str:
+    """``validate_topic`` plus: names starting with ``__`` are reserved for internal topics
+    (created by the broker only), so neither ``server.ini`` nor REST may define one."""
+    validate_topic(name)
+    if name.startswith(RESERVED_PREFIX):
+        raise InvalidTopicError(
+            f"topic name {name[:60]!r} is reserved: names starting with {RESERVED_PREFIX!r} "
+            "belong to the broker's internal topics"
+        )
+    return name
+
+
 def _bool(v: str) -> bool:
     s = v.strip().lower()
     if s in ("true", "yes", "1", "on"):
@@ -59,6 +76,26 @@ def _int(v: str) -> int:
 
 def _str(v: str) -> str:
     return v.strip()
+
+
+def _secret(v: str) -> str:
+    """Empty (no auth), or one token of printable ASCII: a value with a space could never be
+    sent by a client, and a whitespace-only one would silently turn auth off."""
+    s = v.strip()
+    if v and not s:
+        raise ValueError("whitespace only (leave the key empty to turn auth off)")
+    if s and not SECRET_RE.fullmatch(s):
+        raise ValueError("must be 1..1024 printable ASCII characters without spaces")
+    return s
+
+
+def _names(v: str) -> tuple[str, ...]:
+    """A comma-separated list of host names (``*`` = any)."""
+    out = tuple(n.strip().lower() for n in v.split(",") if n.strip())
+    for n in out:
+        if n != "*" and not re.fullmatch(r"[a-z0-9._:\[\]-]{1,253}", n):
+            raise ValueError(f"not a host name: {n!r}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -142,6 +179,7 @@ class SystemConfig:
     max_message_size: int = MAX_METAQ_CLIENT_PAYLOAD
     max_connections: int = 10000
     auth_secret: str = ""
+    admin_secret: str = ""
     config_watch_interval_ms: int = 2000
     max_tx_size: int = 64 * MIB
     tx_check_back_delay_ms: int = 6000
@@ -151,6 +189,17 @@ class SystemConfig:
     sync_slave_timeout_ms: int = 3000
     sync_slave_failure_policy: str = "refuse"
     sync_slave_max_failures: int = 3
+    # security and resource limits (README "Security")
+    http_allowed_hosts: tuple[str, ...] = ()
+    http_max_connections: int = 256
+    http_keepalive_timeout_ms: int = 15_000
+    http_body_timeout_ms: int = 30_000
+    max_partitions_per_topic: int = 1024
+    fd_reserve: int = 128
+    max_consumer_groups: int = 10_000
+    consumer_group_expiry_ms: int = 86_400_000
+    metrics_max_consumer_series: int = 10_000
+    auth_failure_log_interval_ms: int = 10_000
 
     @property
     def tx_log_path(self) -> Path:
@@ -228,7 +277,8 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "updateConsumerOffsets": ("update_consumer_offsets", _bool),
     "maxMessageSize": ("max_message_size", _int),
     "maxConnections": ("max_connections", _int),
-    "authSecret": ("auth_secret", _str),
+    "authSecret": ("auth_secret", _secret),
+    "adminSecret": ("admin_secret", _secret),
     "configWatchInterval": ("config_watch_interval_ms", _int),
     "maxTxSize": ("max_tx_size", _int),
     "retentionIgnoresConsumers": ("retention_ignores_consumers", _bool),
@@ -239,6 +289,16 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "syncSlaveTimeout": ("sync_slave_timeout_ms", _int),
     "syncSlaveFailurePolicy": ("sync_slave_failure_policy", _str),
     "syncSlaveMaxFailures": ("sync_slave_max_failures", _int),
+    "httpAllowedHosts": ("http_allowed_hosts", _names),
+    "httpMaxConnections": ("http_max_connections", _int),
+    "httpKeepaliveTimeout": ("http_keepalive_timeout_ms", _int),
+    "httpBodyTimeout": ("http_body_timeout_ms", _int),
+    "maxPartitionsPerTopic": ("max_partitions_per_topic", _int),
+    "fdReserve": ("fd_reserve", _int),
+    "maxConsumerGroups": ("max_consumer_groups", _int),
+    "consumerGroupExpiry": ("consumer_group_expiry_ms", _int),
+    "metricsMaxConsumerSeries": ("metrics_max_consumer_series", _int),
+    "authFailureLogInterval": ("auth_failure_log_interval_ms", _int),
 }
 _ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "zk.zkEnable": ("zk_enable", _bool),
@@ -304,59 +364,115 @@ def _convert(
     return out
 
 
+_DAY_MS: Final = 86_400_000
+#: The largest message a broker may be configured to take (records carry an i32 length and a
+#: put is buffered whole before it is checked).
+MAX_MESSAGE_SIZE_LIMIT: Final = 256 * MIB
+#: ini key -> (lo, hi): every numeric key of every section is range-checked, key named.
+_RANGES: Final[dict[str, tuple[int, int]]] = {
+    "brokerId": (0, 1023),
+    "serverPort": (0, 65535),
+    "dashboardHttpPort": (0, 65535),
+    "numPartitions": (1, 65536),
+    "unflushThreshold": (0, 10**9),
+    "unflushInterval": (0, _DAY_MS),
+    "maxSegmentSize": (4096, 64 * GIB),
+    "maxTransferSize": (64, 256 * MIB),
+    "getProcessThreadCount": (0, 10_000),
+    "putProcessThreadCount": (0, 10_000),
+    "maxCheckpoints": (1, 1000),
+    "checkpointInterval": (1, 7 * _DAY_MS),
+    "maxTxTimeoutTimerCapacity": (1, 10_000_000),
+    "maxTxTimeoutInSeconds": (1, 7 * 86_400),
+    "flushTxLogAtCommit": (0, 2),
+    "maxMessageSize": (1, MAX_MESSAGE_SIZE_LIMIT),
+    "maxConnections": (1, 1_000_000),
+    "configWatchInterval": (0, _DAY_MS),
+    "maxTxSize": (1, 16 * GIB),
+    "txCheckBackDelay": (1, _DAY_MS),
+    "txCheckBackMaxTimes": (1, 1_000_000),
+    "txCheckBackConcurrency": (1, 10_000),
+    "syncSlaveTimeout": (1, 600_000),
+    "syncSlaveMaxFailures": (1, 1_000_000),
+    "httpMaxConnections": (1, 100_000),
+    "httpKeepaliveTimeout": (100, _DAY_MS),
+    "httpBodyTimeout": (100, _DAY_MS),
+    "maxPartitionsPerTopic": (1, 65536),
+    "fdReserve": (0, 1_000_000),
+    "maxConsumerGroups": (1, 10_000_000),
+    "consumerGroupExpiry": (1000, 365 * _DAY_MS),
+    "metricsMaxConsumerSeries": (0, 10_000_000),
+    "authFailureLogInterval": (100, _DAY_MS),
+    "memoryMaxBytes": (4096, 1 << 40),
+    "zk.zkSessionTimeoutMs": (1, _DAY_MS),
+    "zk.zkConnectionTimeoutMs": (1, _DAY_MS),
+    "zk.zkSyncTimeMs": (1, _DAY_MS),
+    "slaveId": (0, 1023),
+    "slaveMaxDelayInMills": (1, _DAY_MS),
+}
+
+
+def _check_ranges(section: str, obj: object, table: dict[str, tuple[str, _Conv]]) -> None:
+    for key, (attr, _conv) in table.items():
+        bounds = _RANGES.get(key)
+        if bounds is None:
+            continue
+        value = getattr(obj, attr)
+        lo, hi = bounds
+        if not lo <= value <= hi:
+            raise ConfigError(f"[{section}] {key}: {value} is out of range {lo}..{hi}")
+
+
 def _check_system(s: SystemConfig) -> None:
     def need(cond: bool, key: str, what: str) -> None:
         if not cond:
             raise ConfigError(f"[system] {key}: {what}")
 
-    need(0 <= s.broker_id < 1024, "brokerId", "must be in 0..1023 (10 bits of the message id)")
-    need(0 <= s.server_port < 65536, "serverPort", "must be a TCP port")
-    need(0 <= s.dashboard_http_port < 65536, "dashboardHttpPort", "must be a TCP port")
-    need(s.num_partitions >= 1, "numPartitions", "must be >= 1")
-    need(s.unflush_threshold >= 0, "unflushThreshold", "must be >= 0")
-    need(s.unflush_interval_ms >= 0, "unflushInterval", "must be >= 0")
-    need(s.max_segment_size >= 4096, "maxSegmentSize", "must be >= 4096")
-    need(s.max_transfer_size >= 64, "maxTransferSize", "must be >= 64")
-    need(s.max_message_size >= 1, "maxMessageSize", "must be >= 1")
-    need(s.flush_tx_log_at_commit in (0, 1, 2), "flushTxLogAtCommit", "must be 0, 1 or 2")
-    need(s.max_checkpoints >= 1, "maxCheckpoints", "must be >= 1")
-    need(s.max_tx_timeout_in_seconds >= 1, "maxTxTimeoutInSeconds", "must be >= 1")
-    need(s.max_connections >= 1, "maxConnections", "must be >= 1")
-    need(s.max_tx_size >= 1, "maxTxSize", "must be >= 1")
-    need(s.tx_check_back_delay_ms >= 1, "txCheckBackDelay", "must be >= 1")
-    need(s.tx_check_back_max_times >= 1, "txCheckBackMaxTimes", "must be >= 1")
-    need(s.tx_check_back_concurrency >= 1, "txCheckBackConcurrency", "must be >= 1")
-    need(s.checkpoint_interval_ms >= 1, "checkpointInterval", "must be >= 1")
+    _check_ranges("system", s, _SYSTEM_KEYS)
+    need(
+        s.num_partitions <= s.max_partitions_per_topic,
+        "numPartitions",
+        f"{s.num_partitions} exceeds maxPartitionsPerTopic {s.max_partitions_per_topic}",
+    )
     need(
         s.sync_slave_failure_policy in ("refuse", "async"),
         "syncSlaveFailurePolicy",
         "must be refuse (stop acknowledging) or async (go on and flag it)",
     )
-    need(s.sync_slave_timeout_ms >= 1, "syncSlaveTimeout", "must be >= 1")
-    need(s.sync_slave_max_failures >= 1, "syncSlaveMaxFailures", "must be >= 1")
-    need(s.max_tx_timeout_timer_capacity >= 1, "maxTxTimeoutTimerCapacity", "must be >= 1")
+    need(
+        not s.admin_secret or s.admin_secret != s.auth_secret,
+        "adminSecret",
+        "must differ from authSecret (else anyone who may publish may also administer)",
+    )
 
 
-def _check_topic(t: TopicConfig) -> None:
-    sec = f"topic={t.name}"
+@functools.lru_cache(maxsize=256)
+def _check_delete_when(expr: str) -> None:
+    """Validate a Quartz expression once (building the trigger costs ~0.5 ms; every topic
+    usually shares one expression). Failures are not cached: they raise."""
     from notify.store.retention import quartz_trigger
 
+    quartz_trigger(expr)
+
+
+def _check_topic(t: TopicConfig, max_partitions: int = 65536) -> None:
+    sec = f"topic={t.name}"
+    _check_ranges(sec, t, _TOPIC_KEYS)
     try:
-        quartz_trigger(t.delete_when)
+        _check_delete_when(t.delete_when)
     except ConfigError as e:
         raise ConfigError(f"[{sec}] {e}") from None
-    if t.num_partitions < 1 or t.num_partitions > 65536:
-        raise ConfigError(f"[{sec}] numPartitions: must be in 1..65536")
+    if t.num_partitions > max_partitions:
+        raise ConfigError(
+            f"[{sec}] numPartitions: {t.num_partitions} exceeds maxPartitionsPerTopic "
+            f"{max_partitions}"
+        )
     if t.store not in ("disk", "memory"):
         raise ConfigError(f"[{sec}] store: must be disk or memory, got {t.store!r}")
     if t.memory_full_policy not in ("drop_oldest", "refuse"):
         raise ConfigError(
             f"[{sec}] memoryFullPolicy: must be drop_oldest or refuse, got {t.memory_full_policy!r}"
         )
-    if t.memory_max_bytes < 4096:
-        raise ConfigError(f"[{sec}] memoryMaxBytes: must be >= 4096")
-    if t.unflush_threshold < 0 or t.unflush_interval_ms < 0:
-        raise ConfigError(f"[{sec}] unflushThreshold/unflushInterval: must be >= 0")
 
 
 def parse_config(text: str, source: Path | None = None) -> ServerConfig:
@@ -371,6 +487,12 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
     except configparser.Error as e:
         raise ConfigError(f"{where}: {e.message if hasattr(e, 'message') else e}") from None
     base = source.parent if source else Path.cwd()
+    # configparser strips values, so a whitespace-only secret would read as "no auth"
+    for m in re.finditer(r"^[ \t]*(authSecret|adminSecret)[ \t]*[=:]([^\r\n]*)$", text, re.M):
+        if m.group(2) and not m.group(2).strip():
+            raise ConfigError(
+                f"[system] {m.group(1)}: whitespace only (leave it empty to turn auth off)"
+            )
 
     def resolve(p: Path | None) -> Path | None:
         if p is None:
@@ -393,7 +515,7 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
         elif name.startswith("topic="):
             topic = name[len("topic=") :].strip()
             try:
-                validate_topic(topic)
+                check_user_topic(topic)
             except InvalidTopicError as e:
                 raise ConfigError(f"[{name}]: {e}") from None
             topic_sections.append((topic, _convert(name, items, _TOPIC_KEYS)))
@@ -410,6 +532,7 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
     )
     _check_system(system)
     zookeeper = ZookeeperConfig(**zk_kw)
+    _check_ranges("zookeeper", zookeeper, _ZK_KEYS)
     topics: dict[str, TopicConfig] = {}
     for topic, kw in topic_sections:
         merged = {a: getattr(system, a) for a in _INHERITED}
@@ -417,11 +540,11 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
         if "data_path" in merged:
             merged["data_path"] = resolve(merged["data_path"])
         tc = TopicConfig(name=topic, **merged)
-        _check_topic(tc)
+        _check_topic(tc, system.max_partitions_per_topic)
         topics[topic] = tc
     slave = SlaveConfig(**slave_kw) if slave_kw is not None else None
-    if slave is not None and slave.slave_max_delay_in_mills < 1:
-        raise ConfigError("[slave] slaveMaxDelayInMills: must be >= 1")
+    if slave is not None:
+        _check_ranges("slave", slave, _SLAVE_KEYS)
     return ServerConfig(system, zookeeper, topics, slave, source, text)
 
 
@@ -445,7 +568,7 @@ def describe(config: ServerConfig) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     for f in fields(config.system):
         value = getattr(config.system, f.name)
-        if f.name == "auth_secret" and value:
+        if f.name in ("auth_secret", "admin_secret") and value:
             value = "***"
         out.append((f"system.{f.name}", value))
     for f in fields(config.zookeeper):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from notify.broker import authlog
 from notify.broker.connection import Connection
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config
 from notify.broker.service import BrokerService
@@ -67,6 +68,7 @@ class Broker:
         self.port = config.system.server_port
         self.host = config.system.host_name
         self.http: HttpServer | None = None  # notify.http (issue #9)
+        authlog.configure(config.system.auth_failure_log_interval_ms / 1000.0)
         self.registrar: BrokerRegistrar | None = None  # configserver (issue #7)
 
     # ------------------------------------------------------------------ lifecycle
@@ -259,12 +261,13 @@ class Broker:
         except NotifyError as e:
             log.error("config reload failed, keeping the running config: %s", e)
 
-    def reload(self) -> str:
-        """Re-read server.ini; open new topics and partitions; apply per-topic settings."""
+    def reload(self, new: ServerConfig | None = None) -> str:
+        """Re-read server.ini (or apply ``new``, already parsed from it); open new topics and
+        partitions; apply per-topic settings. Unchanged topics cost nothing."""
         src = self.config.source
         if src is None:
             raise ConfigError("this broker was not started from a config file")
-        new = load_config(src)
+        new = load_config(src) if new is None else new
         self._config_mtime = self._mtime()
         added: list[str] = []
         changed: list[str] = []
@@ -277,7 +280,9 @@ class Broker:
             old = self.config.topics.get(name)
             if old is None:
                 added.append(name)
-            elif old != tc:
+            elif old == tc:
+                continue
+            else:
                 if tc.num_partitions < old.num_partitions:
                     raise ConfigError(
                         f"[topic={name}] numPartitions: cannot shrink {old.num_partitions} -> "

@@ -14,14 +14,13 @@ import hmac
 import logging
 import random
 import struct
-import time
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from notify.broker.connection import Connection, PendingReplies
 from notify.broker.idgen import MAX_BATCH, IdGenerator
-from notify.broker.stats import BrokerStats
+from notify.broker.stats import BrokerStats, ConsumerPositions
 from notify.config import ServerConfig, served_config, validate_topic
 from notify.core.effects import Applied
 from notify.errors import (
@@ -148,8 +147,10 @@ class BrokerService:
         self.delay: DelayQueue | None = None
         self.on_promote: Callable[[], str] | None = None
         self.replication_stats: Callable[[], list[tuple[str, object]]] | None = None
-        #: (topic, partition) -> group -> (last fetched offset, monotonic time)
-        self.consumer_positions: dict[tuple[str, int], dict[str, tuple[int, float]]] = {}
+        #: (topic, partition) -> group -> (last fetched offset, monotonic time), bounded
+        self.consumer_positions = ConsumerPositions(
+            config.system.max_consumer_groups, config.system.consumer_group_expiry_ms / 1000.0
+        )
         self.refresh_topics()
 
     def refresh_topics(self) -> None:
@@ -490,10 +491,7 @@ class BrokerService:
             return self._error(conn, 400, r.opaque, f"Bad request,invalid max size {r.max_size}")
         tc = st.topic(r.topic)
         tc.get_requests += 1
-        seen = self.consumer_positions.get((r.topic, r.partition))
-        if seen is None:
-            seen = self.consumer_positions[(r.topic, r.partition)] = {}
-        seen[r.group] = (r.offset, time.monotonic())
+        self.consumer_positions.record(r.topic, r.partition, r.group, r.offset)
         try:
             sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
         except OffsetOutOfRangeError as e:

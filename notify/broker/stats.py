@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 REALTIME_WINDOW_S = 60
@@ -104,3 +104,81 @@ class BrokerStats:
             ("rusage_system", round(ru.ru_stime, 3)),
             ("max_rss_kb", ru.ru_maxrss),
         ]
+
+
+Position = tuple[int, float]
+PartitionKey = tuple[str, int]
+
+
+class ConsumerPositions:
+    """Where each consumer group last fetched, per partition, bounded and expiring.
+
+    ``(topic, partition) -> group -> (offset, monotonic time)``, read by retention (keep what
+    a live consumer has not read), ``/api/groups`` and ``/metrics``. At most ``max_groups``
+    distinct group names are remembered: a new name beyond that forgets the one seen least
+    recently; a group not seen for ``expiry_s`` is forgotten. Memory therefore stays bounded
+    whatever names clients invent (``maxConsumerGroups``, ``consumerGroupExpiry``).
+    """
+
+    def __init__(self, max_groups: int = 10_000, expiry_s: float = 86_400.0):
+        self.max_groups = max_groups
+        self.expiry_s = expiry_s
+        self._by_part: dict[PartitionKey, dict[str, Position]] = {}
+        #: group -> (last seen, partitions it fetched), least recently seen first
+        self._groups: OrderedDict[str, tuple[float, set[PartitionKey]]] = OrderedDict()
+        self.evicted = 0
+        self.expired = 0
+
+    def record(self, topic: str, partition: int, group: str, offset: int) -> None:
+        """A fetch by ``group`` at ``offset`` of ``topic-partition`` (on the event loop)."""
+        now = time.monotonic()
+        key = (topic, partition)
+        entry = self._groups.get(group)
+        if entry is None:
+            self._expire(now)
+            while len(self._groups) >= self.max_groups:
+                self._forget(next(iter(self._groups)))
+                self.evicted += 1
+            parts: set[PartitionKey] = set()
+        else:
+            parts = entry[1]
+            self._groups.move_to_end(group)
+        parts.add(key)
+        self._groups[group] = (now, parts)
+        seen = self._by_part.get(key)
+        if seen is None:
+            seen = self._by_part[key] = {}
+        seen[group] = (offset, now)
+
+    def _forget(self, group: str) -> None:
+        _t, parts = self._groups.pop(group)
+        for key in parts:
+            seen = self._by_part.get(key)
+            if seen is not None:
+                seen.pop(group, None)
+                if not seen:
+                    del self._by_part[key]
+
+    def _expire(self, now: float) -> None:
+        limit = now - self.expiry_s
+        while self._groups:
+            group, (seen_at, _parts) = next(iter(self._groups.items()))
+            if seen_at >= limit:
+                break
+            self._forget(group)
+            self.expired += 1
+
+    def get(
+        self, key: PartitionKey, default: dict[str, Position] | None = None
+    ) -> dict[str, Position]:
+        """The groups seen on one partition (do not modify)."""
+        return self._by_part.get(key, {} if default is None else default)
+
+    def items(self) -> list[tuple[PartitionKey, dict[str, Position]]]:
+        """A snapshot of every partition's groups, expired ones dropped first."""
+        self._expire(time.monotonic())
+        return [(k, dict(v)) for k, v in self._by_part.items()]
+
+    def __len__(self) -> int:
+        """Distinct group names remembered."""
+        return len(self._groups)

@@ -4,25 +4,36 @@ Errors are ``{"error": "<text>"}`` with a 4xx/5xx status. Produce goes through
 :mod:`notify.http.bridge` (the wire put path: batching, group commit, acknowledgement after
 the fsync where the topic asks for it); fetch reads the partition directly and decodes the
 records. Topic creation appends a ``[topic=NAME]`` section to the broker's ``server.ini``
-(validated first, replaced atomically) and reloads the config.
+(validated first, replaced atomically, off the event loop) and applies just that topic; it
+is refused (4xx naming the limit) beyond ``maxPartitionsPerTopic`` or the file descriptors
+the process can spare (``RLIMIT_NOFILE`` minus those open minus ``fdReserve``), and a failure
+while opening the partitions puts the old ``server.ini`` back. Names starting with ``__``
+are the broker's (refused), and ``dataPath`` cannot be set over HTTP.
+
+Internal topics (``__delay``: messages not yet due) cannot be fetched or produced to, and a
+topic with ``acceptSubscribe=false`` cannot be fetched (403), as on the wire.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
 import json
 import logging
 import os
+import resource
+from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import web
 
-from notify.config import TOPIC_KEYS, parse_config
+from notify.config import RESERVED_PREFIX, TOPIC_KEYS, ServerConfig, check_user_topic, parse_config
 from notify.core.states import TxState
 from notify.errors import (
     ConfigError,
+    InvalidTopicError,
     NotifyError,
     OffsetOutOfRangeError,
     ProtocolError,
@@ -31,7 +42,14 @@ from notify.errors import (
 from notify.http import openapi
 from notify.http.bridge import call, call_one
 from notify.http.params import INT32, bad_request, int_param, parse_int, topic_name
-from notify.http.server import SERVER, HttpServer, json_response
+from notify.http.server import (
+    ADMIN_ROUTE,
+    MAX_REQUEST_BYTES,
+    SERVER,
+    HttpServer,
+    json_response,
+    read_body,
+)
 from notify.http.views import (
     config_view,
     groups_view,
@@ -62,13 +80,15 @@ def _server(request: web.Request) -> HttpServer:
 
 
 async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
+    raw = await read_body(request, MAX_REQUEST_BYTES)
     if not raw.strip():
         raise bad_request("expected a JSON body")
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request("body is not valid JSON: nested too deeply") from None
 
 
 def _not_found(message: str) -> web.HTTPNotFound:
@@ -79,6 +99,14 @@ def _known_topic(request: web.Request) -> str:
     topic = topic_name(request.match_info["topic"])
     if topic not in _server(request).service.store.topics:
         raise _not_found(f"topic {topic!r} does not exist on this broker")
+    return topic
+
+
+def _user_topic(request: web.Request) -> str:
+    """A known topic that clients may read and write: not one of the broker's own."""
+    topic = _known_topic(request)
+    if topic.startswith(RESERVED_PREFIX):
+        raise web.HTTPForbidden(text=f"topic {topic!r} is internal to the broker")
     return topic
 
 
@@ -157,7 +185,7 @@ def _message(m: object, i: int, limit: int) -> tuple[bytes, int, object]:
 async def produce(request: web.Request) -> web.Response:
     server = _server(request)
     service = server.service
-    topic = _known_topic(request)
+    topic = _user_topic(request)
     data = await _json_body(request)
     default_partition: object = None
     if isinstance(data, list):
@@ -230,7 +258,9 @@ def _message_json(rec: records.Record) -> dict[str, Any]:
 
 async def fetch(request: web.Request) -> web.Response:
     service = _server(request).service
-    topic = _known_topic(request)
+    topic = _user_topic(request)
+    if not service.store.topics[topic].accept_subscribe:
+        raise web.HTTPForbidden(text=f"topic {topic!r} does not accept subscribe")
     index = parse_int(request.match_info["partition"], "partition", 0, INT32[1])
     part = service.store.get(topic, index)
     if part is None:
@@ -297,9 +327,36 @@ def _write_atomic(path: os.PathLike[str], text: str) -> None:
         os.close(dfd)
 
 
+def open_fds() -> int:
+    """File descriptors this process has open (0 where the OS does not say)."""
+    for d in ("/proc/self/fd", "/dev/fd"):
+        with contextlib.suppress(OSError):
+            return len(os.listdir(d))
+    return 0
+
+
+def spare_fds(reserve: int) -> tuple[int, str]:
+    """File descriptors topic creation may still use, and how that was worked out."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 2**31, "no RLIMIT_NOFILE"
+    used = open_fds()
+    return soft - used - reserve, f"RLIMIT_NOFILE {soft}, {used} open, fdReserve {reserve}"
+
+
+def _prepare_ini(src: Path, section: list[str]) -> tuple[str, ServerConfig]:
+    """Off the event loop: append ``section`` to ``server.ini``, check it, write it."""
+    old = src.read_text(encoding="utf-8")
+    new = old.rstrip("\n") + "\n\n" + "\n".join(section) + "\n"
+    cfg = parse_config(new, src)
+    _write_atomic(src, new)
+    return old, cfg
+
+
 async def create_topic(request: web.Request) -> web.Response:
     server = _server(request)
     broker = server.broker
+    sysc = broker.config.system
     data = await _json_body(request)
     if not isinstance(data, dict):
         raise bad_request("expected {'name': ..., 'numPartitions': ..., 'config': {...}}")
@@ -307,6 +364,10 @@ async def create_topic(request: web.Request) -> web.Response:
     if unknown:
         raise bad_request(f"unknown field(s) {', '.join(sorted(unknown))}")
     name = topic_name(data.get("name") if isinstance(data.get("name"), str) else None)
+    try:
+        check_user_topic(name)
+    except InvalidTopicError as e:
+        raise bad_request(str(e)) from None
     settings = data.get("config") or {}
     if not isinstance(settings, dict):
         raise bad_request("'config' must be an object of [topic=NAME] keys")
@@ -315,30 +376,53 @@ async def create_topic(request: web.Request) -> web.Response:
     for key in settings:
         if key not in TOPIC_KEYS:
             raise bad_request(f"unknown topic key {key!r} (known: {', '.join(TOPIC_KEYS)})")
-    if name in broker.config.topics or name in broker.store.topics:
-        return json_response({"error": f"topic {name!r} already exists"}, 409)
-    src = broker.config.source
-    if src is None:
-        return json_response({"error": "this broker was not started from a config file"}, 409)
-    lines = [f"[topic={name}]"] + [f"{k}={_ini_value(k, v)}" for k, v in settings.items()]
-    try:
-        old = src.read_text(encoding="utf-8")
-    except OSError as e:
-        return json_response({"error": f"cannot read {src}: {e.strerror}"}, 500)
-    new = old.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
-    try:
-        parse_config(new, src)
-    except ConfigError as e:
-        raise bad_request(str(e)) from None
-    try:
-        _write_atomic(src, new)
-    except OSError as e:
-        return json_response({"error": f"cannot write {src}: {e.strerror}"}, 500)
-    try:
-        summary = broker.reload()
-    except NotifyError as e:
-        _write_atomic(src, old)
-        return json_response({"error": f"reload failed, config unchanged: {e}"}, 500)
+    if "dataPath" in settings:
+        raise bad_request("dataPath cannot be set over HTTP (edit server.ini on the broker)")
+    nparts = sysc.num_partitions
+    if "numPartitions" in settings:
+        nparts = parse_int(settings["numPartitions"], "numPartitions", 1)
+        if nparts > sysc.max_partitions_per_topic:
+            raise bad_request(
+                f"numPartitions {nparts} exceeds maxPartitionsPerTopic "
+                f"{sysc.max_partitions_per_topic}"
+            )
+    if settings.get("store", "disk") != "memory":
+        spare, how = spare_fds(sysc.fd_reserve)
+        if nparts > spare:
+            return json_response(
+                {
+                    "error": f"numPartitions {nparts} needs {nparts} file descriptors and "
+                    f"this broker can spare {max(spare, 0)} ({how})",
+                },
+                422,
+            )
+    section = [f"[topic={name}]"] + [f"{k}={_ini_value(k, v)}" for k, v in settings.items()]
+    loop = asyncio.get_running_loop()
+    async with server.admin_lock:
+        if name in broker.config.topics or name in broker.store.topics:
+            return json_response({"error": f"topic {name!r} already exists"}, 409)
+        src = broker.config.source
+        if src is None:
+            return json_response({"error": "this broker was not started from a config file"}, 409)
+        try:
+            old, cfg = await loop.run_in_executor(None, _prepare_ini, src, section)
+        except ConfigError as e:
+            raise bad_request(str(e)) from None
+        except OSError as e:
+            return json_response({"error": f"cannot update {src}: {e.strerror or e}"}, 500)
+        try:
+            summary = broker.reload(cfg)
+        except (NotifyError, OSError) as e:
+            if name not in broker.config.topics:  # opened half-way: forget it again
+                broker.store.discard_topic(name)
+                server.service.refresh_topics()
+            await loop.run_in_executor(None, _write_atomic, src, old)
+            log.error("http: creating topic %s failed, %s restored: %s", name, src, e)
+            status = 422 if isinstance(e, NotifyError) else 503
+            return json_response(
+                {"error": f"topic {name!r} not created ({e}); {src.name} left unchanged"},
+                status,
+            )
     log.info("http: created topic %s (%s)", name, summary)
     return json_response({"topic": topic_view(server.service, name), "reload": summary}, 201)
 
@@ -353,7 +437,7 @@ async def reload_config(request: web.Request) -> web.Response:
 
 async def run_retention(request: web.Request) -> web.Response:
     server = _server(request)
-    topic = _known_topic(request)
+    topic = _user_topic(request)
     results = await server.broker.run_retention(topic)
     return json_response(
         {
@@ -435,6 +519,15 @@ def routes() -> list[tuple[str, str, Any]]:
     ]
 
 
+#: Handlers that need ``adminSecret`` when it is set.
+ADMIN_HANDLERS: Final = frozenset(
+    {create_topic, reload_config, run_retention, commit_transaction, rollback_transaction}
+)
+
+
 def add_routes(app: web.Application) -> None:
     for method, path, handler in routes():
-        app.router.add_route(method, path, handler)
+        name = None
+        if handler in ADMIN_HANDLERS:
+            name = ADMIN_ROUTE + handler.__name__.replace("_", "-")
+        app.router.add_route(method, path, handler, name=name)

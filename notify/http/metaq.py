@@ -17,7 +17,10 @@ client (``SimpleHttpProducer`` / ``SimpleHttpConsumer``) works unchanged::
 it may be left out). ``maxSize`` is accepted for ``maxsize``; ``maxWait=<ms>`` (notify
 extension, as the 8-token wire get) holds a get until a message arrives. Where MetaQ answers
 a malformed number with a 500 stack trace, notify answers 400 naming the parameter; a body
-longer than ``maxMessageSize`` gets 413 before it is read.
+longer than ``maxMessageSize`` gets 413 as soon as that many bytes arrived (chunked too),
+and the connection is closed. Internal topics (``__delay``) are refused (403), and ``get``
+honours ``acceptSubscribe`` like the wire. ``stats reset`` changes state, so it is
+``POST /stats/reset`` (an admin route).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from notify.broker.service import MAX_LONG_POLL_MS
+from notify.config import RESERVED_PREFIX
 from notify.http.bridge import call_one
 from notify.http.params import INT32, group_name, int_param, topic_name
-from notify.http.server import SERVER, json_response
+from notify.http.server import ADMIN_ROUTE, SERVER, json_response, read_body
 from notify.protocol.frames import Get, Offset, Put, Response, Stats
 from notify.protocol.replies import parse_stats_dict
 
@@ -41,23 +45,23 @@ def _reply(r: Response, binary: bool = False) -> web.Response:
     return web.Response(status=r.code, body=r.body, content_type="text/plain", charset="utf-8")
 
 
+def _client_topic(value: str | None) -> str:
+    topic = topic_name(value)
+    if topic.startswith(RESERVED_PREFIX):
+        raise web.HTTPForbidden(text=f"topic {topic!r} is internal to the broker")
+    return topic
+
+
 async def put(request: web.Request) -> web.Response:
     server = request.app[SERVER]
     service = server.service
     q = request.query
-    topic = topic_name(q.get("topic"))
+    topic = _client_topic(q.get("topic"))
     partition = int_param(q, "partition", lo=0, hi=INT32[1])
     flag = int_param(q, "flag", 0, *INT32)
     checksum = int_param(q, "checksum", -1, *INT32)
     declared = q.get("length")
-    limit = service.max_message
-    if request.content_length is not None and request.content_length > limit:
-        raise web.HTTPRequestEntityTooLarge(
-            max_size=limit,
-            actual_size=request.content_length,
-            text=f"message of {request.content_length} bytes exceeds maxMessageSize {limit}",
-        )
-    body = await request.read()
+    body = await read_body(request, service.max_message, "message (maxMessageSize)")
     if declared not in (None, "") and int_param(q, "length", lo=0) != len(body):
         raise web.HTTPBadRequest(text=f"length={declared} but the body has {len(body)} bytes")
     reply = await call_one(service, Put(topic, partition, flag, checksum, None, 1, body))
@@ -68,7 +72,7 @@ async def get(request: web.Request) -> web.Response:
     service = request.app[SERVER].service
     q = request.query
     req = Get(
-        topic_name(q.get("topic")),
+        _client_topic(q.get("topic")),
         group_name(q.get("group")),
         int_param(q, "partition", lo=0, hi=INT32[1]),
         int_param(q, "offset"),
@@ -84,7 +88,7 @@ async def offset(request: web.Request) -> web.Response:
     service = request.app[SERVER].service
     q = request.query
     req = Offset(
-        topic_name(q.get("topic")),
+        _client_topic(q.get("topic")),
         group_name(q.get("group"), DEFAULT_GROUP),
         int_param(q, "partition", lo=0, hi=INT32[1]),
         int_param(q, "offset"),
@@ -95,7 +99,11 @@ async def offset(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     service = request.app[SERVER].service
-    item = request.match_info.get("item", "")
+    item = request.match_info.get("item", "reset" if request.method == "POST" else "")
+    if item == "reset" and request.method != "POST":
+        raise web.HTTPMethodNotAllowed(
+            request.method, ["POST"], text="stats reset changes state: POST /stats/reset"
+        )
     reply = await call_one(service, Stats(item or None, 1))
     if request.query.get("format") == "json":
         if reply.code != 200:
@@ -115,4 +123,5 @@ def add_routes(app: web.Application) -> None:
             for method in methods:
                 r.add_route(method, path, handler)
     r.add_get("/stats", stats)
+    r.add_post("/stats/reset", stats, name=ADMIN_ROUTE + "stats-reset")
     r.add_get("/stats/{item}", stats)

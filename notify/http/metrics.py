@@ -2,7 +2,10 @@
 
 One :class:`CollectorRegistry` per broker (several brokers may share a process in tests).
 A custom collector reads the counters the broker keeps anyway at scrape time, on the event
-loop that owns them; only the fsync latency histogram is fed as fsyncs complete, through the
+loop that owns them, into a snapshot; the text is rendered from it in a worker thread, so a
+big scrape does not stall the loop. Per-group series are capped at
+``metricsMaxConsumerSeries`` (``notify_consumer_series_dropped`` counts the rest). Only the
+fsync latency histogram is fed as fsyncs complete, through the
 flusher's ``on_fsync`` hook. Counters restart from zero after ``stats reset`` (Prometheus'
 ``rate()`` treats that as a counter reset). Replication metrics appear only where there is
 replication to measure: an async slave's lag, a master's synchronous slave; a plain master
@@ -11,6 +14,7 @@ exports its role and nothing else about replication.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
@@ -20,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from notify.broker.authlog import auth_failures_total
 from notify.core.states import TxState
 from notify.http.views import groups_view, replication_view
 from notify.version import __version__
@@ -88,6 +93,18 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily(
             "notify_protocol_errors", "Malformed requests", st.protocol_errors
         )
+        yield CounterMetricFamily(
+            "notify_auth_failures",
+            "Failed authentications, wire and HTTP (per process)",
+            auth_failures_total(),
+        )
+        http = self.broker.http
+        if http is not None:
+            yield CounterMetricFamily(
+                "notify_http_connections_refused",
+                "HTTP connections refused (httpMaxConnections)",
+                http.connections_refused,
+            )
 
         labels = ["topic"]
         put_msgs = CounterMetricFamily("notify_put_messages", "Messages stored", labels=labels)
@@ -145,11 +162,23 @@ class BrokerCollector(Collector):
             "Offset of a group's last fetch",
             labels=["group", "topic", "partition"],
         )
-        for g in groups_view(service):
+        rows = groups_view(service)
+        cap = self.broker.config.system.metrics_max_consumer_series
+        for g in rows[:cap]:
             lv = [g["group"], g["topic"], str(g["partition"])]
             lag.add_metric(lv, g["lag_bytes"])
             pos.add_metric(lv, g["offset"])
         yield from (lag, pos)
+        yield GaugeMetricFamily(
+            "notify_consumer_groups",
+            "Consumer group names remembered (maxConsumerGroups)",
+            len(service.consumer_positions),
+        )
+        yield GaugeMetricFamily(
+            "notify_consumer_series_dropped",
+            "Group/partition series left out of this scrape (metricsMaxConsumerSeries)",
+            max(0, len(rows) - cap),
+        )
 
         yield from self._replication()
 
@@ -256,13 +285,29 @@ class BrokerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    async def render_async(self) -> bytes:
+        """Collect on the loop (the broker's state is only consistent there), render the
+        text in a worker thread."""
+        frozen = _Frozen(list(self.registry.collect()))
+        return await asyncio.get_running_loop().run_in_executor(None, generate_latest, frozen)
+
+
+class _Frozen(Collector):
+    """Metric families collected already."""
+
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
 
 def add_routes(app: web.Application, server: HttpServer) -> None:
     metrics = BrokerMetrics(server.broker)
     server.metrics = metrics
 
     async def handler(request: web.Request) -> web.Response:
-        resp = web.Response(body=metrics.render())
+        resp = web.Response(body=await metrics.render_async())
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 

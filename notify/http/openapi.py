@@ -42,6 +42,11 @@ _KEY = {
 _COMMON_ERRORS = {
     "400": _error("Malformed request (names the bad parameter)"),
     "401": _error("authSecret is set and no valid bearer token was given"),
+    "403": _error(
+        "A foreign Origin, an internal topic, or an admin route called without adminSecret"
+    ),
+    "415": _error("A state-changing request without Content-Type: application/json"),
+    "421": _error("The Host header does not name this broker (httpAllowedHosts)"),
 }
 
 
@@ -524,7 +529,8 @@ def document() -> JSON:
                 "bearer": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "[system] authSecret, when set (or ?token=)",
+                    "description": "[system] authSecret, when set (or ?token=); admin "
+                    "routes need adminSecret when that is set",
                 }
             },
         },

@@ -100,6 +100,14 @@ class MessageStore:
             self.partitions[(topic.name, i)] = part
         return parts
 
+    def discard_topic(self, name: str) -> None:
+        """Forget a topic whose opening failed half-way (closing what was opened); its
+        files stay on disk."""
+        for part in self._by_topic.pop(name, []):
+            self.partitions.pop((name, part.index), None)
+            part.close()
+        self.topics.pop(name, None)
+
     def get(self, topic: str, partition: int) -> Partition | None:
         return self.partitions.get((topic, partition))
 

@@ -64,6 +64,8 @@ class Http:
         if json_body is not None:
             data = json.dumps(json_body).encode()
             hdrs.setdefault("Content-Type", "application/json")
+        if method != "GET" and path.startswith("/api"):  # what the REST face asks for
+            hdrs.setdefault("Content-Type", "application/json")
         if self.token is not None:
             hdrs.setdefault("Authorization", f"Bearer {self.token}")
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=hdrs)

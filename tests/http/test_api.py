@@ -106,8 +106,10 @@ def test_produce_bad_input(http: Http) -> None:
         assert r.status == status, (body if len(str(body)) < 100 else topic, r.text)
         assert words in r.json()["error"], r.text
     # not JSON at all, empty body, a topic that is a path
-    r = http.post("/api/topics/test/messages", b"{nope", headers={"Content-Type": "text/plain"})
+    r = http.post("/api/topics/test/messages", b"{nope")
     assert r.status == 400 and "not valid JSON" in r.json()["error"]
+    r = http.post("/api/topics/test/messages", b"{}", headers={"Content-Type": "text/plain"})
+    assert r.status == 415 and "application/json" in r.json()["error"]
     assert http.post("/api/topics/test/messages").status == 400
     for bad in ("..%2F..%2Ftmp", "%2E%2E", "..", "x%00", "a$b", "a%20b"):
         r = http.post(f"/api/topics/{bad}/messages", json_body={"text": "a"})

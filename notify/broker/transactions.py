@@ -120,6 +120,29 @@ class TxFailure(Exception):
         self.http = http
 
 
+_HEURISTIC: Final = frozenset({TxState.HEURISTIC_COMMITTED, TxState.HEURISTIC_ROLLED_BACK})
+
+
+def _require_resolver(conn: Connection, tx: BrokerTx, ttype: str) -> None:
+    """Without the admin role (``adminSecret`` set, ``auth`` with ``authSecret``) a
+    connection may commit or roll back only what an application may: its own transactions,
+    any XA transaction (apps commit their xids from any connection), and half messages of the
+    producer group it registered (check-back answers). FORGET and anything in a heuristic
+    state are administrator paths."""
+    if ttype == "FORGET" or tx.state in _HEURISTIC:
+        ok = False
+    elif tx.xa or tx.conn is conn:
+        ok = True
+    else:
+        ok = bool(tx.group) and conn.producer_group == tx.group
+    if not ok:
+        raise TxFailure(
+            XAER_PROTO,
+            f"{ttype} of {tx.key} needs the admin role (auth with adminSecret)",
+            403,
+        )
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -514,6 +537,8 @@ class TransactionManager:
             tx = self.txs.get(key)
             if tx is None:
                 raise TxFailure(XAER_NOTA, f"unknown transaction {key}")
+            if not conn.admin and t != "END" and t != "PREPARE":
+                _require_resolver(conn, tx, t)
             if t == "END":
                 self._transition(tx, TxEvent.END)
                 conn.send(encode_result(200, r.opaque, b""))

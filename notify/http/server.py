@@ -85,7 +85,14 @@ class HttpServer:
             self.app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, port, reuse_address=True, backlog=512)
+        site = web.TCPSite(
+            runner,
+            self.host,
+            port,
+            reuse_address=True,
+            backlog=512,
+            ssl_context=self.broker.tls,  # the wire port's TLS settings (tlsCertFile...)
+        )
         try:
             await site.start()
         except BaseException:

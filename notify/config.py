@@ -200,6 +200,19 @@ class SystemConfig:
     consumer_group_expiry_ms: int = 86_400_000
     metrics_max_consumer_series: int = 10_000
     auth_failure_log_interval_ms: int = 10_000
+    # wire hardening (README "Security")
+    replication_secret: str = ""
+    max_batch_size: int = 16 * MIB
+    auth_timeout_ms: int = 10_000
+    frame_timeout_ms: int = 30_000
+    idle_timeout_ms: int = 0
+    max_parked_gets: int = 1024
+    max_queued_replies: int = 65_536
+    max_delay_ms: int = 90 * 24 * 3600 * 1000
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+    tls_client_auth: bool = False
 
     @property
     def tx_log_path(self) -> Path:
@@ -299,6 +312,18 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "consumerGroupExpiry": ("consumer_group_expiry_ms", _int),
     "metricsMaxConsumerSeries": ("metrics_max_consumer_series", _int),
     "authFailureLogInterval": ("auth_failure_log_interval_ms", _int),
+    "replicationSecret": ("replication_secret", _secret),
+    "maxBatchSize": ("max_batch_size", _int),
+    "authTimeout": ("auth_timeout_ms", _int),
+    "frameTimeout": ("frame_timeout_ms", _int),
+    "idleTimeout": ("idle_timeout_ms", _int),
+    "maxParkedGets": ("max_parked_gets", _int),
+    "maxQueuedReplies": ("max_queued_replies", _int),
+    "maxDelay": ("max_delay_ms", _int),
+    "tlsCertFile": ("tls_cert_file", Path),
+    "tlsKeyFile": ("tls_key_file", Path),
+    "tlsCaFile": ("tls_ca_file", Path),
+    "tlsClientAuth": ("tls_client_auth", _bool),
 }
 _ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "zk.zkEnable": ("zk_enable", _bool),
@@ -444,6 +469,33 @@ def _check_system(s: SystemConfig) -> None:
         "adminSecret",
         "must differ from authSecret (else anyone who may publish may also administer)",
     )
+    need(s.sync_slave_timeout_ms >= 1, "syncSlaveTimeout", "must be >= 1")
+    need(s.sync_slave_max_failures >= 1, "syncSlaveMaxFailures", "must be >= 1")
+    need(s.max_tx_timeout_timer_capacity >= 1, "maxTxTimeoutTimerCapacity", "must be >= 1")
+    need(s.max_batch_size >= s.max_message_size, "maxBatchSize", "must be >= maxMessageSize")
+    need(s.max_batch_size < 1 << 31, "maxBatchSize", "must be < 2 GiB")
+    need(s.auth_timeout_ms >= 0, "authTimeout", "must be >= 0 (0 = no limit)")
+    need(s.frame_timeout_ms >= 0, "frameTimeout", "must be >= 0 (0 = no limit)")
+    need(s.idle_timeout_ms >= 0, "idleTimeout", "must be >= 0 (0 = no limit)")
+    need(s.max_parked_gets >= 1, "maxParkedGets", "must be >= 1")
+    need(s.max_queued_replies >= 16, "maxQueuedReplies", "must be >= 16")
+    need(s.max_delay_ms >= 1, "maxDelay", "must be >= 1")
+    need(
+        (s.tls_cert_file is None) == (s.tls_key_file is None),
+        "tlsCertFile",
+        "tlsCertFile and tlsKeyFile go together",
+    )
+    need(
+        not s.tls_client_auth or (s.tls_ca_file is not None and s.tls_cert_file is not None),
+        "tlsClientAuth",
+        "needs tlsCaFile (the CA client certificates must chain to) and tlsCertFile/tlsKeyFile",
+    )
+    secrets = [x for x in (s.auth_secret, s.admin_secret, s.replication_secret) if x]
+    need(
+        len(secrets) == len(set(secrets)),
+        "adminSecret",
+        "authSecret, adminSecret and replicationSecret must differ (the secret selects the role)",
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -529,6 +581,9 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
         system,
         data_path=resolve(system.data_path) or system.data_path,
         data_log_path=resolve(system.data_log_path),
+        tls_cert_file=resolve(system.tls_cert_file),
+        tls_key_file=resolve(system.tls_key_file),
+        tls_ca_file=resolve(system.tls_ca_file),
     )
     _check_system(system)
     zookeeper = ZookeeperConfig(**zk_kw)
@@ -568,7 +623,7 @@ def describe(config: ServerConfig) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     for f in fields(config.system):
         value = getattr(config.system, f.name)
-        if f.name in ("auth_secret", "admin_secret") and value:
+        if f.name in ("auth_secret", "admin_secret", "replication_secret") and value:
             value = "***"
         out.append((f"system.{f.name}", value))
     for f in fields(config.zookeeper):

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
@@ -24,7 +25,7 @@ from notify.broker.connection import Connection
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config
 from notify.broker.service import BrokerService
 from notify.broker.transactions import TransactionManager
-from notify.config import ServerConfig, TopicConfig, default_topic, load_config
+from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
 from notify.replication.slave import SlaveReplicator
 from notify.replication.sync_master import SyncMaster
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("notify.broker")
 
 TICK_S: Final = 0.05
+#: A client must finish its TLS handshake within this many seconds.
+TLS_HANDSHAKE_S: Final = 10.0
 RECOVERY_POINT_EVERY_S: Final = 1.0
 
 
@@ -70,6 +73,8 @@ class Broker:
         self.http: HttpServer | None = None  # notify.http (issue #9)
         authlog.configure(config.system.auth_failure_log_interval_ms / 1000.0)
         self.registrar: BrokerRegistrar | None = None  # configserver (issue #7)
+        #: the server-side TLS context of both ports (tlsCertFile/tlsKeyFile), None = plain
+        self.tls: ssl.SSLContext | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -130,12 +135,15 @@ class Broker:
         for topic in self.store.topics.values():
             self._schedule_retention(topic)
         self.scheduler.start()
+        self.tls = server_tls_context(self.config.system)
         self._server = await loop.create_server(
             lambda: Connection(service),
             self.config.system.host_name,
             self.config.system.server_port,
             reuse_address=True,
             backlog=1024,
+            ssl=self.tls,
+            ssl_handshake_timeout=TLS_HANDSHAKE_S if self.tls is not None else None,
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
@@ -325,7 +333,11 @@ class Broker:
         if self.config.slave is not None:
             service.role = "slave"
             service.master_address = self.config.slave.master_address
-            self.slave = SlaveReplicator(self, self.config.slave, sysc.auth_secret)
+            # replicationSecret makes the links replicas (internal topics, msync); without it
+            # they authenticate as applications and the slave's writers are refused
+            self.slave = SlaveReplicator(
+                self, self.config.slave, sysc.replication_secret or sysc.auth_secret
+            )
             service.on_promote = self.promote
             service.replication_stats = self.slave.stats_items
             self.slave.start()
@@ -337,7 +349,7 @@ class Broker:
                 sysc.sync_slave_timeout_ms,
                 sysc.sync_slave_failure_policy,
                 sysc.sync_slave_max_failures,
-                sysc.auth_secret,
+                sysc.replication_secret or sysc.auth_secret,
             )
             service.sync_master.start()
 
@@ -390,3 +402,25 @@ class Broker:
                 await loop.run_in_executor(None, zip_segments, paths)
             out.append(remove_before(part, cut, tc.delete_policy, kept))
         return out
+
+
+def server_tls_context(sysc: SystemConfig) -> ssl.SSLContext | None:
+    """The TLS context of the wire and HTTP ports, or None when ``tlsCertFile`` is unset.
+
+    TLS 1.2 or later with the ``ssl`` module's secure defaults; with ``tlsClientAuth`` a
+    client must present a certificate that chains to ``tlsCaFile`` (mutual TLS)."""
+    if sysc.tls_cert_file is None or sysc.tls_key_file is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(str(sysc.tls_cert_file), str(sysc.tls_key_file))
+        if sysc.tls_ca_file is not None:
+            ctx.load_verify_locations(cafile=str(sysc.tls_ca_file))
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(
+            f"[system] tlsCertFile/tlsKeyFile/tlsCaFile: cannot load "
+            f"{sysc.tls_cert_file}, {sysc.tls_key_file}: {e}"
+        ) from e
+    ctx.verify_mode = ssl.CERT_REQUIRED if sysc.tls_client_auth else ssl.CERT_NONE
+    return ctx

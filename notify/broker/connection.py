@@ -11,8 +11,20 @@ from the page cache when the transport's buffer is empty (zero copy) and copied 
 Items leave in queue order, so a client that does not pipeline sees replies in request
 order; put replies of one pipelined chunk are grouped per partition.
 
-Back-pressure: when the transport's write buffer passes its high-water mark the connection
-stops reading until the client has drained it, so a slow consumer cannot grow memory.
+Back-pressure: the connection stops reading while the transport's write buffer is past its
+high-water mark (a slow consumer) and while more than ``maxQueuedReplies`` replies wait in
+its queue (a client pipelining requests without reading replies, or replies waiting for an
+fsync); it reads again once the queue is down to half. Either way memory stays bounded.
+
+Deadlines (``[system]`` settings, re-read on reload, one timer per connection): a connection
+that must authenticate and has not within ``authTimeout`` ms is closed; a frame (header and
+body) must complete within ``frameTimeout`` ms of its first byte; with ``idleTimeout`` a
+connection that sent nothing for that long and waits for nothing is closed.
+
+Roles: ``authenticated`` (may produce and consume), ``admin`` (``reload``, ``promote``,
+``stats reset``, resolving other connections' transactions) and ``replica`` (a broker of the
+same replication set: reads internal topics, writes to a slave with ``msync``/``sync``); see
+:meth:`BrokerService._auth` for which secret grants which.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
 from notify.errors import ProtocolError
-from notify.protocol.frames import RequestParser, encode_error
+from notify.protocol.frames import RequestParser, encode_error, encode_result
 from notify.store.partition import Slice
 
 if TYPE_CHECKING:
@@ -85,20 +97,41 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, service: BrokerService):
         self.service = service
-        self.parser = RequestParser(service.max_frame_body)
+        sysc = service.config.system  # read per connection: a reload applies to the next one
+        self.parser = RequestParser(sysc.max_message_size, max_batch_bytes=sysc.max_batch_size)
         self.out: deque[OutItem] = deque()
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.closing = False
         self.closed = False
-        self.authenticated = not service.auth_required
+        self.authenticated = not sysc.auth_secret
+        #: no adminSecret: whoever may produce may also administer (as before roles)
+        self.admin = self.authenticated and not sysc.admin_secret
+        self.replica = False
+        self.parser.bodies_allowed = self.authenticated
         self.open_groups: dict[tuple[str, int], PendingReplies] = {}
         self.session: set[str] | None = None  # keys of the transactions this connection began
         self.producer_group = ""  # set by the ``register`` extension
+        #: id(entry) -> (partition, entry) of the long-poll gets parked for this connection
+        self.parked: dict[int, tuple[Any, list[Any]]] = {}
+        #: replies queued and not yet handed to the transport (a put group counts each put)
+        self.queued = 0
         self._fd = -1
         self._reading_paused = False
         self._writing_paused = False
+        self._queue_full = False
         self._pump_scheduled = False
+        self._opened_at = 0.0
+        self._last_rx = 0.0
+        self._frame_since: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def grant(self, authenticated: bool, admin: bool, replica: bool) -> None:
+        """Set this connection's roles (``auth``): bodies are accepted once authenticated."""
+        self.authenticated = authenticated
+        self.admin = admin
+        self.replica = replica
+        self.parser.bodies_allowed = authenticated
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -108,20 +141,40 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         sock = transport.get_extra_info("socket")
-        self._fd = sock.fileno() if sock is not None else -1
+        # TLS: the bytes must go through the SSL object, never sendfile'd in clear
+        tls = transport.get_extra_info("ssl_object") is not None
+        self._fd = sock.fileno() if sock is not None and not tls else -1
         t.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         if not self.service.connection_opened(self):
             self.closing = True
             self.closed = True
             t.write(encode_error(ProtocolError("too many connections, try again later", 503)))
             t.close()
+            return
+        self._opened_at = self._last_rx = self.service.loop.time()
+        self._arm()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        reqs = self.parser.feed(data)
+        parser = self.parser
+        reqs = parser.feed(data)
         if reqs:
             self.service.handle(self, reqs)
+        if parser.closed and not self.closing:
+            self.close_after_replies()  # framing lost: nothing more can be understood
+        now = self.service.loop.time()
+        self._last_rx = now
+        if parser.in_frame:
+            if self._frame_since is None:
+                self._frame_since = now
+                if self._timer is None:
+                    self._arm()
+        else:
+            self._frame_since = None
+        if self.queued > self.service.config.system.max_queued_replies:
+            self._queue_full = True
+            self._set_reading()
 
     def eof_received(self) -> bool | None:
         self.closing = True
@@ -134,20 +187,107 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self.closing = True
         self.out.clear()
+        self.queued = 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.service.connection_closed(self)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
-        if self.transport is not None and not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()
+        self._set_reading()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        if self.transport is not None and self._reading_paused and not self.closing:
-            self._reading_paused = False
-            self.transport.resume_reading()
+        self._set_reading()
         self.pump()
+
+    def _set_reading(self) -> None:
+        """Read only while the client drains its replies and few enough wait in the queue."""
+        t = self.transport
+        if t is None or self.closed:
+            return
+        pause = self._writing_paused or self._queue_full
+        if pause and not self._reading_paused:
+            self._reading_paused = True
+            t.pause_reading()
+        elif not pause and self._reading_paused and not self.closing:
+            self._reading_paused = False
+            t.resume_reading()
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _arm(self) -> None:
+        """Schedule the check of this connection's deadlines at the earliest one."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.closed:
+            return
+        sysc = self.service.config.system
+        due: list[float] = []
+        if not self.authenticated and sysc.auth_timeout_ms:
+            due.append(self._opened_at + sysc.auth_timeout_ms / 1000.0)
+        if self._frame_since is not None and sysc.frame_timeout_ms:
+            due.append(self._frame_since + sysc.frame_timeout_ms / 1000.0)
+        if sysc.idle_timeout_ms:
+            due.append(self._last_rx + sysc.idle_timeout_ms / 1000.0)
+        if due:
+            self._timer = self.service.loop.call_at(min(due) + 0.001, self._deadline)
+
+    def _deadline(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        sysc = self.service.config.system
+        now = self.service.loop.time()
+        why = ""
+        if (
+            not self.authenticated
+            and sysc.auth_timeout_ms
+            and now - self._opened_at >= sysc.auth_timeout_ms / 1000.0
+        ):
+            why = f"not authenticated within authTimeout {sysc.auth_timeout_ms} ms"
+        elif (
+            self._frame_since is not None
+            and sysc.frame_timeout_ms
+            and now - self._frame_since >= sysc.frame_timeout_ms / 1000.0
+        ):
+            why = f"incomplete frame for longer than frameTimeout {sysc.frame_timeout_ms} ms"
+        elif (
+            sysc.idle_timeout_ms
+            and now - self._last_rx >= sysc.idle_timeout_ms / 1000.0
+            and not self.out
+            and not self.parked
+            and not self.session
+        ):
+            log.info(
+                "closing idle connection %s (idleTimeout %d ms)", self.peer, sysc.idle_timeout_ms
+            )
+            self.service.stats.connections_timed_out += 1
+            self._hard_close(b"")
+            return
+        if why:
+            log.info("closing connection %s: %s", self.peer, why)
+            self.service.stats.connections_timed_out += 1
+            self._hard_close(encode_result(408, 0, why.encode()))
+            return
+        self._arm()
+
+    def _hard_close(self, last: bytes) -> None:
+        """Close now: a last word if the client is reading, abort if it is not."""
+        t = self.transport
+        self.closing = True
+        if t is None:
+            return
+        if self._writing_paused:
+            t.abort()
+            return
+        self.out.clear()
+        self.queued = 0
+        if last:
+            t.write(last)
+        t.close()
 
     # ------------------------------------------------------------------ output
 
@@ -157,6 +297,7 @@ class Connection(asyncio.Protocol):
         Writes are deferred to the end of the current loop turn, so all the replies a
         turn produces for this connection leave in one ``write``."""
         self.out.append(item)
+        self.queued += 1
         self.schedule_pump()
 
     def schedule_pump(self) -> None:
@@ -185,9 +326,11 @@ class Connection(asyncio.Protocol):
             item = out[0]
             if type(item) is bytes:
                 chunks.append(item)
+                self.queued -= 1
             elif type(item) is PendingReplies:
                 if not item.done:
                     break
+                self.queued -= max(1, len(item.items))
                 chunks.append(item.render())
                 if item.tail is not None:
                     t.write(b"".join(chunks))
@@ -195,6 +338,7 @@ class Connection(asyncio.Protocol):
                     self._send_slice(item.tail)
             else:
                 assert isinstance(item, Slice)
+                self.queued -= 1
                 if chunks:
                     t.write(b"".join(chunks))
                     chunks = []
@@ -202,6 +346,9 @@ class Connection(asyncio.Protocol):
             out.popleft()
         if chunks:
             t.write(b"".join(chunks))
+        if self._queue_full and self.queued <= self.service.config.system.max_queued_replies // 2:
+            self._queue_full = False
+            self._set_reading()
         if self.closing and not out and not self.closed:
             t.close()
 

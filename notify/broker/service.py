@@ -14,6 +14,7 @@ import hmac
 import logging
 import random
 import struct
+import time
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -131,7 +132,6 @@ class BrokerService:
         self.max_message = config.system.max_message_size
         self.max_frame_body = max(self.max_message, MPUT_MAX_BYTES)
         self.max_transfer = config.system.max_transfer_size
-        self.auth_required = bool(config.system.auth_secret)
         self.connections: set[Connection] = set()
         self._pending: dict[Partition, _Batch] = {}
         self._commit_scheduled = False
@@ -176,6 +176,10 @@ class BrokerService:
     def connection_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
         self.stats.connections_current = len(self.connections)
+        for part, entry in list(conn.parked.values()):  # parked gets die with their connection
+            entry[2].done = True
+            self._unpark(part, entry, False)
+        conn.parked.clear()
         if self.transactions is not None:
             self.transactions.connection_closed(conn)
 
@@ -185,6 +189,10 @@ class BrokerService:
         for r in reqs:
             t = type(r)
             if not conn.authenticated and t is not Auth and t is not Quit:
+                if isinstance(r, ProtocolError) and r.fatal:
+                    conn.send(encode_error(r))  # framing lost: answer and close, auth or not
+                    conn.close_after_replies()
+                    break
                 self._auth_required(conn, r)
                 continue
             if t is Put:
@@ -216,6 +224,13 @@ class BrokerService:
     def _auth_required(self, conn: Connection, r: Request | ProtocolError) -> None:
         opaque = getattr(r, "opaque", 0)
         conn.send(encode_result(403, opaque, b"authentication required: send auth first"))
+
+    def _denied(self, conn: Connection, opaque: int, what: str, role: str) -> None:
+        """403 for a verb the connection's role does not allow (README "Security")."""
+        self.stats.denied += 1
+        how = "auth with adminSecret" if role == "admin" else "auth with replicationSecret"
+        log.warning("%s from %s refused: needs the %s role", what, conn.peer, role)
+        self._error(conn, 403, opaque, f"{what} needs the {role} role ({how})")
 
     def _error(self, conn: Connection, code: int, opaque: int, message: str) -> None:
         conn.send(encode_result(code, opaque, message.encode("utf-8", "replace")))
@@ -290,6 +305,7 @@ class BrokerService:
             batch.groups.append(group)
         else:
             batch = self._pending[part]
+            conn.queued += 1  # one more reply in a group already queued (read back-pressure)
         group.items.append([r.opaque, body, crc, r.flag, 0, 0])
         batch.count += 1
         batch.nbytes += len(body)
@@ -482,6 +498,8 @@ class BrokerService:
     def _get(self, conn: Connection, r: Get) -> None:
         st = self.stats
         st.cmd_get += 1
+        if r.topic.startswith("__") and not conn.replica:
+            return self._denied(conn, r.opaque, f"get on internal topic {r.topic!r}", "replica")
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
@@ -528,7 +546,18 @@ class BrokerService:
 
         Its reply is queued only when it is ready, after whatever the connection was sent
         meanwhile: a parked fetch never holds back the replies to later requests on the same
-        connection (a long-poll client matches replies by opaque, as the protocol allows)."""
+        connection (a long-poll client matches replies by opaque, as the protocol allows).
+        At most ``maxParkedGets`` per connection (503 beyond); released when it closes."""
+        cap = self.config.system.max_parked_gets
+        if len(conn.parked) >= cap:
+            self.stats.parked_refused += 1
+            return self._error(
+                conn,
+                503,
+                r.opaque,
+                f"too many parked gets on this connection (maxParkedGets={cap}): "
+                "wait for their replies",
+            )
         slot = PendingReplies(conn, r.partition)
         slot.items.append([r.opaque])
         wait_s = min(r.max_wait_ms, MAX_LONG_POLL_MS) / 1000.0
@@ -538,11 +567,13 @@ class BrokerService:
         if waiters is None:
             waiters = self._waiting[part] = []
         waiters.append(entry)
+        conn.parked[id(entry)] = (part, entry)
         part.waiting = True
         self.stats.parked_gets += 1
 
     def _unpark(self, part: Partition, entry: list[Any], expired: bool) -> None:
         conn, r, slot, timer = entry
+        conn.parked.pop(id(entry), None)
         waiters = self._waiting.get(part)
         if waiters is not None and entry in waiters:
             waiters.remove(entry)
@@ -591,6 +622,8 @@ class BrokerService:
 
     def _offset(self, conn: Connection, r: Offset) -> None:
         self.stats.cmd_offset += 1
+        if r.topic.startswith("__") and not conn.replica:
+            return self._denied(conn, r.opaque, f"offset on internal topic {r.topic!r}", "replica")
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
@@ -608,6 +641,8 @@ class BrokerService:
         elif isinstance(r, Auth):
             self._auth(conn, r)
         elif isinstance(r, Reload):
+            if not conn.admin:
+                return self._denied(conn, r.opaque, "reload", "admin")
             self._do_reload(conn, r)
         elif isinstance(r, Transaction) and self.role != "master":
             self._refuse_write(conn, r.opaque)
@@ -628,6 +663,8 @@ class BrokerService:
         elif isinstance(r, Sync):
             self._sync(conn, r)
         elif isinstance(r, Promote):
+            if not conn.admin:
+                return self._denied(conn, r.opaque, "promote", "admin")
             if self.role == "master" or self.on_promote is None:
                 self._error(conn, 400, r.opaque, "this broker is already a master")
             else:
@@ -657,7 +694,18 @@ class BrokerService:
         dpart = self.store.get(DELAY_TOPIC, 0)
         if delay is None or dpart is None:
             return self._error(conn, 500, r.opaque, "delayed messages are not enabled")
-        env = encode_envelope(r.topic, r.partition, r.deliver_at_ms, r.body)
+        # deliverAt in the past (or 0) is due now: it neither skews the lateness figures nor
+        # sits in the index; beyond maxDelay it is refused (it would pin __delay segments)
+        now_ms = int(time.time() * 1000)
+        max_delay = self.config.system.max_delay_ms
+        if r.deliver_at_ms > now_ms + max_delay:
+            return self._error(
+                conn,
+                400,
+                r.opaque,
+                f"deliverAt {r.deliver_at_ms} is more than maxDelay {max_delay} ms ahead",
+            )
+        env = encode_envelope(r.topic, r.partition, max(r.deliver_at_ms, now_ms), r.body)
         if r.tx_key is not None:
             if self.transactions is None:
                 return self._error(conn, 500, r.opaque, "transactions are not enabled")
@@ -688,6 +736,8 @@ class BrokerService:
     def _msync(self, conn: Connection, r: MultiSync) -> None:
         if self.role != "slave":
             return self._error(conn, 403, r.opaque, "msync: this broker is not a slave")
+        if not conn.replica:  # only the master, authenticated with replicationSecret
+            return self._denied(conn, r.opaque, "msync", "replica")
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
@@ -719,6 +769,8 @@ class BrokerService:
         """MetaQ's single-message ``sync``: append one record with the master's id."""
         if self.role != "slave":
             return self._error(conn, 403, r.opaque, "sync: this broker is not a slave")
+        if not conn.replica:
+            return self._denied(conn, r.opaque, "sync", "replica")
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
@@ -742,13 +794,29 @@ class BrokerService:
         self.transactions.mput(conn, r, buf)
 
     def _auth(self, conn: Connection, r: Auth) -> None:
-        secret = self.config.system.auth_secret
-        if not secret:
-            conn.authenticated = True
+        """``auth <secret>``: the secret selects the role (README "Security"):
+        ``adminSecret`` -> admin (and produce/consume), ``authSecret`` -> produce/consume
+        (and admin when no adminSecret is set), ``replicationSecret`` -> replica (a broker
+        of the replication set: produce/consume, internal topics, msync/sync)."""
+        sysc = self.config.system
+        if not (sysc.auth_secret or sysc.admin_secret or sysc.replication_secret):
+            conn.grant(True, True, False)
             return conn.send(encode_result(200, r.opaque, b"authentication not required"))
-        if hmac.compare_digest(r.secret.encode(), secret.encode()):
-            conn.authenticated = True
-            return conn.send(encode_result(200, r.opaque, b"ok"))
+        given = r.secret.encode()
+
+        def match(secret: str) -> bool:
+            return bool(secret) and hmac.compare_digest(given, secret.encode())
+
+        if match(sysc.admin_secret):
+            conn.grant(True, True, conn.replica)
+            return conn.send(encode_result(200, r.opaque, b"ok role=admin"))
+        if match(sysc.auth_secret):
+            admin = conn.admin or not sysc.admin_secret
+            conn.grant(True, admin, conn.replica)
+            return conn.send(encode_result(200, r.opaque, b"ok role=admin" if admin else b"ok"))
+        if match(sysc.replication_secret):
+            conn.grant(True, conn.admin, True)
+            return conn.send(encode_result(200, r.opaque, b"ok role=replica"))
         log.warning("failed authentication from %s", conn.peer)
         conn.send(encode_result(403, r.opaque, b"authentication failed"))
         conn.close_after_replies()
@@ -772,6 +840,7 @@ class BrokerService:
                 ("broker_id", self.config.system.broker_id),
                 *st.system(),
                 ("topics", len(self._topic_parts)),
+                ("parked_gets_current", sum(map(len, self._waiting.values()))),
                 ("fsyncs", self.flusher.fsyncs),
                 ("fsync_seconds", round(self.flusher.fsync_seconds, 3)),
             ]
@@ -812,6 +881,8 @@ class BrokerService:
         elif item == "config":
             return self._stats_config(conn, r)
         elif item == "reset":
+            if not conn.admin:
+                return self._denied(conn, r.opaque, "stats reset", "admin")
             st.reset()
             items = [("reset", "ok")]
         elif item == "help":

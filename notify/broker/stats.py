@@ -45,6 +45,9 @@ class BrokerStats:
     connections_total: int = 0
     connections_current: int = 0
     connections_refused: int = 0
+    connections_timed_out: int = 0
+    parked_refused: int = 0
+    denied: int = 0
     topics: dict[str, TopicCounters] = field(default_factory=dict)
     _ring: deque[tuple[float, int, int, int]] = field(
         default_factory=lambda: deque(maxlen=REALTIME_WINDOW_S + 1)
@@ -88,6 +91,9 @@ class BrokerStats:
             ("curr_connections", self.connections_current),
             ("total_connections", self.connections_total),
             ("refused_connections", self.connections_refused),
+            ("timed_out_connections", self.connections_timed_out),
+            ("refused_parked_gets", self.parked_refused),
+            ("denied_requests", self.denied),
             ("cmd_put", self.cmd_put),
             ("cmd_mput", self.cmd_mput),
             ("cmd_get", self.cmd_get),

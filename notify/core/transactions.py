@@ -436,6 +436,8 @@ class TxEngine:
                 return self._reply(owner, r.opaque, 200)
             if tx is None:
                 raise TxFailure(XAER_NOTA, f"unknown transaction {key}")
+            if t != "END" and t != "PREPARE" and not getattr(owner, "admin", True):
+                self._require_resolver(owner, tx, t)
             if t == "END":
                 self._check_owner(tx, owner)
                 self._to(tx, TxEvent.END)
@@ -463,6 +465,26 @@ class TxEngine:
                 self._reply(owner, r.opaque, 200)
         except TxFailure as e:
             self._fail(owner, r.opaque, e)
+
+    def _require_resolver(self, owner: Any, tx: BrokerTx, ttype: str) -> None:
+        """Without the admin role (``adminSecret`` set, ``auth`` with ``authSecret``) an owner
+        may commit or roll back only what an application may: its own transactions, any XA
+        transaction (apps commit their xids from any connection), and half messages of the
+        producer group it registered (check-back answers). FORGET and anything in a heuristic
+        state are administrator paths."""
+        if ttype == "FORGET" or tx.state in (
+            TxState.HEURISTIC_COMMITTED,
+            TxState.HEURISTIC_ROLLED_BACK,
+        ):
+            ok = False
+        elif tx.xa or tx.owner is owner:
+            ok = True
+        else:
+            ok = bool(tx.group) and self._owner_group.get(owner) == tx.group
+        if not ok:
+            raise TxFailure(
+                XAER_PROTO, f"{ttype} of {tx.key} needs the admin role (auth with adminSecret)", 403
+            )
 
     def _check_owner(self, tx: BrokerTx, owner: Any) -> None:
         if (

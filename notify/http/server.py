@@ -36,6 +36,7 @@ import html
 import ipaddress
 import json
 import logging
+import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -91,8 +92,16 @@ class _Busy(asyncio.Protocol):
 class _CappedSite(web.BaseSite):
     """A TCP site that accepts at most ``cap`` HTTP connections at once."""
 
-    def __init__(self, runner: web.AppRunner, server: HttpServer, host: str, port: int):
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        server: HttpServer,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+    ):
         super().__init__(runner, backlog=512)
+        self._ssl = ssl_context  # the wire port's TLS settings (tlsCertFile...)
         self._host = host
         self._port = port
         self._http = server
@@ -114,7 +123,12 @@ class _CappedSite(web.BaseSite):
         await super().start()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._protocol, self._host, self._port, reuse_address=True, backlog=self._backlog
+            self._protocol,
+            self._host,
+            self._port,
+            reuse_address=True,
+            backlog=self._backlog,
+            ssl=self._ssl,
         )
 
 
@@ -164,7 +178,7 @@ class HttpServer:
             lingering_time=0,
         )
         await runner.setup()
-        site = _CappedSite(runner, self, self.host, port)
+        site = _CappedSite(runner, self, self.host, port, self.broker.tls)
         try:
             await site.start()
         except BaseException:

@@ -86,6 +86,7 @@ _TOKEN_COUNTS: Final = {
     b"msync": (7, 7),
     b"dput": (8, 9),
 }
+_BATCH_COMMANDS: Final = frozenset({b"mput", b"msync"})
 TX_TYPES: Final = frozenset(
     {
         "BEGIN",
@@ -344,22 +345,60 @@ class RequestParser:
     rejected request whose length is known is skipped whole, so the stream stays in sync;
     when framing is lost (no line end within ``max_header_bytes``, an unreadable body
     length) the error is ``fatal`` and the parser refuses further input.
+
+    Body limits are checked from the header, before any body byte is kept: ``put``,
+    ``dput`` and ``sync`` bodies may hold ``max_body_bytes``, ``mput`` and ``msync`` batches
+    ``max_batch_bytes``; with ``bodies_allowed`` False (a connection that has not
+    authenticated yet) every body is refused (403) and skipped. A partial frame is kept in
+    one ``bytearray`` that grows by appending, and a chunk that cannot complete it returns
+    at once: a frame trickled byte by byte costs linear, not quadratic, work.
     """
 
-    __slots__ = ("_closed", "_max_body", "_max_header", "_rest", "_skip", "_skip_err")
+    __slots__ = (
+        "_buf",
+        "_closed",
+        "_max_batch",
+        "_max_body",
+        "_max_header",
+        "_need",
+        "_skip",
+        "bodies_allowed",
+    )
 
-    def __init__(self, max_body_bytes: int, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES):
+    def __init__(
+        self,
+        max_body_bytes: int,
+        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        max_batch_bytes: int | None = None,
+    ):
         self._max_body = max_body_bytes
+        self._max_batch = max_body_bytes if max_batch_bytes is None else max_batch_bytes
         self._max_header = max_header_bytes
-        self._rest = b""
+        self._buf = bytearray()  # the start of an incomplete frame
+        self._need = 0  # bytes _buf must reach before parsing again can make progress
         self._skip = 0  # body bytes of a rejected request still to discard
-        self._skip_err: ProtocolError | None = None
         self._closed = False
+        self.bodies_allowed = True
+
+    def set_limits(self, max_body_bytes: int, max_batch_bytes: int) -> None:
+        """Change the body limits (a config reload); applies to the next header."""
+        self._max_body = max_body_bytes
+        self._max_batch = max_batch_bytes
 
     @property
     def buffered(self) -> int:
         """Bytes held waiting for the rest of a frame."""
-        return len(self._rest)
+        return len(self._buf)
+
+    @property
+    def in_frame(self) -> bool:
+        """True while a frame is incomplete (bytes buffered, or a body still being skipped)."""
+        return bool(self._buf) or self._skip > 0
+
+    @property
+    def closed(self) -> bool:
+        """True once framing was lost (a fatal error): no further input is decoded."""
+        return self._closed
 
     def feed(self, data: bytes) -> list[Request | ProtocolError]:
         out: list[Request | ProtocolError] = []
@@ -371,7 +410,15 @@ class RequestParser:
                 return out
             data = data[self._skip :]
             self._skip = 0
-        buf = self._rest + data if self._rest else data
+        if self._buf:
+            self._buf += data
+            if len(self._buf) < self._need:
+                return out  # the frame cannot be complete yet: nothing to parse
+            buf = bytes(self._buf)  # one copy per completed frame, not per chunk
+            self._buf.clear()
+        else:
+            buf = data
+        self._need = 0
         n = len(buf)
         pos = 0
         max_header = self._max_header
@@ -385,8 +432,8 @@ class RequestParser:
                         )
                     )
                     self._closed = True
-                    self._rest = b""
                     return out
+                self._need = n - pos + 1
                 break
             line = buf[pos:eol]
             tokens = line.split(b" ")
@@ -396,6 +443,7 @@ class RequestParser:
                 if cmd in _TOKEN_COUNTS:
                     length = self._body_length(tokens, cmd)
                     if n - body_start < length:
+                        self._need = body_start + length - pos
                         break  # wait for the body
                     body = buf[body_start : body_start + length]
                     pos = body_start + length
@@ -407,7 +455,6 @@ class RequestParser:
                 out.append(e.report if isinstance(e, _SkipBody) else e)
                 if e.fatal:
                     self._closed = True
-                    self._rest = b""
                     return out
                 if isinstance(e, _SkipBody):
                     # framing known: drop the body we are told follows
@@ -419,7 +466,8 @@ class RequestParser:
                         pos = n
                 else:
                     pos = max(pos, body_start)
-        self._rest = buf[pos:] if pos < n else b""
+        if pos < n:
+            self._buf += memoryview(buf)[pos:]
         return out
 
     # -- helpers
@@ -453,9 +501,18 @@ class RequestParser:
                 opaque,
                 length,
             )
-        if length > self._max_body:
+        if length and not self.bodies_allowed:
             raise _SkipBody(
-                f"{name}: message of {length} bytes exceeds the maximum of {self._max_body}",
+                f"{name}: authentication required: send auth first (body skipped)",
+                403,
+                opaque,
+                length,
+            )
+        limit = self._max_batch if cmd in _BATCH_COMMANDS else self._max_body
+        if length > limit:
+            setting = "maxBatchSize" if cmd in _BATCH_COMMANDS else "maxMessageSize"
+            raise _SkipBody(
+                f"{name}: message of {length} bytes exceeds the maximum of {limit} ({setting})",
                 400,
                 opaque,
                 length,

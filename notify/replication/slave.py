@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("notify.replication")
 
 FETCH_BYTES = 1 << 20
+#: A partition whose last pull is older than slaveMaxDelayInMills plus this is "stalled".
+STALL_S = 15.0
+_SEVERITY = {"ok": 0, "catching_up": 1, "unknown": 2, "stalled": 3, "diverged": 4}
 TOPIC_SYNC_S = 3.0
 RETRY_S = 0.5
 
@@ -154,6 +157,8 @@ class SlaveReplicator:
         group = self.cfg.slave_group
         service = self.broker.service
         assert service is not None
+        # a window always large enough for one whole record (the master widens to it)
+        fetch = max(FETCH_BYTES, self.broker.config.system.max_message_size + 4096)
         while not self.stopped:
             try:
                 if link is None or not link.is_open:
@@ -166,7 +171,7 @@ class SlaveReplicator:
                         group,
                         part.index,
                         off,
-                        FETCH_BYTES,
+                        fetch,
                         max_wait_ms=wait_ms,
                     ),
                     timeout_s=wait_ms / 1000.0 + 10,
@@ -194,9 +199,13 @@ class SlaveReplicator:
                     st.error = f"{r.code} {r.body[:200].decode('utf-8', 'replace')}"
                     await asyncio.sleep(RETRY_S)
                     continue
-                valid, _why = records.scan(r.body)
+                valid, why = records.scan(r.body)
                 if valid == 0:
-                    await asyncio.sleep(0)  # a window holding no whole record: retry (rare)
+                    # no whole valid record at our end: the master's records do not start
+                    # here (diverged) or the window cut one short; report it, never spin
+                    st.error = f"no valid record from the master at slave end {off}: {why}"
+                    log.error("slave: %s-%d: %s", part.topic, part.index, st.error)
+                    await asyncio.sleep(RETRY_S)
                     continue
                 if part.end != off:
                     continue  # a synchronous push appended meanwhile: fetch again from there
@@ -220,19 +229,35 @@ class SlaveReplicator:
             ("master", self.master),
         ]
         now = time.monotonic()
+        stale_s = self.cfg.slave_max_delay_in_mills / 1000.0 + STALL_S
+        worst = "ok"
+        rows: list[tuple[str, object]] = []
         for (topic, idx), st in sorted(self.state.items()):
             part = self.broker.store.get(topic, idx)
             end = part.end if part is not None else 0
-            lag = max(0, st.master_end - end) if st.master_end >= 0 else -1
             since = round((now - st.last_pull) * 1000) if st.last_pull else -1
-            items.append(
+            # a stall is never reported as "lag 0": state says what is wrong, and a slave
+            # ahead of its master (diverged) reports the difference, not a clamped zero
+            if st.master_end < 0:
+                lag, state = -1, "unknown"
+            elif end > st.master_end:
+                lag, state = end - st.master_end, "diverged"
+            else:
+                lag = st.master_end - end
+                stalled = st.error or (st.last_pull and now - st.last_pull > stale_s)
+                state = "stalled" if stalled else ("ok" if lag == 0 else "catching_up")
+            if _SEVERITY[state] > _SEVERITY[worst]:
+                worst = state
+            rows.append(
                 (
                     f"replication.{topic}-{idx}",
                     f"slave_end={end} master_end={st.master_end} lag_bytes={lag} "
-                    f"last_pull_ms_ago={since}" + (f" error={st.error}" if st.error else ""),
+                    f"state={state} last_pull_ms_ago={since}"
+                    + (f" error={st.error}" if st.error else ""),
                 )
             )
-        return items
+        items.append(("replication_state", worst))
+        return items + rows
 
 
 def _consume(fut: asyncio.Future[int]) -> None:

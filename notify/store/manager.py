@@ -22,8 +22,9 @@ from typing import Final
 from notify.config import ServerConfig, TopicConfig, validate_topic
 from notify.errors import StoreError
 from notify.fs import OS_FS, FileSystem, ensure_dir, write_file_atomically
+from notify.protocol import records
 from notify.store.memory import MemoryPartition
-from notify.store.partition import Partition, RecoveryReport
+from notify.store.partition import RECORD_SLACK, Partition, RecoveryReport
 
 log = logging.getLogger("notify.store")
 
@@ -98,6 +99,9 @@ class MessageStore:
                 self.reports.append(part.recovery)
             parts.append(part)
             self.partitions[(topic.name, i)] = part
+        max_record = records.HEADER_SIZE + self.config.system.max_message_size + RECORD_SLACK
+        for part in parts:
+            part.max_record = max_record
         return parts
 
     def discard_topic(self, name: str) -> None:

@@ -34,6 +34,8 @@ from notify.store.segment import Segment, parse_segment_name
 log = logging.getLogger("notify.store")
 
 SCAN_CHUNK: Final = 8 * 1024 * 1024
+#: Bytes a stored record may exceed its payload limit by (a delayed message's envelope).
+RECORD_SLACK: Final = 4096
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class Partition:
     All file I/O goes through ``fs`` (the real file system by default)."""
 
     memory = False
+    #: the largest record a read widens its window to (header + maxMessageSize + slack; set
+    #: by the store): a get at a mid-record offset, whose "length" is garbage, stays bounded
+    max_record: int = records.HEADER_SIZE + 4 * 1024 * 1024 + RECORD_SLACK
 
     def __init__(
         self,
@@ -312,8 +317,10 @@ class Partition:
 
     def slice(self, offset: int, window: int, limit: int) -> Slice | None:
         """What a ``get`` at ``offset`` serves: up to ``window`` bytes, widened to hold the
-        first record whole when it is larger than ``window`` but within ``limit``. None when
+        first record whole when it is larger than ``window`` but within ``limit`` and
+        ``max_record`` (so a read is never larger than ``window`` or one record). None when
         ``offset`` is the visible end (no message yet)."""
+        limit = min(limit, self.max_record)
         self.check_offset(offset)
         if offset == self.visible_end:
             return None
@@ -325,8 +332,8 @@ class Partition:
         length = min(avail, window)
         if length < avail:
             need = records.first_record_size(seg.read(file_pos, 4))
-            if need is not None and need > length:
-                length = min(avail, max(length, min(need, limit)))
+            if need is not None and length < need <= limit:
+                length = min(avail, need)
         return Slice(seg, file_pos, length, offset)
 
     def rollback_to(self, offset: int) -> None:

@@ -34,14 +34,27 @@ import errno
 import logging
 import os
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
+from notify.broker.stats import BrokerStats
+from notify.config import ServerConfig
 from notify.errors import ProtocolError
 from notify.protocol.frames import RequestParser, encode_error, encode_result
 from notify.store.partition import Slice
 
-if TYPE_CHECKING:
-    from notify.broker.service import BrokerService
+
+class ConnectionHost(Protocol):
+    """What a connection needs from the broker it serves (the service implements it)."""
+
+    config: ServerConfig
+    loop: asyncio.AbstractEventLoop
+    stats: BrokerStats
+
+    def connection_opened(self, conn: Connection) -> bool: ...
+
+    def connection_closed(self, conn: Connection) -> None: ...
+
+    def handle(self, conn: Connection, reqs: list[Any]) -> None: ...
 
 log = logging.getLogger("notify.broker")
 
@@ -95,7 +108,7 @@ OutItem = bytes | PendingReplies | Slice
 class Connection(asyncio.Protocol):
     """asyncio protocol for one client; requests go to the shared :class:`BrokerService`."""
 
-    def __init__(self, service: BrokerService):
+    def __init__(self, service: ConnectionHost):
         self.service = service
         sysc = service.config.system  # read per connection: a reload applies to the next one
         self.parser = RequestParser(sysc.max_message_size, max_batch_bytes=sysc.max_batch_size)

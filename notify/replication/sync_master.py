@@ -21,16 +21,21 @@ import functools
 import logging
 import ssl
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from notify.errors import NotifyError
 from notify.protocol.frames import Response, encode_msync, encode_offset
 from notify.protocol.replies import parse_offset
 from notify.replication.link import BrokerLink, connect_link
+from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 
-if TYPE_CHECKING:
-    from notify.broker.service import BrokerService
+
+class _Host(Protocol):
+    """What the synchronous-replication master needs from the broker."""
+
+    loop: asyncio.AbstractEventLoop
+    store: MessageStore
 
 log = logging.getLogger("notify.replication")
 
@@ -48,7 +53,7 @@ class SyncMaster:
 
     def __init__(
         self,
-        service: BrokerService,
+        service: _Host,
         addr: str,
         timeout_ms: int,
         policy: str,

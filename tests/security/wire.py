@@ -7,7 +7,7 @@ import socket
 import time
 from pathlib import Path
 
-from notify.admin import parse_stats
+from notify.protocol.replies import parse_stats
 from notify.testing import BrokerProcess
 from tests.wireclient import WireClient
 

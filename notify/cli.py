@@ -66,15 +66,17 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 async def serve(config: ServerConfig, ready: Any = None) -> None:
     """Run a broker until SIGTERM/SIGINT (or until the task is cancelled)."""
     broker = Broker(config)
-    await broker.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    # handlers first: a SIGTERM during start-up (recovery can take a while) stops the broker
+    # cleanly once it is up, deregistering it, instead of killing it half-registered
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready(broker)
     try:
+        await broker.start()
+        if ready is not None and not stop.is_set():
+            ready(broker)
         await stop.wait()
     finally:
         await broker.stop()

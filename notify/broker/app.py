@@ -106,6 +106,10 @@ class Broker:
         )
         self.service = BrokerService(self.config, self.store, self.flusher, loop, self.reload)
         service = self.service
+        if self.config.slave is not None:
+            # a slave refuses producers from its first byte on the wire, before replication
+            # has even found its master
+            service.role = "slave"
         self.scheduler = AsyncIOScheduler(event_loop=loop)
         # the internal topic of delayed messages exists before transaction recovery, which
         # may re-apply committed delayed puts to it

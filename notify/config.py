@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
+from notify.cron import quartz_trigger
 from notify.errors import ConfigError, InvalidTopicError
 
 TOPIC_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -332,8 +333,6 @@ def _check_system(s: SystemConfig) -> None:
 
 def _check_topic(t: TopicConfig) -> None:
     sec = f"topic={t.name}"
-    from notify.store.retention import quartz_trigger
-
     try:
         quartz_trigger(t.delete_when)
     except ConfigError as e:

@@ -53,7 +53,7 @@ from ._layout import (
 from ._nodes import MemoryNodeStore, MemoryZooKeeper, NodeStore, SessionState
 
 if TYPE_CHECKING:
-    from notify.client._offsets import OffsetStore
+    from notify.client.offsets import OffsetStore
 
 __all__ = ["BrokerInfo", "ConfigServer", "PartitionInfo", "SessionListener"]
 

@@ -26,8 +26,15 @@ from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import click
+from rich.console import Console
+from rich.table import Table
 
+from notify.client.offsets import TopicPartitionOffset
 from notify.errors import NotifyError
+from notify.migrations import downgrade, history, status, upgrade
+from notify.offsets.base import parse_partition
+from notify.offsets.sql import safe_url
+from notify.offsets.url import display_url, open_offset_store
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -56,9 +63,6 @@ def _print_json(doc: Any) -> None:
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=title)
     for c in columns:
         table.add_column(c, overflow="fold")
@@ -102,8 +106,6 @@ def _rev(revs: Sequence[str]) -> str:
 
 
 def _report(url: str, verb: str, before: Any, after: Any, as_json: bool) -> None:
-    from notify.offsets.sql import safe_url
-
     if as_json:
         _print_json({"url": safe_url(url), "before": before.as_dict(), "after": after.as_dict()})
         return
@@ -122,7 +124,6 @@ def _report(url: str, verb: str, before: Any, after: Any, as_json: bool) -> None
 @_json_option
 def db_upgrade(revision: str, url: str, as_json: bool) -> None:
     """Migrate the database up to REVISION (default: head). Safe to repeat."""
-    from notify.migrations import upgrade
 
     with _errors():
         before, after = upgrade(url, revision)
@@ -135,7 +136,6 @@ def db_upgrade(revision: str, url: str, as_json: bool) -> None:
 @_json_option
 def db_downgrade(revision: str, url: str, as_json: bool) -> None:
     """Migrate the database down to REVISION ("base": drop notify's tables)."""
-    from notify.migrations import downgrade
 
     with _errors():
         before, after = downgrade(url, revision)
@@ -148,8 +148,6 @@ def db_downgrade(revision: str, url: str, as_json: bool) -> None:
 @click.option("--check", is_flag=True, help="exit 1 unless the database is at head")
 def db_current(url: str, as_json: bool, check: bool) -> None:
     """Show the database's schema revision and whether it is up to date."""
-    from notify.migrations import status
-    from notify.offsets.sql import safe_url
 
     with _errors():
         st = status(url)
@@ -171,7 +169,6 @@ def db_current(url: str, as_json: bool, check: bool) -> None:
 @_json_option
 def db_history(as_json: bool) -> None:
     """List the migrations shipped with this notify, oldest first."""
-    from notify.migrations import history
 
     with _errors():
         revs = history()
@@ -207,8 +204,6 @@ def offsets() -> None:
 
 @contextmanager
 def _store(url: str) -> Iterator[Any]:
-    from notify.offsets.url import open_offset_store
-
     with _errors():
         store = open_offset_store(url)
     try:
@@ -245,11 +240,10 @@ def _show(rows: Sequence[Any], title: str, as_json: bool) -> None:
 @_json_option
 def offsets_show(url: str, group: str | None, topic: str | None, as_json: bool) -> None:
     """List stored offsets."""
-    from notify.offsets.url import display_url as safe_url
 
     with _store(url) as store, _errors():
         rows = store.list_offsets(group, topic)
-    _show(rows, f"offsets in {safe_url(url)}", as_json)
+    _show(rows, f"offsets in {display_url(url)}", as_json)
 
 
 @offsets.command("reset")
@@ -276,8 +270,6 @@ def offsets_reset(
     as_json: bool,
 ) -> None:
     """Set (--to N) or remove (--delete) a group's offsets of a topic. Stop the group first."""
-    from notify.client._offsets import TopicPartitionOffset
-    from notify.offsets.base import parse_partition
 
     if (to_offset is None) == (not delete):
         _fail("give exactly one of --to OFFSET or --delete", EXIT_USAGE)
@@ -325,7 +317,6 @@ def offsets_copy(
     Each group is written to the target in one commit; offsets already in the target for
     the same group/topic/partition are overwritten.
     """
-    from notify.offsets.url import display_url as safe_url
 
     with _store(src) as source, _errors():
         rows = source.list_offsets(group, topic)
@@ -339,8 +330,8 @@ def offsets_copy(
     if as_json:
         _print_json(
             {
-                "from": safe_url(src),
-                "to": safe_url(dst),
+                "from": display_url(src),
+                "to": display_url(dst),
                 "copied": 0 if dry_run else len(rows),
                 "dry_run": dry_run,
                 "offsets": [r.as_dict() for r in rows],
@@ -350,7 +341,7 @@ def offsets_copy(
     verb = "would copy" if dry_run else "copied"
     click.echo(
         f"{verb} {len(rows)} offset(s) of {len(by_group)} group(s) "
-        f"from {safe_url(src)} to {safe_url(dst)}"
+        f"from {display_url(src)} to {display_url(dst)}"
     )
     if rows:
         _show(rows, "offsets", as_json=False)

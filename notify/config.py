@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
+from notify.cron import quartz_trigger
 from notify.errors import ConfigError, InvalidTopicError
 
 TOPIC_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -502,8 +503,6 @@ def _check_system(s: SystemConfig) -> None:
 def _check_delete_when(expr: str) -> None:
     """Validate a Quartz expression once (building the trigger costs ~0.5 ms; every topic
     usually shares one expression). Failures are not cached: they raise."""
-    from notify.store.retention import quartz_trigger
-
     quartz_trigger(expr)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from notify.client import ConsumerConfig, LocalTxState, Message, connect
 from notify.config import load_config
 from notify.errors import NotifyError
 
@@ -60,7 +61,6 @@ def _start_broker(config_path: Path, console: Console) -> tuple[subprocess.Popen
 
 def run_demo(config_path: Path) -> None:
     """Run the quickstart against the config at ``config_path``."""
-    from notify.client import ConsumerConfig, LocalTxState, Message, connect
 
     console = Console()
     cfg = load_config(config_path)

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -58,10 +58,8 @@ from pyspark.sql.types import (
 )
 
 from notify.audit import formats
+from notify.audit.coordinator import CoordinatorLog, read_coordinator_log
 from notify.audit.sources import LOG_FORMAT, TXLOG_FORMAT, register_sources
-
-if TYPE_CHECKING:  # the coordinator's codec (notify.xa) is imported only when used
-    from notify.audit.coordinator import CoordinatorLog
 
 __all__ = [
     "FINDING_COLUMNS",
@@ -746,8 +744,6 @@ def audit(
     clog: CoordinatorLog | None = None
     if coordinator_log is not None:
         say("reading the coordinator log")
-        from notify.audit.coordinator import read_coordinator_log
-
         clog = read_coordinator_log(coordinator_log)
         coord_df, coord_findings = _coordinator_checks(spark, clog, tx)
         f_list.extend(coord_findings)

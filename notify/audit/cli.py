@@ -14,6 +14,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from notify.audit.session import DEFAULT_MASTER, new_session, spark_missing
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,8 +87,6 @@ class _SparkProgress:
 @contextlib.contextmanager
 def _session(master: str, driver_memory: str) -> Iterator[SparkSession]:
     from pyspark.sql import SparkSession
-
-    from notify.audit.session import new_session
 
     existing = SparkSession.getActiveSession()
     spark = new_session(master=master, driver_memory=driver_memory)
@@ -150,24 +160,11 @@ def audit(
     prepared past the timeout; and, with --coordinator-log, that the coordinator's decisions
     match the broker's outcomes. Exits 1 when a violation is found.
     """
-    from notify.audit.session import DEFAULT_MASTER, spark_missing
-
     why = spark_missing()
     if why is not None:
         click.echo(f"notify audit: {why}", err=True)
         sys.exit(EXIT_USAGE)
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-    from rich.table import Table
-
-    from notify.audit.checks import SEVERITY
+    from notify.audit.checks import SEVERITY  # pyspark at its top: only when auditing
     from notify.audit.checks import audit as run_audit
     from notify.audit.report import write_outputs
 

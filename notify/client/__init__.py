@@ -55,7 +55,6 @@ from ._errors import (
 )
 from ._fetchsize import FetchSizer
 from ._message import Message, SendResult
-from ._offsets import FileOffsetStore, MemoryOffsetStore, OffsetStore, TopicPartitionOffset
 from ._producer import AsyncProducer
 from ._recover import (
     RecoverStore,
@@ -89,6 +88,7 @@ from ._transaction import (
     TransactionChecker,
     TransactionSendResult,
 )
+from .offsets import FileOffsetStore, MemoryOffsetStore, OffsetStore, TopicPartitionOffset
 
 __all__ = [
     "AsyncConsumer",

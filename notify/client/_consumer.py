@@ -40,8 +40,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from configserver import ConfigServer, GroupMember, PartitionInfo
 from notify.errors import BrokerError, ClientError, ConnectionLostError, NotifyError, ProtocolError
 from notify.protocol.frames import Response, encode_get, encode_offset
 from notify.protocol.records import CorruptRecordError, decode_all, first_record_size
@@ -54,12 +57,9 @@ from ._dedup import DuplicateWindow
 from ._errors import ListenerTimeoutError
 from ._fetchsize import FetchSizer
 from ._message import Message
-from ._offsets import FileOffsetStore, OffsetStore, TopicPartitionOffset
 from ._recover import RecoverStore, StoredMessage
 from ._routing import Partition, TopicRouter
-
-if TYPE_CHECKING:
-    from configserver import ConfigServer, GroupMember, PartitionInfo
+from .offsets import FileOffsetStore, OffsetStore, TopicPartitionOffset
 
 log = logging.getLogger("notify.client")
 
@@ -479,8 +479,6 @@ class AsyncConsumer:
     # -- cluster mode (configserver, issue #7)
 
     async def _join_group(self, cluster: ConfigServer) -> None:
-        from configserver import GroupMember
-
         topics = [t for t, sub in self._subs.items() if sub.listener is not None]
         if not topics:
             return
@@ -536,8 +534,6 @@ class AsyncConsumer:
             cur.dirty = True
 
     def _start_scheduler(self) -> None:
-        from apscheduler.schedulers.asyncio import AsyncIOScheduler
-
         sched = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
         sched.add_job(
             self._recover_job,

@@ -18,8 +18,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from configserver import (
+    ConfigServer,
+    ConfigServerError,
+    ConfigServerUnavailableError,
+    PartitionInfo,
+)
 from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
 from notify.protocol.frames import encode_line
 from notify.protocol.replies import parse_stats_topics
@@ -27,9 +33,6 @@ from notify.protocol.replies import parse_stats_topics
 from ._connection import ConnectionPool
 
 log = logging.getLogger("notify.client")
-
-if TYPE_CHECKING:
-    from configserver import ConfigServer, PartitionInfo
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -230,8 +233,6 @@ class ZkBrokerDirectory:
         return view
 
     async def _read(self, topic: str) -> None:
-        from configserver import ConfigServerError, ConfigServerUnavailableError
-
         watch = self._watches.get(topic)
         if watch is None:
             watch = self._watches[topic] = lambda: self._changed(topic)

@@ -22,8 +22,9 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from configserver import ConfigServer, ConfigServerError
 from notify.errors import ClientError, ConnectionLostError
 
 from ._config import ClientConfig, ConsumerConfig, ProducerConfig
@@ -32,7 +33,6 @@ from ._consumer import AsyncConsumer, ConsumerStats, MessageFilter, MessageListe
 from ._errors import ClientTransactionError
 from ._loopthread import LoopThread
 from ._message import Message, SendResult
-from ._offsets import OffsetStore
 from ._producer import AsyncProducer
 from ._routing import (
     BrokerDirectory,
@@ -49,9 +49,7 @@ from ._transaction import (
     TransactionSendResult,
     as_state,
 )
-
-if TYPE_CHECKING:
-    from configserver import ConfigServer
+from .offsets import OffsetStore
 
 log = logging.getLogger("notify.client")
 
@@ -111,8 +109,6 @@ class AsyncMessageSessionFactory:
         self.cluster: ConfigServer | None = None
         self._own_cluster = False
         if zk is not None:
-            from configserver import ConfigServer
-
             if isinstance(zk, ConfigServer):
                 self.cluster = zk
             else:
@@ -199,8 +195,6 @@ class AsyncMessageSessionFactory:
         """Connect to the configserver now (cluster mode; idempotent). Raises
         :class:`~notify.errors.ConnectionLostError` when it cannot be reached in
         ``config.zk_connect_timeout_s``."""
-        from configserver import ConfigServerError
-
         if self.cluster is None or self.cluster.started:
             return
         try:

@@ -57,10 +57,10 @@ import logging
 import math
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Final
+from typing import Any, Final, Protocol
 
 from notify.errors import (
     BrokerError,
@@ -74,6 +74,7 @@ from notify.protocol.frames import Response, encode_line, encode_put
 from notify.protocol.replies import XAFailure, put_ack_msg_id
 from notify.transport import AsyncConnection
 
+from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._errors import (
     XA_RBROLLBACK,
@@ -88,10 +89,8 @@ from ._errors import (
 )
 from ._loopthread import LoopThread
 from ._message import Message, SendResult
-from ._routing import Partition, StaticBrokerDirectory
-
-if TYPE_CHECKING:
-    from ._producer import AsyncProducer
+from ._routing import Partition, StaticBrokerDirectory, TopicRouter
+from ._selectors import PartitionSelector
 
 log = logging.getLogger("notify.client")
 
@@ -114,6 +113,30 @@ class LocalTxState(enum.Enum):
 TransactionChecker = Callable[[Message], "LocalTxState | Awaitable[LocalTxState]"]
 #: ``local_tx(msg) -> LocalTxState`` (may be ``async def`` in the asyncio API).
 LocalTransaction = Callable[[Message], "LocalTxState | Awaitable[LocalTxState]"]
+
+
+class TxProducer(Protocol):
+    """What transactions need from their producer (``_producer.AsyncProducer`` implements
+    it; declared here so that this module does not import the producer's)."""
+
+    pool: ConnectionPool
+    router: TopicRouter
+    client_config: ClientConfig
+    config: ProducerConfig
+    selector: PartitionSelector
+    session_id: str
+    checker: TransactionChecker | None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def _check_open(self) -> None: ...
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
+
+    def _tx_ended(self, tx: AsyncTransaction) -> None: ...
+
+    async def _tx_connection(self, address: str) -> AsyncConnection: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +252,7 @@ class AsyncTransaction:
     ``status`` is one of active, committing, committed, rolling_back, rolled_back, failed.
     """
 
-    def __init__(self, producer: AsyncProducer, key: str, timeout: float | None = None):
+    def __init__(self, producer: TxProducer, key: str, timeout: float | None = None):
         self.key = key
         self.timeout = timeout_token(timeout)
         self._p = producer
@@ -788,7 +811,7 @@ class TxChannel:
     with the pool's backoff) so check-backs can reach this producer.
     """
 
-    def __init__(self, producer: AsyncProducer):
+    def __init__(self, producer: TxProducer):
         cc = producer.client_config
         self._p = producer
         self.pool = ConnectionPool(

@@ -31,6 +31,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Engine
 
+from notify.dbengine import create_offset_engine
 from notify.errors import NotifyError
 
 __all__ = [
@@ -152,8 +153,6 @@ def _connection(bind: Bind, transaction: bool) -> Iterator[Connection]:
     if isinstance(bind, Connection):
         yield bind
         return
-    from notify.offsets.sql import create_offset_engine
-
     if isinstance(bind, Engine):
         engine, own = bind, False
     else:

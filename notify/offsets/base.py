@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from notify.client._offsets import OffsetStore, TopicPartitionOffset
-from notify.errors import ClientError
+from notify.client.offsets import OffsetStore, TopicPartitionOffset
+from notify.dbengine import OffsetStoreError as OffsetStoreError  # defined below the package
 
 __all__ = [
     "ManagedOffsetStore",
@@ -25,10 +25,6 @@ __all__ = [
     "dedupe_offsets",
     "parse_partition",
 ]
-
-
-class OffsetStoreError(ClientError):
-    """An offset store failed (permanent unless ``retriable``)."""
 
 
 class OffsetStoreUnavailableError(OffsetStoreError):

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from notify.client._offsets import FileOffsetStore, TopicPartitionOffset
+from notify.client.offsets import FileOffsetStore, TopicPartitionOffset
 
 from .base import OffsetStoreError, StoredOffset, sort_key
 

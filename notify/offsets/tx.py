@@ -44,10 +44,8 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from notify.client._config import ConsumerConfig
-from notify.client._message import Message
-from notify.client._offsets import TopicPartitionOffset
-from notify.client._session import Consumer, MessageSessionFactory
+from notify.client import Consumer, ConsumerConfig, Message, MessageSessionFactory
+from notify.client.offsets import TopicPartitionOffset
 from notify.errors import ClientError
 
 from .base import OffsetStoreUnavailableError

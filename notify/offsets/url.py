@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from sqlalchemy.engine import make_url
 
-from notify.client._offsets import MemoryOffsetStore, TopicPartitionOffset
+from notify.client.offsets import MemoryOffsetStore, TopicPartitionOffset
 
 from .base import ManagedOffsetStore, OffsetStoreError, StoredOffset, sort_key
 from .files import FileOffsets

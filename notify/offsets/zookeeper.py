@@ -34,7 +34,7 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 
-from notify.client._offsets import TopicPartitionOffset
+from notify.client.offsets import TopicPartitionOffset
 
 from .base import (
     OffsetStoreError,

@@ -13,7 +13,6 @@ Modules: :mod:`~notify.xa.manager` (TransactionManager), :mod:`~notify.xa.transa
 :mod:`notify.xa.resources`.
 """
 
-from typing import TYPE_CHECKING, Any
 
 from notify.protocol.keys import Xid
 from notify.xa.admin import InDoubt, Resolution
@@ -47,11 +46,9 @@ from notify.xa.recovery import RecoveryReport
 from notify.xa.resources.broker import BrokerParticipant, BrokerProducer, SendResult
 from notify.xa.resources.mysql import MySQLParticipant
 from notify.xa.resources.postgres import PostgresParticipant
+from notify.xa.resources.sqlalchemy import SQLAlchemyParticipant
 from notify.xa.states import TxState
 from notify.xa.transaction import BranchStatus, Transaction
-
-if TYPE_CHECKING:
-    from notify.xa.resources.sqlalchemy import SQLAlchemyParticipant
 
 __all__ = [
     "DEFAULT_FORMAT_ID",
@@ -96,12 +93,3 @@ __all__ = [
     "XAError",
     "Xid",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # SQLAlchemy is imported only by those who use it
-    if name == "SQLAlchemyParticipant":
-        from notify.xa.resources.sqlalchemy import SQLAlchemyParticipant
-
-        return SQLAlchemyParticipant
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,41 +37,56 @@ Tree::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import Enum
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from notify.errors import TransactionError
 
-if TYPE_CHECKING:
-    from notify.xa.records import HeuristicRecord
-
 # javax.transaction.xa.XAException codes (the broker sends them as XAException:code=<n>),
 # re-exported from their one home, notify.protocol.xa
-from notify.protocol.xa import (  # noqa: I001
+from notify.protocol.xa import (
     XA_HEURCOM as XA_HEURCOM,
+)
+from notify.protocol.xa import (
     XA_HEURHAZ as XA_HEURHAZ,
+)
+from notify.protocol.xa import (
     XA_HEURMIX as XA_HEURMIX,
+)
+from notify.protocol.xa import (
     XA_HEURRB as XA_HEURRB,
+)
+from notify.protocol.xa import (
     XA_OK as XA_OK,
+)
+from notify.protocol.xa import (
     XA_RBBASE as XA_RBBASE,
+)
+from notify.protocol.xa import (
     XA_RBEND as XA_RBEND,
+)
+from notify.protocol.xa import (
     XA_RDONLY as XA_RDONLY,
+)
+from notify.protocol.xa import (
     XAER_DUPID as XAER_DUPID,
+)
+from notify.protocol.xa import (
     XAER_INVAL as XAER_INVAL,
+)
+from notify.protocol.xa import (
     XAER_NOTA as XAER_NOTA,
+)
+from notify.protocol.xa import (
     XAER_PROTO as XAER_PROTO,
+)
+from notify.protocol.xa import (
     XAER_RMERR as XAER_RMERR,
+)
+from notify.protocol.xa import (
     XAER_RMFAIL as XAER_RMFAIL,
 )
-
-
-class HeuristicKind(Enum):
-    """What a branch did on its own, against (or without) the coordinator's decision."""
-
-    COMMIT = 1  # committed
-    ROLLBACK = 2  # rolled back
-    MIXED = 3  # partly committed, partly rolled back
-    HAZARD = 4  # unknown: the branch vanished or cannot tell
+from notify.xa.records import HeuristicKind as HeuristicKind  # re-exported: its old home
+from notify.xa.records import HeuristicRecord
 
 
 class XAError(TransactionError):

@@ -39,11 +39,20 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import Final
 
 from notify.errors import TxLogCorruptError
-from notify.xa.errors import HeuristicKind
+
+
+class HeuristicKind(Enum):
+    """What a branch did on its own, against (or without) the coordinator's decision."""
+
+    COMMIT = 1  # committed
+    ROLLBACK = 2  # rolled back
+    MIXED = 3  # partly committed, partly rolled back
+    HAZARD = 4  # unknown: the branch vanished or cannot tell
+
 
 DECISION: Final = 7
 END: Final = 8

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import psycopg
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -20,20 +21,15 @@ from notify.protocol.keys import Xid
 from notify.xa.errors import ParticipantError, ParticipantUnavailableError
 from notify.xa.ids import Scope, xid_from_text, xid_to_text
 from notify.xa.participant import Vote
+from notify.xa.resources.mysql import translate as my_translate
+from notify.xa.resources.postgres import translate as pg_translate
 
 
 def _driver_translate(orig: BaseException | None, what: str) -> Exception | None:
     mod = type(orig).__module__
-    if mod.startswith("psycopg"):
-        import psycopg
-
-        from notify.xa.resources.postgres import translate as pg_translate
-
-        if isinstance(orig, psycopg.Error):
-            return pg_translate(orig, what)
+    if mod.startswith("psycopg") and isinstance(orig, psycopg.Error):
+        return pg_translate(orig, what)
     if mod.startswith("pymysql") and isinstance(orig, Exception):
-        from notify.xa.resources.mysql import translate as my_translate
-
         return my_translate(orig, what)
     return None
 

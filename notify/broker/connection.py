@@ -120,7 +120,9 @@ class Connection(asyncio.Protocol):
         self.authenticated = not sysc.auth_secret
         #: no adminSecret: whoever may produce may also administer (as before roles)
         self.admin = self.authenticated and not sysc.admin_secret
-        self.replica = False
+        #: no secret at all (the loopback-only default): every role, replication included;
+        #: any secret set makes replication need ``auth <replicationSecret>``
+        self.replica = not (sysc.auth_secret or sysc.admin_secret or sysc.replication_secret)
         self.parser.bodies_allowed = self.authenticated
         self.open_groups: dict[tuple[str, int], PendingReplies] = {}
         self.session: set[str] | None = None  # keys of the transactions this connection began

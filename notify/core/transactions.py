@@ -984,8 +984,10 @@ class TxEngine:
                 assert ent.commit is not None
                 tx.hints = self._recovery_hints(ent)
                 self.txs[key] = tx
+                ends = self._ends(ent)
                 placements = self._apply(tx, recovering=True)
-                self.stats.recovered_reapplied += 1
+                if ends != self._ends(ent):  # something had to be appended again
+                    self.stats.recovered_reapplied += 1
                 for pl in placements or ():
                     part = self.store.get(pl.topic, pl.partition)
                     if part is not None:
@@ -1028,6 +1030,13 @@ class TxEngine:
                     sum(b.count for b in ent.batches),
                 )
         self.log.sync()
+
+    def _ends(self, ent: _Recovered) -> list[int]:
+        ends = []
+        for b in ent.batches:
+            part = self.store.get(b.topic, b.partition)
+            ends.append(part.end if part is not None else -1)
+        return ends
 
     def _restored(self, key: str, ent: _Recovered, now: float, cap_s: int, ev: TxEvent) -> BrokerTx:
         tx = BrokerTx(

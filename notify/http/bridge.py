@@ -35,7 +35,9 @@ class LocalConnection(Connection):
 
     def __init__(self, service: BrokerService, peer: str = "http"):
         super().__init__(service)
-        self.authenticated = True
+        # the HTTP layer has already authorized the route (user or admin token), and only
+        # builds the requests that route allows: the wire verbs see an admin connection
+        self.grant(True, True, False)
         self.peer = peer
         self._decoder = ResponseParser()
         self.responses: dict[int, Response] = {}

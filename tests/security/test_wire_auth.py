@@ -148,3 +148,25 @@ def test_idle_timeout(broker_factory: BrokerFactory) -> None:
             time.sleep(0.3)
         assert quiet.is_closed(0.1)
         assert not busy.is_closed(0.1)
+
+
+def test_delay_bounds(broker_factory: BrokerFactory) -> None:
+    """Item 15 (part): deliverAt beyond maxDelay is refused; deliverAt 0 is due now and
+    does not skew the lateness figures (it used to report ~1.8e12 ms)."""
+    b = broker_factory({"r": 1}, maxDelay=60_000)
+    far = int(time.time() * 1000) + 3_600_000
+    with WireClient(b.addr) as c:
+        r = c.call(b"dput r 0 3 0 -1 %d 1\r\nfar" % far)
+        assert r.code == 400 and b"maxDelay" in r.body, r
+        assert c.call(b"dput r 0 3 0 -1 0 2\r\nnow").code == 200
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            g = c.call(b"get r g 0 0 4096 3\r\n")
+            if g.kind == "value":
+                break
+            time.sleep(0.05)
+        assert g.kind == "value" and b"now" in g.body
+        st = c.call(b"stats 4\r\n").body.decode()
+    line = next(x for x in st.split("\r\n") if x.startswith("delay_lateness_p50_ms"))
+    p50 = float(line.split()[1])
+    assert 0 <= p50 < 5_000, p50

@@ -285,7 +285,17 @@ class Broker:
         changed: list[str] = []
         restart: list[str] = []
         old_sys = self.config.system
-        for f in ("server_port", "host_name", "data_path", "broker_id", "max_segment_size"):
+        for f in (
+            "server_port",
+            "host_name",
+            "data_path",
+            "broker_id",
+            "max_segment_size",
+            "tls_cert_file",
+            "tls_key_file",
+            "tls_ca_file",
+            "tls_client_auth",
+        ):
             if getattr(new.system, f) != getattr(old_sys, f):
                 restart.append(f)
         for name, tc in new.topics.items():

@@ -181,7 +181,7 @@ class Connection(asyncio.Protocol):
         now = self.service.loop.time()
         self._last_rx = now
         if parser.in_frame:
-            if self._frame_since is None:
+            if reqs or self._frame_since is None:  # a new frame started in this chunk
                 self._frame_since = now
                 if self._timer is None:
                     self._arm()
@@ -229,6 +229,9 @@ class Connection(asyncio.Protocol):
         elif not pause and self._reading_paused and not self.closing:
             self._reading_paused = False
             t.resume_reading()
+            if self._frame_since is not None:  # our pause is not the client's slowness
+                self._frame_since = self.service.loop.time()
+                self._arm()
 
     # ------------------------------------------------------------------ deadlines
 
@@ -240,13 +243,17 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         sysc = self.service.config.system
+        now = self.service.loop.time()
         due: list[float] = []
         if not self.authenticated and sysc.auth_timeout_ms:
             due.append(self._opened_at + sysc.auth_timeout_ms / 1000.0)
-        if self._frame_since is not None and sysc.frame_timeout_ms:
+        if self._frame_since is not None and not self._reading_paused and sysc.frame_timeout_ms:
             due.append(self._frame_since + sysc.frame_timeout_ms / 1000.0)
         if sysc.idle_timeout_ms:
-            due.append(self._last_rx + sysc.idle_timeout_ms / 1000.0)
+            idle_s = sysc.idle_timeout_ms / 1000.0
+            at = self._last_rx + idle_s
+            # idle but waiting for something (replies, a parked get): look again later
+            due.append(at if at > now else now + min(idle_s, 1.0))
         if due:
             self._timer = self.service.loop.call_at(min(due) + 0.001, self._deadline)
 
@@ -265,6 +272,7 @@ class Connection(asyncio.Protocol):
             why = f"not authenticated within authTimeout {sysc.auth_timeout_ms} ms"
         elif (
             self._frame_since is not None
+            and not self._reading_paused
             and sysc.frame_timeout_ms
             and now - self._frame_since >= sysc.frame_timeout_ms / 1000.0
         ):

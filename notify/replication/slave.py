@@ -131,9 +131,12 @@ class SlaveReplicator:
 
     def _ensure_pullers(self) -> None:
         loop = asyncio.get_running_loop()
+        replica = bool(self.broker.config.system.replication_secret)
         for (topic, idx), part in self.broker.store.partitions.items():
             if part.memory or (topic, idx) in self._tasks:
                 continue
+            if topic.startswith("__") and not replica:
+                continue  # internal topics are served to replicas only (replicationSecret)
             self.state[(topic, idx)] = PullState()
             self._tasks[(topic, idx)] = loop.create_task(
                 self._pull(part), name=f"slave-pull-{topic}-{idx}"
@@ -239,7 +242,7 @@ class SlaveReplicator:
             # a stall is never reported as "lag 0": state says what is wrong, and a slave
             # ahead of its master (diverged) reports the difference, not a clamped zero
             if st.master_end < 0:
-                lag, state = -1, "unknown"
+                lag, state = -1, "stalled" if st.error else "unknown"
             elif end > st.master_end:
                 lag, state = end - st.master_end, "diverged"
             else:

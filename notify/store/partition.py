@@ -332,8 +332,8 @@ class Partition:
         length = min(avail, window)
         if length < avail:
             need = records.first_record_size(seg.read(file_pos, 4))
-            if need is not None and length < need <= limit:
-                length = min(avail, need)
+            if need is not None and need > length:
+                length = min(avail, max(length, min(need, limit)))
         return Slice(seg, file_pos, length, offset)
 
     def rollback_to(self, offset: int) -> None:

@@ -115,11 +115,13 @@ def test_async_slave_byte_identical_and_catch_up(tmp_path: Path) -> None:
 def _pair(
     tmp_path: Path, policy: str = "refuse", timeout_ms: int = 1000
 ) -> tuple[BrokerProcess, BrokerProcess]:
-    master = BrokerProcess(tmp_path / "m", topics=TOPICS)
+    # replicationSecret: the slave accepts msync only from a replica-authenticated master
+    master = BrokerProcess(tmp_path / "m", topics=TOPICS, system={"replicationSecret": "rs"})
     master.port = free_port()
     slave = BrokerProcess(
         tmp_path / "s",
         topics=TOPICS,
+        system={"replicationSecret": "rs"},
         slave={
             "slaveId": 1,
             "masterAddress": f"127.0.0.1:{master.port}",

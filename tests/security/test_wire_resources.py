@@ -1,0 +1,121 @@
+"""Memory attacks on the wire port: huge reads, parked gets, pipelining without reading.
+
+Each test runs a hostile client on raw sockets against a real broker process and bounds the
+broker's RSS growth (from /proc) far below what the unbounded behaviour took.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+from notify.protocol import records
+from notify.protocol.frames import ResponseParser, encode_mput
+from tests.conftest import BrokerFactory
+from tests.security.wire import MIB, raw, rss, send_for, stats
+from tests.wireclient import WireClient, crc
+
+
+def _fill(addr: str, topic: str, mib: int, payload: bytes) -> None:
+    rec = records.encode(0, 0, payload)
+    per = max(1, (1 * MIB) // len(rec))
+    with WireClient(addr) as c:
+        for i in range(mib):
+            r = c.call(encode_mput(topic, 0, rec * per, per, i))
+            assert r.code == 200, r
+
+
+def test_mid_record_get_reads_at_most_one_record(broker_factory: BrokerFactory) -> None:
+    """Item 6: a get at an offset inside a record whose bytes look like a 2 GiB length, with
+    maxSize 2^31-1, is served at most one record's worth (maxMessageSize + slack), not the
+    rest of the segment. Five
+    connections pipeline such gets without reading: the broker's RSS stays bounded (it read
+    the rest of the 48 MiB segment per get before)."""
+    b = broker_factory({"r": 1}, maxTransferSize=64 * 1024)
+    # payloads whose first 4 bytes read as a huge record length at offset 20 (mid-record)
+    evil = struct.pack(">i", 0x7FFF0000) + b"e" * 996
+    _fill(b.addr, "r", 48, evil)
+    with WireClient(b.addr) as c:
+        g = c.call(b"get r g 0 20 2147483647 1\r\n")
+        one_record = records.HEADER_SIZE + 4 * MIB + 4096  # maxMessageSize + envelope slack
+        assert g.kind == "value" and len(g.body) <= one_record, (g.code, len(g.body))
+        whole = c.call(b"get r g 0 0 2147483647 2\r\n")  # a real record boundary: window
+        assert len(whole.body) == 64 * 1024
+    base = rss(b)
+    socks = [raw(b.addr) for _ in range(5)]
+    try:
+        for s in socks:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"".join(b"get r g 0 20 2147483647 %d\r\n" % i for i in range(50)))
+        time.sleep(2.0)
+        grown = rss(b) - base
+    finally:
+        for s in socks:
+            s.close()
+    assert grown < 48 * MIB, f"RSS grew {grown / MIB:.0f} MiB"
+
+
+def test_parked_gets_are_capped_and_die_with_their_connection(
+    broker_factory: BrokerFactory,
+) -> None:
+    """Item 7: 300,000 long-poll gets on one connection: past maxParkedGets they are refused
+    with 503 at once, memory stays bounded, and closing the connection releases the parked
+    ones immediately (not after their 60 s wait)."""
+    b = broker_factory({"r": 1}, maxParkedGets=100)
+    base = rss(b)
+    s = raw(b.addr, timeout=30)
+    burst = b"".join(b"get r g 0 0 4096 60000 %d\r\n" % i for i in range(300_000))
+    sent = send_for(s, burst, 20)
+    time.sleep(0.5)
+    grown = rss(b) - base
+    st = stats(b.addr)
+    assert int(st["parked_gets_current"]) == 100
+    assert int(st["refused_parked_gets"]) > 1000
+    # what it was answered: 503s naming the setting (read a little)
+    s.settimeout(5)
+    head = s.recv(4096)
+    assert b"result 503 " in head and b"maxParkedGets=100" in head, head[:200]
+    s.close()
+    deadline = time.monotonic() + 3
+    while int(stats(b.addr)["parked_gets_current"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert int(stats(b.addr)["parked_gets_current"]) == 0, "parked gets outlived the connection"
+    assert grown < 64 * MIB, f"RSS grew {grown / MIB:.0f} MiB ({sent} bytes of gets sent)"
+    # a normal long poll on another connection still works
+    with WireClient(b.addr) as c:
+        c.send(b"get r g 0 0 4096 5000 1\r\n")
+        assert c.put("r", 0, b"wake", opaque=2).code == 200
+        got = {r.opaque: r for r in c.replies(1)}
+        assert got[1].kind == "value"
+
+
+def test_pipelined_puts_without_reading_pause_the_reader(broker_factory: BrokerFactory) -> None:
+    """Item 11: a client pipelines small puts and never reads a reply. The broker stops
+    reading once maxQueuedReplies replies wait, so its memory stays bounded; when the client
+    finally reads, every put it got through is acknowledged (nothing lost)."""
+    b = broker_factory({"r": 1}, maxQueuedReplies=20_000, unflushThreshold=0)
+    base = rss(b)
+    body = b"p"
+    one = b"put r 0 1 0 %d 7\r\n%b" % (crc(body), body)
+    s = raw(b.addr, timeout=30)
+    burst = one * 3_000_000  # 72 MB of puts
+    sent = send_for(s, burst, 15)
+    grown = rss(b) - base
+    assert sent < len(burst), "the broker read everything: no back-pressure"
+    assert grown < 80 * MIB, f"RSS grew {grown / MIB:.0f} MiB"
+    # now read: every put that went out is acknowledged, in order, nothing lost
+    expected = sent // len(one)  # a trailing partial put stays unanswered
+    parser = ResponseParser()
+    got = 0
+    s.settimeout(20)
+    while got < expected:
+        data = s.recv(1 << 20)
+        assert data, f"closed after {got} of {expected} replies"
+        for r in parser.feed(data):
+            assert r.code == 200, r
+            got += 1
+    s.close()
+    with WireClient(b.addr) as c2:
+        end = int(c2.call(b"offset r g 0 9223372036854775807 1\r\n").body)
+    assert end == expected * (records.HEADER_SIZE + 1)

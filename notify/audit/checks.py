@@ -291,41 +291,29 @@ def audit(
     )
 
     # ---------------------------------------------------------------- transactions
-    # incarnations: an APPEND_MSG right after a final record starts a new one
-    by_key = Window.partitionBy("tx_key").orderBy("file_no", "position")
-    t1 = (
-        T.filter(F.col("kind").isin(*TX_KINDS) & F.col("tx_key").isNotNull())
-        .select(
-            "tx_key",
-            "file_no",
-            "position",
-            "kind",
-            "time_ms",
-            "topic",
-            "partition",
-            "msg_count",
-            "msg_ids",
-            "checksums",
-            "sizes",
-            "placements",
-            "hints",
-            "timeout_s",
-            "producer_group",
-            "reason",
-            "outcome",
-        )
-        .withColumn(
-            "_start",
-            F.when(
-                (F.col("kind") == "APPEND_MSG") & F.lag("kind").over(by_key).isin(*FINAL_KINDS),
-                1,
-            ).otherwise(0),
-        )
-        .withColumn(
-            "inc",
-            F.sum("_start").over(by_key.rowsBetween(Window.unboundedPreceding, 0)).cast("int"),
-        )
+    # incarnations: an APPEND_MSG right after a final record starts a new one. Almost every
+    # key has one incarnation: it is aggregated by key alone (hash aggregation, combined
+    # map-side); only keys with an APPEND_MSG after a final record are redone over a window.
+    base = T.filter(F.col("kind").isin(*TX_KINDS) & F.col("tx_key").isNotNull()).select(
+        "tx_key",
+        "file_no",
+        "position",
+        "kind",
+        "time_ms",
+        "topic",
+        "partition",
+        "msg_count",
+        "msg_ids",
+        "checksums",
+        "sizes",
+        "placements",
+        "hints",
+        "timeout_s",
+        "producer_group",
+        "reason",
+        "outcome",
     )
+    pos_code = F.col("file_no") * F.lit(1 << 40) + F.col("position")
 
     def when_kind(kind: str, c: str | Column) -> Column:
         return F.when(F.col("kind") == kind, F.col(c) if isinstance(c, str) else c)
@@ -334,8 +322,7 @@ def audit(
         return F.coalesce(F.max(F.col("kind") == kind), F.lit(False))
 
     sizes_sum = F.aggregate("sizes", F.lit(0).cast("long"), lambda a, x: a + x)
-    # one row per transaction incarnation (t1 is already partitioned by tx_key: no shuffle)
-    agg = t1.groupBy("tx_key", "inc").agg(
+    aggs = [
         has("COMMIT").alias("has_commit"),
         has("APPLIED").alias("has_applied"),
         has("ROLLBACK").alias("has_rollback"),
@@ -352,7 +339,7 @@ def audit(
         ).alias("appends"),
         F.flatten(F.collect_list("placements")).alias("placements_all"),
         F.flatten(F.collect_list("hints")).alias("hints_all"),
-        F.min(F.struct("file_no", "position")).alias("_first"),
+        F.min(pos_code).alias("_first"),
         F.min(when_kind("APPEND_MSG", "time_ms")).alias("first_msg_ms"),
         F.max(when_kind("PREPARE", "time_ms")).alias("prepared_at_ms"),
         F.max(when_kind("PREPARE", "timeout_s")).alias("timeout_s"),
@@ -367,7 +354,13 @@ def audit(
         .alias("messages"),
         F.coalesce(F.sum(when_kind("APPEND_MSG", sizes_sum)), F.lit(0)).cast("long").alias("bytes"),
         F.count("*").alias("records"),
-    )
+    ]
+    reused = (
+        F.max(when_kind("APPEND_MSG", pos_code))
+        > F.min(F.when(F.col("kind").isin(*FINAL_KINDS), pos_code))
+    ).alias("_reused")
+    agg0 = base.groupBy("tx_key").agg(*aggs, F.coalesce(reused, F.lit(False)).alias("_reused"))
+    agg0 = agg0.withColumn("inc", F.lit(0))
     outcome = (
         F.when(F.col("has_commit") | F.col("has_applied"), "committed")
         .when(F.col("has_rollback"), "rolled_back")
@@ -380,31 +373,63 @@ def audit(
     placed_count = F.aggregate(
         "placements_all", F.lit(0).cast("long"), lambda acc, p: acc + p["count"].cast("long")
     )
-    txfull = keep(
-        agg.withColumn("outcome", outcome)
-        .withColumn(
-            "history_complete",
-            F.col("has_append") & (~F.col("has_applied") | (F.col("n_ids") == placed_count)),
-        )
-        .withColumn(
-            "partitions",
-            F.size(
-                F.array_distinct(
-                    F.transform(
-                        "appends",
-                        lambda a: F.concat(a["topic"], F.lit("-"), a["partition"].cast("string")),
+
+    def finish(agg: DataFrame) -> DataFrame:
+        return (
+            agg.withColumn("outcome", outcome)
+            .withColumn(
+                "history_complete",
+                F.col("has_append") & (~F.col("has_applied") | (F.col("n_ids") == placed_count)),
+            )
+            .withColumn(
+                "partitions",
+                F.size(
+                    F.array_distinct(
+                        F.transform(
+                            "appends",
+                            lambda a: F.concat(
+                                a["topic"], F.lit("-"), a["partition"].cast("string")
+                            ),
+                        )
                     )
-                )
-            ),
+                ),
+            )
+            .withColumn("first_file_no", F.shiftright(F.col("_first"), 40))
+            .withColumn("first_position", F.col("_first").bitwiseAND((1 << 40) - 1))
+            .drop("_first")
+            .withColumn("xa", F.col("tx_key").startswith("XID:"))
+            .withColumn("duration_ms", F.col("committed_at_ms") - F.col("first_msg_ms"))
+            .withColumn("in_doubt_ms", F.col("committed_at_ms") - F.col("prepared_at_ms"))
+            .withColumn(
+                "decided_at_ms", F.coalesce(F.col("committed_at_ms"), F.col("prepared_at_ms"))
+            )
         )
-        .withColumn("first_file_no", F.col("_first.file_no"))
-        .withColumn("first_position", F.col("_first.position"))
-        .drop("_first")
-        .withColumn("xa", F.col("tx_key").startswith("XID:"))
-        .withColumn("duration_ms", F.col("committed_at_ms") - F.col("first_msg_ms"))
-        .withColumn("in_doubt_ms", F.col("committed_at_ms") - F.col("prepared_at_ms"))
-        .withColumn("decided_at_ms", F.coalesce(F.col("committed_at_ms"), F.col("prepared_at_ms")))
-    )
+
+    txfull = keep(finish(agg0))
+    say("looking for reused transaction keys")
+    n_reused = txfull.filter("_reused").count()
+    if n_reused:
+        keys = txfull.filter("_reused").select("tx_key")
+        if n_reused <= 200_000:
+            keys = F.broadcast(keys)
+        by_key = Window.partitionBy("tx_key").orderBy("file_no", "position")
+        t1 = (
+            base.join(keys, "tx_key")
+            .withColumn(
+                "_start",
+                F.when(
+                    (F.col("kind") == "APPEND_MSG") & F.lag("kind").over(by_key).isin(*FINAL_KINDS),
+                    1,
+                ).otherwise(0),
+            )
+            .withColumn(
+                "inc",
+                F.sum("_start").over(by_key.rowsBetween(Window.unboundedPreceding, 0)).cast("int"),
+            )
+        )
+        again = t1.groupBy("tx_key", "inc").agg(*aggs).withColumn("_reused", F.lit(False))
+        txfull = keep(txfull.filter(~F.col("_reused")).unionByName(finish(again)))
+    txfull = txfull.drop("_reused")
     tx = txfull.drop("appends", "placements_all", "hints_all")
 
     # ---------------------------------------------------------------- expected messages
@@ -547,6 +572,33 @@ def audit(
         "file": F.concat(F.lit("redo."), F.col("file_no").cast("string")),
         "position": F.col("position"),
     }
+    # one pass per input counts what each check would find: only checks with something to
+    # report are built (a clean audit does no more scans, and no second join with the log)
+    is_committed = F.col("tx_outcome") == "committed"
+    m_conds = {
+        "committed_missing": is_committed & (F.col("n_here") == 0) & ~expired,
+        "committed_duplicate": is_committed & (F.col("n_here") > 1),
+        "committed_misplaced": is_committed & (F.col("n_here") == 1) & misplaced,
+        "committed_checksum_differs": is_committed
+        & (F.col("n_here") >= 1)
+        & (F.col("found_checksum") != F.col("checksum")),
+        "uncommitted_visible": F.col("tx_outcome").isin(*UNCOMMITTED) & (F.col("n_any") > 0),
+    }
+    log_conds = {
+        "checksum_mismatch": F.col("msg_id").isNotNull() & ~F.col("checksum_ok"),
+        "segment_error": F.col("error").isNotNull(),
+    }
+    txlog_conds = {
+        "corrupt": F.col("kind") == "CORRUPT",
+        "txlog_undecodable": (F.col("kind") != "CORRUPT") & F.col("error").isNotNull(),
+    }
+    say("counting findings")
+    probe: dict[str, int] = {}
+    for src, conds in ((messages, m_conds), (M, log_conds), (T, txlog_conds)):
+        row = src.agg(*[F.count(F.when(c, 1)).alias(k) for k, c in conds.items()]).first()
+        assert row is not None
+        probe.update({k: int(row[k]) for k in conds})
+    committed = messages.filter(is_committed)
     f_list: list[DataFrame] = [
         _findings(
             committed.filter((F.col("n_here") == 0) & ~expired),
@@ -593,70 +645,81 @@ def audit(
             ),
         ),
     ]
+    checks4 = [
+        "committed_missing",
+        "committed_duplicate",
+        "committed_misplaced",
+        "committed_checksum_differs",
+    ]
+    f_list = [df for df, c in zip(f_list, checks4, strict=True) if probe[c]]
     # uncommitted_visible: one finding per copy, where it was found
-    visible = (
-        messages.filter(F.col("tx_outcome").isin(*UNCOMMITTED) & (F.col("n_any") > 0))
-        .select(
-            "msg_id",
-            "tx_key",
-            "tx_outcome",
-            "file_no",
-            "position",
-            F.col("topic").alias("put_topic"),
-            F.col("partition").alias("put_partition"),
-        )
-        .join(A, "msg_id")
+    visible = messages.filter(F.col("tx_outcome").isin(*UNCOMMITTED) & (F.col("n_any") > 0)).select(
+        "msg_id",
+        "tx_key",
+        "tx_outcome",
+        "file_no",
+        "position",
+        F.col("topic").alias("put_topic"),
+        F.col("partition").alias("put_partition"),
     )
-    f_list.append(
-        _findings(
-            visible,
-            "uncommitted_visible",
-            tx_key=F.col("tx_key"),
-            topic=F.col("a_topic"),
-            partition=F.col("a_partition"),
-            offset=F.col("a_offset"),
-            msg_id=F.col("msg_id"),
-            file=F.concat(F.lit("redo."), F.col("file_no").cast("string")),
-            position=F.col("position"),
-            detail=F.concat(
-                F.lit("message of a "),
-                F.col("tx_outcome"),
-                F.lit(" transaction is visible (put to "),
-                F.col("put_topic"),
-                F.lit("-"),
-                F.col("put_partition"),
-                F.lit(")"),
-            ),
+    n_vis = probe["uncommitted_visible"]
+    if n_vis:
+        visible = A.join(F.broadcast(visible) if n_vis <= 100_000 else visible, "msg_id")
+        f_list.append(
+            _findings(
+                visible,
+                "uncommitted_visible",
+                tx_key=F.col("tx_key"),
+                topic=F.col("a_topic"),
+                partition=F.col("a_partition"),
+                offset=F.col("a_offset"),
+                msg_id=F.col("msg_id"),
+                file=F.concat(F.lit("redo."), F.col("file_no").cast("string")),
+                position=F.col("position"),
+                detail=F.concat(
+                    F.lit("message of a "),
+                    F.col("tx_outcome"),
+                    F.lit(" transaction is visible (put to "),
+                    F.col("put_topic"),
+                    F.lit("-"),
+                    F.col("put_partition"),
+                    F.lit(")"),
+                ),
+            )
         )
-    )
 
-    bad = M.filter(F.col("msg_id").isNotNull() & ~F.col("checksum_ok"))
-    f_list.append(
-        _findings(
-            bad,
-            "checksum_mismatch",
-            topic=F.col("topic"),
-            partition=F.col("partition"),
-            offset=F.col("offset"),
-            msg_id=F.col("msg_id"),
-            file=seg_file,
-            position=F.col("offset") - F.col("segment_start"),
-            detail=F.concat(
-                F.lit("payload CRC does not match the stored checksum "), F.col("checksum")
-            ),
+    bad = M.filter(log_conds["checksum_mismatch"])
+    if probe["checksum_mismatch"]:
+        f_list.append(
+            _findings(
+                bad,
+                "checksum_mismatch",
+                topic=F.col("topic"),
+                partition=F.col("partition"),
+                offset=F.col("offset"),
+                msg_id=F.col("msg_id"),
+                file=seg_file,
+                position=F.col("offset") - F.col("segment_start"),
+                detail=F.concat(
+                    F.lit("payload CRC does not match the stored checksum "), F.col("checksum")
+                ),
+            )
         )
-    )
     seg_err = M.filter(F.col("error").isNotNull()).join(
         F.broadcast(parts.select("topic", "partition", "last_start")),
         ["topic", "partition"],
         "left",
     )
     for check, cond in (
-        ("segment_torn_tail", F.col("segment_start") == F.col("last_start")),
-        (
-            "segment_corrupt",
-            (F.col("segment_start") != F.col("last_start")) | F.col("last_start").isNull(),
-        ),
+        ()
+        if not probe["segment_error"]
+        else (
+            ("segment_torn_tail", F.col("segment_start") == F.col("last_start")),
+            (
+                "segment_corrupt",
+                (F.col("segment_start") != F.col("last_start")) | F.col("last_start").isNull(),
+            ),
+        )
     ):
         f_list.append(
             _findings(
@@ -672,9 +735,13 @@ def audit(
         )
     corrupt = T.filter(F.col("kind") == "CORRUPT")
     for check, cond in (
-        ("checkpoint_damaged", F.col("file_no") < 0),
-        ("txlog_torn_tail", F.col("file_no") == newest_redo),
-        ("txlog_corrupt", (F.col("file_no") >= 0) & (F.col("file_no") != newest_redo)),
+        ()
+        if not probe["corrupt"]
+        else (
+            ("checkpoint_damaged", F.col("file_no") < 0),
+            ("txlog_torn_tail", F.col("file_no") == newest_redo),
+            ("txlog_corrupt", (F.col("file_no") >= 0) & (F.col("file_no") != newest_redo)),
+        )
     ):
         f_list.append(
             _findings(
@@ -685,16 +752,17 @@ def audit(
                 detail=F.col("error"),
             )
         )
-    f_list.append(
-        _findings(
-            T.filter((F.col("kind") != "CORRUPT") & F.col("error").isNotNull()),
-            "txlog_undecodable",
-            tx_key=F.col("tx_key"),
-            file=redo_file,
-            position=F.col("position"),
-            detail=F.col("error"),
+    if probe["txlog_undecodable"]:
+        f_list.append(
+            _findings(
+                T.filter(txlog_conds["txlog_undecodable"]),
+                "txlog_undecodable",
+                tx_key=F.col("tx_key"),
+                file=redo_file,
+                position=F.col("position"),
+                detail=F.col("error"),
+            )
         )
-    )
 
     # stuck in doubt
     limit_s = (

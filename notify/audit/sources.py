@@ -195,20 +195,19 @@ def txlog_batch(cols: formats.TxlogColumns, schema: Any) -> Any:
     import pyarrow as pa
 
     n = cols.rows
+    nulls = {w: pa.array(cols.invalid(w), pa.bool_()) for w in (0, 1, 2)}
 
     def lists(offsets: list[int], which: int, values: Any) -> Any:
-        valid = cols.valid(which)
-        mask = pa.array([not v for v in valid], pa.bool_())
-        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=mask)
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=nulls[which])
 
     arrays: list[Any] = []
     scalars = cols.columns()
     for fl in schema:
         name = fl.name
         if name == "file":
-            arrays.append(pa.array([cols.file.path] * n, pa.string()))
+            arrays.append(pa.repeat(pa.scalar(cols.file.path, pa.string()), n))
         elif name == "file_no":
-            arrays.append(pa.array([cols.file.file_no] * n, pa.int64()))
+            arrays.append(pa.repeat(pa.scalar(cols.file.file_no, pa.int64()), n))
         elif name in ("msg_ids", "checksums", "sizes"):
             vals = {"msg_ids": cols.ids, "checksums": cols.crcs, "sizes": cols.sizes}[name]
             arrays.append(lists(cols.ids_off, 0, pa.array(vals, fl.type.value_type)))

@@ -38,6 +38,8 @@ Plain (non-transactional) messages are never violations by themselves.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +61,7 @@ from pyspark.sql.types import (
 
 from notify.audit import formats
 from notify.audit.sources import LOG_FORMAT, TXLOG_FORMAT, register_sources
+from notify.audit.state import AuditState, load_state, save_files
 
 if TYPE_CHECKING:  # the coordinator's codec (notify.xa) is imported only when used
     from notify.audit.coordinator import CoordinatorLog
@@ -111,6 +114,26 @@ FINDING_COLUMNS: Final[list[tuple[str, Any]]] = [
 
 Progress = Callable[[str], None]
 
+#: the columns of ``notify-log`` the audit keeps (cached, and in the incremental state)
+LOG_KEPT: Final = (
+    "topic",
+    "partition",
+    "segment_start",
+    "offset",
+    "msg_id",
+    "checksum",
+    "checksum_ok",
+    "size",
+    "time_ms",
+    "error",
+)
+
+
+def _parts(spark: SparkSession, paths: list[str], schema: StructType) -> DataFrame:
+    if not paths:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(*paths)
+
 
 @dataclass
 class AuditResult:
@@ -140,7 +163,81 @@ class AuditResult:
     tx_timeout_s: float | None
     inputs: dict[str, str | None] = field(default_factory=dict)
     coordinator_log: CoordinatorLog | None = None
+    state: AuditState | None = None
+    incremental: bool = False
+    starts: dict[str, int] = field(default_factory=dict)
+    segment_paths: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    redo_paths: dict[int, str] = field(default_factory=dict)
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
+
+    def read_stats(self) -> dict[str, int]:
+        """What this run parsed from the files (rows, bytes) and what it took from the state."""
+        t = self.txlog.groupBy("_new").agg(F.count("*").alias("n"), F.sum("size").alias("b"))
+        m = self.log.groupBy("_new").agg(F.count("*").alias("n"), F.sum("size").alias("b"))
+        out = {"txlog_rows_read": 0, "txlog_bytes_read": 0, "txlog_rows_from_state": 0}
+        out.update({"log_rows_read": 0, "log_bytes_read": 0, "log_rows_from_state": 0})
+        for name, df in (("txlog", t), ("log", m)):
+            for r in df.collect():
+                if r["_new"]:
+                    out[f"{name}_rows_read"] = int(r["n"])
+                    out[f"{name}_bytes_read"] = int(r["b"] or 0)
+                else:
+                    out[f"{name}_rows_from_state"] = int(r["n"])
+        return out
+
+    def save_state(self) -> None:
+        """Record this run in the state directory (no-op without one): the rows parsed now
+        and how far each file was read. Call it once the outputs are written."""
+        st = self.state
+        if st is None:
+            return
+        if not self.incremental:  # a full run starts the state again
+            for d in ("txlog", "log"):
+                shutil.rmtree(st.path / d, ignore_errors=True)
+            st.runs = 0
+        run = f"run-{st.runs + 1:06d}"
+        T, M = self.txlog, self.log
+        T.filter(F.col("_new") & ~F.col("kind").isin("CORRUPT", "CHECKPOINT")).drop(
+            "_new"
+        ).write.mode("overwrite").parquet(str(st.path / "txlog" / run))
+        M.filter(F.col("_new") & F.col("error").isNull()).drop("_new").write.mode(
+            "overwrite"
+        ).parquet(str(st.path / "log" / run))
+        consumed = dict(self.starts)
+        for r in (
+            T.filter(F.col("_new") & (F.col("file_no") >= 0))
+            .groupBy("file_no")
+            .agg(
+                F.min(F.when(F.col("kind") == "CORRUPT", F.col("position"))).alias("bad"),
+                F.max(F.when(F.col("kind") != "CORRUPT", F.col("position") + F.col("size"))).alias(
+                    "end"
+                ),
+            )
+            .collect()
+        ):
+            at = r["bad"] if r["bad"] is not None else r["end"]
+            path = self.redo_paths.get(int(r["file_no"]))
+            if path is not None and at is not None:
+                consumed[path] = int(at)
+        for r in (
+            M.filter(F.col("_new"))
+            .groupBy("topic", "partition", "segment_start")
+            .agg(
+                F.min(F.when(F.col("error").isNotNull(), F.col("offset"))).alias("bad"),
+                F.max(F.when(F.col("error").isNull(), F.col("offset") + F.col("size"))).alias(
+                    "end"
+                ),
+            )
+            .collect()
+        ):
+            at = r["bad"] if r["bad"] is not None else r["end"]
+            path = self.segment_paths.get((r["topic"], r["partition"], r["segment_start"]))
+            if path is not None and at is not None:
+                consumed[path] = int(at) - int(r["segment_start"])
+        txlog_dir, data = self.inputs["txlog"], self.inputs["data"]
+        assert txlog_dir is not None and data is not None
+        save_files(st, txlog_dir, data, consumed)
+        st.runs += 1
 
     def finding_counts(self) -> dict[str, int]:
         """``{check: rows}`` of the findings (checks with no row are left out)."""
@@ -232,6 +329,8 @@ def audit(
     now_ms: int | None = None,
     progress: Progress | None = None,
     cache: bool = True,
+    state: str | Path | None = None,
+    full: bool = False,
 ) -> AuditResult:
     """Audit a broker's committed transactions against its partitions.
 
@@ -240,6 +339,11 @@ def audit(
     ``tx_timeout_s``: how long a transaction may stay prepared (default: the timeout logged
     with its PREPARE); ``now_ms``: the audit's clock (default: now). Returns lazy DataFrames
     over cached inputs; nothing is computed until they are used.
+
+    ``state``: a directory (:mod:`notify.audit.state`) making the audit incremental: only the
+    bytes added to the files since the runs recorded there are parsed, the earlier runs'
+    rows are read back from it; :meth:`AuditResult.save_state` records this run. ``full``
+    ignores what the state holds (and ``save_state`` starts it again).
     """
     say = progress or (lambda _m: None)
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
@@ -261,23 +365,46 @@ def audit(
 
     # raw rows (lazy), and the columns the checks use, cached: file names are rebuilt from
     # numbers rather than cached once per row
-    txlog_raw = spark.read.format(TXLOG_FORMAT).load(str(txlog_dir))
-    log_raw = spark.read.format(LOG_FORMAT).load(data_s)
-    T = keep(txlog_raw.drop("file", "type", "crc", "size", "offset"))
-    M = keep(
-        log_raw.select(
-            "topic",
-            "partition",
-            "segment_start",
-            "offset",
-            "msg_id",
-            "checksum",
-            "checksum_ok",
-            "size",
-            "time_ms",
-            "error",
-        )
+    seg_files = formats.find_segments(data_s)
+    st = load_state(state, str(txlog_dir), data_s) if state is not None else None
+    sizes = {x.path: x.size for x in redo_files} | {s.path: s.size for s in seg_files}
+    if st is not None and st.usable and not full:
+        shrunk = sorted(p for p, c in st.consumed.items() if p in sizes and sizes[p] < c)
+        if shrunk:
+            st.why_full = f"{shrunk[0]} is shorter than what an earlier run read"
+    incremental = st is not None and st.usable and not full
+    starts = {p: c for p, c in st.consumed.items() if p in sizes} if st and incremental else {}
+    if incremental:
+        say(f"incremental: {len(starts)} files read before, {st.runs if st else 0} runs")
+    txlog_raw = (
+        spark.read.format(TXLOG_FORMAT).option("starts", json.dumps(starts)).load(str(txlog_dir))
     )
+    log_raw = spark.read.format(LOG_FORMAT).option("starts", json.dumps(starts)).load(data_s)
+    T_new = txlog_raw.drop("file", "type", "crc", "offset")
+    M_new = log_raw.select(*LOG_KEPT)
+    if incremental and st is not None:
+        # earlier runs' rows of the files still there, then this run's
+        prev_T = _parts(spark, st.parts("txlog"), T_new.schema)
+        prev_T = prev_T.filter(F.col("file_no").isin([x.file_no for x in redo_files]))
+        prev_M = _parts(spark, st.parts("log"), M_new.schema)
+        seg_keys = spark.createDataFrame(
+            [(s.topic, s.partition, s.start) for s in seg_files],
+            "topic string, partition int, segment_start long",
+        )
+        prev_M = prev_M.join(F.broadcast(seg_keys), ["topic", "partition", "segment_start"])
+        T_new = prev_T.withColumn("_new", F.lit(False)).unionByName(
+            T_new.withColumn("_new", F.lit(True))
+        )
+        M_new = (
+            prev_M.select(*LOG_KEPT)
+            .withColumn("_new", F.lit(False))
+            .unionByName(M_new.withColumn("_new", F.lit(True)))
+        )
+    else:
+        T_new = T_new.withColumn("_new", F.lit(True))
+        M_new = M_new.withColumn("_new", F.lit(True))
+    T = keep(T_new)
+    M = keep(M_new)
     redo_file = F.when(
         F.col("file_no") >= 0,
         F.concat(F.lit(str(txlog_dir) + "/redo."), F.col("file_no").cast("string")),
@@ -855,6 +982,11 @@ def audit(
             "coordinator_log": None if coordinator_log is None else str(coordinator_log),
         },
         coordinator_log=clog,
+        state=st,
+        incremental=incremental,
+        starts=starts,
+        segment_paths={(s.topic, s.partition, s.start): s.path for s in seg_files},
+        redo_paths={x.file_no: x.path for x in redo_files},
         _cached=cached,
     )
 

@@ -723,12 +723,16 @@ class TxlogColumns:
 
 
 def read_txlog_file(
-    f: TxlogFile, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, batch_rows: int = BATCH_ROWS
+    f: TxlogFile,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    batch_rows: int = BATCH_ROWS,
+    start: int = 0,
 ) -> Iterator[TxlogColumns]:
     """Rows of one redo (or the checkpoint) file, ``batch_rows`` at a time.
 
     Frames are checked as :func:`txlog.records.decode` does; the first frame that is not
-    intact ends the file with a ``CORRUPT`` row saying why.
+    intact ends the file with a ``CORRUPT`` row saying why. ``start``: the file position to
+    begin at (a frame boundary where an earlier read stopped; ignored for the checkpoint).
     """
     cols = TxlogColumns(f)
     if f.file_no < 0:
@@ -741,7 +745,9 @@ def read_txlog_file(
     error: str | None = None
     with open(f.path, "rb") as fh:
         file_size = os.fstat(fh.fileno()).st_size
-        base = 0
+        if start:
+            fh.seek(start)
+        base = start
         buf = b""
         while True:
             data = fh.read(CHUNK)

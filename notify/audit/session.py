@@ -115,7 +115,7 @@ def code_zip() -> Path:
         os.close(fd)
         with zipfile.ZipFile(name, "w", zipfile.ZIP_DEFLATED) as z:
             for pkg in (notify, txlog):
-                root = Path(pkg.__file__).parent
+                root = Path(str(pkg.__file__)).parent
                 for f in sorted(root.rglob("*.py")):
                     z.write(f, str(f.relative_to(root.parent)))
         _ZIP = Path(name)

@@ -367,7 +367,7 @@ def audit(
     # numbers rather than cached once per row
     seg_files = formats.find_segments(data_s)
     st = load_state(state, str(txlog_dir), data_s) if state is not None else None
-    sizes = {x.path: x.size for x in redo_files} | {s.path: s.size for s in seg_files}
+    sizes = {x.key: x.size for x in redo_files} | {s.key: s.size for s in seg_files}
     if st is not None and st.usable and not full:
         shrunk = sorted(p for p, c in st.consumed.items() if p in sizes and sizes[p] < c)
         if shrunk:
@@ -985,8 +985,8 @@ def audit(
         state=st,
         incremental=incremental,
         starts=starts,
-        segment_paths={(s.topic, s.partition, s.start): s.path for s in seg_files},
-        redo_paths={x.file_no: x.path for x in redo_files},
+        segment_paths={(s.topic, s.partition, s.start): s.key for s in seg_files},
+        redo_paths={x.file_no: x.key for x in redo_files},
         _cached=cached,
     )
 

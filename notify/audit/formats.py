@@ -30,7 +30,7 @@ from typing import Any, Final
 from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.protocol import logrecords as lr
 from notify.protocol.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
-from notify.store.segment import NAME_DIGITS, SUFFIX, parse_segment_name
+from notify.store.segment import NAME_DIGITS, parse_segment_name
 from txlog.checkpoint import CHECKPOINT_FILE, read_checkpoints
 from txlog.records import DEFAULT_MAX_RECORD_BYTES, CorruptReason
 from txlog.segment import list_segments, segment_path
@@ -56,6 +56,9 @@ _ATTR_LEN = struct.Struct(">i")
 _PART_DIR: Final = re.compile(r"(.+)-(0|[1-9][0-9]*)")
 #: Bytes read from a segment at a time (records never span segment files).
 CHUNK: Final = 16 * 2**20
+#: Suffix of a segment kept by the retention ``archive`` policy (a hard link of the segment,
+#: same bytes): read like the live segment it was.
+ARCHIVED: Final = ".arc"
 #: Rows handed to Spark per Arrow batch.
 BATCH_ROWS: Final = 32_768
 
@@ -106,6 +109,11 @@ class SegmentFile:
     last: bool
     size: int
 
+    @property
+    def key(self) -> str:
+        """What names the segment whatever its file is called (live or archived)."""
+        return f"{self.topic}-{self.partition}/{self.start:0{NAME_DIGITS}d}"
+
 
 def find_segments(
     data_path: str | os.PathLike[str], topics: set[str] | None = None
@@ -127,9 +135,14 @@ def find_segments(
         topic, partition = m.group(1), int(m.group(2))
         if topics is not None and topic not in topics:
             continue
-        starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(d)) if s is not None)
+        names: dict[int, str] = {}
+        for n in os.listdir(d):
+            s = _segment_start(n)
+            if s is not None and (s not in names or not n.endswith(ARCHIVED)):
+                names[s] = n  # the live name wins over its archived link
+        starts = sorted(names)
         for i, s in enumerate(starts):
-            p = d / f"{s:0{NAME_DIGITS}d}{SUFFIX}"
+            p = d / names[s]
             out.append(
                 SegmentFile(str(p), topic, partition, s, i == len(starts) - 1, p.stat().st_size)
             )
@@ -137,8 +150,14 @@ def find_segments(
     return out
 
 
+def _segment_start(name: str) -> int | None:
+    if name.endswith(ARCHIVED):
+        name = name[: -len(ARCHIVED)]
+    return parse_segment_name(name)
+
+
 def _has_segments(d: Path) -> bool:
-    return any(parse_segment_name(n) is not None for n in os.listdir(d))
+    return any(_segment_start(n) is not None for n in os.listdir(d))
 
 
 def read_segment(
@@ -318,6 +337,11 @@ class TxlogFile:
     file_no: int
     last: bool
     size: int
+
+    @property
+    def key(self) -> str:
+        """``redo.<N>`` (``checkpoint`` for the checkpoint file)."""
+        return f"redo.{self.file_no}" if self.file_no >= 0 else CHECKPOINT_FILE
 
 
 def txlog_dir(path: str | os.PathLike[str]) -> Path:

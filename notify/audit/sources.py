@@ -13,7 +13,7 @@ Register once per session, then read::
 matches), ``attribute, size`` (header + payload bytes), ``time_ms`` (from the message id),
 ``error`` (set on the one row that ends an unreadable file; its other fields are null but the
 place). Options: ``payload`` (``true`` adds a ``payload`` binary column), ``topics`` (comma
-separated names to read), ``starts`` (JSON ``{file path: byte}``: begin those files there,
+separated names to read), ``starts`` (JSON ``{file key: byte}``: begin those files there,
 at a record boundary; used by the incremental audit).
 
 ``notify-txlog`` (one row per redo record; columns :data:`~notify.audit.formats.TXLOG_COLUMNS`):
@@ -107,8 +107,10 @@ class FilePartition(InputPartition):
 
 
 def _starts(options: dict[str, str]) -> dict[str, int]:
-    """Option ``starts``: JSON ``{file path: byte}`` to begin each file at (files at their
-    end are skipped); the incremental audit passes what earlier runs consumed."""
+    """Option ``starts``: JSON ``{file key: byte}`` to begin each file at (files at their
+    end are skipped; keys: ``<topic>-<n>/<start>`` and ``redo.<N>``, see ``key`` of
+    :class:`~notify.audit.formats.SegmentFile`); the incremental audit passes what earlier
+    runs consumed."""
     raw = options.get("starts")
     return {str(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
 
@@ -116,7 +118,7 @@ def _starts(options: dict[str, str]) -> dict[str, int]:
 def _partitions(files: Sequence[Any], starts: dict[str, int]) -> list[InputPartition]:
     out: list[InputPartition] = []
     for f in files:
-        at = starts.get(f.path, 0) if getattr(f, "file_no", 0) >= 0 else 0
+        at = starts.get(f.key, 0) if getattr(f, "file_no", 0) >= 0 else 0
         if at and at >= f.size:
             continue
         out.append(FilePartition(f, at))

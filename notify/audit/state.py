@@ -1,7 +1,9 @@
 """What an incremental audit keeps between runs, beside its outputs (``<out>/state``).
 
-* ``files.json``: the inputs (txlog and data directories) and, per redo and segment file,
-  the byte up to which whole records were read (``consumed``). A later run starts each file
+* ``files.json``: the inputs (txlog and data directories) and, per redo and segment file
+  (by key: ``redo.<N>``, ``<topic>-<n>/<start>``, so a segment the retention ``archive``
+  policy renamed to ``.arc`` stays the same file), the byte up to which whole records were
+  read (``consumed``). A later run starts each file
   there, so only the bytes added since are parsed; a file whose read ended at a broken or
   torn record is read again from that record (its finding is made again, or goes away when
   the record is now whole).

@@ -950,12 +950,18 @@ def audit(
     findings = keep(_union([_empty_findings(spark), *f_list]))
 
     # ---------------------------------------------------------------- counts
-    topic_hours = (
+    # small tables, written and summarized: kept once computed
+    topic_hours = keep(
         M.filter(F.col("msg_id").isNotNull())
         .groupBy("topic", (F.floor(F.col("time_ms") / HOUR_MS) * HOUR_MS).alias("hour_ms"))
-        .agg(F.count("*").alias("messages"), F.sum("size").alias("bytes"))
+        .agg(
+            F.count("*").alias("messages"),
+            F.sum("size").alias("bytes"),
+            F.min("time_ms").alias("first_ms"),
+            F.max("time_ms").alias("last_ms"),
+        )
     )
-    tx_hours = (
+    tx_hours = keep(
         tx.withColumn(
             "hour_ms",
             F.floor(F.coalesce("decided_at_ms", "first_msg_ms") / HOUR_MS) * HOUR_MS,

@@ -85,13 +85,13 @@ def summarize(result: AuditResult, counts: dict[str, int] | None = None) -> dict
     txlog_kinds = {
         r["kind"]: int(r["count"]) for r in result.txlog.groupBy("kind").count().collect()
     }
-    lg = result.log.agg(
-        F.count("msg_id").alias("messages"),
-        F.coalesce(F.sum("size"), F.lit(0)).alias("bytes"),
-        F.min("time_ms").alias("first_ms"),
-        F.max("time_ms").alias("last_ms"),
-    ).first()
-    assert lg is not None
+    th = result.topic_hours.orderBy("hour_ms", "topic").collect()  # small; totals from it
+    lg: dict[str, Any] = {
+        "messages": sum(int(r["messages"]) for r in th),
+        "bytes": sum(int(r["bytes"] or 0) for r in th),
+        "first_ms": min((r["first_ms"] for r in th), default=None),
+        "last_ms": max((r["last_ms"] for r in th), default=None),
+    }
     outcomes: dict[str, dict[str, Any]] = {}
     for r in (
         result.transactions.groupBy("outcome")
@@ -139,7 +139,7 @@ def summarize(result: AuditResult, counts: dict[str, int] | None = None) -> dict
             "messages": int(r["messages"]),
             "bytes": int(r["bytes"]),
         }
-        for r in result.topic_hours.orderBy("hour_ms", "topic").collect()
+        for r in th
     ]
     tx_hours = [
         {

@@ -77,6 +77,9 @@ def new_session(
         "spark.sql.adaptive.enabled": "true",
         "spark.python.worker.reuse": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # the per-transaction aggregate collects lists: keep it hash-based for as many keys
+        # as a task sees (Spark's default 128 sorts everything beyond that)
+        "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "131072",
         "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
     }
     host = os.environ.get("SPARK_LOCAL_IP")

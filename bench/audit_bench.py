@@ -354,7 +354,7 @@ def main() -> None:
         print()
         print(
             f"{'run':<18}{'txs':>10}{'messages':>11}{'rows':>11}{'session s':>10}{'read+chk s':>11}"
-            f"{'find s':>7}{'out s':>7}{'audit s':>8}{'rows/s':>9}{'cores':>6}{'found':>6}"
+            f"{'find s':>7}{'out s':>7}{'audit s':>8}{'rows/s':>9}{'cores':>6}{'found':>8}"
             f"{'parsed':>11}"
         )
         for name, g, r in rows:
@@ -362,7 +362,7 @@ def main() -> None:
                 f"{name:<18}{g['transactions']:>10,}{g['messages_in_partitions']:>11,}"
                 f"{r['rows']:>11,}{r['session_s']:>10}{r['read_s']:>11}{r['checks_s']:>7}"
                 f"{r['outputs_s']:>7}{r['audit_s']:>8}{r['rows_per_s']:>9,}{r['cores_used']:>6}"
-                f"{sum(r['findings'].values()):>6}{r['rows_parsed']:>11,}"
+                f"{sum(r['findings'].values()):>8,}{r['rows_parsed']:>11,}"
             )
         if not args.no_scaling:
             one, two = rows[-2][2], rows[-1][2]

@@ -38,6 +38,8 @@ Plain (non-transactional) messages are never violations by themselves.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +62,7 @@ from pyspark.sql.types import (
 from notify.audit import formats
 from notify.audit.coordinator import CoordinatorLog, read_coordinator_log
 from notify.audit.sources import LOG_FORMAT, TXLOG_FORMAT, register_sources
+from notify.audit.state import AuditState, load_state, save_files
 
 __all__ = [
     "FINDING_COLUMNS",
@@ -109,6 +112,26 @@ FINDING_COLUMNS: Final[list[tuple[str, Any]]] = [
 
 Progress = Callable[[str], None]
 
+#: the columns of ``notify-log`` the audit keeps (cached, and in the incremental state)
+LOG_KEPT: Final = (
+    "topic",
+    "partition",
+    "segment_start",
+    "offset",
+    "msg_id",
+    "checksum",
+    "checksum_ok",
+    "size",
+    "time_ms",
+    "error",
+)
+
+
+def _parts(spark: SparkSession, paths: list[str], schema: StructType) -> DataFrame:
+    if not paths:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(*paths)
+
 
 @dataclass
 class AuditResult:
@@ -138,7 +161,81 @@ class AuditResult:
     tx_timeout_s: float | None
     inputs: dict[str, str | None] = field(default_factory=dict)
     coordinator_log: CoordinatorLog | None = None
+    state: AuditState | None = None
+    incremental: bool = False
+    starts: dict[str, int] = field(default_factory=dict)
+    segment_paths: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    redo_paths: dict[int, str] = field(default_factory=dict)
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
+
+    def read_stats(self) -> dict[str, int]:
+        """What this run parsed from the files (rows, bytes) and what it took from the state."""
+        t = self.txlog.groupBy("_new").agg(F.count("*").alias("n"), F.sum("size").alias("b"))
+        m = self.log.groupBy("_new").agg(F.count("*").alias("n"), F.sum("size").alias("b"))
+        out = {"txlog_rows_read": 0, "txlog_bytes_read": 0, "txlog_rows_from_state": 0}
+        out.update({"log_rows_read": 0, "log_bytes_read": 0, "log_rows_from_state": 0})
+        for name, df in (("txlog", t), ("log", m)):
+            for r in df.collect():
+                if r["_new"]:
+                    out[f"{name}_rows_read"] = int(r["n"])
+                    out[f"{name}_bytes_read"] = int(r["b"] or 0)
+                else:
+                    out[f"{name}_rows_from_state"] = int(r["n"])
+        return out
+
+    def save_state(self) -> None:
+        """Record this run in the state directory (no-op without one): the rows parsed now
+        and how far each file was read. Call it once the outputs are written."""
+        st = self.state
+        if st is None:
+            return
+        if not self.incremental:  # a full run starts the state again
+            for d in ("txlog", "log"):
+                shutil.rmtree(st.path / d, ignore_errors=True)
+            st.runs = 0
+        run = f"run-{st.runs + 1:06d}"
+        T, M = self.txlog, self.log
+        T.filter(F.col("_new") & ~F.col("kind").isin("CORRUPT", "CHECKPOINT")).drop(
+            "_new"
+        ).write.mode("overwrite").parquet(str(st.path / "txlog" / run))
+        M.filter(F.col("_new") & F.col("error").isNull()).drop("_new").write.mode(
+            "overwrite"
+        ).parquet(str(st.path / "log" / run))
+        consumed = dict(self.starts)
+        for r in (
+            T.filter(F.col("_new") & (F.col("file_no") >= 0))
+            .groupBy("file_no")
+            .agg(
+                F.min(F.when(F.col("kind") == "CORRUPT", F.col("position"))).alias("bad"),
+                F.max(F.when(F.col("kind") != "CORRUPT", F.col("position") + F.col("size"))).alias(
+                    "end"
+                ),
+            )
+            .collect()
+        ):
+            at = r["bad"] if r["bad"] is not None else r["end"]
+            path = self.redo_paths.get(int(r["file_no"]))
+            if path is not None and at is not None:
+                consumed[path] = int(at)
+        for r in (
+            M.filter(F.col("_new"))
+            .groupBy("topic", "partition", "segment_start")
+            .agg(
+                F.min(F.when(F.col("error").isNotNull(), F.col("offset"))).alias("bad"),
+                F.max(F.when(F.col("error").isNull(), F.col("offset") + F.col("size"))).alias(
+                    "end"
+                ),
+            )
+            .collect()
+        ):
+            at = r["bad"] if r["bad"] is not None else r["end"]
+            path = self.segment_paths.get((r["topic"], r["partition"], r["segment_start"]))
+            if path is not None and at is not None:
+                consumed[path] = int(at) - int(r["segment_start"])
+        txlog_dir, data = self.inputs["txlog"], self.inputs["data"]
+        assert txlog_dir is not None and data is not None
+        save_files(st, txlog_dir, data, consumed)
+        st.runs += 1
 
     def finding_counts(self) -> dict[str, int]:
         """``{check: rows}`` of the findings (checks with no row are left out)."""
@@ -230,6 +327,8 @@ def audit(
     now_ms: int | None = None,
     progress: Progress | None = None,
     cache: bool = True,
+    state: str | Path | None = None,
+    full: bool = False,
 ) -> AuditResult:
     """Audit a broker's committed transactions against its partitions.
 
@@ -238,6 +337,11 @@ def audit(
     ``tx_timeout_s``: how long a transaction may stay prepared (default: the timeout logged
     with its PREPARE); ``now_ms``: the audit's clock (default: now). Returns lazy DataFrames
     over cached inputs; nothing is computed until they are used.
+
+    ``state``: a directory (:mod:`notify.audit.state`) making the audit incremental: only the
+    bytes added to the files since the runs recorded there are parsed, the earlier runs'
+    rows are read back from it; :meth:`AuditResult.save_state` records this run. ``full``
+    ignores what the state holds (and ``save_state`` starts it again).
     """
     say = progress or (lambda _m: None)
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
@@ -259,23 +363,46 @@ def audit(
 
     # raw rows (lazy), and the columns the checks use, cached: file names are rebuilt from
     # numbers rather than cached once per row
-    txlog_raw = spark.read.format(TXLOG_FORMAT).load(str(txlog_dir))
-    log_raw = spark.read.format(LOG_FORMAT).load(data_s)
-    T = keep(txlog_raw.drop("file", "type", "crc", "size", "offset"))
-    M = keep(
-        log_raw.select(
-            "topic",
-            "partition",
-            "segment_start",
-            "offset",
-            "msg_id",
-            "checksum",
-            "checksum_ok",
-            "size",
-            "time_ms",
-            "error",
-        )
+    seg_files = formats.find_segments(data_s)
+    st = load_state(state, str(txlog_dir), data_s) if state is not None else None
+    sizes = {x.key: x.size for x in redo_files} | {s.key: s.size for s in seg_files}
+    if st is not None and st.usable and not full:
+        shrunk = sorted(p for p, c in st.consumed.items() if p in sizes and sizes[p] < c)
+        if shrunk:
+            st.why_full = f"{shrunk[0]} is shorter than what an earlier run read"
+    incremental = st is not None and st.usable and not full
+    starts = {p: c for p, c in st.consumed.items() if p in sizes} if st and incremental else {}
+    if incremental:
+        say(f"incremental: {len(starts)} files read before, {st.runs if st else 0} runs")
+    txlog_raw = (
+        spark.read.format(TXLOG_FORMAT).option("starts", json.dumps(starts)).load(str(txlog_dir))
     )
+    log_raw = spark.read.format(LOG_FORMAT).option("starts", json.dumps(starts)).load(data_s)
+    T_new = txlog_raw.drop("file", "type", "crc", "offset")
+    M_new = log_raw.select(*LOG_KEPT)
+    if incremental and st is not None:
+        # earlier runs' rows of the files still there, then this run's
+        prev_T = _parts(spark, st.parts("txlog"), T_new.schema)
+        prev_T = prev_T.filter(F.col("file_no").isin([x.file_no for x in redo_files]))
+        prev_M = _parts(spark, st.parts("log"), M_new.schema)
+        seg_keys = spark.createDataFrame(
+            [(s.topic, s.partition, s.start) for s in seg_files],
+            "topic string, partition int, segment_start long",
+        )
+        prev_M = prev_M.join(F.broadcast(seg_keys), ["topic", "partition", "segment_start"])
+        T_new = prev_T.withColumn("_new", F.lit(False)).unionByName(
+            T_new.withColumn("_new", F.lit(True))
+        )
+        M_new = (
+            prev_M.select(*LOG_KEPT)
+            .withColumn("_new", F.lit(False))
+            .unionByName(M_new.withColumn("_new", F.lit(True)))
+        )
+    else:
+        T_new = T_new.withColumn("_new", F.lit(True))
+        M_new = M_new.withColumn("_new", F.lit(True))
+    T = keep(T_new)
+    M = keep(M_new)
     redo_file = F.when(
         F.col("file_no") >= 0,
         F.concat(F.lit(str(txlog_dir) + "/redo."), F.col("file_no").cast("string")),
@@ -289,41 +416,29 @@ def audit(
     )
 
     # ---------------------------------------------------------------- transactions
-    # incarnations: an APPEND_MSG right after a final record starts a new one
-    by_key = Window.partitionBy("tx_key").orderBy("file_no", "position")
-    t1 = (
-        T.filter(F.col("kind").isin(*TX_KINDS) & F.col("tx_key").isNotNull())
-        .select(
-            "tx_key",
-            "file_no",
-            "position",
-            "kind",
-            "time_ms",
-            "topic",
-            "partition",
-            "msg_count",
-            "msg_ids",
-            "checksums",
-            "sizes",
-            "placements",
-            "hints",
-            "timeout_s",
-            "producer_group",
-            "reason",
-            "outcome",
-        )
-        .withColumn(
-            "_start",
-            F.when(
-                (F.col("kind") == "APPEND_MSG") & F.lag("kind").over(by_key).isin(*FINAL_KINDS),
-                1,
-            ).otherwise(0),
-        )
-        .withColumn(
-            "inc",
-            F.sum("_start").over(by_key.rowsBetween(Window.unboundedPreceding, 0)).cast("int"),
-        )
+    # incarnations: an APPEND_MSG right after a final record starts a new one. Almost every
+    # key has one incarnation: it is aggregated by key alone (hash aggregation, combined
+    # map-side); only keys with an APPEND_MSG after a final record are redone over a window.
+    base = T.filter(F.col("kind").isin(*TX_KINDS) & F.col("tx_key").isNotNull()).select(
+        "tx_key",
+        "file_no",
+        "position",
+        "kind",
+        "time_ms",
+        "topic",
+        "partition",
+        "msg_count",
+        "msg_ids",
+        "checksums",
+        "sizes",
+        "placements",
+        "hints",
+        "timeout_s",
+        "producer_group",
+        "reason",
+        "outcome",
     )
+    pos_code = F.col("file_no") * F.lit(1 << 40) + F.col("position")
 
     def when_kind(kind: str, c: str | Column) -> Column:
         return F.when(F.col("kind") == kind, F.col(c) if isinstance(c, str) else c)
@@ -332,8 +447,7 @@ def audit(
         return F.coalesce(F.max(F.col("kind") == kind), F.lit(False))
 
     sizes_sum = F.aggregate("sizes", F.lit(0).cast("long"), lambda a, x: a + x)
-    # one row per transaction incarnation (t1 is already partitioned by tx_key: no shuffle)
-    agg = t1.groupBy("tx_key", "inc").agg(
+    aggs = [
         has("COMMIT").alias("has_commit"),
         has("APPLIED").alias("has_applied"),
         has("ROLLBACK").alias("has_rollback"),
@@ -350,7 +464,7 @@ def audit(
         ).alias("appends"),
         F.flatten(F.collect_list("placements")).alias("placements_all"),
         F.flatten(F.collect_list("hints")).alias("hints_all"),
-        F.min(F.struct("file_no", "position")).alias("_first"),
+        F.min(pos_code).alias("_first"),
         F.min(when_kind("APPEND_MSG", "time_ms")).alias("first_msg_ms"),
         F.max(when_kind("PREPARE", "time_ms")).alias("prepared_at_ms"),
         F.max(when_kind("PREPARE", "timeout_s")).alias("timeout_s"),
@@ -365,7 +479,13 @@ def audit(
         .alias("messages"),
         F.coalesce(F.sum(when_kind("APPEND_MSG", sizes_sum)), F.lit(0)).cast("long").alias("bytes"),
         F.count("*").alias("records"),
-    )
+    ]
+    reused = (
+        F.max(when_kind("APPEND_MSG", pos_code))
+        > F.min(F.when(F.col("kind").isin(*FINAL_KINDS), pos_code))
+    ).alias("_reused")
+    agg0 = base.groupBy("tx_key").agg(*aggs, F.coalesce(reused, F.lit(False)).alias("_reused"))
+    agg0 = agg0.withColumn("inc", F.lit(0))
     outcome = (
         F.when(F.col("has_commit") | F.col("has_applied"), "committed")
         .when(F.col("has_rollback"), "rolled_back")
@@ -378,31 +498,63 @@ def audit(
     placed_count = F.aggregate(
         "placements_all", F.lit(0).cast("long"), lambda acc, p: acc + p["count"].cast("long")
     )
-    txfull = keep(
-        agg.withColumn("outcome", outcome)
-        .withColumn(
-            "history_complete",
-            F.col("has_append") & (~F.col("has_applied") | (F.col("n_ids") == placed_count)),
-        )
-        .withColumn(
-            "partitions",
-            F.size(
-                F.array_distinct(
-                    F.transform(
-                        "appends",
-                        lambda a: F.concat(a["topic"], F.lit("-"), a["partition"].cast("string")),
+
+    def finish(agg: DataFrame) -> DataFrame:
+        return (
+            agg.withColumn("outcome", outcome)
+            .withColumn(
+                "history_complete",
+                F.col("has_append") & (~F.col("has_applied") | (F.col("n_ids") == placed_count)),
+            )
+            .withColumn(
+                "partitions",
+                F.size(
+                    F.array_distinct(
+                        F.transform(
+                            "appends",
+                            lambda a: F.concat(
+                                a["topic"], F.lit("-"), a["partition"].cast("string")
+                            ),
+                        )
                     )
-                )
-            ),
+                ),
+            )
+            .withColumn("first_file_no", F.shiftright(F.col("_first"), 40))
+            .withColumn("first_position", F.col("_first").bitwiseAND((1 << 40) - 1))
+            .drop("_first")
+            .withColumn("xa", F.col("tx_key").startswith("XID:"))
+            .withColumn("duration_ms", F.col("committed_at_ms") - F.col("first_msg_ms"))
+            .withColumn("in_doubt_ms", F.col("committed_at_ms") - F.col("prepared_at_ms"))
+            .withColumn(
+                "decided_at_ms", F.coalesce(F.col("committed_at_ms"), F.col("prepared_at_ms"))
+            )
         )
-        .withColumn("first_file_no", F.col("_first.file_no"))
-        .withColumn("first_position", F.col("_first.position"))
-        .drop("_first")
-        .withColumn("xa", F.col("tx_key").startswith("XID:"))
-        .withColumn("duration_ms", F.col("committed_at_ms") - F.col("first_msg_ms"))
-        .withColumn("in_doubt_ms", F.col("committed_at_ms") - F.col("prepared_at_ms"))
-        .withColumn("decided_at_ms", F.coalesce(F.col("committed_at_ms"), F.col("prepared_at_ms")))
-    )
+
+    txfull = keep(finish(agg0))
+    say("looking for reused transaction keys")
+    n_reused = txfull.filter("_reused").count()
+    if n_reused:
+        keys = txfull.filter("_reused").select("tx_key")
+        if n_reused <= 200_000:
+            keys = F.broadcast(keys)
+        by_key = Window.partitionBy("tx_key").orderBy("file_no", "position")
+        t1 = (
+            base.join(keys, "tx_key")
+            .withColumn(
+                "_start",
+                F.when(
+                    (F.col("kind") == "APPEND_MSG") & F.lag("kind").over(by_key).isin(*FINAL_KINDS),
+                    1,
+                ).otherwise(0),
+            )
+            .withColumn(
+                "inc",
+                F.sum("_start").over(by_key.rowsBetween(Window.unboundedPreceding, 0)).cast("int"),
+            )
+        )
+        again = t1.groupBy("tx_key", "inc").agg(*aggs).withColumn("_reused", F.lit(False))
+        txfull = keep(txfull.filter(~F.col("_reused")).unionByName(finish(again)))
+    txfull = txfull.drop("_reused")
     tx = txfull.drop("appends", "placements_all", "hints_all")
 
     # ---------------------------------------------------------------- expected messages
@@ -545,6 +697,33 @@ def audit(
         "file": F.concat(F.lit("redo."), F.col("file_no").cast("string")),
         "position": F.col("position"),
     }
+    # one pass per input counts what each check would find: only checks with something to
+    # report are built (a clean audit does no more scans, and no second join with the log)
+    is_committed = F.col("tx_outcome") == "committed"
+    m_conds = {
+        "committed_missing": is_committed & (F.col("n_here") == 0) & ~expired,
+        "committed_duplicate": is_committed & (F.col("n_here") > 1),
+        "committed_misplaced": is_committed & (F.col("n_here") == 1) & misplaced,
+        "committed_checksum_differs": is_committed
+        & (F.col("n_here") >= 1)
+        & (F.col("found_checksum") != F.col("checksum")),
+        "uncommitted_visible": F.col("tx_outcome").isin(*UNCOMMITTED) & (F.col("n_any") > 0),
+    }
+    log_conds = {
+        "checksum_mismatch": F.col("msg_id").isNotNull() & ~F.col("checksum_ok"),
+        "segment_error": F.col("error").isNotNull(),
+    }
+    txlog_conds = {
+        "corrupt": F.col("kind") == "CORRUPT",
+        "txlog_undecodable": (F.col("kind") != "CORRUPT") & F.col("error").isNotNull(),
+    }
+    say("counting findings")
+    probe: dict[str, int] = {}
+    for src, conds in ((messages, m_conds), (M, log_conds), (T, txlog_conds)):
+        row = src.agg(*[F.count(F.when(c, 1)).alias(k) for k, c in conds.items()]).first()
+        assert row is not None
+        probe.update({k: int(row[k]) for k in conds})
+    committed = messages.filter(is_committed)
     f_list: list[DataFrame] = [
         _findings(
             committed.filter((F.col("n_here") == 0) & ~expired),
@@ -591,70 +770,81 @@ def audit(
             ),
         ),
     ]
+    checks4 = [
+        "committed_missing",
+        "committed_duplicate",
+        "committed_misplaced",
+        "committed_checksum_differs",
+    ]
+    f_list = [df for df, c in zip(f_list, checks4, strict=True) if probe[c]]
     # uncommitted_visible: one finding per copy, where it was found
-    visible = (
-        messages.filter(F.col("tx_outcome").isin(*UNCOMMITTED) & (F.col("n_any") > 0))
-        .select(
-            "msg_id",
-            "tx_key",
-            "tx_outcome",
-            "file_no",
-            "position",
-            F.col("topic").alias("put_topic"),
-            F.col("partition").alias("put_partition"),
-        )
-        .join(A, "msg_id")
+    visible = messages.filter(F.col("tx_outcome").isin(*UNCOMMITTED) & (F.col("n_any") > 0)).select(
+        "msg_id",
+        "tx_key",
+        "tx_outcome",
+        "file_no",
+        "position",
+        F.col("topic").alias("put_topic"),
+        F.col("partition").alias("put_partition"),
     )
-    f_list.append(
-        _findings(
-            visible,
-            "uncommitted_visible",
-            tx_key=F.col("tx_key"),
-            topic=F.col("a_topic"),
-            partition=F.col("a_partition"),
-            offset=F.col("a_offset"),
-            msg_id=F.col("msg_id"),
-            file=F.concat(F.lit("redo."), F.col("file_no").cast("string")),
-            position=F.col("position"),
-            detail=F.concat(
-                F.lit("message of a "),
-                F.col("tx_outcome"),
-                F.lit(" transaction is visible (put to "),
-                F.col("put_topic"),
-                F.lit("-"),
-                F.col("put_partition"),
-                F.lit(")"),
-            ),
+    n_vis = probe["uncommitted_visible"]
+    if n_vis:
+        visible = A.join(F.broadcast(visible) if n_vis <= 100_000 else visible, "msg_id")
+        f_list.append(
+            _findings(
+                visible,
+                "uncommitted_visible",
+                tx_key=F.col("tx_key"),
+                topic=F.col("a_topic"),
+                partition=F.col("a_partition"),
+                offset=F.col("a_offset"),
+                msg_id=F.col("msg_id"),
+                file=F.concat(F.lit("redo."), F.col("file_no").cast("string")),
+                position=F.col("position"),
+                detail=F.concat(
+                    F.lit("message of a "),
+                    F.col("tx_outcome"),
+                    F.lit(" transaction is visible (put to "),
+                    F.col("put_topic"),
+                    F.lit("-"),
+                    F.col("put_partition"),
+                    F.lit(")"),
+                ),
+            )
         )
-    )
 
-    bad = M.filter(F.col("msg_id").isNotNull() & ~F.col("checksum_ok"))
-    f_list.append(
-        _findings(
-            bad,
-            "checksum_mismatch",
-            topic=F.col("topic"),
-            partition=F.col("partition"),
-            offset=F.col("offset"),
-            msg_id=F.col("msg_id"),
-            file=seg_file,
-            position=F.col("offset") - F.col("segment_start"),
-            detail=F.concat(
-                F.lit("payload CRC does not match the stored checksum "), F.col("checksum")
-            ),
+    bad = M.filter(log_conds["checksum_mismatch"])
+    if probe["checksum_mismatch"]:
+        f_list.append(
+            _findings(
+                bad,
+                "checksum_mismatch",
+                topic=F.col("topic"),
+                partition=F.col("partition"),
+                offset=F.col("offset"),
+                msg_id=F.col("msg_id"),
+                file=seg_file,
+                position=F.col("offset") - F.col("segment_start"),
+                detail=F.concat(
+                    F.lit("payload CRC does not match the stored checksum "), F.col("checksum")
+                ),
+            )
         )
-    )
     seg_err = M.filter(F.col("error").isNotNull()).join(
         F.broadcast(parts.select("topic", "partition", "last_start")),
         ["topic", "partition"],
         "left",
     )
     for check, cond in (
-        ("segment_torn_tail", F.col("segment_start") == F.col("last_start")),
-        (
-            "segment_corrupt",
-            (F.col("segment_start") != F.col("last_start")) | F.col("last_start").isNull(),
-        ),
+        ()
+        if not probe["segment_error"]
+        else (
+            ("segment_torn_tail", F.col("segment_start") == F.col("last_start")),
+            (
+                "segment_corrupt",
+                (F.col("segment_start") != F.col("last_start")) | F.col("last_start").isNull(),
+            ),
+        )
     ):
         f_list.append(
             _findings(
@@ -670,9 +860,13 @@ def audit(
         )
     corrupt = T.filter(F.col("kind") == "CORRUPT")
     for check, cond in (
-        ("checkpoint_damaged", F.col("file_no") < 0),
-        ("txlog_torn_tail", F.col("file_no") == newest_redo),
-        ("txlog_corrupt", (F.col("file_no") >= 0) & (F.col("file_no") != newest_redo)),
+        ()
+        if not probe["corrupt"]
+        else (
+            ("checkpoint_damaged", F.col("file_no") < 0),
+            ("txlog_torn_tail", F.col("file_no") == newest_redo),
+            ("txlog_corrupt", (F.col("file_no") >= 0) & (F.col("file_no") != newest_redo)),
+        )
     ):
         f_list.append(
             _findings(
@@ -683,16 +877,17 @@ def audit(
                 detail=F.col("error"),
             )
         )
-    f_list.append(
-        _findings(
-            T.filter((F.col("kind") != "CORRUPT") & F.col("error").isNotNull()),
-            "txlog_undecodable",
-            tx_key=F.col("tx_key"),
-            file=redo_file,
-            position=F.col("position"),
-            detail=F.col("error"),
+    if probe["txlog_undecodable"]:
+        f_list.append(
+            _findings(
+                T.filter(txlog_conds["txlog_undecodable"]),
+                "txlog_undecodable",
+                tx_key=F.col("tx_key"),
+                file=redo_file,
+                position=F.col("position"),
+                detail=F.col("error"),
+            )
         )
-    )
 
     # stuck in doubt
     limit_s = (
@@ -751,12 +946,18 @@ def audit(
     findings = keep(_union([_empty_findings(spark), *f_list]))
 
     # ---------------------------------------------------------------- counts
-    topic_hours = (
+    # small tables, written and summarized: kept once computed
+    topic_hours = keep(
         M.filter(F.col("msg_id").isNotNull())
         .groupBy("topic", (F.floor(F.col("time_ms") / HOUR_MS) * HOUR_MS).alias("hour_ms"))
-        .agg(F.count("*").alias("messages"), F.sum("size").alias("bytes"))
+        .agg(
+            F.count("*").alias("messages"),
+            F.sum("size").alias("bytes"),
+            F.min("time_ms").alias("first_ms"),
+            F.max("time_ms").alias("last_ms"),
+        )
     )
-    tx_hours = (
+    tx_hours = keep(
         tx.withColumn(
             "hour_ms",
             F.floor(F.coalesce("decided_at_ms", "first_msg_ms") / HOUR_MS) * HOUR_MS,
@@ -783,6 +984,11 @@ def audit(
             "coordinator_log": None if coordinator_log is None else str(coordinator_log),
         },
         coordinator_log=clog,
+        state=st,
+        incremental=incremental,
+        starts=starts,
+        segment_paths={(s.topic, s.partition, s.start): s.key for s in seg_files},
+        redo_paths={x.file_no: x.key for x in redo_files},
         _cached=cached,
     )
 

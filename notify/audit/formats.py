@@ -30,7 +30,7 @@ from typing import Any, Final
 from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.protocol import logrecords as lr
 from notify.protocol.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
-from notify.store.segment import NAME_DIGITS, SUFFIX, parse_segment_name
+from notify.store.segment import NAME_DIGITS, parse_segment_name
 from txlog.checkpoint import CHECKPOINT_FILE, read_checkpoints
 from txlog.records import DEFAULT_MAX_RECORD_BYTES, CorruptReason
 from txlog.segment import list_segments, segment_path
@@ -56,6 +56,9 @@ _ATTR_LEN = struct.Struct(">i")
 _PART_DIR: Final = re.compile(r"(.+)-(0|[1-9][0-9]*)")
 #: Bytes read from a segment at a time (records never span segment files).
 CHUNK: Final = 16 * 2**20
+#: Suffix of a segment kept by the retention ``archive`` policy (a hard link of the segment,
+#: same bytes): read like the live segment it was.
+ARCHIVED: Final = ".arc"
 #: Rows handed to Spark per Arrow batch.
 BATCH_ROWS: Final = 32_768
 
@@ -106,6 +109,11 @@ class SegmentFile:
     last: bool
     size: int
 
+    @property
+    def key(self) -> str:
+        """What names the segment whatever its file is called (live or archived)."""
+        return f"{self.topic}-{self.partition}/{self.start:0{NAME_DIGITS}d}"
+
 
 def find_segments(
     data_path: str | os.PathLike[str], topics: set[str] | None = None
@@ -127,9 +135,14 @@ def find_segments(
         topic, partition = m.group(1), int(m.group(2))
         if topics is not None and topic not in topics:
             continue
-        starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(d)) if s is not None)
+        names: dict[int, str] = {}
+        for n in os.listdir(d):
+            s = _segment_start(n)
+            if s is not None and (s not in names or not n.endswith(ARCHIVED)):
+                names[s] = n  # the live name wins over its archived link
+        starts = sorted(names)
         for i, s in enumerate(starts):
-            p = d / f"{s:0{NAME_DIGITS}d}{SUFFIX}"
+            p = d / names[s]
             out.append(
                 SegmentFile(str(p), topic, partition, s, i == len(starts) - 1, p.stat().st_size)
             )
@@ -137,88 +150,90 @@ def find_segments(
     return out
 
 
+def _segment_start(name: str) -> int | None:
+    if name.endswith(ARCHIVED):
+        name = name[: -len(ARCHIVED)]
+    return parse_segment_name(name)
+
+
 def _has_segments(d: Path) -> bool:
-    return any(parse_segment_name(n) is not None for n in os.listdir(d))
-
-
-def _new_cols(names: list[str]) -> dict[str, list[Any]]:
-    return {n: [] for n in names}
+    return any(_segment_start(n) is not None for n in os.listdir(d))
 
 
 def read_segment(
-    seg: SegmentFile, with_payload: bool = False, batch_rows: int = BATCH_ROWS
+    seg: SegmentFile,
+    with_payload: bool = False,
+    batch_rows: int = BATCH_ROWS,
+    start: int = 0,
 ) -> Iterator[dict[str, list[Any]]]:
-    """Rows of one segment file as column lists, ``batch_rows`` rows at a time."""
+    """Rows of one segment file as column lists, ``batch_rows`` rows at a time.
+
+    ``start``: file position to begin at (a record boundary, e.g. where an earlier read
+    stopped). The loop keeps only what needs each record (framing, CRC); the derived columns
+    (size, time) are computed per batch.
+    """
     names = [n for n, _ in LOG_COLUMNS] + (["payload"] if with_payload else [])
-    cols = _new_cols(names)
-    c_off, c_id, c_flag, c_crc, c_ok = (
-        cols["offset"],
-        cols["msg_id"],
-        cols["flag"],
-        cols["checksum"],
-        cols["checksum_ok"],
-    )
-    c_attr, c_size, c_time, c_err = cols["attribute"], cols["size"], cols["time_ms"], cols["error"]
-    c_payload = cols.get("payload")
     unpack = HEADER.unpack_from
     crc32 = zlib.crc32
-    rows = 0
+    hs = HEADER_SIZE
     error: str | None = None
     error_at = 0
+    offs: list[int] = []
+    ids: list[int] = []
+    flags: list[int] = []
+    crcs: list[int] = []
+    oks: list[bool] = []
+    lens: list[int] = []
+    attrs: dict[int, str] = {}
+    payloads: list[bytes] = []
+    payload = payloads if with_payload else None
     with open(seg.path, "rb") as f:
         file_size = os.fstat(f.fileno()).st_size
-        base = 0  # file position of buf[0]
+        if start:
+            f.seek(start)
+        base = start  # file position of buf[0]
         buf = b""
         while True:
             data = f.read(CHUNK)
             buf = buf + data if buf else data
+            mv = memoryview(buf)
             n = len(buf)
             pos = 0
             at_eof = not data or base + n >= file_size
-            while n - pos >= HEADER_SIZE:
+            seg_base = seg.start + base
+            while n - pos >= hs:
                 length, crc, mid, flag = unpack(buf, pos)
-                if length < 0:
-                    error = f"bad length {length}"
-                    break
-                if length == 0 and mid == 0 and crc == 0:
-                    error = "zero-filled area"
-                    break
-                end = pos + HEADER_SIZE + length
-                if end > n:
-                    break
-                payload = buf[pos + HEADER_SIZE : end]
-                c_off.append(seg.start + base + pos)
-                c_id.append(mid)
-                c_flag.append(flag)
-                c_crc.append(crc)
-                c_ok.append(crc32(payload) & _CRC_MASK == crc)
-                attr: str | None = None
+                end = pos + hs + length
+                if length <= 0 or end > n:
+                    if length < 0:
+                        error = f"bad length {length}"
+                        break
+                    if length == 0 and mid == 0 and crc == 0:
+                        error = "zero-filled area"
+                        break
+                    if end > n:
+                        break
+                offs.append(seg_base + pos)
+                ids.append(mid)
+                flags.append(flag)
+                crcs.append(crc)
+                oks.append(crc32(mv[pos + hs : end]) & _CRC_MASK == crc)
+                lens.append(length)
                 if flag & FLAG_ATTRIBUTE and length >= 4:
-                    (alen,) = _ATTR_LEN.unpack_from(payload, 0)
+                    (alen,) = _ATTR_LEN.unpack_from(buf, pos + hs)
                     if 0 <= alen <= length - 4:
-                        attr = payload[4 : 4 + alen].decode("utf-8", "replace")
-                c_attr.append(attr)
-                c_size.append(HEADER_SIZE + length)
-                c_time.append((mid >> _ID_SHIFT) + EPOCH_MS)
-                c_err.append(None)
-                if c_payload is not None:
-                    c_payload.append(payload)
-                rows += 1
+                        attrs[len(ids) - 1] = bytes(mv[pos + hs + 4 : pos + hs + 4 + alen]).decode(
+                            "utf-8", "replace"
+                        )
+                if with_payload:
+                    payloads.append(buf[pos + hs : end])
                 pos = end
-                if rows >= batch_rows:
-                    yield _finish_segment_batch(cols, seg, rows)
-                    cols = _new_cols(names)
-                    c_off, c_id, c_flag, c_crc, c_ok = (
-                        cols["offset"],
-                        cols["msg_id"],
-                        cols["flag"],
-                        cols["checksum"],
-                        cols["checksum_ok"],
-                    )
-                    c_attr, c_size = cols["attribute"], cols["size"]
-                    c_time, c_err = cols["time_ms"], cols["error"]
-                    c_payload = cols.get("payload")
-                    rows = 0
+                if len(ids) >= batch_rows:
+                    yield _segment_batch(seg, offs, ids, flags, crcs, oks, lens, attrs, payload)
+                    offs, ids, flags, crcs, oks, lens, payloads = [], [], [], [], [], [], []
+                    attrs = {}
+                    payload = payloads if with_payload else None
+            mv.release()
             if error is not None:
                 error_at = base + pos
                 break
@@ -235,23 +250,50 @@ def read_segment(
                     )
                     error_at = base
                 break
-    if error is not None:
-        for name in names:
-            cols[name].append(None)
-        cols["offset"][-1] = seg.start + error_at
-        cols["error"][-1] = f"{error} at file position {error_at}"
-        rows += 1
-    if rows:
-        yield _finish_segment_batch(cols, seg, rows)
+    if ids or error is not None:
+        cols = _segment_batch(seg, offs, ids, flags, crcs, oks, lens, attrs, payload)
+        if error is not None:  # one row with the place and why ends the file
+            consts = {"topic": seg.topic, "partition": seg.partition, "file": seg.path}
+            consts["segment_start"] = seg.start
+            consts["offset"] = seg.start + error_at
+            consts["error"] = f"{error} at file position {error_at}"
+            for name in names:
+                cols[name].append(consts.get(name))
+        yield cols
 
 
-def _finish_segment_batch(
-    cols: dict[str, list[Any]], seg: SegmentFile, rows: int
+def _segment_batch(
+    seg: SegmentFile,
+    offs: list[int],
+    ids: list[int],
+    flags: list[int],
+    crcs: list[int],
+    oks: list[bool],
+    lens: list[int],
+    attrs: dict[int, str],
+    payloads: list[bytes] | None,
 ) -> dict[str, list[Any]]:
-    cols["topic"] = [seg.topic] * rows
-    cols["partition"] = [seg.partition] * rows
-    cols["file"] = [seg.path] * rows
-    cols["segment_start"] = [seg.start] * rows
+    rows = len(ids)
+    attr: list[str | None] = [None] * rows
+    for i, a in attrs.items():
+        attr[i] = a
+    cols: dict[str, list[Any]] = {
+        "topic": [seg.topic] * rows,
+        "partition": [seg.partition] * rows,
+        "file": [seg.path] * rows,
+        "segment_start": [seg.start] * rows,
+        "offset": offs,
+        "msg_id": ids,
+        "flag": flags,
+        "checksum": crcs,
+        "checksum_ok": oks,
+        "attribute": attr,
+        "size": [HEADER_SIZE + n for n in lens],
+        "time_ms": [(m >> _ID_SHIFT) + EPOCH_MS for m in ids],
+        "error": [None] * rows,
+    }
+    if payloads is not None:
+        cols["payload"] = payloads
     return cols
 
 
@@ -295,6 +337,11 @@ class TxlogFile:
     file_no: int
     last: bool
     size: int
+
+    @property
+    def key(self) -> str:
+        """``redo.<N>`` (``checkpoint`` for the checkpoint file)."""
+        return f"redo.{self.file_no}" if self.file_no >= 0 else CHECKPOINT_FILE
 
 
 def txlog_dir(path: str | os.PathLike[str]) -> Path:
@@ -387,8 +434,15 @@ class TxlogColumns:
     def valid(self, which: int) -> list[bool]:
         """Per row: whether list column group ``which`` (0 messages, 1 placements, 2 hints)
         is set (its record kind has it and decoded)."""
-        kinds = [t[2] for t in self.tuples]
-        return [_LISTS_OF.get(k) == which and i not in self.broken for i, k in enumerate(kinds)]
+        return [not x for x in self.invalid(which)]
+
+    def invalid(self, which: int) -> list[bool]:
+        """The negation of :meth:`valid` (Arrow's null mask)."""
+        kind = ("APPEND_MSG", "APPLIED", "COMMIT")[which]
+        out = [t[2] != kind for t in self.tuples]
+        for i in self.broken:
+            out[i] = True
+        return out
 
     def _end_row(self, row: tuple[Any, ...]) -> None:
         self.tuples.append(row)
@@ -693,12 +747,16 @@ class TxlogColumns:
 
 
 def read_txlog_file(
-    f: TxlogFile, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, batch_rows: int = BATCH_ROWS
+    f: TxlogFile,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    batch_rows: int = BATCH_ROWS,
+    start: int = 0,
 ) -> Iterator[TxlogColumns]:
     """Rows of one redo (or the checkpoint) file, ``batch_rows`` at a time.
 
     Frames are checked as :func:`txlog.records.decode` does; the first frame that is not
-    intact ends the file with a ``CORRUPT`` row saying why.
+    intact ends the file with a ``CORRUPT`` row saying why. ``start``: the file position to
+    begin at (a frame boundary where an earlier read stopped; ignored for the checkpoint).
     """
     cols = TxlogColumns(f)
     if f.file_no < 0:
@@ -711,7 +769,9 @@ def read_txlog_file(
     error: str | None = None
     with open(f.path, "rb") as fh:
         file_size = os.fstat(fh.fileno()).st_size
-        base = 0
+        if start:
+            fh.seek(start)
+        base = start
         buf = b""
         while True:
             data = fh.read(CHUNK)

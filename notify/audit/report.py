@@ -9,6 +9,7 @@ import datetime as dt
 import html
 import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -84,13 +85,13 @@ def summarize(result: AuditResult, counts: dict[str, int] | None = None) -> dict
     txlog_kinds = {
         r["kind"]: int(r["count"]) for r in result.txlog.groupBy("kind").count().collect()
     }
-    lg = result.log.agg(
-        F.count("msg_id").alias("messages"),
-        F.coalesce(F.sum("size"), F.lit(0)).alias("bytes"),
-        F.min("time_ms").alias("first_ms"),
-        F.max("time_ms").alias("last_ms"),
-    ).first()
-    assert lg is not None
+    th = result.topic_hours.orderBy("hour_ms", "topic").collect()  # small; totals from it
+    lg: dict[str, Any] = {
+        "messages": sum(int(r["messages"]) for r in th),
+        "bytes": sum(int(r["bytes"] or 0) for r in th),
+        "first_ms": min((r["first_ms"] for r in th), default=None),
+        "last_ms": max((r["last_ms"] for r in th), default=None),
+    }
     outcomes: dict[str, dict[str, Any]] = {}
     for r in (
         result.transactions.groupBy("outcome")
@@ -138,7 +139,7 @@ def summarize(result: AuditResult, counts: dict[str, int] | None = None) -> dict
             "messages": int(r["messages"]),
             "bytes": int(r["bytes"]),
         }
-        for r in result.topic_hours.orderBy("hour_ms", "topic").collect()
+        for r in th
     ]
     tx_hours = [
         {
@@ -202,6 +203,37 @@ def summarize(result: AuditResult, counts: dict[str, int] | None = None) -> dict
     }
 
 
+def run_info(
+    result: AuditResult, summary: dict[str, Any], run: dict[str, Any], t_out: float
+) -> dict[str, Any]:
+    """The run's figures: what was read (from the files, from the incremental state), by
+    how many executors, how long each part took and rows per second."""
+    sc = result.log.sparkSession.sparkContext
+    read = result.read_stats()
+    rows = sum(summary["txlog_records"].values()) + summary["partition_messages"]
+    now = time.monotonic()
+    started = float(run.get("started", t_out))
+    audit_s = max(now - started, 1e-9)
+    executors = max(0, sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
+    st = result.state
+    return {
+        "master": run.get("master", sc.master),
+        "executors": executors,
+        "parallelism": sc.defaultParallelism,
+        "incremental": result.incremental,
+        "state_runs": 0 if st is None else st.runs + 1,
+        "state_ignored": None if st is None else st.why_full,
+        **read,
+        "rows": rows,
+        "session_s": run.get("session_s"),
+        "checks_s": run.get("checks_s"),
+        "outputs_s": round(now - t_out, 1),
+        "audit_s": round(audit_s, 1),
+        "rows_per_s": round(rows / audit_s),
+        "read_rows_per_s": round((read["txlog_rows_read"] + read["log_rows_read"]) / audit_s),
+    }
+
+
 def _write(df: DataFrame, path: Path, parts: int) -> None:
     df.coalesce(parts).write.mode("overwrite").parquet(str(path))
 
@@ -212,10 +244,16 @@ def write_outputs(
     progress: Progress | None = None,
     counts: dict[str, int] | None = None,
     write_messages: bool = False,
+    run: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the Parquet tables, ``summary.json`` and ``report.html`` under ``out``; return
-    the summary."""
+    the summary.
+
+    ``run``: what the caller measured (``master``, ``session_s``, ``checks_s`` and
+    ``started``, its ``time.monotonic()`` once the session was up); completed here with what
+    was read, the executors, the output time and the throughput (summary ``run``)."""
     say = progress or (lambda _m: None)
+    t_out = time.monotonic()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     counts = result.finding_counts() if counts is None else counts
@@ -236,6 +274,7 @@ def write_outputs(
         _write(df, out / f"{name}.parquet", 4 if name in ("transactions", "messages") else 1)
     say("summarizing")
     summary = summarize(result, counts)
+    summary["run"] = run_info(result, summary, run or {}, t_out)
     summary["tables"] = {n: str(out / f"{n}.parquet") for n, df in tables.items() if df is not None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     say("rendering report.html")
@@ -400,8 +439,39 @@ def render_html(s: dict[str, Any]) -> str:
         )
         + "</p>",
         status,
-        "<h2>Findings</h2>",
     ]
+    r = s.get("run")
+    if r:
+        mode = "incremental" if r["incremental"] else "full"
+        out.append(
+            f"<p>{mode} run on <code>{esc(str(r['master']))}</code> "
+            f"({r['executors']} executors, parallelism {r['parallelism']}): "
+            f"{r['rows']:,} rows audited in {r['audit_s']} s "
+            f"(<b>{r['rows_per_s']:,} rows/s</b>; checks {r['checks_s']} s, outputs "
+            f"{r['outputs_s']} s).</p>"
+        )
+        out.append(
+            _table(
+                ["input", "rows parsed now", "bytes parsed now", "rows from earlier runs"],
+                [
+                    (
+                        "redo log",
+                        r["txlog_rows_read"],
+                        r["txlog_bytes_read"],
+                        r["txlog_rows_from_state"],
+                    ),
+                    (
+                        "partitions",
+                        r["log_rows_read"],
+                        r["log_bytes_read"],
+                        r["log_rows_from_state"],
+                    ),
+                ],
+            )
+        )
+        if r.get("state_ignored"):
+            out.append(f"<p class=warn>state not used: {esc(str(r['state_ignored']))}</p>")
+    out.append("<h2>Findings</h2>")
     fc = s["findings_by_check"]
     if fc:
         out.append(

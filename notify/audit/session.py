@@ -6,12 +6,15 @@ import importlib.util
 import os
 import shutil
 import sys
+import tempfile
+import zipfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["DEFAULT_MASTER", "new_session", "spark_missing"]
+__all__ = ["DEFAULT_MASTER", "code_zip", "is_local", "new_session", "spark_missing"]
 
 DEFAULT_MASTER: Final = "local[2]"
 
@@ -40,14 +43,24 @@ def new_session(
     driver_memory: str = "2g",
     shuffle_partitions: int | None = None,
     extra_conf: dict[str, str] | None = None,
+    ship_code: bool | None = None,
 ) -> SparkSession:
-    """A SparkSession for the audit: loopback only, no UI, workers on this interpreter.
+    """A SparkSession for the audit: no UI, Python workers on this interpreter.
 
-    Sets ``SPARK_LOCAL_IP=127.0.0.1`` and ``PYSPARK_PYTHON`` (to ``sys.executable``, so the
-    executors find ``notify`` and pyarrow) unless already set. When a session is already
-    active (tests, notebooks) it is returned as is, with the data sources registered.
+    ``local[...]`` masters run on loopback only (``SPARK_LOCAL_IP=127.0.0.1`` unless set).
+    Any other master (``spark://host:7077``, ``yarn``...) is a cluster: the driver listens
+    where ``SPARK_LOCAL_IP`` (else Spark's default) says so the executors can connect back,
+    their Python is ``spark.pyspark.python`` (default this interpreter's path, which must
+    exist on every worker, with pyarrow), and unless ``ship_code`` is False the ``notify``
+    and ``txlog`` packages are sent to them as a zip (``addPyFile``). The broker's files
+    must be at the same path on every executor (see README "Audit with Spark").
+
+    When a session is already active (tests, notebooks) it is returned as is, with the data
+    sources registered.
     """
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    local = is_local(master)
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -58,23 +71,60 @@ def new_session(
     conf = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
         "spark.driver.memory": driver_memory,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(shuffle_partitions or max(4, 4 * cores)),
         "spark.sql.adaptive.enabled": "true",
         "spark.python.worker.reuse": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        **(extra_conf or {}),
+        # the per-transaction aggregate collects lists: keep it hash-based for as many keys
+        # as a task sees (Spark's default 128 sorts everything beyond that)
+        "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "131072",
+        "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
     }
+    host = os.environ.get("SPARK_LOCAL_IP")
+    if host:
+        conf["spark.driver.host"] = host
+        conf["spark.driver.bindAddress"] = host
+    conf.update(extra_conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if (not local if ship_code is None else ship_code) and not getattr(
+        spark.sparkContext, "_notify_shipped", False
+    ):
+        spark.sparkContext.addPyFile(str(code_zip()))
+        spark.sparkContext._notify_shipped = True  # type: ignore[attr-defined]
     register_sources(spark)
     return spark
+
+
+def is_local(master: str) -> bool:
+    """Whether ``master`` runs everything in this process (``local``, ``local[N]``...)."""
+    return master == "local" or master.startswith("local[")
+
+
+def code_zip() -> Path:
+    """A zip of the ``notify`` and ``txlog`` packages (``.py`` files) for the executors,
+    made once per process in the temp directory."""
+    global _ZIP
+    if _ZIP is None or not _ZIP.exists():
+        fd, name = tempfile.mkstemp(prefix="notify-audit-code-", suffix=".zip")
+        os.close(fd)
+        with zipfile.ZipFile(name, "w", zipfile.ZIP_DEFLATED) as z:
+            for pkg in ("notify", "txlog"):
+                spec = importlib.util.find_spec(pkg)
+                assert spec is not None and spec.origin is not None
+                root = Path(spec.origin).parent
+                for f in sorted(root.rglob("*.py")):
+                    z.write(f, str(f.relative_to(root.parent)))
+        _ZIP = Path(name)
+    return _ZIP
+
+
+_ZIP: Path | None = None
 
 
 def _cores(master: str) -> int:

@@ -13,7 +13,8 @@ Register once per session, then read::
 matches), ``attribute, size`` (header + payload bytes), ``time_ms`` (from the message id),
 ``error`` (set on the one row that ends an unreadable file; its other fields are null but the
 place). Options: ``payload`` (``true`` adds a ``payload`` binary column), ``topics`` (comma
-separated names to read).
+separated names to read), ``starts`` (JSON ``{file key: byte}``: begin those files there,
+at a record boundary; used by the incremental audit).
 
 ``notify-txlog`` (one row per redo record; columns :data:`~notify.audit.formats.TXLOG_COLUMNS`):
 ``file, file_no, position, type, kind`` (APPEND_MSG, PREPARE, COMMIT, ROLLBACK, APPLIED,
@@ -25,7 +26,8 @@ checksums, sizes`` (APPEND_MSG's records), ``placements`` (APPLIED), ``hints`` (
 ``timeout_s, producer_group`` (PREPARE), ``reason`` (ROLLBACK; HEURISTIC: who), ``outcome``
 (HEURISTIC), ``crc, size`` (frame), ``error``. The path may be the ``transactions`` directory
 or a broker's dataLogPath/dataPath holding it. Option ``checkpoint`` (default true) adds the
-checkpoint file's entries.
+checkpoint file's entries; ``starts`` as for ``notify-log`` (the checkpoint is always read
+whole).
 
 Both are partitioned by file: one Spark input partition per segment or redo file, largest
 first. Rows come as Arrow record batches (pyarrow is required on the executors, and the
@@ -34,6 +36,7 @@ first. Rows come as Arrow record batches (pyarrow is required on the executors, 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -95,11 +98,31 @@ def _arrow_schema(columns: Sequence[tuple[str, str]]) -> Any:
 
 
 class FilePartition(InputPartition):
-    """One input partition: one file."""
+    """One input partition: one file, read from byte ``start``."""
 
-    def __init__(self, value: formats.SegmentFile | formats.TxlogFile):
+    def __init__(self, value: formats.SegmentFile | formats.TxlogFile, start: int = 0):
         super().__init__(value)
         self.file = value
+        self.start = start
+
+
+def _starts(options: dict[str, str]) -> dict[str, int]:
+    """Option ``starts``: JSON ``{file key: byte}`` to begin each file at (files at their
+    end are skipped; keys: ``<topic>-<n>/<start>`` and ``redo.<N>``, see ``key`` of
+    :class:`~notify.audit.formats.SegmentFile`); the incremental audit passes what earlier
+    runs consumed."""
+    raw = options.get("starts")
+    return {str(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
+
+
+def _partitions(files: Sequence[Any], starts: dict[str, int]) -> list[InputPartition]:
+    out: list[InputPartition] = []
+    for f in files:
+        at = starts.get(f.key, 0) if getattr(f, "file_no", 0) >= 0 else 0
+        if at and at >= f.size:
+            continue
+        out.append(FilePartition(f, at))
+    return out
 
 
 # ---------------------------------------------------------------------------- notify-log
@@ -136,17 +159,19 @@ class NotifyLogReader(DataSourceReader):
         topics = options.get("topics")
         self.topics = {t.strip() for t in topics.split(",") if t.strip()} if topics else None
         self.columns = _log_columns(options)
+        self.starts = _starts(options)
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [FilePartition(f) for f in formats.find_segments(self.path, self.topics)]
+        return _partitions(formats.find_segments(self.path, self.topics), self.starts)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         import pyarrow as pa
 
-        seg = partition.value
+        assert isinstance(partition, FilePartition)
+        seg = partition.file
         assert isinstance(seg, formats.SegmentFile)
         schema = _arrow_schema(self.columns)
-        for cols in formats.read_segment(seg, with_payload=self.payload):
+        for cols in formats.read_segment(seg, with_payload=self.payload, start=partition.start):
             arrays = [pa.array(cols[f.name], f.type) for f in schema]
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
@@ -178,15 +203,17 @@ class NotifyTxlogReader(DataSourceReader):
         self.max_record_bytes = int(
             options.get("max_record_bytes", formats.DEFAULT_MAX_RECORD_BYTES)
         )
+        self.starts = _starts(options)
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [FilePartition(f) for f in formats.find_txlog_files(self.path, self.checkpoint)]
+        return _partitions(formats.find_txlog_files(self.path, self.checkpoint), self.starts)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        f = partition.value
+        assert isinstance(partition, FilePartition)
+        f = partition.file
         assert isinstance(f, formats.TxlogFile)
         schema = _arrow_schema(formats.TXLOG_COLUMNS)
-        for cols in formats.read_txlog_file(f, self.max_record_bytes):
+        for cols in formats.read_txlog_file(f, self.max_record_bytes, start=partition.start):
             yield txlog_batch(cols, schema)
 
 
@@ -195,20 +222,19 @@ def txlog_batch(cols: formats.TxlogColumns, schema: Any) -> Any:
     import pyarrow as pa
 
     n = cols.rows
+    nulls = {w: pa.array(cols.invalid(w), pa.bool_()) for w in (0, 1, 2)}
 
     def lists(offsets: list[int], which: int, values: Any) -> Any:
-        valid = cols.valid(which)
-        mask = pa.array([not v for v in valid], pa.bool_())
-        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=mask)
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=nulls[which])
 
     arrays: list[Any] = []
     scalars = cols.columns()
     for fl in schema:
         name = fl.name
         if name == "file":
-            arrays.append(pa.array([cols.file.path] * n, pa.string()))
+            arrays.append(pa.repeat(pa.scalar(cols.file.path, pa.string()), n))
         elif name == "file_no":
-            arrays.append(pa.array([cols.file.file_no] * n, pa.int64()))
+            arrays.append(pa.repeat(pa.scalar(cols.file.file_no, pa.int64()), n))
         elif name in ("msg_ids", "checksums", "sizes"):
             vals = {"msg_ids": cols.ids, "checksums": cols.crcs, "sizes": cols.sizes}[name]
             arrays.append(lists(cols.ids_off, 0, pa.array(vals, fl.type.value_type)))

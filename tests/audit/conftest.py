@@ -15,9 +15,14 @@ tests skip, or fail when CI is set.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -277,3 +282,118 @@ def broker_logs(tmp_path_factory: pytest.TempPathFactory) -> BrokerLogs:
         _without_applied(target / "transactions", logs.hint_key)
     _corrupt(logs.corrupt, logs)
     return logs
+
+
+# ---------------------------------------------------------------------------- a real cluster
+
+
+@dataclass
+class SparkCluster:
+    """A Spark standalone master and two workers on 127.0.0.1 (``url``: ``spark://...``)."""
+
+    url: str
+    web: str
+    pids: list[int]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive_workers(web: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{web}/json/", timeout=2) as r:
+            return len([w for w in json.load(r).get("workers", []) if w.get("state") == "ALIVE"])
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A standalone master and two workers (1 core, 1 GiB each) started with the installed
+    PySpark's ``bin/spark-class``; stopped by PID. Skips without Java/PySpark unless CI."""
+    from notify.audit.session import spark_missing
+
+    why = spark_missing()
+    if why is not None:
+        if IN_CI:
+            pytest.fail(f"{why} (CI is set: the cluster test must run)", pytrace=False)
+        pytest.skip(why)
+    import pyspark
+
+    spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
+    work = tmp_path_factory.mktemp("spark-cluster")
+    env = {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_NO_DAEMONIZE": "1",
+        "SPARK_WORKER_DIR": str(work / "work"),
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_DAEMON_MEMORY": "512m",
+    }
+    port, web_port = _free_port(), _free_port()
+    url, web = f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web_port}"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, *args: str) -> None:
+        with open(work / f"{name}.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [str(spark_class), *args],
+                    env=env,
+                    cwd=work,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+
+    try:
+        start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(web_port),
+        )
+        for i in range(2):
+            start(
+                f"worker{i}",
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--webui-port",
+                str(_free_port()),
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--work-dir",
+                str(work / f"work{i}"),
+                url,
+            )
+        deadline = time.monotonic() + 120
+        while _alive_workers(web) < 2:
+            dead = [p for p in procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                logs = "\n".join(
+                    f"--- {f.name}\n{f.read_text()[-2000:]}" for f in sorted(work.glob("*.log"))
+                )
+                raise RuntimeError(f"the Spark cluster did not come up:\n{logs}")
+            time.sleep(0.5)
+        yield SparkCluster(url, web, [p.pid for p in procs])
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)

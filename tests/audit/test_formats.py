@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -70,3 +71,23 @@ def test_coordinator_log(broker_logs: BrokerLogs) -> None:
         ("commit", False),
         ("commit", True),
     ]
+
+
+def test_archived_segments_are_read(broker_logs: BrokerLogs, tmp_path: Path) -> None:
+    """A segment the retention ``archive`` policy kept as ``<name>.arc`` is read like the
+    live one (same key, so an incremental audit sees the same file), and the live name wins
+    while both exist."""
+    part = tmp_path / "t-0"
+    shutil.copytree(broker_logs.clean / "t-0", part)
+    (seg,) = sorted(part.glob("*.meta"))
+    live = _rows(tmp_path, "t", 0)
+    os.link(seg, seg.with_name(seg.name + formats.ARCHIVED))
+    assert [s.path for s in formats.find_segments(tmp_path)] == [str(seg)]
+    seg.unlink()
+    end = int(seg.name[:-5]) + len(live) * 1000
+    (part / f"{end:020d}.meta").write_bytes(b"")  # the new active segment
+    found = sorted(formats.find_segments(tmp_path), key=lambda s: s.start)
+    assert [Path(s.path).name for s in found] == [seg.name + ".arc", f"{end:020d}.meta"]
+    assert not found[0].last and found[0].key == f"t-0/{seg.name[:-5]}"
+    strip = [{k: v for k, v in r.items() if k != "file"} for r in live]
+    assert [{k: v for k, v in r.items() if k != "file"} for r in _rows(tmp_path, "t", 0)] == strip

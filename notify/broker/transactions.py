@@ -143,41 +143,33 @@ class TransactionManager:
             batch = out[:]
             out.clear()
             for eff in batch:
-                t = type(eff)
-                if t is Reply:
-                    assert isinstance(eff, Reply)
+                if isinstance(eff, Reply):
                     conn: Connection = eff.owner
                     if not conn.closed:
                         conn.send(encode_result(eff.code, eff.opaque, eff.body))
-                elif t is Defer:
-                    assert isinstance(eff, Defer)
+                elif isinstance(eff, Defer):
                     slot = PendingReplies(eff.ticket.owner, 0)
                     slot.items.append([eff.ticket.opaque])
                     eff.ticket.slot = slot
                     if not eff.ticket.owner.closed:
                         eff.ticket.owner.send(slot)
-                elif t is Complete:
-                    assert isinstance(eff, Complete)
+                elif isinstance(eff, Complete):
                     tk = eff.ticket
-                    slot = tk.slot
-                    slot.body = encode_result(tk.code, tk.opaque, tk.body)
-                    slot.resolve()
-                elif t is Force:
-                    assert isinstance(eff, Force)
+                    tk.slot.body = encode_result(tk.code, tk.opaque, tk.body)
+                    tk.slot.resolve()
+                elif isinstance(eff, Force):
                     if self._force_upto is None:
                         self._force_upto = eff.pos
                         self.loop.call_soon(self._force_round)
                     elif eff.pos > self._force_upto:
                         self._force_upto = eff.pos
-                elif t is SendCheck:
-                    assert isinstance(eff, SendCheck)
+                elif isinstance(eff, SendCheck):
                     c: Connection = eff.owner
                     if not c.closing:
                         c.send(
                             encode_check(eff.key, eff.topic, eff.partition, eff.records, eff.opaque)
                         )
-                elif t is Applied:
-                    assert isinstance(eff, Applied)
+                else:
                     self.on_applied(eff)
 
     def _force_round(self) -> None:

@@ -1080,10 +1080,6 @@ class TxEngine:
         """The known transactions, oldest first."""
         return sorted(self.txs.values(), key=lambda t: t.created_ms)
 
-    def open_count(self) -> int:
-        """Transactions that count against ``maxTxTimeoutTimerCapacity``."""
-        return sum(1 for tx in self.txs.values() if self._timed(tx))
-
     def stats_items(self) -> list[tuple[str, object]]:
         by_state: dict[str, int] = {}
         for tx in self.txs.values():

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from notify.client.offsets import FileOffsetStore, TopicPartitionOffset
+from notify.fs import OS_FS, write_file_atomically
 
 from .base import OffsetStoreError, StoredOffset, sort_key
 
@@ -126,21 +127,7 @@ class FileOffsets:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_file_atomically(OS_FS, path, data)
     except OSError as e:
         raise OffsetStoreError(f"cannot write offset file {path}: {e}") from e

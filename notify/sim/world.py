@@ -42,7 +42,7 @@ from pathlib import PurePosixPath
 
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config, encode_envelope
 from notify.broker.idgen import IdGenerator
-from notify.config import ServerConfig, TopicConfig, default_topic, parse_config
+from notify.config import default_topic, parse_config
 from notify.core.apply import Applier
 from notify.core.effects import Applied, Complete, Defer, Effect, Force, Reply, SendCheck, Ticket
 from notify.core.transactions import TxEngine, TxLimits
@@ -120,7 +120,7 @@ class Core:
             world.crashpoint,
         )
         self.delay: DelayQueue | None = None
-        self.store.add_topic(_delay_topic(self.config))
+        self.store.add_topic(delay_topic_config(default_topic(self.config.system, "")))
         self.engine.recover()
         self.out.clear()  # recovery's Applied effects: the delay queue re-indexes by scanning
         self.delay = DelayQueue(
@@ -142,15 +142,6 @@ class Core:
     def _visible(self, part: Partition) -> None:
         self.engine.partition_visible(part)
 
-    def close(self) -> None:
-        self.log.close()
-        if self.delay is not None:
-            self.delay.log.close()
-        self.store.close()
-
-
-def _delay_topic(config: ServerConfig) -> TopicConfig:
-    return delay_topic_config(default_topic(config.system, ""))
 
 
 class World:
@@ -613,23 +604,22 @@ class World:
     def _scan(
         self, topic: str, p: int, part: Partition, found: dict[int, tuple[str, int, int, bytes]]
     ) -> None:
-        if True:
-            off = part.min_offset
-            while off < part.end:
-                data = part.read_raw(off, 1 << 20)
-                try:
-                    recs, used = records.decode_all(data, off)
-                except NotifyError as e:
-                    self.fail(f"{topic}-{p}: unreadable at {off}: {e}")
-                if not recs:
-                    self.fail(f"{topic}-{p}: gap or torn record at {off} (end {part.end})")
-                for r in recs:
-                    if r.msg_id in found:
-                        self.fail(
-                            f"message {r.msg_id} stored twice ({found[r.msg_id]}, {topic}-{p})"
-                        )
-                    found[r.msg_id] = (topic, p, r.offset, r.payload)
-                off += used
+        off = part.min_offset
+        while off < part.end:
+            data = part.read_raw(off, 1 << 20)
+            try:
+                recs, used = records.decode_all(data, off)
+            except NotifyError as e:
+                self.fail(f"{topic}-{p}: unreadable at {off}: {e}")
+            if not recs:
+                self.fail(f"{topic}-{p}: gap or torn record at {off} (end {part.end})")
+            for r in recs:
+                if r.msg_id in found:
+                    self.fail(
+                        f"message {r.msg_id} stored twice ({found[r.msg_id]}, {topic}-{p})"
+                    )
+                found[r.msg_id] = (topic, p, r.offset, r.payload)
+            off += used
 
     def check(self, final: bool = False) -> None:
         found = self.read_all()

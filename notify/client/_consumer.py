@@ -597,8 +597,11 @@ class AsyncConsumer:
         offset is wrong) is treated as MetaQ's 301 to that end."""
         cur.end_checked = offset
         topic, group, part = cur.topic, self.group, cur.partition.partition
+        # ``offset`` at Long.MAX_VALUE answers the visible end (at ``offset`` itself it would
+        # answer the start of the segment holding it once new data has arrived meanwhile,
+        # which is not an end and would rewind us)
         r = await conn.request(
-            lambda o: encode_offset(topic, group, part, offset, o),
+            lambda o: encode_offset(topic, group, part, MAX_OFFSET, o),
             self.client_config.request_timeout_s,
         )
         if r.code == 200:

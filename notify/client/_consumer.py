@@ -33,21 +33,35 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import functools
 import inspect
 import logging
 import os
+import signal
+import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Hashable,
+    Iterable,
+    Sequence,
+)
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from configserver import ConfigServer, GroupMember, PartitionInfo
+from notify.broker.idgen import split_id
 from notify.errors import BrokerError, ClientError, ConnectionLostError, NotifyError, ProtocolError
 from notify.protocol.frames import Response, encode_get, encode_offset
-from notify.protocol.records import CorruptRecordError, decode_all, first_record_size
+from notify.protocol.records import CorruptRecordError, Record, decode_all, first_record_size
 from notify.protocol.replies import parse_offset
 from notify.transport import AsyncConnection
 
@@ -119,6 +133,7 @@ class _Cursor:
     """Position of the consumer in one partition."""
 
     __slots__ = (
+        "acked",
         "busy",
         "corrupt",
         "deadline",
@@ -127,7 +142,10 @@ class _Cursor:
         "end_checked",
         "msg_id",
         "partition",
+        "paused",
+        "pending",
         "position",
+        "resumed",
         "sizer",
         "stopped",
         "task",
@@ -152,6 +170,12 @@ class _Cursor:
         # cluster mode (issue #7): stop this partition only / a message is being handled
         self.stopped = False
         self.busy = False
+        # pull API: offset handled by the application (counted at the next fetch/commit),
+        # the fetch running for this partition, pause/resume
+        self.acked = -1
+        self.pending: asyncio.Task[list[Message]] | None = None
+        self.paused = False
+        self.resumed: asyncio.Event | None = None
 
 
 def _share(parts: list[Partition], index: int, count: int) -> list[Partition]:
@@ -224,6 +248,7 @@ class AsyncConsumer:
         self._stats = ConsumerStats()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop_evt: asyncio.Event | None = None
+        self._run_stop: asyncio.Event | None = None
         self._stopping = False
         self._started = False
         self._closed = False
@@ -299,10 +324,58 @@ class AsyncConsumer:
     async def fetch(self, topic: str, max_wait_s: float = 1.0) -> list[Message]:
         """Fetch the next messages of ``topic`` (one window of one partition).
 
-        The messages returned by the previous call count as processed (committable) when
-        this is called again or on :meth:`commit`. Returns [] when nothing arrived within
-        ``max_wait_s``.
+        Every partition of the consumer's share is polled concurrently (one fetch in
+        flight each, long-polled when ``long_poll_ms`` > 0), so a message on any partition
+        is returned as soon as it arrives. The messages returned by the previous call count
+        as processed (committable) when this is called again or on :meth:`commit`. Returns
+        [] when nothing arrived within ``max_wait_s``.
         """
+        cursors = await self._manual_for(topic)
+        for cur in cursors:
+            self._mark_done(cur)
+        got = await self._take(topic, cursors, max_wait_s)
+        if got is None:
+            return []
+        cur, out, end = got
+        cur.acked = end
+        return out
+
+    async def messages(
+        self, topic: str, idle_timeout_s: float | None = None
+    ) -> AsyncIterator[Message]:
+        """Iterate the messages of ``topic``; each counts as processed when the next is asked.
+
+        Partitions are polled concurrently (see :meth:`fetch`). Ends when the consumer shuts
+        down or, with ``idle_timeout_s``, once that long passed without a message.
+        """
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while not self._stopping and not self._closed:
+            wait = 0.5
+            if idle_timeout_s is not None:
+                wait = min(wait, idle_timeout_s - (loop.time() - last))
+                if wait <= 0:
+                    return
+            got = await self.next_batch(topic, wait)
+            if got is None:
+                continue
+            cur, out, end = got
+            last = loop.time()
+            for m in out:
+                yield m
+                cur.acked = m.next_offset  # asked for the next one: m is processed
+            cur.acked = end
+            last = loop.time()
+
+    async def next_batch(
+        self, topic: str, max_wait_s: float
+    ) -> tuple[_Cursor, list[Message], int] | None:
+        """The iterator's step: ``(cursor, messages, end)`` or None after ``max_wait_s``.
+        Nothing counts as processed until the caller sets ``cursor.acked`` (the offset up
+        to which the application is done: a message's ``next_offset``, or ``end``)."""
+        return await self._take(topic, await self._manual_for(topic), max_wait_s)
+
+    async def _manual_for(self, topic: str) -> list[_Cursor]:
         if self._closed:
             raise ClientError("consumer is closed")
         if self._cluster is not None:
@@ -315,69 +388,353 @@ class AsyncConsumer:
             sub = self._subs[topic] = _Subscription(topic, None, 1 << 20, None, False)
         elif sub.listener is not None and self._started:
             raise ClientError(f"topic {topic!r} is consumed by a listener")
-        cursors = await self._manual_cursors(sub)
-        for cur in cursors:
-            self._mark_done(cur)
+        return await self._manual_cursors(sub)
+
+    async def _take(
+        self, topic: str, cursors: list[_Cursor], max_wait_s: float
+    ) -> tuple[_Cursor, list[Message], int] | None:
+        """The next delivered batch of one partition ``(cursor, messages, end offset)``
+        within ``max_wait_s``, or None. Fetches stay in flight between calls."""
+        sub = self._subs[topic]
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + max_wait_s
-        idle = self.config.idle_backoff_min_s
+        deadline = loop.time() + max(0.0, max_wait_s)
         while not self._stopping:
             n = len(cursors)
             start = self._manual_rr.get(topic, 0)
+            running: list[asyncio.Task[list[Message]]] = []
             for i in range(n):
                 cur = cursors[(start + i) % n]
-                try:
-                    msgs = await self._fetch_window(cur)
-                except (ClientError, OSError) as e:
-                    self._stats.fetch_errors += 1
-                    log.debug("fetch %s %s: %s", topic, cur.partition, e)
+                if cur.paused:
                     continue
-                if not msgs:
+                task = cur.pending
+                if task is None:
+                    task = cur.pending = self._spawn_fetch(self._poll_one(cur))
+                if not task.done():
+                    running.append(task)
+                    continue
+                cur.pending = None
+                if task.cancelled() or not (msgs := task.result()):
                     continue
                 self._manual_rr[topic] = (start + i + 1) % n
                 cur.position = msgs[-1].next_offset
-                out = []
-                for m in msgs:
-                    self._stats.messages += 1
-                    if sub.accept is not None and not sub.accept(m):
-                        self._stats.filtered += 1
-                        continue
-                    key = (m.partition.broker_id, m.partition.partition, m.msg_id)
-                    if self._dedup.seen(key):
-                        self._stats.duplicates += 1
-                        continue
-                    self._dedup.add(key)
-                    self._stats.delivered += 1
-                    out.append(m)
                 cur.msg_id = msgs[-1].msg_id
+                out = self._accepted(sub, msgs)
                 if out:
-                    return out
+                    return cur, out, cur.position
+                cur.acked = cur.position  # all filtered or duplicates: handled
             remaining = deadline - loop.time()
-            if remaining <= 0:
-                return []
-            await self._sleep(min(idle, remaining))
-            idle = min(idle * 2, self.config.idle_backoff_max_s)
+            if remaining <= 0 or not running:
+                if remaining > 0:  # every partition paused
+                    await self._sleep(min(remaining, 0.05))
+                    continue
+                return None
+            await asyncio.wait(running, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        return None
+
+    def _accepted(self, sub: _Subscription, msgs: list[Message]) -> list[Message]:
+        out = []
+        for m in msgs:
+            self._stats.messages += 1
+            if sub.accept is not None and not sub.accept(m):
+                self._stats.filtered += 1
+                continue
+            key = (m.partition.broker_id, m.partition.partition, m.msg_id)
+            if self._dedup.seen(key):
+                self._stats.duplicates += 1
+                continue
+            self._dedup.add(key)
+            self._stats.delivered += 1
+            out.append(m)
+        return out
+
+    def _spawn_fetch(self, coro: Awaitable[list[Message]]) -> asyncio.Task[list[Message]]:
+        task: asyncio.Task[list[Message]] = asyncio.ensure_future(coro)
+        task.add_done_callback(_swallow)
+        return task
+
+    async def _poll_one(self, cur: _Cursor) -> list[Message]:
+        """Fetch at ``cur.position`` until messages arrive (pull API; one per partition):
+        long-polled, or with the idle backoff when the broker answers at once."""
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        idle = err_backoff = cfg.idle_backoff_min_s
+        held_s = cfg.long_poll_ms / 2000
+        while not self._stopping:
+            issued = loop.time()
+            try:
+                msgs = await self._fetch_window(cur)
+            except (ClientError, OSError) as e:
+                self._stats.fetch_errors += 1
+                log.debug("fetch %s %s: %s", cur.topic, cur.partition, e)
+                await self._sleep(err_backoff)
+                err_backoff = min(err_backoff * 2, self.client_config.reconnect_backoff_max_s)
+                continue
+            if msgs:
+                return msgs
+            err_backoff = cfg.idle_backoff_min_s
+            if cfg.long_poll_ms <= 0 or loop.time() - issued < held_s:
+                await self._sleep(idle)
+                idle = min(idle * 2, cfg.idle_backoff_max_s)
         return []
 
-    async def messages(
-        self, topic: str, idle_timeout_s: float | None = None
-    ) -> AsyncIterator[Message]:
-        """Iterate the messages of ``topic``; each counts as processed when the next is asked.
+    def _cancel_pending(self, cur: _Cursor) -> None:
+        if cur.pending is not None:
+            cur.pending.cancel()
+            cur.pending = None
 
-        Ends when the consumer shuts down or, with ``idle_timeout_s``, after that long
-        without a message.
+    # -- position control: seek, pause/resume
+
+    async def seek(
+        self,
+        topic: str,
+        partitions: Partition | str | Iterable[Partition | str] | None = None,
+        *,
+        offset: int | str | None = None,
+        timestamp: float | datetime | None = None,
+    ) -> dict[str, int]:
+        """Move the consumer of ``topic`` to ``offset`` or to the first message at or after
+        ``timestamp``; returns ``{"<brokerId>-<part>": new offset}``.
+
+        ``partitions``: one partition (a :class:`Partition` or ``"<brokerId>-<part>"``), a
+        list of them, or None for the consumer's whole share of the topic. ``offset``: a
+        byte offset (the ``offset`` of a :class:`Message`, or ``next_offset`` to skip
+        it), ``"earliest"`` or ``"latest"``; a byte offset that is not a record start is
+        the caller's responsibility (the broker serves from there). ``timestamp``: Unix
+        seconds or an aware datetime, matched against the time in the message ids (the
+        broker's clock at put). A listener finishes the message it is running first; a
+        message already returned by :meth:`fetch` is not delivered again unless the new
+        offset is before it. Before :meth:`complete_subscribe` (or the first fetch) the
+        offsets are committed to the offset store, where the start reads them.
         """
-        loop = asyncio.get_running_loop()
-        last = loop.time()
-        while not self._stopping and not self._closed:
-            batch = await self.fetch(topic, max_wait_s=0.5)
-            if not batch:
-                if idle_timeout_s is not None and loop.time() - last >= idle_timeout_s:
-                    return
+        if (offset is None) == (timestamp is None):
+            raise ClientError("give exactly one of offset= or timestamp=")
+        if isinstance(offset, str) and offset not in ("earliest", "latest"):
+            raise ClientError(f"offset must be a byte offset, earliest or latest: {offset!r}")
+        if isinstance(offset, int) and offset < 0:
+            raise ClientError(f"negative offset {offset}")
+        self._init_sync_objects()
+        parts = await self._select(topic, partitions)
+        out: dict[str, int] = {}
+        pending: list[TopicPartitionOffset] = []
+        for part in parts:
+            if timestamp is not None:
+                target = await self._offset_for_time(topic, part, _as_unix_s(timestamp))
+            elif isinstance(offset, str):
+                end = 0 if offset == "earliest" else MAX_OFFSET
+                target = await self._ask_offset(topic, part, end)
+            else:
+                assert offset is not None
+                target = offset
+            out[str(part)] = target
+            self._dedup.forget(_of_partition(part))
+            if not await self._move(topic, part, target):
+                pending.append(TopicPartitionOffset(topic, str(part), target))
+        if pending:
+            await asyncio.to_thread(self.offset_store.commit, self.group, pending)
+        log.info("group %s seeks %s to %s", self.group, topic, out)
+        return out
+
+    def pause(
+        self, topic: str, partitions: Partition | str | Iterable[Partition | str] | None = None
+    ) -> None:
+        """Stop fetching ``partitions`` of ``topic`` (all of them by default) until
+        :meth:`resume`; a running listener finishes its message, the rest of its window is
+        fetched again on resume. Other partitions go on."""
+        for cur in self._cursors_of(topic, partitions):
+            if not cur.paused:
+                cur.paused = True
+                cur.resumed = asyncio.Event()
+                self._cancel_pending(cur)
+
+    def resume(
+        self, topic: str, partitions: Partition | str | Iterable[Partition | str] | None = None
+    ) -> None:
+        """Fetch paused partitions of ``topic`` again (all of them by default)."""
+        for cur in self._cursors_of(topic, partitions):
+            cur.paused = False
+            if cur.resumed is not None:
+                cur.resumed.set()
+                cur.resumed = None
+
+    def paused(self, topic: str | None = None) -> list[str]:
+        """The paused partitions (``"<brokerId>-<part>"``) of ``topic`` or of every topic."""
+        return sorted(
+            str(c.partition)
+            for c in self._all_cursors()
+            if c.paused and (topic is None or c.topic == topic)
+        )
+
+    def _cursors_of(
+        self, topic: str, partitions: Partition | str | Iterable[Partition | str] | None
+    ) -> list[_Cursor]:
+        wanted = None if partitions is None else {str(p) for p in _as_list(partitions)}
+        curs = [c for c in self._all_cursors() if c.topic == topic]
+        if wanted is not None:
+            unknown = wanted - {str(c.partition) for c in curs}
+            if unknown:
+                raise ClientError(f"this consumer does not read {topic} {sorted(unknown)}")
+            curs = [c for c in curs if str(c.partition) in wanted]
+        return curs
+
+    async def _select(
+        self, topic: str, partitions: Partition | str | Iterable[Partition | str] | None
+    ) -> list[Partition]:
+        mine = [c.partition for c in self._all_cursors() if c.topic == topic]
+        if not mine:
+            mine = await self._assigned(topic)
+        if partitions is None:
+            return mine
+        by_id = {str(p): p for p in mine}
+        out = []
+        for p in _as_list(partitions):
+            part = by_id.get(str(p))
+            if part is None:
+                raise ClientError(f"this consumer does not read {topic} {p}")
+            out.append(part)
+        return out
+
+    async def _move(self, topic: str, part: Partition, target: int) -> bool:
+        """Put the live cursor of ``part`` at ``target``; False when there is none."""
+        moved = False
+        for cur in self._manual.get(topic, []):
+            if cur.partition == part:
+                self._cancel_pending(cur)
+                self._reposition(cur, target)
+                moved = True
+        live = self._cursors.get((topic, part))
+        sub = self._subs.get(topic)
+        if live is not None and sub is not None:
+            running = live.task is not None and not live.task.done()
+            await self._stop_cursor(live)
+            self._reposition(live, target)
+            live.stopped = False
+            if running:
+                live.task = self._spawn(self._run_cursor(sub, live))
+            moved = True
+        return moved
+
+    @staticmethod
+    def _reposition(cur: _Cursor, target: int) -> None:
+        cur.position = cur.done = cur.acked = target
+        cur.end_checked = -1
+        cur.dirty = True
+
+    async def _ask_offset(self, topic: str, part: Partition, value: int) -> int:
+        """The broker's answer to ``offset`` at ``value`` (0: first offset, MAX: end)."""
+        conn = await self.pool.get(part.address)
+        try:
+            r = await conn.request(
+                lambda o: encode_offset(topic, self.group, part.partition, value, o),
+                self.client_config.request_timeout_s,
+            )
+        except ConnectionLostError:
+            self.pool.discard(conn)
+            raise
+        if r.code != 200:
+            raise BrokerError(r.code, r.body.decode("utf-8", "replace"))
+        try:
+            return parse_offset(r.body)
+        except ProtocolError as e:
+            raise ClientError(str(e)) from None
+
+    async def _read_at(self, topic: str, part: Partition, offset: int, size: int) -> list[Record]:
+        """Whole records of one window at ``offset`` (no long poll; [] at the end)."""
+        conn = await self.pool.get(part.address)
+        while True:
+            try:
+                r = await conn.request(
+                    functools.partial(encode_get, topic, self.group, part.partition, offset, size),
+                    self.client_config.request_timeout_s,
+                )
+            except ConnectionLostError:
+                self.pool.discard(conn)
+                raise
+            if r.code in (404, 301):
+                return []
+            if r.code != 200:
+                raise BrokerError(r.code, r.body.decode("utf-8", "replace"))
+            recs, _ = decode_all(r.body, offset)
+            if recs or not r.body:
+                return recs
+            need = first_record_size(r.body[:4]) or size * 2
+            if size >= self.config.max_fetch_bytes:
+                raise ClientError(f"record at offset {offset} exceeds max_fetch_bytes")
+            size = min(max(need, size * 2), self.config.max_fetch_bytes)
+
+    async def _offset_for_time(self, topic: str, part: Partition, ts: float) -> int:
+        """Offset of the first record of ``part`` whose id time is >= ``ts`` (else the end).
+
+        Segment starts (``offset`` answers the start of the segment holding a position)
+        are bisected on their first record's time; the segment found is then read forward.
+        """
+        target_ms = int(ts * 1000)
+        first = await self._ask_offset(topic, part, 0)
+        end = await self._ask_offset(topic, part, MAX_OFFSET)
+        best, lo, hi = first, first, end
+        while lo < hi:
+            mid = (lo + hi) // 2
+            seg = await self._ask_offset(topic, part, mid)
+            if seg <= best:
+                lo = mid + 1
                 continue
-            last = loop.time()
-            for m in batch:
-                yield m
+            recs = await self._read_at(topic, part, seg, 4096)
+            if recs and split_id(recs[0].msg_id)[0] < target_ms:
+                best, lo = seg, mid + 1
+            else:
+                hi = seg
+        pos = best
+        while pos < end:
+            recs = await self._read_at(topic, part, pos, 1 << 20)
+            if not recs:
+                break
+            for r in recs:
+                if split_id(r.msg_id)[0] >= target_ms:
+                    return r.offset
+            pos = recs[-1].offset + recs[-1].size
+        return max(pos, end)
+
+    # -- blocking run with signal handling
+
+    def request_stop(self) -> None:
+        """Make :meth:`run` return (after a clean shutdown); safe from signal handlers."""
+        self._init_sync_objects()
+        assert self._run_stop is not None
+        self._run_stop.set()
+
+    async def run(
+        self, timeout_s: float | None = None, signals: Iterable[int] | None = None
+    ) -> None:
+        """Consume with the subscribed listeners until stopped, then shut down cleanly.
+
+        Starts the consumer (:meth:`complete_subscribe`) if needed and returns after
+        SIGTERM or SIGINT (handlers installed on the running loop while it runs, when it
+        is the main thread's), :meth:`request_stop`, or ``timeout_s``; then running
+        listeners finish (up to the shutdown timeout) and offsets are committed.
+        """
+        self._init_sync_objects()
+        await self.complete_subscribe()
+        loop = asyncio.get_running_loop()
+        installed: list[int] = []
+        if threading.current_thread() is threading.main_thread():
+            for sig in signal_list(signals):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+                    installed.append(sig)
+        assert self._run_stop is not None
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._run_stop.wait()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await self.shutdown()
+
+    run_forever = run
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("group %s: signal %d, shutting down", self.group, sig)
+        self.request_stop()
 
     async def commit(self) -> None:
         """Store the offsets of everything handled so far (also runs periodically)."""
@@ -417,6 +774,9 @@ class AsyncConsumer:
         self._stopping = True
         assert self._stop_evt is not None
         self._stop_evt.set()
+        for cursors in self._manual.values():
+            for cur in cursors:
+                self._cancel_pending(cur)
         if self._member is not None:
             await self._member.stop()
         if self._scheduler is not None:
@@ -450,6 +810,7 @@ class AsyncConsumer:
     def _init_sync_objects(self) -> None:
         if self._stop_evt is None:
             self._stop_evt = asyncio.Event()
+            self._run_stop = asyncio.Event()
             self._commit_lock = asyncio.Lock()
             self._recover_lock = asyncio.Lock()
 
@@ -529,8 +890,8 @@ class AsyncConsumer:
 
     @staticmethod
     def _mark_done(cur: _Cursor) -> None:
-        if cur.position >= 0 and cur.position != cur.done:
-            cur.done = cur.position
+        if cur.acked > cur.done:  # (a 301 may have moved ``done`` past it already)
+            cur.done = cur.acked
             cur.dirty = True
 
     def _start_scheduler(self) -> None:
@@ -736,6 +1097,9 @@ class AsyncConsumer:
         prefetch: tuple[int, int, asyncio.Task[Response], float] | None = None
         try:
             while not self._stopping and not cur.stopped:
+                if cur.paused:
+                    await self._wait_resumed(cur)
+                    continue
                 offset, size = cur.position, cur.sizer.current
                 try:
                     if prefetch is not None and prefetch[:2] == (offset, size):
@@ -770,7 +1134,8 @@ class AsyncConsumer:
                 prefetch = (nxt, cur.sizer.current, ptask, loop.time())
                 cur.position = nxt
                 for m in msgs:
-                    if self._stopping or cur.stopped:
+                    if self._stopping or cur.stopped or cur.paused:
+                        cur.position = cur.done if cur.paused else cur.position
                         break
                     cur.busy = True
                     try:
@@ -785,6 +1150,19 @@ class AsyncConsumer:
         finally:
             if prefetch is not None:
                 prefetch[2].cancel()
+
+    async def _wait_resumed(self, cur: _Cursor) -> None:
+        evt = cur.resumed
+        if evt is None:
+            return
+        stop = self._stop_evt
+        assert stop is not None
+        waits = [asyncio.ensure_future(evt.wait()), asyncio.ensure_future(stop.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
     async def _handle(self, sub: _Subscription, m: Message, cur: _Cursor) -> bool:
         """Deliver one message; False when shutdown interrupted it (offset must not move)."""
@@ -1016,6 +1394,30 @@ class _ClusterTarget:
         await asyncio.gather(*(c._stop_cursor(cur) for cur in curs))
         for cur in curs:
             c._cursors.pop((cur.topic, cur.partition), None)
+
+
+def _of_partition(part: Partition) -> Callable[[Hashable], bool]:
+    bp = (part.broker_id, part.partition)
+    return lambda k: isinstance(k, tuple) and k[:2] == bp
+
+
+def _as_list(parts: Partition | str | Iterable[Partition | str]) -> list[Partition | str]:
+    if isinstance(parts, Partition | str):
+        return [parts]
+    return list(parts)
+
+
+def _as_unix_s(ts: float | datetime) -> float:
+    if isinstance(ts, datetime):
+        if ts.tzinfo is None:
+            raise ClientError("timestamp must be timezone-aware (e.g. UTC)")
+        return ts.timestamp()
+    return float(ts)
+
+
+def signal_list(signals: Iterable[int] | None) -> list[int]:
+    """The signals :meth:`AsyncConsumer.run` stops on (default SIGTERM and SIGINT)."""
+    return [signal.SIGTERM, signal.SIGINT] if signals is None else list(signals)
 
 
 def _swallow(t: asyncio.Future[Any]) -> None:

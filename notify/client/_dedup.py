@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 
 class DuplicateWindow:
@@ -40,6 +40,13 @@ class DuplicateWindow:
         d[key] = None
         if len(d) > self.capacity:
             d.popitem(last=False)
+
+    def forget(self, match: Callable[[Hashable], bool]) -> int:
+        """Drop the keys ``match`` accepts (e.g. a partition sought back); how many."""
+        gone = [k for k in self._d if match(k)]
+        for k in gone:
+            del self._d[k]
+        return len(gone)
 
     def __len__(self) -> int:
         return len(self._d)

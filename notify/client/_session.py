@@ -17,9 +17,10 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -29,7 +30,13 @@ from notify.errors import ClientError, ConnectionLostError
 
 from ._config import ClientConfig, ConsumerConfig, ProducerConfig
 from ._connection import ConnectionPool
-from ._consumer import AsyncConsumer, ConsumerStats, MessageFilter, MessageListener
+from ._consumer import (
+    AsyncConsumer,
+    ConsumerStats,
+    MessageFilter,
+    MessageListener,
+    signal_list,
+)
 from ._errors import ClientTransactionError
 from ._loopthread import LoopThread
 from ._message import Message, SendResult
@@ -471,20 +478,102 @@ class Consumer:
         return self._lt.run(self.core.fetch(topic, max_wait_s))
 
     def messages(self, topic: str, idle_timeout_s: float | None = None) -> Iterator[Message]:
-        """Iterate ``topic``; each message counts as processed when the next is asked."""
-        last_msg = time.monotonic()
-        while not self.core._closed:
-            batch = self.fetch(topic, max_wait_s=0.5)
-            if not batch:
-                if idle_timeout_s is not None and time.monotonic() - last_msg >= idle_timeout_s:
+        """Iterate ``topic``; each message counts as processed when the next is asked.
+
+        All partitions are polled concurrently; with ``idle_timeout_s`` the iteration ends
+        once that long passed without a message (see :meth:`AsyncConsumer.messages`)."""
+        core = self.core
+        last = time.monotonic()
+        while not core._closed:
+            wait = 0.5
+            if idle_timeout_s is not None:
+                wait = min(wait, idle_timeout_s - (time.monotonic() - last))
+                if wait <= 0:
                     return
+            got = self._lt.run(core.next_batch(topic, wait))
+            if got is None:
                 continue
-            last_msg = time.monotonic()
-            yield from batch
+            cur, out, end = got
+            for m in out:
+                yield m
+                cur.acked = m.next_offset  # the next one is asked: m is processed
+            cur.acked = end
+            last = time.monotonic()
 
     def commit(self) -> None:
         """Store offsets of everything handled so far."""
         self._lt.run(self.core.commit())
+
+    def seek(
+        self,
+        topic: str,
+        partitions: Partition | str | Iterable[Partition | str] | None = None,
+        *,
+        offset: int | str | None = None,
+        timestamp: float | datetime | None = None,
+    ) -> dict[str, int]:
+        """Move to ``offset`` (bytes, ``"earliest"``, ``"latest"``) or to the first message
+        at or after ``timestamp``; see :meth:`AsyncConsumer.seek`::
+
+            consumer.seek("orders", offset="earliest")                   # replay everything
+            consumer.seek("orders", "0-1", timestamp=time.time() - 3600)  # the last hour
+        """
+        return self._lt.run(
+            self.core.seek(topic, partitions, offset=offset, timestamp=timestamp)
+        )
+
+    def pause(
+        self, topic: str, partitions: Partition | str | Iterable[Partition | str] | None = None
+    ) -> None:
+        """Stop fetching ``partitions`` of ``topic`` (default all) until :meth:`resume`."""
+        self._on_loop(lambda: self.core.pause(topic, partitions))
+
+    def resume(
+        self, topic: str, partitions: Partition | str | Iterable[Partition | str] | None = None
+    ) -> None:
+        """Fetch paused partitions of ``topic`` again (default all)."""
+        self._on_loop(lambda: self.core.resume(topic, partitions))
+
+    def paused(self, topic: str | None = None) -> list[str]:
+        """The paused partitions, as ``"<brokerId>-<part>"``."""
+        return self.core.paused(topic)
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        async def call() -> None:
+            fn()
+
+        self._lt.run(call())
+
+    def request_stop(self) -> None:
+        """Make :meth:`run` return after a clean shutdown (thread-safe)."""
+        self._lt.loop.call_soon_threadsafe(self.core.request_stop)
+
+    def run(self, timeout_s: float | None = None, signals: Iterable[int] | None = None) -> None:
+        """Block consuming with the subscribed listeners until SIGTERM/SIGINT (``signals``),
+        :meth:`request_stop` or ``timeout_s``; then shut down cleanly (running listeners
+        finish, offsets are committed) and return::
+
+            consumer.subscribe("orders", handle)
+            consumer.run()          # e.g. under systemd: `systemctl stop` commits and exits
+
+        Signal handlers are installed only when called from the main thread, and the
+        previous ones are restored on return.
+        """
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in signal_list(signals):
+                previous[sig] = signal.signal(sig, self._signalled)
+        try:
+            self._lt.run(self.core.run(timeout_s, signals=()))
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    run_forever = run
+
+    def _signalled(self, sig: int, _frame: object) -> None:
+        log.info("consumer %s: signal %d, shutting down", self.core.group, sig)
+        self.request_stop()
 
     def recover_now(self) -> int:
         """Run one recover-store re-delivery round now."""

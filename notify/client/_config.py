@@ -122,6 +122,9 @@ class ProducerConfig:
     producer_group: str | None = None
     #: Threads running the transaction checker (check-backs answered concurrently at most).
     check_threads: int = DEFAULT_CHECK_THREADS
+    #: Raise the error of every failed send (from ``send()`` / the future) instead of
+    #: returning ``SendResult(success=False)``. Programming errors always raise.
+    raise_on_error: bool = False
 
 
 @dataclass(slots=True)

@@ -343,8 +343,19 @@ class AsyncProducer:
         data: bytes,
         attribute: str | None = None,
         key: bytes | str | None = None,
+        *,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
     ) -> SendResult:
-        """Send one message and wait for its result (never raises for a failed send)."""
+        """Send one message and wait for its result.
+
+        A failed send is a :class:`SendResult` with ``success`` False (or raises its error
+        with ``ProducerConfig(raise_on_error=True)``); programming errors (bad arguments, an
+        exception other than :class:`~notify.errors.ClientError` in a custom selector)
+        always raise. ``delay`` (seconds) or ``deliver_at``: see :meth:`send_delayed`.
+        """
+        if delay is not None or deliver_at is not None:
+            return await self.send_delayed(topic, data, delay, deliver_at, attribute, key)
         return await self.send_nowait(topic, data, attribute, key)
 
     def send_nowait(
@@ -411,6 +422,21 @@ class AsyncProducer:
         else:
             assert deliver_at is not None
             due_ms = int(float(deliver_at) * 1000)
+        return self._checked(await self._send_delayed(topic, data, due_ms, attribute, key))
+
+    def _checked(self, result: SendResult) -> SendResult:
+        if not result.success and self.config.raise_on_error and result.error is not None:
+            raise result.error
+        return result
+
+    async def _send_delayed(
+        self,
+        topic: str,
+        data: bytes,
+        due_ms: int,
+        attribute: str | None,
+        key: bytes | str | None,
+    ) -> SendResult:
         payload, flag = rec.make_payload(bytes(data), attribute)
         try:
             parts = await self.router.partitions(topic)
@@ -685,7 +711,18 @@ class AsyncProducer:
 
     def _resolve(self, item: _Item, result: SendResult) -> None:
         if not item.future.done():
-            item.future.set_result(result)
+            if not result.success and self.config.raise_on_error and result.error is not None:
+                item.future.set_exception(result.error)
+            else:
+                item.future.set_result(result)
+        self._outstanding -= 1
+        if not self._outstanding and self._idle is not None:
+            self._idle.set()
+
+    def _fail_hard(self, item: _Item, error: Exception) -> None:
+        """Fail ``item`` with ``error`` itself (programming errors always raise)."""
+        if not item.future.done():
+            item.future.set_exception(error)
         self._outstanding -= 1
         if not self._outstanding and self._idle is not None:
             self._idle.set()
@@ -704,9 +741,11 @@ class AsyncProducer:
     ) -> None:
         try:
             part = self.selector(topic, parts, key, data)
-        except Exception as e:
-            err = e if isinstance(e, ClientError) else ClientError(f"partition selector: {e}")
-            self._resolve(item, SendResult(False, None, error=err))
+        except ClientError as e:
+            self._resolve(item, SendResult(False, None, error=e))
+            return
+        except Exception as e:  # a bug in the selector: raised by send(), not a result
+            self._fail_hard(item, e)
             return
         self._sender(topic, part).add(item)
 

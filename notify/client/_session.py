@@ -275,8 +275,14 @@ class Producer:
         attribute: str | None = None,
         key: bytes | str | None = None,
         timeout_s: float | None = None,
+        *,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
     ) -> SendResult:
-        """Send one message and wait for its :class:`SendResult`."""
+        """Send one message and wait for its :class:`SendResult` (see
+        :meth:`AsyncProducer.send`: failures, ``raise_on_error``, ``delay``/``deliver_at``)."""
+        if delay is not None or deliver_at is not None:
+            return self.send_delayed(topic, data, delay, deliver_at, attribute, key, timeout_s)
         return self.send_future(topic, data, attribute, key).result(timeout_s)
 
     def send_future(

@@ -28,7 +28,7 @@ from notify.client import (
     list_dead_letters,
     replay_dead_letters,
 )
-from notify.errors import BrokerError, ConnectionLostError
+from notify.errors import BrokerError, ClientError, ConnectionLostError
 from notify.testing import BrokerProcess
 from tests.client.conftest import wait_until
 
@@ -437,8 +437,21 @@ def test_custom_selector_and_send_async_from_another_loop(broker: BrokerProcess)
 
         assert asyncio.run(other_loop()) == ["0-1"] * 5
         bad = s.create_producer(selector=broken)
-        r = bad.send("orders", b"x")
-        assert not r.success and "selector" in str(r.error)
+        with pytest.raises(ZeroDivisionError):  # a programming error raises (issue 20)
+            bad.send("orders", b"x")
+
+        def refusing(topic: str, parts: Sequence[Partition], key: Any, data: bytes) -> Partition:
+            raise ClientError("no partition for this key")
+
+        r = s.create_producer(selector=refusing).send("orders", b"x")
+        assert not r.success and "no partition" in str(r.error)  # a refusal is a result
+        strict = s.create_producer(ProducerConfig(raise_on_error=True))
+        with pytest.raises(BrokerError) as e:
+            strict.send("nope", b"x")
+        assert e.value.code == 404
+        assert strict.send("orders", b"fine").success
+        with pytest.raises(BrokerError):
+            strict.send("nope", b"x", delay=1)
 
 
 def test_ordered_spool_survives_a_producer_restart(broker: BrokerProcess, tmp_path: Path) -> None:
@@ -524,7 +537,7 @@ def test_delayed_send_arrives_when_due(broker: BrokerProcess, tmp_path: Path) ->
     with connect([broker.addr]) as session:
         producer = session.create_producer()
         t0 = _time.time()
-        r = producer.send_delayed("single", b"later", delay=0.8)
+        r = producer.send("single", b"later", delay=0.8)  # = send_delayed(..., delay=0.8)
         assert r.success and r.offset == -1 and r.msg_id > 0
         r2 = producer.send_delayed("single", b"sooner", deliver_at=t0 + 0.3)
         assert r2.success

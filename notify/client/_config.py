@@ -44,6 +44,23 @@ DEFAULT_ZK_CONNECT_TIMEOUT_S = 10.0
 MAX_OFFSET = 9223372036854775807
 
 
+#: Environment variable naming the consumers' default ``data_dir``.
+DATA_DIR_ENV = "NOTIFY_CLIENT_DIR"
+#: The default ``data_dir`` of releases before it was made explicit (relative to the cwd).
+LEGACY_DATA_DIR = Path(".notify-client")
+
+
+def default_data_dir() -> Path:
+    """Where a consumer keeps offsets, recover store and dead letters unless told:
+    ``$NOTIFY_CLIENT_DIR``, else ``$XDG_STATE_HOME/notify-client`` (by default
+    ``~/.local/state/notify-client``); an absolute path, whatever the working directory."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env).expanduser().absolute()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return (Path(state).expanduser() / "notify-client").absolute()
+
+
 @dataclass(slots=True)
 class ClientConfig:
     """Connection settings shared by all producers and consumers of one session factory."""
@@ -132,11 +149,13 @@ class ConsumerConfig:
     """Consumer settings.
 
     ``data_dir`` holds the local offset file (unless another ``OffsetStore`` is given to the
-    consumer), the recover store and the dead letters.
+    consumer), the recover store and the dead letters; default :func:`default_data_dir`
+    (``$NOTIFY_CLIENT_DIR`` or ``~/.local/state/notify-client``). The consumer logs where
+    its offsets go when it is created.
     """
 
     group: str
-    data_dir: Path = field(default_factory=lambda: Path(".notify-client"))
+    data_dir: Path = field(default_factory=default_data_dir)
     #: Where to start when no offset is stored: "earliest" or "latest".
     initial_offset: str = "earliest"
     commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S

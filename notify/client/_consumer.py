@@ -38,6 +38,7 @@ import functools
 import inspect
 import logging
 import os
+import shutil
 import signal
 import threading
 import uuid
@@ -65,14 +66,21 @@ from notify.protocol.records import CorruptRecordError, Record, decode_all, firs
 from notify.protocol.replies import parse_offset
 from notify.transport import AsyncConnection
 
-from ._config import MAX_OFFSET, ClientConfig, ConsumerConfig
+from ._config import (
+    DATA_DIR_ENV,
+    LEGACY_DATA_DIR,
+    MAX_OFFSET,
+    ClientConfig,
+    ConsumerConfig,
+    default_data_dir,
+)
 from ._connection import ConnectionPool
 from ._dedup import DuplicateWindow
 from ._errors import ListenerTimeoutError
 from ._fetchsize import FetchSizer
 from ._message import Message
 from ._recover import RecoverStore, StoredMessage
-from ._routing import Partition, TopicRouter
+from ._routing import Partition, StaticBrokerDirectory, TopicRouter
 from .offsets import FileOffsetStore, OffsetStore, TopicPartitionOffset
 
 log = logging.getLogger("notify.client")
@@ -232,7 +240,10 @@ class AsyncConsumer:
         self._own_store = offset_store is None or config.broadcast
         if offset_store is None or config.broadcast:
             offset_store = FileOffsetStore(data_dir / "offsets")
+            _adopt_legacy_offsets(config, offset_store, self.group)
         self.offset_store: OffsetStore = offset_store
+        self._migrated: asyncio.Future[None] | None = None
+        log.info("consumer group %s: offsets in %s", self.group, _where(offset_store, self.group))
         self.recover_store = RecoverStore(data_dir, self.group)
         self._own_executor = executor is None and config.listener_threads > 0
         if executor is None and config.listener_threads > 0:
@@ -974,7 +985,23 @@ class AsyncConsumer:
                 return Response("result", 301, miss.opaque, b"%d" % end)
         return miss
 
+    async def _migrate_offsets(self) -> None:
+        """Once: re-key a version 1 offset file from broker positions to broker ids."""
+        store = self.offset_store
+        if not isinstance(store, FileOffsetStore):
+            return
+        directory = self.router.directory
+        positions = directory.legacy_ids() if isinstance(directory, StaticBrokerDirectory) else None
+        await asyncio.to_thread(store.migrate_keys, self.group, positions)
+
     async def _init_offset(self, cur: _Cursor) -> None:
+        if self._migrated is None:
+            self._migrated = asyncio.ensure_future(self._migrate_offsets())
+        try:
+            await asyncio.shield(self._migrated)
+        except ClientError:
+            self._migrated = None  # try again with the next partition
+            raise
         stored = await asyncio.to_thread(
             self.offset_store.load, self.group, cur.topic, str(cur.partition)
         )
@@ -1394,6 +1421,35 @@ class _ClusterTarget:
         await asyncio.gather(*(c._stop_cursor(cur) for cur in curs))
         for cur in curs:
             c._cursors.pop((cur.topic, cur.partition), None)
+
+
+def _where(store: OffsetStore, group: str) -> str:
+    if isinstance(store, FileOffsetStore):
+        return str(store.path(group).absolute())
+    return repr(store)
+
+
+def _adopt_legacy_offsets(cfg: ConsumerConfig, store: FileOffsetStore, group: str) -> None:
+    """A consumer on the default ``data_dir`` whose group has offsets only in the old
+    default (``./.notify-client``, relative to the working directory) takes a copy of them."""
+    if Path(cfg.data_dir) != default_data_dir():
+        return
+    old = FileOffsetStore(LEGACY_DATA_DIR / "offsets").path(group)
+    new = store.path(group)
+    if new.exists() or not old.is_file():
+        return
+    new.parent.mkdir(parents=True, exist_ok=True)
+    tmp = new.with_name(new.name + ".tmp")
+    shutil.copyfile(old, tmp)
+    os.replace(tmp, new)
+    log.warning(
+        "group %s: offsets copied from the old default %s to %s (the default data_dir is "
+        "no longer relative to the working directory; set ConsumerConfig.data_dir or %s)",
+        group,
+        old.absolute(),
+        new,
+        DATA_DIR_ENV,
+    )
 
 
 def _of_partition(part: Partition) -> Callable[[Hashable], bool]:

@@ -2,12 +2,52 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import NamedTuple
 
-from notify.protocol.records import Record, split_payload
+from notify.broker.idgen import split_id
+from notify.errors import ClientError
+from notify.protocol.properties import (
+    FLAG_PROPERTIES,
+    HeaderValue,
+    Properties,
+    decode_attribute,
+    encode_attribute,
+    flag_for,
+)
+from notify.protocol.records import Record, make_payload, split_payload
 
 from ._routing import Partition
+
+Headers = Mapping[str, HeaderValue]
+"""Typed message headers: ``{name: str | int | float | bool | bytes}``."""
+
+
+def build_payload(
+    data: bytes | bytearray | memoryview,
+    attribute: str | None,
+    key: bytes | str | None = None,
+    headers: Headers | None = None,
+    producer_id: str | None = None,
+    sequence: int = -1,
+) -> tuple[bytes, int]:
+    """``(payload, flag)`` of a message: MetaQ's plain layout unless it has a key, headers
+    or a producer id, which go into the attribute block (:mod:`notify.protocol.properties`).
+    Raises ClientError for an attribute the block cannot hold, TypeError for header values
+    of another type."""
+    if key is None and not headers and producer_id is None:
+        if attribute is not None and "\x1e" in attribute:
+            raise ClientError("an attribute must not contain U+001E (record separator)")
+        return make_payload(bytes(data), attribute)
+    props = Properties(attribute, key, headers or {}, producer_id, sequence)
+    try:
+        text = encode_attribute(props)
+    except ValueError as e:
+        raise ClientError(str(e)) from None
+    payload, _ = make_payload(bytes(data), text)
+    return payload, flag_for(props)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +85,42 @@ class Message(NamedTuple):
     payload: bytes
 
     @property
+    def properties(self) -> Properties:
+        """Tag, key, headers (and producer id/sequence) from the attribute block; an
+        attribute whose properties do not parse is returned whole as the tag."""
+        text = split_payload(self.payload, self.flag)[0]
+        try:
+            return decode_attribute(text, self.flag)
+        except ValueError:
+            return Properties(text)
+
+    @property
     def attribute(self) -> str | None:
         """The message attribute (MetaQ's string tag), or None."""
+        if self.flag & FLAG_PROPERTIES:
+            return self.properties.attribute
         return split_payload(self.payload, self.flag)[0]
+
+    @property
+    def key(self) -> str | bytes | None:
+        """The key the message was sent with (as given: str or bytes), or None."""
+        return self.properties.key if self.flag & FLAG_PROPERTIES else None
+
+    @property
+    def headers(self) -> dict[str, HeaderValue]:
+        """The typed headers the message was sent with ({} when none)."""
+        return dict(self.properties.headers) if self.flag & FLAG_PROPERTIES else {}
+
+    @property
+    def timestamp(self) -> float:
+        """When the broker stored the message (Unix seconds, from the message id, ms
+        precision; the master's clock for replicated and delayed messages)."""
+        return split_id(self.msg_id)[0] / 1000
+
+    @property
+    def datetime(self) -> datetime:
+        """:attr:`timestamp` as an aware UTC datetime."""
+        return datetime.fromtimestamp(self.timestamp, UTC)
 
     @property
     def data(self) -> bytes:

@@ -50,7 +50,7 @@ from notify.transport import AsyncConnection
 from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._errors import XA_RDONLY, ClientTransactionError, TransactionConnectionError
-from ._message import Message, SendResult
+from ._message import Headers, Message, SendResult, build_payload
 from ._routing import Partition, TopicRouter
 from ._selectors import KeyHashSelector, PartitionSelector
 from ._spool import Spool, existing_spools
@@ -344,6 +344,7 @@ class AsyncProducer:
         attribute: str | None = None,
         key: bytes | str | None = None,
         *,
+        headers: Headers | None = None,
         delay: float | None = None,
         deliver_at: datetime | float | None = None,
     ) -> SendResult:
@@ -353,10 +354,14 @@ class AsyncProducer:
         with ``ProducerConfig(raise_on_error=True)``); programming errors (bad arguments, an
         exception other than :class:`~notify.errors.ClientError` in a custom selector)
         always raise. ``delay`` (seconds) or ``deliver_at``: see :meth:`send_delayed`.
+        ``key`` picks the partition and stays on the message with the typed ``headers``
+        (``{name: str | int | float | bool | bytes}``), in MetaQ's attribute block.
         """
         if delay is not None or deliver_at is not None:
-            return await self.send_delayed(topic, data, delay, deliver_at, attribute, key)
-        return await self.send_nowait(topic, data, attribute, key)
+            return await self.send_delayed(
+                topic, data, delay, deliver_at, attribute, key, headers=headers
+            )
+        return await self.send_nowait(topic, data, attribute, key, headers=headers)
 
     def send_nowait(
         self,
@@ -364,6 +369,8 @@ class AsyncProducer:
         data: bytes,
         attribute: str | None = None,
         key: bytes | str | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> asyncio.Future[SendResult]:
         """Queue one message; the future resolves to its :class:`SendResult`.
 
@@ -373,12 +380,12 @@ class AsyncProducer:
         """
         tx = self._tx_var.get()
         if tx is not None and not tx.finished:
-            return tx.send_nowait(topic, data, attribute, key)
+            return tx.send_nowait(topic, data, attribute, key, headers=headers)
         if self._closed:
             raise ClientError("producer is closed")
         if not isinstance(data, bytes | bytearray | memoryview):
             raise ClientError(f"message data must be bytes, not {type(data).__name__}")
-        payload, flag = rec.make_payload(bytes(data), attribute)
+        payload, flag = build_payload(data, attribute, key, headers)
         loop = self.loop
         fut: asyncio.Future[SendResult] = loop.create_future()
         item = _Item(payload, flag, fut)
@@ -404,6 +411,8 @@ class AsyncProducer:
         deliver_at: datetime | float | None = None,
         attribute: str | None = None,
         key: bytes | str | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> SendResult:
         """Send a message consumers see no earlier than ``delay`` seconds from now or at
         ``deliver_at`` (an aware datetime or Unix seconds), in due order per partition.
@@ -422,7 +431,9 @@ class AsyncProducer:
         else:
             assert deliver_at is not None
             due_ms = int(float(deliver_at) * 1000)
-        return self._checked(await self._send_delayed(topic, data, due_ms, attribute, key))
+        return self._checked(
+            await self._send_delayed(topic, data, due_ms, attribute, key, headers)
+        )
 
     def _checked(self, result: SendResult) -> SendResult:
         if not result.success and self.config.raise_on_error and result.error is not None:
@@ -436,8 +447,9 @@ class AsyncProducer:
         due_ms: int,
         attribute: str | None,
         key: bytes | str | None,
+        headers: Headers | None,
     ) -> SendResult:
-        payload, flag = rec.make_payload(bytes(data), attribute)
+        payload, flag = build_payload(data, attribute, key, headers)
         try:
             parts = await self.router.partitions(topic)
             part = self.selector(topic, parts, key, payload)
@@ -574,6 +586,8 @@ class AsyncProducer:
         attribute: str | None = None,
         key: bytes | str | None = None,
         timeout: float | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> TransactionSendResult:
         """Send a half message, run ``local_tx(msg)``, then commit or roll the message back.
 
@@ -592,7 +606,7 @@ class AsyncProducer:
         is UNKNOWN and the exception propagates. Raises (without running ``local_tx``) when
         the half message could not be prepared. Needs a producer group.
         """
-        half = await self._send_half(topic, data, attribute, key, timeout)
+        half = await self._send_half(topic, data, attribute, key, timeout, headers)
         try:
             res: object = local_tx(half.message)
             if inspect.isawaitable(res):
@@ -613,6 +627,7 @@ class AsyncProducer:
         attribute: str | None,
         key: bytes | str | None,
         timeout: float | None,
+        headers: Headers | None = None,
     ) -> HalfMessage:
         """BEGIN + put + PREPARE; the prepared half message (raises when not prepared)."""
         self._check_open()
@@ -624,7 +639,7 @@ class AsyncProducer:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise ClientError(f"message data must be bytes, not {type(data).__name__}")
         body = bytes(data)
-        payload, flag = rec.make_payload(body, attribute)
+        payload, flag = build_payload(body, attribute, key, headers)
         parts = self.router.cached(topic) or await self.router.partitions(topic)
         part = self.selector(topic, parts, key, body)
         conn = await self._tx_connection(part.address)

@@ -28,7 +28,7 @@ from configserver import (
 )
 from notify.errors import BrokerError, ClientError, ConnectionLostError, RequestTimeoutError
 from notify.protocol.frames import encode_line
-from notify.protocol.replies import parse_stats_topics
+from notify.protocol.replies import parse_stats_dict, parse_stats_topics
 
 from ._connection import ConnectionPool
 
@@ -80,9 +80,12 @@ class LiveBrokerDirectory(BrokerDirectory, Protocol):
 class StaticBrokerDirectory:
     """A fixed list of broker addresses; partition counts from the user or ``stats topics``.
 
-    ``brokers`` is a list of ``"host:port"`` (broker id = index) or a mapping
-    ``{broker_id: "host:port"}``. ``partitions`` maps topic -> partitions per broker and
-    short-circuits discovery for those topics.
+    ``brokers`` is a list of ``"host:port"`` or a mapping ``{broker_id: "host:port"}``. With a
+    list, each broker's id is asked once (its ``brokerId``, from ``stats``), so global
+    partitions, and the offsets stored under them, do not depend on the order of the list
+    (a broker that does not report its id keeps its position, with a warning).
+    ``partitions`` maps topic -> partitions per broker and short-circuits discovery for
+    those topics.
     """
 
     def __init__(
@@ -92,30 +95,115 @@ class StaticBrokerDirectory:
         request_timeout_s: float,
         partitions: Mapping[str, int] | None = None,
     ):
+        #: ``{position in the list: address}`` (list form) or the given ids.
+        self.brokers: dict[int, str]
         if isinstance(brokers, Mapping):
-            self.brokers: dict[int, str] = dict(brokers)
+            self.brokers = dict(brokers)
+            self._ids: dict[str, int] | None = {a: b for b, a in self.brokers.items()}
         else:
             self.brokers = dict(enumerate(brokers))
+            self._ids = None  # learnt per address with ``stats``
         if not self.brokers:
             raise ClientError("no broker address given")
+        self._learnt: dict[str, int] = {}
+        self._positional = False  # brokers sharing an id: keyed by position (legacy)
         self._pool = pool
         self._timeout_s = request_timeout_s
         self._given = dict(partitions or {})
 
+    def legacy_ids(self) -> dict[int, int] | None:
+        """``{position in the list: broker id}`` of the brokers whose id is known (the old
+        keys of offsets stored when the id was the position), or None for a mapping."""
+        if self._ids is not None or self._positional:
+            return None
+        return {i: self._learnt[a] for i, a in self.brokers.items() if a in self._learnt}
+
+    async def broker_id(self, position: int) -> int:
+        """The id of the broker at ``position`` of the list (asked once, then cached)."""
+        addr = self.brokers[position]
+        if self._ids is not None:
+            return self._ids[addr]
+        bid = self._learnt.get(addr)
+        if bid is None:
+            conn = await self._pool.get(addr)
+            try:
+                r = await conn.request(lambda o: encode_line("stats", o), self._timeout_s)
+            except (ConnectionLostError, RequestTimeoutError):
+                self._pool.discard(conn)
+                raise
+            if r.code != 200:
+                raise BrokerError(r.code, r.body.decode("utf-8", "replace"))
+            value = parse_stats_dict(r.body).get("broker_id")
+            if isinstance(value, int):
+                bid = value
+            else:
+                log.warning("broker %s does not report its broker_id: keyed as %d", addr, position)
+                bid = position
+            self._learnt[addr] = bid
+        if self._positional or len(set(self._learnt.values())) < len(self._learnt):
+            if not self._positional:
+                self._positional = True
+                log.warning(
+                    "brokers %s do not have distinct brokerIds %s: partitions keyed by "
+                    "their position in the list instead (set brokerId on each broker)",
+                    list(self._learnt),
+                    list(self._learnt.values()),
+                )
+            return position
+        return bid
+
+    async def _with_ids(self) -> list[tuple[int, str] | BaseException]:
+        ids: list[int | BaseException] = await asyncio.gather(
+            *(self.broker_id(i) for i in sorted(self.brokers)), return_exceptions=True
+        )
+        if self._positional:  # found out while asking: every broker by position
+            ids = [
+                pos if not isinstance(b, BaseException) else b
+                for pos, b in zip(sorted(self.brokers), ids, strict=True)
+            ]
+        return [
+            bid if isinstance(bid, BaseException) else (bid, self.brokers[i])
+            for i, bid in zip(sorted(self.brokers), ids, strict=True)
+        ]
+
     async def partitions(self, topic: str) -> list[Partition]:
         """See :meth:`BrokerDirectory.partitions`."""
+        known = await self._with_ids()
         if topic in self._given:
+            # given partitions work without the brokers (an ordered producer spools for a
+            # broker that is down): one whose id cannot be asked now keeps its position
             n = self._given[topic]
-            return [Partition(b, p, a) for b, a in sorted(self.brokers.items()) for p in range(n)]
+            pairs = []
+            for pos, k in zip(sorted(self.brokers), known, strict=True):
+                if isinstance(k, BaseException):
+                    log.warning(
+                        "broker %s: id unknown (%s); its partitions are keyed %d-<n> for now",
+                        self.brokers[pos],
+                        k,
+                        pos,
+                    )
+                    k = (pos, self.brokers[pos])
+                pairs.append(k)
+            return sorted(Partition(b, p, a) for b, a in pairs for p in range(n))
         results = await asyncio.gather(
-            *(self._stats_topics(a) for a in self.brokers.values()), return_exceptions=True
+            *(
+                self._stats_topics(k[1])
+                if not isinstance(k, BaseException)
+                else _raise(k)
+                for k in known
+            ),
+            return_exceptions=True,
         )
         out: list[Partition] = []
         errors: list[BaseException] = []
-        for (bid, addr), res in zip(sorted(self.brokers.items()), results, strict=True):
+        for k, res in zip(known, results, strict=True):
+            if isinstance(k, BaseException):
+                errors.append(k)
+                continue
             if isinstance(res, BaseException):
                 errors.append(res)
                 continue
+            bid, addr = k
             out.extend(Partition(bid, p, addr) for p in range(res.get(topic, 0)))
         if not out:
             if errors:
@@ -140,6 +228,10 @@ class StaticBrokerDirectory:
     async def close(self) -> None:
         """Nothing to release (connections belong to the pool)."""
         return None
+
+
+async def _raise(e: BaseException) -> dict[str, int]:
+    raise e
 
 
 class TopicRouter:

@@ -39,7 +39,7 @@ from ._consumer import (
 )
 from ._errors import ClientTransactionError
 from ._loopthread import LoopThread
-from ._message import Message, SendResult
+from ._message import Headers, Message, SendResult
 from ._producer import AsyncProducer
 from ._routing import (
     BrokerDirectory,
@@ -276,14 +276,21 @@ class Producer:
         key: bytes | str | None = None,
         timeout_s: float | None = None,
         *,
+        headers: Headers | None = None,
         delay: float | None = None,
         deliver_at: datetime | float | None = None,
     ) -> SendResult:
         """Send one message and wait for its :class:`SendResult` (see
-        :meth:`AsyncProducer.send`: failures, ``raise_on_error``, ``delay``/``deliver_at``)."""
+        :meth:`AsyncProducer.send`: failures, ``raise_on_error``, ``key`` and typed
+        ``headers`` kept on the message, ``delay``/``deliver_at``)."""
         if delay is not None or deliver_at is not None:
-            return self.send_delayed(topic, data, delay, deliver_at, attribute, key, timeout_s)
-        return self.send_future(topic, data, attribute, key).result(timeout_s)
+            return self._lt.run(
+                self.core.send_delayed(
+                    topic, data, delay, deliver_at, attribute, key, headers=headers
+                ),
+                timeout_s,
+            )
+        return self.send_future(topic, data, attribute, key, headers=headers).result(timeout_s)
 
     def send_future(
         self,
@@ -291,15 +298,17 @@ class Producer:
         data: bytes,
         attribute: str | None = None,
         key: bytes | str | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> concurrent.futures.Future[SendResult]:
         """Queue one message; the future resolves to its :class:`SendResult`.
 
         Joins this thread's transaction when one is open."""
         tx = self.current_transaction()
         if tx is not None:
-            return tx.send_future(topic, data, attribute, key)
+            return tx.send_future(topic, data, attribute, key, headers=headers)
         core = self.core
-        return self._lt.call(lambda: core.send_nowait(topic, data, attribute, key))
+        return self._lt.call(lambda: core.send_nowait(topic, data, attribute, key, headers=headers))
 
     @property
     def session_id(self) -> str:
@@ -364,6 +373,8 @@ class Producer:
         attribute: str | None = None,
         key: bytes | str | None = None,
         timeout: float | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> TransactionSendResult:
         """Send a half message, run ``local_tx(msg)`` in this thread, then commit or roll
         back the message as it answers (needs a producer group).
@@ -383,7 +394,7 @@ class Producer:
         to the broker's check-back. See :meth:`AsyncProducer.send_in_transaction`.
         """
         core = self.core
-        half = self._lt.run(core._send_half(topic, data, attribute, key, timeout))
+        half = self._lt.run(core._send_half(topic, data, attribute, key, timeout, headers))
         try:
             res: object = local_tx(half.message)
         except BaseException as e:
@@ -409,11 +420,16 @@ class Producer:
         attribute: str | None = None,
         key: bytes | str | None = None,
         timeout_s: float | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> SendResult:
         """A message visible no earlier than ``delay`` s from now or at ``deliver_at``
         (aware datetime or Unix seconds); see :meth:`AsyncProducer.send_delayed`."""
         return self._lt.run(
-            self.core.send_delayed(topic, data, delay, deliver_at, attribute, key), timeout_s
+            self.core.send_delayed(
+                topic, data, delay, deliver_at, attribute, key, headers=headers
+            ),
+            timeout_s,
         )
 
     async def send_async(
@@ -422,9 +438,13 @@ class Producer:
         data: bytes,
         attribute: str | None = None,
         key: bytes | str | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> SendResult:
         """Awaitable send usable from any event loop."""
-        return await asyncio.wrap_future(self.send_future(topic, data, attribute, key))
+        return await asyncio.wrap_future(
+            self.send_future(topic, data, attribute, key, headers=headers)
+        )
 
     def publish(self, topic: str) -> list[Partition]:
         """Look up and cache the partitions of ``topic``."""

@@ -88,7 +88,7 @@ from ._errors import (
     XAError,
 )
 from ._loopthread import LoopThread
-from ._message import Message, SendResult
+from ._message import Headers, Message, SendResult, build_payload
 from ._routing import Partition, StaticBrokerDirectory, TopicRouter
 from ._selectors import PartitionSelector
 
@@ -301,6 +301,8 @@ class AsyncTransaction:
         data: bytes,
         attribute: str | None = None,
         key: bytes | str | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> SendResult:
         """Send one message in the transaction and wait for the broker to record it.
 
@@ -308,7 +310,7 @@ class AsyncTransaction:
         a topic without a partition on the transaction's broker raises
         :class:`ClientTransactionError`.
         """
-        return await self.send_nowait(topic, data, attribute, key)
+        return await self.send_nowait(topic, data, attribute, key, headers=headers)
 
     def send_nowait(
         self,
@@ -316,6 +318,8 @@ class AsyncTransaction:
         data: bytes,
         attribute: str | None = None,
         key: bytes | str | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> asyncio.Future[SendResult]:
         """Queue one message of the transaction (sent in call order); future of its result."""
         if not self.active:
@@ -326,7 +330,7 @@ class AsyncTransaction:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise ClientError(f"message data must be bytes, not {type(data).__name__}")
         body = bytes(data)
-        payload, flag = rec.make_payload(body, attribute)
+        payload, flag = build_payload(body, attribute, key, headers)
         fut: asyncio.Future[SendResult] = self._p.loop.create_future()
         self._queue.append(_TxSend(topic, payload, flag, key, body, fut))
         if self._worker is None or self._worker.done():
@@ -737,9 +741,11 @@ class Transaction:
         attribute: str | None = None,
         key: bytes | str | None = None,
         timeout_s: float | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> SendResult:
         """Send one message in the transaction and wait for its result (offset -1)."""
-        return self.send_future(topic, data, attribute, key).result(timeout_s)
+        return self.send_future(topic, data, attribute, key, headers=headers).result(timeout_s)
 
     def send_future(
         self,
@@ -747,10 +753,12 @@ class Transaction:
         data: bytes,
         attribute: str | None = None,
         key: bytes | str | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> concurrent.futures.Future[SendResult]:
         """Queue one message of the transaction (kept in call order); future of its result."""
         core = self.core
-        return self._lt.call(lambda: core.send_nowait(topic, data, attribute, key))
+        return self._lt.call(lambda: core.send_nowait(topic, data, attribute, key, headers=headers))
 
     def commit(self, timeout_s: float | None = None) -> None:
         """See :meth:`AsyncTransaction.commit`."""

@@ -7,8 +7,12 @@ An offset is the byte offset of the next record to consume in a partition, store
 :class:`FileOffsetStore` (the default) keeps one JSON file per group::
 
     <dir>/<group>.offsets.json
-    {"version": 1, "group": "<group>",
+    {"version": 2, "group": "<group>",
      "offsets": {"<topic>": {"<brokerId>-<part>": [<offset>, <msgId>], ...}, ...}}
+
+Version 2 files are keyed by the brokers' own ids (``brokerId``). Version 1 files, written
+when a broker given in a list to ``connect()`` was keyed by its position in that list, are
+migrated once by the first consumer of the group (:meth:`FileOffsetStore.migrate_keys`).
 
 The commit point is one small write to ``<file>.tmp`` plus one fsync, then ``os.replace``
 and an fsync of the directory: a reader sees either the old or the new file, never a mix.
@@ -18,16 +22,28 @@ The fsync sits in :meth:`FileOffsetStore._fsync` so tests can inject faults.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from notify.errors import ClientError
+
+log = logging.getLogger("notify.client")
+
+#: The offset file format: 2 = partitions keyed ``<brokerId>-<part>`` by the broker's own id.
+FILE_VERSION = 2
+
+
+def offsets_document(group: str, offsets: dict[str, dict[str, list[int]]]) -> dict[str, Any]:
+    """The JSON document of a group's offset file (the one writer of its layout)."""
+    return {"version": FILE_VERSION, "group": group, "offsets": offsets}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +128,11 @@ class FileOffsetStore:
         return self.directory / f"{_safe_name(group)}.offsets.json"
 
     def _read(self, group: str) -> dict[str, dict[str, list[int]]]:
+        return self._read_versioned(group)[0]
+
+    def _read_versioned(self, group: str) -> tuple[dict[str, dict[str, list[int]]], int]:
         p = self.path(group)
+        version = FILE_VERSION
         try:
             raw = p.read_bytes()
         except FileNotFoundError:
@@ -126,9 +146,58 @@ class FileOffsetStore:
                     str(t): {str(k): [int(v[0]), int(v[1])] for k, v in parts.items()}
                     for t, parts in doc["offsets"].items()
                 }
+                version = int(doc.get("version", 1))
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
                 raise ClientError(f"offset file {p} is not readable: {e}") from e
-        return data
+        return data, version
+
+    def migrate_keys(self, group: str, positions: Mapping[int, int] | None) -> bool:
+        """Rewrite a version 1 file of ``group`` keyed by broker position to broker ids.
+
+        ``positions`` maps the old key (a broker's position in the list given to
+        ``connect()``) to that broker's id; None when the old keys were already ids (brokers
+        given as ``{id: address}``). Partitions of positions not in ``positions`` keep their
+        key. Done once, under the file lock; True when the file was rewritten.
+        """
+        path = self.path(group)
+        if not path.exists():
+            return False
+        with _path_lock(path), self._locked(path):
+            data, version = self._read_versioned(group)
+            if version >= FILE_VERSION:
+                return False
+            moved: dict[str, dict[str, list[int]]] = {}
+            changes: list[str] = []
+            for topic, parts in data.items():
+                for key, value in parts.items():
+                    new_key = key
+                    b, sep, part = key.partition("-")
+                    if positions is not None and sep and b.isdigit() and int(b) in positions:
+                        new_key = f"{positions[int(b)]}-{part}"
+                    if new_key != key:
+                        changes.append(f"{topic} {key}->{new_key}")
+                    moved.setdefault(topic, {})[new_key] = value
+            self._write_atomic(path, json.dumps(offsets_document(group, moved)).encode())
+        log.warning(
+            "offset file %s migrated to broker-id keys (format %d)%s",
+            path,
+            FILE_VERSION,
+            ": " + ", ".join(changes) if changes else " (keys unchanged)",
+        )
+        return True
+
+    @contextlib.contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock_fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ClientError(f"cannot lock offset file {path}: {e}") from e
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(lock_fd)  # releases the flock
 
     def load(self, group: str, topic: str, partition: str) -> TopicPartitionOffset | None:
         """See :meth:`OffsetStore.load`."""
@@ -143,21 +212,12 @@ class FileOffsetStore:
         if self._closed:
             raise ClientError("offset store is closed")
         path = self.path(group)
-        with _path_lock(path):
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                lock_fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as e:
-                raise ClientError(f"cannot lock offset file {path}: {e}") from e
-            try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
-                new = self._read(group)
-                for o in offsets:
-                    new.setdefault(o.topic, {})[o.partition] = [o.offset, o.msg_id]
-                doc = {"version": 1, "group": group, "offsets": new}
-                self._write_atomic(path, json.dumps(doc, sort_keys=True).encode())
-            finally:
-                os.close(lock_fd)  # releases the flock
+        with _path_lock(path), self._locked(path):
+            new = self._read(group)
+            for o in offsets:
+                new.setdefault(o.topic, {})[o.partition] = [o.offset, o.msg_id]
+            doc = offsets_document(group, new)
+            self._write_atomic(path, json.dumps(doc, sort_keys=True).encode())
 
     def _write_atomic(self, path: Path, data: bytes) -> None:
         tmp = path.with_name(path.name + ".tmp")

@@ -2,7 +2,7 @@
 
 :class:`FileOffsets` is a :class:`~notify.offsets.base.ManagedOffsetStore`: ``load`` and
 ``commit`` go to the client's store unchanged; ``list_offsets`` and ``delete`` work on the
-documented file format (``<dir>/<group>.offsets.json``, version 1) under the same
+documented file format (``<dir>/<group>.offsets.json``, version 2) under the same
 ``flock`` (``<group>.offsets.lock``) and with the same atomic replace, so they are safe next
 to running consumers.
 """
@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from notify.client.offsets import FileOffsetStore, TopicPartitionOffset
+from notify.client.offsets import FileOffsetStore, TopicPartitionOffset, offsets_document
 from notify.fs import OS_FS, write_file_atomically
 
 from .base import OffsetStoreError, StoredOffset, sort_key
@@ -116,7 +116,7 @@ class FileOffsets:
                 if not data[t]:
                     del data[t]
             if n:
-                doc = {"version": 1, "group": group, "offsets": data}
+                doc = offsets_document(group, data)
                 _write_atomic(path, json.dumps(doc, sort_keys=True).encode())
             return n
         finally:

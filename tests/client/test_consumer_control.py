@@ -78,7 +78,7 @@ def test_messages_counts_only_what_was_handed_out(broker: BrokerProcess, tmp_pat
         assert stored is not None and stored.offset == got[1].next_offset
         c.shutdown()
         c2 = s.create_consumer(cconf(tmp_path, commit_interval_s=0))
-        again = [m.data for m in c2.messages("single", idle_timeout_s=0.5)]
+        again = [m.data for m in c2.messages("single", idle_timeout_s=2.0)]
         assert again == [b"%d" % i for i in range(2, 10)]
 
 
@@ -93,13 +93,13 @@ def test_seek_to_offset_and_to_time(broker: BrokerProcess, tmp_path: Path) -> No
         c = s.create_consumer(cconf(tmp_path, initial_offset="latest"))
         assert list(c.messages("single", idle_timeout_s=0.3)) == []  # starts at the end
         assert c.seek("single", offset="earliest") == {"0-0": 0}
-        data = [m.data for m in c.messages("single", idle_timeout_s=0.3)]
+        data = [m.data for m in c.messages("single", idle_timeout_s=1.5)]
         assert data == [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)]
         assert c.seek("single", timestamp=middle) == {"0-0": second[0].offset}
-        later = [m.data for m in c.messages("single", idle_timeout_s=0.3)]
+        later = [m.data for m in c.messages("single", idle_timeout_s=1.5)]
         assert later == [b"b%d" % i for i in range(5)]
         c.seek("single", "0-0", offset=first[3].offset)
-        assert [m.data for m in c.messages("single", idle_timeout_s=0.3)][:2] == [b"a3", b"a4"]
+        assert [m.data for m in c.messages("single", idle_timeout_s=1.5)][:2] == [b"a3", b"a4"]
         assert c.seek("single", timestamp=time.time() + 60) == {"0-0": second[-1].offset + 22}
         assert c.seek("single", offset="latest") == {"0-0": second[-1].offset + 22}
         # a listener consumer: seek before the start is committed, after it moves the cursor
@@ -136,10 +136,10 @@ def test_pause_and_resume_one_partition(broker: BrokerProcess, tmp_path: Path) -
         assert {str(m.partition) for m in got[n:]} == {"0-2"}
         # the pull API too
         pc = s.create_consumer(cconf(tmp_path, group="pull"))
-        assert len(list(pc.messages("test", idle_timeout_s=0.5))) == 41
+        assert len(list(pc.messages("test", idle_timeout_s=2.0))) == 41
         pc.seek("test", offset="earliest")
         pc.pause("test", ["0-0", "0-1", "0-3"])
-        assert {str(m.partition) for m in pc.messages("test", idle_timeout_s=0.5)} == {"0-2"}
+        assert {str(m.partition) for m in pc.messages("test", idle_timeout_s=2.0)} == {"0-2"}
 
 
 RUNNER = textwrap.dedent(

@@ -198,6 +198,8 @@ class SystemConfig:
     max_partitions_per_topic: int = 1024
     fd_reserve: int = 128
     max_consumer_groups: int = 10_000
+    #: idempotent producers remembered per partition (least recently used out)
+    max_idempotent_producers: int = 10_000
     consumer_group_expiry_ms: int = 86_400_000
     metrics_max_consumer_series: int = 10_000
     auth_failure_log_interval_ms: int = 10_000
@@ -310,6 +312,7 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "maxPartitionsPerTopic": ("max_partitions_per_topic", _int),
     "fdReserve": ("fd_reserve", _int),
     "maxConsumerGroups": ("max_consumer_groups", _int),
+    "maxIdempotentProducers": ("max_idempotent_producers", _int),
     "consumerGroupExpiry": ("consumer_group_expiry_ms", _int),
     "metricsMaxConsumerSeries": ("metrics_max_consumer_series", _int),
     "authFailureLogInterval": ("auth_failure_log_interval_ms", _int),
@@ -426,6 +429,7 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "maxPartitionsPerTopic": (1, 65536),
     "fdReserve": (0, 1_000_000),
     "maxConsumerGroups": (1, 10_000_000),
+    "maxIdempotentProducers": (1, 10_000_000),
     "consumerGroupExpiry": (1000, 365 * _DAY_MS),
     "metricsMaxConsumerSeries": (0, 10_000_000),
     "authFailureLogInterval": (100, _DAY_MS),

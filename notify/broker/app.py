@@ -106,6 +106,8 @@ class Broker:
         )
         self.service = BrokerService(self.config, self.store, self.flusher, loop, self.reload)
         service = self.service
+        service.producers.load(self.store.data_path, self.store.all_partitions())
+        await self._save_producer_states()  # scans after a crash start from here
         if self.config.slave is not None:
             # a slave refuses producers from its first byte on the wire, before replication
             # has even found its master
@@ -208,6 +210,7 @@ class Broker:
                 self.scheduler.shutdown(wait=False)
         if self.service is not None:
             self.service.commit()
+            await self._save_producer_states()
             if self.service.transactions is not None:
                 await self.service.transactions.close()
             for conn in list(self.service.connections):
@@ -249,12 +252,26 @@ class Broker:
             if now - last_points >= RECOVERY_POINT_EVERY_S:
                 last_points = now
                 await loop.run_in_executor(None, self.store.write_recovery_points)
+                await self._save_producer_states()
             if watch_s > 0 and now - last_watch >= watch_s:
                 last_watch = now
                 mtime = self._mtime()
                 if mtime is not None and mtime != self._config_mtime:
                     self._config_mtime = mtime
                     self._reload_logged()
+
+    async def _save_producer_states(self) -> None:
+        """Snapshot the idempotent producers' state (consistent cut on the loop, written
+        off it); a failure is logged, the next round tries again."""
+        assert self.service is not None
+        states = self.service.producers
+        snap = states.snapshot(self.store.all_partitions())
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, states.save, self.store.data_path, snap
+            )
+        except OSError as e:
+            log.error("cannot save the idempotent producers' state: %s", e)
 
     # ------------------------------------------------------------------ reload
 

@@ -20,6 +20,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from notify.broker.connection import Connection, PendingReplies
+from notify.broker.idempotence import (
+    LastBatch,
+    ProducerStates,
+    batch_producer,
+    has_properties,
+    record_producer,
+)
 from notify.broker.idgen import MAX_BATCH, IdGenerator
 from notify.broker.stats import BrokerStats, ConsumerPositions
 from notify.config import ServerConfig, served_config, validate_topic
@@ -54,6 +61,7 @@ from notify.protocol.frames import (
     encode_stats_body,
     encode_value_header,
 )
+from notify.protocol.properties import FLAG_PROPERTIES
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
@@ -81,12 +89,14 @@ STATS_ITEMS: Final = ("", "topics", "offsets", "realtime", "config", "reset", "h
 class _Batch:
     """Puts for one partition collected during one event-loop turn."""
 
-    __slots__ = ("count", "groups", "nbytes")
+    __slots__ = ("count", "groups", "idempotent", "nbytes")
 
     def __init__(self) -> None:
         self.groups: list[PendingReplies] = []
         self.count = 0
         self.nbytes = 0
+        #: (reply item, producer id, sequence) of idempotent puts (notify.broker.idempotence)
+        self.idempotent: list[tuple[list[Any], str, int, int]] = []
 
 
 class _IdStream:
@@ -151,6 +161,8 @@ class BrokerService:
         self.consumer_positions = ConsumerPositions(
             config.system.max_consumer_groups, config.system.consumer_group_expiry_ms / 1000.0
         )
+        #: idempotent producers: last batch per producer and partition
+        self.producers = ProducerStates(config.system.max_idempotent_producers)
         self.refresh_topics()
 
     def refresh_topics(self) -> None:
@@ -294,6 +306,9 @@ class BrokerService:
         if part.failed:
             self.stats.put_failed += 1
             return self._error(conn, 500, r.opaque, part.failed)
+        idem = record_producer(r.flag, body) if r.flag & FLAG_PROPERTIES else None
+        if idem is not None and self._answer_duplicate(conn, part, r.opaque, idem[0], idem[1]):
+            return
         key = (r.topic, r.partition)
         group = conn.open_groups.get(key)
         if group is None:
@@ -306,9 +321,52 @@ class BrokerService:
         else:
             batch = self._pending[part]
             conn.queued += 1  # one more reply in a group already queued (read back-pressure)
-        group.items.append([r.opaque, body, crc, r.flag, 0, 0])
+        item = [r.opaque, body, crc, r.flag, 0, 0]
+        group.items.append(item)
         batch.count += 1
         batch.nbytes += len(body)
+        if idem is not None:
+            batch.idempotent.append((item, idem[0], idem[1], len(body)))
+
+    def _answer_duplicate(
+        self, conn: Connection, part: Partition, opaque: int, pid: str, seq: int, count: int = 0
+    ) -> bool:
+        """A put of idempotent producer ``pid`` starting at ``seq`` that repeats its last
+        stored batch is answered with that batch's ack (once what it covers is flushed as
+        the partition's policy asks and, with a sync slave, the slave has it: the range is
+        pushed again, a slave that has it says so) instead of being stored again; True when
+        answered."""
+        last = self.producers.duplicate_of(part, pid, seq)
+        if last is None:
+            return False
+        found = None
+        if last.first_seq <= seq and seq + max(count, 1) - 1 <= last.last_seq:
+            found = self.producers.locate(part, last, seq)
+        if found is None:
+            self._error(
+                conn,
+                400,
+                opaque,
+                f"producer {pid}: sequence {seq} overlaps its last stored batch "
+                f"{last.first_seq}..{last.last_seq} in {part.topic}-{part.index}",
+            )
+            return True
+        log.info("producer %s: retry of seq %d in %s-%d dropped", pid, seq, part.topic, part.index)
+        msg_id, offset = found
+        if count:
+            body = b"%d %d %d %d" % (msg_id, part.index, offset, count)
+        else:
+            body = b"%d %d %d" % (msg_id, part.index, offset)
+        group = PendingReplies(conn, part.index)
+        group.items.append([opaque])
+        group.body = encode_result(200, opaque, body)
+        conn.send(group)
+        replicated = None
+        if self.sync_master is not None:  # acknowledged only once the sync slave has it
+            data = part.read_raw(last.first_offset, last.end_offset - last.first_offset)
+            replicated = self.sync_master.replicate(part, last.first_offset, data, last.count)
+        self._await_all([group], self.flusher.after_append(part, 0), replicated)
+        return True
 
     def _random_partition(self, topic: str) -> int:
         """MetaQ's ``getPartition``: a put to partition -1 goes to a random partition of the
@@ -335,6 +393,11 @@ class BrokerService:
             return self._tx_mput(conn, r, buf)
         if part.failed:
             return self._error(conn, 500, r.opaque, part.failed)
+        idem = batch_producer(buf) if has_properties(buf) else None
+        if idem is not None and self._answer_duplicate(
+            conn, part, r.opaque, idem[0], idem[1], r.count
+        ):
+            return
         base = part.end
         first_id = self.ids.next_block(r.count)
         records.stamp_ids(buf, first_id)
@@ -343,6 +406,9 @@ class BrokerService:
         except NotifyError as e:
             code = 503 if isinstance(e, StoreFullError) else 500
             return self._error(conn, code, r.opaque, str(e))
+        if idem is not None:
+            batch = LastBatch(idem[1], idem[2], first_id, base, base + len(buf))
+            self.producers.record(part, idem[0], batch)
         self._count_put(r.topic, r.count, len(buf) - r.count * records.HEADER_SIZE)
         group = PendingReplies(conn, r.partition)
         group.items.append([r.opaque])
@@ -440,6 +506,9 @@ class BrokerService:
                     g.fail(code, str(e))
                 continue
             assert offset - base == batch.count * 20 + batch.nbytes
+            for it, pid, seq, size in batch.idempotent:  # it[4], it[5]: id and offset given
+                batch_end = it[5] + records.HEADER_SIZE + size
+                self.producers.record(part, pid, LastBatch(seq, seq, it[4], it[5], batch_end))
             self._count_put(part.topic, batch.count, batch.nbytes)
             self._await_all(
                 groups,
@@ -756,9 +825,11 @@ class BrokerService:
                 conn, 500, r.opaque, f"msync: slave diverges from the master at {r.base_offset}"
             )
         try:
+            base = part.end
             part.append(buf)
         except NotifyError as e:
             return self._error(conn, 500, r.opaque, str(e))
+        self.producers.observe(part, buf, base)  # a promoted slave knows the producers
         group = PendingReplies(conn, r.partition)
         group.items.append([r.opaque])
         group.body = encode_result(200, r.opaque, b"%d" % part.end)
@@ -778,9 +849,12 @@ class BrokerService:
         if r.checksum != -1 and r.checksum != crc:
             return self._error(conn, 400, r.opaque, "sync: checksum mismatch")
         try:
-            off = part.append(records.encode(r.msg_id, r.flag, r.body, crc))
+            rec = records.encode(r.msg_id, r.flag, r.body, crc)
+            off = part.append(rec)
         except NotifyError as e:
             return self._error(conn, 500, r.opaque, str(e))
+        if r.flag & FLAG_PROPERTIES:
+            self.producers.observe(part, rec, off)
         conn.send(encode_result(200, r.opaque, b"%d %d %d" % (r.msg_id, r.partition, off)))
 
     def _tx_put(self, conn: Connection, r: Put, crc: int) -> None:
@@ -841,6 +915,7 @@ class BrokerService:
                 *st.system(),
                 ("topics", len(self._topic_parts)),
                 ("parked_gets_current", sum(map(len, self._waiting.values()))),
+                ("idempotent_duplicates", self.producers.duplicates),
                 ("fsyncs", self.flusher.fsyncs),
                 ("fsync_seconds", round(self.flusher.fsync_seconds, 3)),
             ]

@@ -139,6 +139,11 @@ class ProducerConfig:
     producer_group: str | None = None
     #: Threads running the transaction checker (check-backs answered concurrently at most).
     check_threads: int = DEFAULT_CHECK_THREADS
+    #: Idempotent producer: a producer id and per-partition sequence numbers travel with
+    #: every plain send, and the broker drops a retried put it already stored (a lost ack,
+    #: a 503 after the write) and answers with the stored message's ack; one batch in
+    #: flight per partition. Not for transactions or delayed sends. Needs notify brokers.
+    idempotent: bool = False
     #: Raise the error of every failed send (from ``send()`` / the future) instead of
     #: returning ``SendResult(success=False)``. Programming errors always raise.
     raise_on_error: bool = False

@@ -44,6 +44,7 @@ from notify.errors import (
 from notify.protocol import records as rec
 from notify.protocol.frames import Response, encode_dput, encode_line, encode_mput, encode_put
 from notify.protocol.keys import local_key
+from notify.protocol.properties import decode_attribute
 from notify.protocol.replies import MultiPutAck, PutAck, parse_prepare_vote
 from notify.transport import AsyncConnection
 
@@ -300,8 +301,11 @@ class AsyncProducer:
         self.router = router
         self.client_config = client_config
         self.config = config
-        if config.ordered and config.max_in_flight_per_partition != 1:
+        if (config.ordered or config.idempotent) and config.max_in_flight_per_partition != 1:
             config.max_in_flight_per_partition = 1
+        #: Idempotent mode: this producer's id and next sequence number per partition.
+        self.producer_id: str | None = uuid.uuid4().hex[:16] if config.idempotent else None
+        self._sequences: dict[tuple[str, Partition], int] = {}
         self.selector: PartitionSelector = selector or KeyHashSelector()
         self._senders: dict[tuple[str, Partition], _PartitionSender] = {}
         self._unrouted: dict[str, deque[tuple[_Item, bytes | str | None, bytes]]] = {}
@@ -762,7 +766,20 @@ class AsyncProducer:
         except Exception as e:  # a bug in the selector: raised by send(), not a result
             self._fail_hard(item, e)
             return
+        if self.producer_id is not None:
+            self._stamp(topic, part, item)
         self._sender(topic, part).add(item)
+
+    def _stamp(self, topic: str, part: Partition, item: _Item) -> None:
+        """Idempotent mode: give ``item`` the producer id and the partition's next sequence
+        (in its attribute block; retries resend these very bytes)."""
+        seq = self._sequences.get((topic, part), 0)
+        self._sequences[(topic, part)] = seq + 1
+        text, body = rec.split_payload(item.payload, item.flag)
+        props = decode_attribute(text, item.flag)
+        item.payload, item.flag = build_payload(
+            body, props.attribute, props.key, props.headers, self.producer_id, seq
+        )
 
     def _sender(self, topic: str, part: Partition) -> _PartitionSender:
         s = self._senders.get((topic, part))

@@ -213,6 +213,7 @@ class SlaveReplicator:
                 if part.end != off:
                     continue  # a synchronous push appended meanwhile: fetch again from there
                 part.append(memoryview(r.body)[:valid])
+                service.producers.observe(part, memoryview(r.body)[:valid], off)
                 st.pulled_bytes += valid
                 st.error = ""
                 fut = service.flusher.after_append(part, 0)

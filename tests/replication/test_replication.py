@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from notify.client._message import build_payload
 from notify.protocol import records
 from notify.testing import BrokerProcess, free_port
 from tests.wireclient import WireClient, crc
@@ -219,6 +220,44 @@ def test_sync_slave_failure_policies(tmp_path: Path, policy: str) -> None:
             assert c.put("rep", 0, b"back").code == 200
         wait_equal(master, slave)
         assert segment_bytes(master, "rep", 0) == segment_bytes(slave, "rep", 0)
+    finally:
+        slave.stop()
+        master.stop()
+
+
+def test_idempotent_retry_after_503_and_on_the_promoted_slave(tmp_path: Path) -> None:
+    """Issue 20: with a sync slave down, a put answered 503 may be stored on the master;
+    its retry is answered with that message instead of storing it again, and a slave that
+    replicated it (then promoted) drops the retry too."""
+    def put(addr: str, seq: int) -> tuple[int, bytes]:
+        payload, flag = build_payload(b"m%d" % seq, None, producer_id="prod-R", sequence=seq)
+        with WireClient(addr) as c:
+            r = c.put("rep", 0, payload, flag=flag)
+        return r.code, r.body
+
+    master, slave = _pair(tmp_path, "refuse", timeout_ms=500)
+    try:
+        assert put(master.addr, 0)[0] == 200
+        slave.kill()
+        codes = [put(master.addr, 1)[0] for _ in range(4)]  # the client retrying
+        assert codes == [503] * 4
+        slave.start()
+        deadline = time.monotonic() + 15
+        while stats(master.addr)["sync_slave_state"] != "in_sync":
+            assert time.monotonic() < deadline, stats(master.addr)
+            time.sleep(0.1)
+        code1, ack1 = put(master.addr, 1)
+        assert code1 == 200
+        wait_equal(master, slave)
+        with WireClient(master.addr) as c:
+            recs, _ = records.decode_all(c.call(b"get rep g 0 0 1048576 1\r\n").body, 0)
+        assert [r.body for r in recs] == [b"m0", b"m1"]  # stored once, not five times
+        master.kill()
+        with WireClient(slave.addr) as c:
+            assert c.call(b"promote 1\r\n").code == 200
+        assert put(slave.addr, 1) == (200, ack1)  # the promoted slave knows the producer
+        assert put(slave.addr, 0)[0] == 400  # older than its last batch
+        assert put(slave.addr, 2)[0] == 200
     finally:
         slave.stop()
         master.stop()

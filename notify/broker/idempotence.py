@@ -37,6 +37,7 @@ from notify.store.partition import Partition
 log = logging.getLogger("notify.broker")
 
 SNAPSHOT_FILE: Final = "producer-states.json"
+
 _SCAN_WINDOW: Final = 1 << 20
 
 
@@ -58,6 +59,8 @@ class LastBatch:
 def has_properties(buf: bytes | bytearray | memoryview) -> bool:
     """True when a record of the whole records ``buf`` has the properties flag bit (reads
     the headers only: the cheap test before anything is decoded)."""
+    if not _may_hold_mark(buf):
+        return False
     pos, n = 0, len(buf)
     unpack = records.HEADER.unpack_from
     while n - pos >= records.HEADER_SIZE:
@@ -68,22 +71,49 @@ def has_properties(buf: bytes | bytearray | memoryview) -> bool:
     return False
 
 
+def _may_hold_mark(buf: bytes | bytearray | memoryview) -> bool:
+    """False when no properties block can be in ``buf``: no U+001E followed by ``{``
+    (memchr per candidate). Binary payloads with many 0x1E bytes give up after a few
+    candidates: True, and the caller walks the headers."""
+    data = bytes(buf) if isinstance(buf, memoryview) else buf
+    find = data.find
+    i = find(30)
+    n = len(data) - 1
+    for _ in range(16):
+        if not 0 <= i < n:
+            return False
+        if data[i + 1] == 123:
+            return True
+        i = find(30, i + 1)
+    return True
+
+
 def batch_producer(buf: bytes | bytearray | memoryview) -> tuple[str, int, int] | None:
     """``(producer id, first sequence, last sequence)`` of whole validated records ``buf``
-    when they all come from one idempotent producer with consecutive sequences, else None."""
-    pid: str | None = None
-    first = last = -1
-    for rec in records.decode_all(buf, 0, verify=False)[0]:
-        got = record_producer(rec.flag, rec.payload)
-        if got is None:
-            return None
-        if pid is None:
-            pid, first, last = got[0], got[1], got[1]
-        elif got[0] != pid or got[1] != last + 1:
-            return None
-        else:
-            last = got[1]
-    return None if pid is None else (pid, first, last)
+    when its first and last records come from one idempotent producer and their sequences
+    span exactly the batch (what the client sends: consecutive sequences), else None. Only
+    those two records are parsed."""
+    starts: list[int] = []
+    pos, n = 0, len(buf)
+    unpack = records.HEADER.unpack_from
+    while n - pos >= records.HEADER_SIZE:
+        starts.append(pos)
+        pos += records.HEADER_SIZE + unpack(buf, pos)[0]
+    if not starts:
+        return None
+    ends = [_producer_at(buf, starts[0]), _producer_at(buf, starts[-1])]
+    first, last = ends
+    if first is None or last is None or first[0] != last[0]:
+        return None
+    if last[1] - first[1] + 1 != len(starts):
+        return None
+    return first[0], first[1], last[1]
+
+
+def _producer_at(buf: bytes | bytearray | memoryview, pos: int) -> tuple[str, int] | None:
+    length, _crc, _mid, flag = records.HEADER.unpack_from(buf, pos)
+    start = pos + records.HEADER_SIZE
+    return record_producer(flag, bytes(buf[start : start + length]))
 
 
 def record_producer(flag: int, payload: bytes) -> tuple[str, int] | None:

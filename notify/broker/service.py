@@ -24,7 +24,6 @@ from notify.broker.idempotence import (
     LastBatch,
     ProducerStates,
     batch_producer,
-    has_properties,
     record_producer,
 )
 from notify.broker.idgen import MAX_BATCH, IdGenerator
@@ -163,6 +162,7 @@ class BrokerService:
         )
         #: idempotent producers: last batch per producer and partition
         self.producers = ProducerStates(config.system.max_idempotent_producers)
+        self._checked_flags = 0  # OR of the flags of the records _check_records validated
         self.refresh_topics()
 
     def refresh_topics(self) -> None:
@@ -393,7 +393,7 @@ class BrokerService:
             return self._tx_mput(conn, r, buf)
         if part.failed:
             return self._error(conn, 500, r.opaque, part.failed)
-        idem = batch_producer(buf) if has_properties(buf) else None
+        idem = batch_producer(buf) if self._checked_flags & FLAG_PROPERTIES else None
         if idem is not None and self._answer_duplicate(
             conn, part, r.opaque, idem[0], idem[1], r.count
         ):
@@ -431,11 +431,13 @@ class BrokerService:
         unpack = _HEADER.unpack_from
         crc32 = zlib.crc32
         max_msg = self.max_message
+        flags = 0
         try:
             while pos < n:
                 if n - pos < records.HEADER_SIZE:
                     return f"record {seen}: incomplete header"
-                length, crc, _mid, _flag = unpack(mv, pos)
+                length, crc, _mid, flag = unpack(mv, pos)
+                flags |= flag
                 if length < 0 or length > max_msg:
                     return f"record {seen}: length {length} outside 0..{max_msg}"
                 end = pos + records.HEADER_SIZE + length
@@ -449,6 +451,7 @@ class BrokerService:
             mv.release()
         if seen != count:
             return f"body holds {seen} records, header says {count}"
+        self._checked_flags = flags  # read by _mput (idempotent producers)
         return None
 
     def _count_put(self, topic: str, count: int, nbytes: int) -> None:

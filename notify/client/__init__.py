@@ -25,6 +25,15 @@ Transactions (:mod:`._transaction`)::
     producer = session.create_transactional_producer("shop", checker)   # half messages
     result = producer.send_in_transaction("orders", b"o-2", local_tx)
 
+Messages carry a key, typed headers and a timestamp; consumers seek, pause and run::
+
+    producer.send("orders", b"o-3", key="user-7", headers={"n": 1}, delay=30)
+    consumer.seek("orders", timestamp=time.time() - 3600)
+    consumer.pause("orders", "0-1"); consumer.resume("orders")
+    consumer.run()              # listeners until SIGTERM/SIGINT, then commit and return
+
+``ProducerConfig(idempotent=True)``: the broker drops retried puts it already stored.
+
 Cluster (ZooKeeper, MetaQ's layout; see :mod:`configserver`)::
 
     with connect(zk="127.0.0.1:2181/meta") as session:   # brokers found and followed live
@@ -41,7 +50,7 @@ synchronous wrappers; ``_transaction`` local transactions, half messages and che
 
 from notify.protocol.replies import parse_stats_topics
 
-from ._config import ClientConfig, ConsumerConfig, ProducerConfig
+from ._config import ClientConfig, ConsumerConfig, ProducerConfig, default_data_dir
 from ._consumer import AsyncConsumer, ConsumerStats, MessageFilter, MessageListener
 from ._dedup import DuplicateWindow
 from ._errors import (
@@ -54,7 +63,7 @@ from ._errors import (
     XAError,
 )
 from ._fetchsize import FetchSizer
-from ._message import Message, SendResult
+from ._message import Headers, Message, SendResult
 from ._producer import AsyncProducer
 from ._recover import (
     RecoverStore,
@@ -104,6 +113,7 @@ __all__ = [
     "DuplicateWindow",
     "FetchSizer",
     "FileOffsetStore",
+    "Headers",
     "KeyHashSelector",
     "ListenerTimeoutError",
     "LiveBrokerDirectory",
@@ -136,6 +146,7 @@ __all__ = [
     "XAError",
     "ZkBrokerDirectory",
     "connect",
+    "default_data_dir",
     "key_hash",
     "list_dead_letters",
     "list_pending_recovery",

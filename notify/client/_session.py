@@ -315,6 +315,11 @@ class Producer:
         """The producer's id in its transaction keys ``TX:<session_id>:<n>``."""
         return self.core.session_id
 
+    @property
+    def producer_id(self) -> str | None:
+        """The idempotent producer's id (``ProducerConfig(idempotent=True)``), else None."""
+        return self.core.producer_id
+
     def transaction(self, timeout: float | None = None) -> Transaction:
         """Begin a local transaction for a ``with`` block (commit on exit, rollback on
         error); same as :meth:`begin_transaction`.

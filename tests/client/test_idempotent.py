@@ -165,6 +165,7 @@ def test_lost_ack_retried_by_the_client(
     cfg = ProducerConfig(idempotent=idempotent, retries=5, retry_backoff_s=0.05)
     with connect([dropper.addr], config=FAST, partitions={"single": 1}) as s:
         p = s.create_producer(cfg)
+        assert (p.producer_id is not None) == idempotent
         assert p.send("single", b"warm-up").success
         for i in range(5):
             dropper.armed = 1  # the put is stored, its ack lost, the client retries

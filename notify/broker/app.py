@@ -16,10 +16,11 @@ import signal
 import ssl
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from configserver import BrokerRegistrar, resolve_master
 from notify.broker import authlog
 from notify.broker.connection import Connection
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config
@@ -27,6 +28,8 @@ from notify.broker.service import BrokerService
 from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
+from notify.http.application import start_http
+from notify.http.server import HttpServer
 from notify.replication.slave import SlaveReplicator
 from notify.replication.sync_master import SyncMaster
 from notify.runtime import SYSTEM_CLOCK
@@ -40,10 +43,6 @@ from notify.store.retention import (
     remove_before,
     zip_segments,
 )
-
-if TYPE_CHECKING:
-    from configserver import BrokerRegistrar  # configserver (issue #7)
-    from notify.http.server import HttpServer  # notify.http (issue #9)
 
 log = logging.getLogger("notify.broker")
 
@@ -151,18 +150,14 @@ class Broker:
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
-        # configserver (issue #7): register (ephemeral; ZooKeeper or embedded), find the master
-        from configserver import BrokerRegistrar, resolve_master
-
+        # configserver: register (ephemeral; ZooKeeper or embedded), find the master
         self.registrar = BrokerRegistrar(self.config)
         await self.registrar.start(self.host, self.port, self.store.topics)
         self.config = await resolve_master(self.registrar, self.config)
         self._start_replication()
         self.delay.start()
-        # -- notify.http (issue #9): dashboard, MetaQ HTTP, REST, /metrics; 0 = off
+        # notify.http: dashboard, MetaQ HTTP, REST, /metrics; 0 = off
         if self.config.system.dashboard_http_port:
-            from notify.http.server import start_http
-
             try:
                 self.http = await start_http(self)
             except OSError:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from notify.broker.connection import Connection, PendingReplies
+from notify.broker.delay import DELAY_TOPIC, DelayQueue, encode_envelope
 from notify.broker.idgen import MAX_BATCH, IdGenerator
 from notify.broker.stats import BrokerStats, ConsumerPositions
 from notify.config import ServerConfig, served_config, validate_topic
@@ -60,7 +61,6 @@ from notify.store.partition import Partition
 from notify.version import __version__
 
 if TYPE_CHECKING:
-    from notify.broker.delay import DelayQueue
     from notify.broker.transactions import TransactionManager
     from notify.replication.sync_master import SyncMaster
 
@@ -673,7 +673,6 @@ class BrokerService:
     # ------------------------------------------------------------------ delayed messages
 
     def _dput(self, conn: Connection, r: DelayedPut) -> None:
-        from notify.broker.delay import DELAY_TOPIC, encode_envelope
 
         self.stats.cmd_put += 1
         part = self._lookup(conn, r.topic, r.partition, r.opaque)

@@ -20,8 +20,8 @@ from notify.store.retention import LIVE_CONSUMER_S
 from notify.version import __version__
 
 if TYPE_CHECKING:
-    from notify.broker.app import Broker
     from notify.broker.service import BrokerService
+    from notify.http.host import BrokerHost
 
 JSON = dict[str, Any]
 #: Seconds of per-second samples the dashboard's charts show.
@@ -141,7 +141,7 @@ def transactions_view(service: BrokerService) -> list[JSON]:
     return out
 
 
-def config_view(broker: Broker) -> JSON:
+def config_view(broker: BrokerHost) -> JSON:
     cfg = broker.config
     system = {}
     for f in fields(cfg.system):
@@ -159,7 +159,7 @@ def config_view(broker: Broker) -> JSON:
     }
 
 
-def replication_view(broker: Broker) -> JSON:
+def replication_view(broker: BrokerHost) -> JSON:
     """The broker's replication role and, where there is replication, its progress: an
     async slave's lag per partition (bytes the master has that it has not pulled yet), a
     master's synchronous slave state."""
@@ -199,7 +199,7 @@ def replication_view(broker: Broker) -> JSON:
     return out
 
 
-def system_view(broker: Broker) -> JSON:
+def system_view(broker: BrokerHost) -> JSON:
     service = broker.service
     assert service is not None
     st = service.stats
@@ -292,7 +292,7 @@ class History:
         return out
 
 
-def overview(broker: Broker, history: History) -> JSON:
+def overview(broker: BrokerHost, history: History) -> JSON:
     """Everything the dashboard shows, in one response."""
     service = broker.service
     assert service is not None

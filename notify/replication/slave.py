@@ -20,9 +20,9 @@ import logging
 import ssl
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from notify.config import SlaveConfig, default_topic
+from notify.config import ServerConfig, SlaveConfig, default_topic
 from notify.errors import NotifyError
 from notify.protocol import records
 from notify.protocol.frames import encode_get, encode_line, encode_offset
@@ -31,7 +31,8 @@ from notify.replication.link import BrokerLink, connect_link
 from notify.store.partition import Partition
 
 if TYPE_CHECKING:
-    from notify.broker.app import Broker
+    from notify.broker.service import BrokerService
+    from notify.store.manager import MessageStore
 
 log = logging.getLogger("notify.replication")
 
@@ -51,12 +52,21 @@ class PullState:
     error: str = ""
 
 
+class SlaveHost(Protocol):
+    """What the replicator needs of the broker it runs in (the broker sets ``service`` once
+    it has started, and may replace ``config`` on reload)."""
+
+    config: ServerConfig
+    store: MessageStore
+    service: BrokerService | None
+
+
 class SlaveReplicator:
     """Pulls the master's partitions into this broker's store."""
 
     def __init__(
         self,
-        broker: Broker,
+        broker: SlaveHost,
         cfg: SlaveConfig,
         secret: str = "",
         tls: ssl.SSLContext | None = None,

@@ -6,6 +6,7 @@ Directory layout::
                                 decimal numbers without padding, consecutive, as in MetaQ
     <dir>/checkpoint            the last max_checkpoints checkpoints (see txlog.checkpoint)
     <dir>/checkpoint.tmp        only transiently while a checkpoint is written
+    <dir>/fsync-failed          only after a failed fsync, until the next open repaired it
 
 All file I/O goes through a :class:`~txlog.fs.FileSystem` (``fs=``, the real one by default;
 a simulated disk in the crash simulation). Writes go through ``pwrite`` at the tracked end of
@@ -27,6 +28,18 @@ Retention: :meth:`TxLog.checkpoint` deletes the segments lying entirely before t
 checkpoint, so the log holds what recovery can still need and recovery time is proportional to
 what follows the newest checkpoint. :meth:`TxLog.truncate_before` does the same on demand and
 never deletes the current segment nor anything a kept checkpoint still points into.
+
+A failed fsync is fatal to the open log (fail-stop, as PostgreSQL does since "fsyncgate"): on
+Linux the kernel may already have dropped the dirty pages it could not write and marked them
+clean, so a later fsync would "succeed" over a hole and records acknowledged after it would be
+cut off at that hole by recovery. The log therefore refuses every later append, commit and
+sync with :class:`~notify.errors.TxLogError`, and leaves an ``fsync-failed`` marker. The
+next open sees the marker and, after the usual scan, *rewrites* the newest segment's bytes
+(pread + pwrite of the same data, then fdatasync): within the same boot the page cache still
+shows the records the disk never got, marked clean, so a plain fsync would not write them and
+later records would sit behind a hole. (After a machine crash the page cache, and with it the
+illusion, is gone; the scan truncates at the hole as for any torn tail.) A failed *write*
+is different: nothing was written, the segment is cut back, and the log stays usable.
 """
 
 from __future__ import annotations
@@ -41,7 +54,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import NamedTuple, Self
+from typing import Final, NamedTuple, Self
 
 from notify.errors import TxLogCorruptError, TxLogError
 from txlog.checkpoint import (
@@ -57,6 +70,9 @@ from txlog.groupsync import FlushCoordinator, FlushFailed
 from txlog.position import Position
 from txlog.records import RecordType, decode, encode, frame_size
 from txlog.segment import SegmentReader, list_segments, segment_path
+
+#: Marker left by a failed fsync; the next open rewrites the newest segment (see above).
+FSYNC_FAILED: Final = "fsync-failed"
 
 __all__ = ["LogRecord", "RecoveryReport", "TxLog"]
 
@@ -166,6 +182,31 @@ class TxLog:
 
     def _fsync_dir(self) -> None:
         self._fs.fsync_dir(self._dir)
+
+    def _rewrite_newest(self, size: int) -> None:
+        """Make the newest segment's first ``size`` bytes durable even where the page cache
+        holds them as clean pages the disk never got (after a failed fsync)."""
+        chunk = 1 << 20
+        try:
+            for off in range(0, size, chunk):
+                data = self._fs.pread(self._fd, min(chunk, size - off), off)
+                view = memoryview(data)
+                done = 0
+                while done < len(view):
+                    n = self._pwrite(self._fd, view[done:], off + done)
+                    if n <= 0:
+                        raise OSError(errno.EIO, "write returned 0")
+                    done += n
+            self._fsync(self._fd)
+        except OSError as exc:
+            self._fs.close(self._fd)
+            raise TxLogError(
+                f"{self._dir}: rewriting redo.{self._file_no} after a failed fsync failed: {exc}"
+            ) from exc
+        logger.warning(
+            "%s: rewrote %d bytes of redo.%d after an earlier failed fsync",
+            self._dir, size, self._file_no,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ properties
 
@@ -310,6 +351,14 @@ class TxLog:
             reason=reason,
             duration_s=time.monotonic() - t0,
         )
+        marker = self._dir / FSYNC_FAILED
+        if fs.exists(marker):
+            self._rewrite_newest(size)
+            try:
+                fs.unlink(marker)
+                self._fsync_dir()
+            except OSError as exc:
+                raise TxLogError(f"cannot remove {marker}: {exc}") from exc
         if truncated:
             logger.warning(
                 "%s: truncated %d bytes of redo.%d at offset %d (%s)",
@@ -360,7 +409,8 @@ class TxLog:
             raise TxLogError("the transaction log is closed")
         if self._broken is not None:
             raise TxLogError(
-                f"the transaction log is unusable after a failed repair: {self._broken}"
+                f"the transaction log is unusable since {self._broken}; reopen it "
+                "(restart the broker) to recover from what is on disk"
             )
         if self._size > 0 and self._size + len(data) > self._config.segment_bytes:
             self._roll()
@@ -378,8 +428,7 @@ class TxLog:
                 self._fs.ftruncate(self._fd, offset)
                 self._fsync(self._fd)  # else a crash can bring the failed frames back
             except OSError as exc2:
-                self._broken = exc2
-                logger.error("%s: cannot remove a partial write: %s", self._dir, exc2)
+                self._fail(f"a partial write could not be removed ({exc2})")
             raise TxLogError(
                 f"write to redo.{self._file_no} failed: {exc}; nothing was appended"
             ) from exc
@@ -392,6 +441,7 @@ class TxLog:
         try:
             self._fsync(self._fd)
         except OSError as exc:
+            self._fail(f"the fsync of redo.{old_no} failed ({exc})")
             raise TxLogError(f"fsync of redo.{old_no} before rolling failed: {exc}") from exc
         path = segment_path(self._dir, old_no + 1)
         try:
@@ -418,6 +468,11 @@ class TxLog:
         Returns where the frames start and the end the fsync covered (see ``FlushFn``).
         """
         with self._wlock:
+            if self._broken is not None:  # an fsync now could "succeed" over a hole
+                raise TxLogError(
+                    f"the transaction log is unusable since {self._broken}; reopen it "
+                    "(restart the broker) to recover from what is on disk"
+                )
             if frames:
                 start = self._write_locked(frames[0] if len(frames) == 1 else b"".join(frames))
             end = Position(self._file_no, self._size)
@@ -431,10 +486,34 @@ class TxLog:
         try:
             self._fsync(fd)
         except OSError as exc:
+            self._fail(f"the fsync up to {end} failed ({exc})")
             raise FlushFailed(start, end, exc) from exc
         finally:
             self._fs.close(fd)
         return start, end
+
+    def _fail(self, what: str) -> None:
+        """Stop accepting records: ``what`` may have left a hole in the unsynced tail."""
+        if self._broken is None:
+            self._broken = TxLogError(what)
+            try:  # no fsync: it only has to outlive this process, not the machine
+                self._fs.close(
+                    self._fs.open(
+                        self._dir / FSYNC_FAILED, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644
+                    )
+                )
+            except OSError as exc:
+                logger.error("%s: cannot leave the fsync-failed marker: %s", self._dir, exc)
+            logger.critical(
+                "%s: %s; the redo log refuses writes until it is reopened (restart the broker)",
+                self._dir,
+                what,
+            )
+
+    @property
+    def failed(self) -> str | None:
+        """Why the log refuses writes (a failed fsync), or None while it is healthy."""
+        return None if self._broken is None else str(self._broken)
 
     def sync(self, pos: Position | None = None) -> None:
         """Block until the record at ``pos`` and all before it are durable.

@@ -54,7 +54,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final, NamedTuple, Self
+from typing import NamedTuple, Self
 
 from notify.errors import TxLogCorruptError, TxLogError
 from txlog.checkpoint import (
@@ -65,14 +65,11 @@ from txlog.checkpoint import (
     write_checkpoints,
 )
 from txlog.config import FLUSH_ON_COMMIT, FLUSH_PERIODIC, TxLogConfig
-from txlog.fs import OS_FS, FileSystem, ensure_dir
+from txlog.fs import FSYNC_FAILED, OS_FS, FileSystem, ensure_dir, leave_marker
 from txlog.groupsync import FlushCoordinator, FlushFailed
 from txlog.position import Position
 from txlog.records import RecordType, decode, encode, frame_size
 from txlog.segment import SegmentReader, list_segments, segment_path
-
-#: Marker left by a failed fsync; the next open rewrites the newest segment (see above).
-FSYNC_FAILED: Final = "fsync-failed"
 
 __all__ = ["LogRecord", "RecoveryReport", "TxLog"]
 
@@ -496,12 +493,8 @@ class TxLog:
         """Stop accepting records: ``what`` may have left a hole in the unsynced tail."""
         if self._broken is None:
             self._broken = TxLogError(what)
-            try:  # no fsync: it only has to outlive this process, not the machine
-                self._fs.close(
-                    self._fs.open(
-                        self._dir / FSYNC_FAILED, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644
-                    )
-                )
+            try:
+                leave_marker(self._fs, self._dir / FSYNC_FAILED)
             except OSError as exc:
                 logger.error("%s: cannot leave the fsync-failed marker: %s", self._dir, exc)
             logger.critical(

@@ -146,3 +146,27 @@ def test_records_acknowledged_after_a_failed_fsync_survive_a_crash() -> None:
     fs.crash()
     bodies = [r.body for r in TxLog.open(LOG, fs=fs).replay()]
     assert bodies[0] == b"before" and b"after" in bodies and b"refused" not in bodies, bodies
+
+
+def test_partition_records_after_a_failed_fsync_and_restart_survive_a_crash() -> None:
+    """The partition's half of the same finding: after a failed fsync the broker makes the
+    partition read-only (the flusher calls ``fail``); the restart, in the same boot, reads the
+    never-written records from the page cache. Without the rewrite, records appended and
+    fsynced after the restart were cut off by the next crash's recovery at the hole."""
+    fs = SimFileSystem(random.Random(7))
+    p = open_part(fs)
+    p.append(rec(1))
+    p.sync()
+    p.append(rec(2))
+    fs.fail_fsync(1, errno.EIO, drop_dirty=True)
+    with pytest.raises(OSError):
+        p.sync()
+    p.fail("fsync failed")  # what the flusher does
+    p.close()
+    assert fs.exists(PART / "fsync-failed")
+    p = open_part(fs)  # same boot: rec(2) is visible from the page cache
+    assert not fs.exists(PART / "fsync-failed") and p.failed is None
+    p.append(rec(3))
+    p.sync()
+    fs.crash()
+    assert contents(open_part(fs)) == rec(1) + rec(2) + rec(3)

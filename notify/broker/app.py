@@ -28,6 +28,7 @@ from notify.broker.service import BrokerService
 from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
+from notify.faults import pausepoint
 from notify.http.application import start_http
 from notify.http.server import HttpServer
 from notify.replication.slave import SlaveReplicator
@@ -153,6 +154,7 @@ class Broker:
         # configserver: register (ephemeral; ZooKeeper or embedded), find the master
         self.registrar = BrokerRegistrar(self.config)
         await self.registrar.start(self.host, self.port, self.store.topics)
+        pausepoint("broker.start.registered")
         self.config = await resolve_master(self.registrar, self.config)
         self._start_replication()
         self.delay.start()

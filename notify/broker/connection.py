@@ -40,6 +40,7 @@ from notify.broker.stats import BrokerStats
 from notify.config import ServerConfig
 from notify.errors import ProtocolError
 from notify.protocol.frames import RequestParser, encode_error, encode_result
+from notify.protocol.replies import encode_put_acks
 from notify.store.partition import Slice
 
 
@@ -85,12 +86,7 @@ class PendingReplies:
             )
         if self.body is not None:
             return self.body
-        part = self.partition
-        out = []
-        for it in self.items:
-            body = b"%d %d %d" % (it[4], part, it[5])
-            out.append(b"result 200 %d %d\r\n%b" % (len(body), it[0], body))
-        return b"".join(out)
+        return encode_put_acks(self.partition, ((it[0], it[4], it[5]) for it in self.items))
 
     def resolve(self) -> None:
         self.done = True

@@ -13,7 +13,6 @@ import asyncio
 import hmac
 import logging
 import random
-import struct
 import time
 import zlib
 from collections.abc import Callable
@@ -55,6 +54,7 @@ from notify.protocol.frames import (
     encode_stats_body,
     encode_value_header,
 )
+from notify.protocol.replies import MultiPutAck, OffsetReply, PutAck, Redirect
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
@@ -68,7 +68,6 @@ log = logging.getLogger("notify.broker")
 
 _HEADER = records.HEADER
 _CRC_MASK: Final = 0x7FFFFFFF
-_ID_AT = struct.Struct(">q")
 #: Longest a long-poll ``get`` may be held, whatever the client asks.
 MAX_LONG_POLL_MS: Final = 60_000
 MPUT_MAX_BYTES: Final = 16 * 1024 * 1024
@@ -347,7 +346,7 @@ class BrokerService:
         group = PendingReplies(conn, r.partition)
         group.items.append([r.opaque])
         group.body = encode_result(
-            200, r.opaque, b"%d %d %d %d" % (first_id, r.partition, base, r.count)
+            200, r.opaque, MultiPutAck(first_id, r.partition, base, r.count).encode()
         )
         conn.send(group)
         self._await_all(
@@ -520,7 +519,7 @@ class BrokerService:
                 return self._error(
                     conn, 404, r.opaque, f"Could not find message at position {r.offset}"
                 )
-            return conn.send(encode_result(301, r.opaque, b"%d" % e.nearest))
+            return conn.send(encode_result(301, r.opaque, Redirect(e.nearest).encode()))
         if sl is None:
             if r.max_wait_ms > 0:
                 return self._park(conn, part, r)
@@ -587,7 +586,7 @@ class BrokerService:
         try:
             sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
         except OffsetOutOfRangeError as e:
-            slot.body = encode_result(301, r.opaque, b"%d" % e.nearest)
+            slot.body = encode_result(301, r.opaque, Redirect(e.nearest).encode())
             return self._deliver(conn, slot)
         if sl is None:
             self.stats.get_misses += 1
@@ -627,7 +626,7 @@ class BrokerService:
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
-        conn.send(encode_result(200, r.opaque, b"%d" % part.nearest_offset(r.offset)))
+        conn.send(encode_result(200, r.opaque, OffsetReply(part.nearest_offset(r.offset)).encode()))
 
     # ------------------------------------------------------------------ the rest
 
@@ -722,7 +721,7 @@ class BrokerService:
         delay.add(off, r.deliver_at_ms)
         group = PendingReplies(conn, r.partition)
         group.items.append([r.opaque])
-        group.body = encode_result(200, r.opaque, b"%d %d -1" % (msg_id, r.partition))
+        group.body = encode_result(200, r.opaque, PutAck(msg_id, r.partition, -1).encode())
         conn.send(group)
         self._await_all(
             [group],
@@ -746,11 +745,11 @@ class BrokerService:
             return self._error(conn, 400, r.opaque, f"msync: {err}")
         end = part.end
         if r.base_offset > end:
-            return conn.send(encode_result(301, r.opaque, b"%d" % end))  # behind: pulling
+            return conn.send(encode_result(301, r.opaque, Redirect(end).encode()))  # behind
         if r.base_offset < end:
             have = part.read_raw(r.base_offset, len(buf))
             if have == bytes(buf):
-                return conn.send(encode_result(200, r.opaque, b"%d" % end))  # already here
+                return conn.send(encode_result(200, r.opaque, OffsetReply(end).encode()))  # here
             return self._error(
                 conn, 500, r.opaque, f"msync: slave diverges from the master at {r.base_offset}"
             )
@@ -760,7 +759,7 @@ class BrokerService:
             return self._error(conn, 500, r.opaque, str(e))
         group = PendingReplies(conn, r.partition)
         group.items.append([r.opaque])
-        group.body = encode_result(200, r.opaque, b"%d" % part.end)
+        group.body = encode_result(200, r.opaque, OffsetReply(part.end).encode())
         conn.send(group)
         self._await_all([group], self.flusher.after_append(part, r.count), None)
 
@@ -780,7 +779,7 @@ class BrokerService:
             off = part.append(records.encode(r.msg_id, r.flag, r.body, crc))
         except NotifyError as e:
             return self._error(conn, 500, r.opaque, str(e))
-        conn.send(encode_result(200, r.opaque, b"%d %d %d" % (r.msg_id, r.partition, off)))
+        conn.send(encode_result(200, r.opaque, PutAck(r.msg_id, r.partition, off).encode()))
 
     def _tx_put(self, conn: Connection, r: Put, crc: int) -> None:
         if self.transactions is None:

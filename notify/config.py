@@ -214,6 +214,15 @@ class SystemConfig:
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None
     tls_client_auth: bool = False
+    # queue subscriptions (README "Queues")
+    queue_lock_timeout_ms: int = 30_000
+    queue_max_deliveries: int = 5
+    queue_max_in_flight: int = 10_000
+    queue_max_credit: int = 1000
+    queue_max_groups: int = 256
+    queue_max_dead_letters: int = 10_000
+    queue_max_release_delay_ms: int = 3_600_000
+    queue_checkpoint_interval_ms: int = 10_000
 
     @property
     def tx_log_path(self) -> Path:
@@ -325,6 +334,14 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "tlsKeyFile": ("tls_key_file", Path),
     "tlsCaFile": ("tls_ca_file", Path),
     "tlsClientAuth": ("tls_client_auth", _bool),
+    "queueLockTimeout": ("queue_lock_timeout_ms", _int),
+    "queueMaxDeliveries": ("queue_max_deliveries", _int),
+    "queueMaxInFlight": ("queue_max_in_flight", _int),
+    "queueMaxCredit": ("queue_max_credit", _int),
+    "queueMaxGroups": ("queue_max_groups", _int),
+    "queueMaxDeadLetters": ("queue_max_dead_letters", _int),
+    "queueMaxReleaseDelay": ("queue_max_release_delay_ms", _int),
+    "queueCheckpointInterval": ("queue_checkpoint_interval_ms", _int),
 }
 _ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "zk.zkEnable": ("zk_enable", _bool),
@@ -436,6 +453,14 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "maxParkedGets": (1, 1_000_000),
     "maxQueuedReplies": (16, 10_000_000),
     "maxDelay": (1, 10 * 365 * _DAY_MS),
+    "queueLockTimeout": (100, _DAY_MS),
+    "queueMaxDeliveries": (1, 1000),
+    "queueMaxInFlight": (1, 1_000_000),
+    "queueMaxCredit": (1, 100_000),
+    "queueMaxGroups": (1, 100_000),
+    "queueMaxDeadLetters": (0, 1_000_000),
+    "queueMaxReleaseDelay": (0, 30 * _DAY_MS),
+    "queueCheckpointInterval": (100, _DAY_MS),
     "memoryMaxBytes": (4096, 1 << 40),
     "zk.zkSessionTimeoutMs": (1, _DAY_MS),
     "zk.zkConnectionTimeoutMs": (1, _DAY_MS),

@@ -24,6 +24,7 @@ from configserver import BrokerRegistrar, resolve_master
 from notify.broker import authlog
 from notify.broker.connection import Connection
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config
+from notify.broker.queues import QueueManager
 from notify.broker.service import BrokerService
 from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
@@ -135,6 +136,8 @@ class Broker:
         )
         self.delay.open()
         service.delay = self.delay
+        service.queues = QueueManager(self.config, self.store, loop)  # README "Queues"
+        service.queues.open()
         tm.add_jobs()
         for topic in self.store.topics.values():
             self._schedule_retention(topic)
@@ -207,6 +210,8 @@ class Broker:
             self.service.commit()
             if self.service.transactions is not None:
                 await self.service.transactions.close()
+            if self.service.queues is not None:
+                await self.service.queues.close()
             for conn in list(self.service.connections):
                 if conn.transport is not None:
                     conn.pump()

@@ -41,6 +41,9 @@ from notify.protocol.frames import (
     Offset,
     Promote,
     Put,
+    QueueAck,
+    QueueSubscribe,
+    QueueUnsubscribe,
     Quit,
     Register,
     Reload,
@@ -61,6 +64,7 @@ from notify.store.partition import Partition
 from notify.version import __version__
 
 if TYPE_CHECKING:
+    from notify.broker.queues import QueueManager
     from notify.broker.transactions import TransactionManager
     from notify.replication.sync_master import SyncMaster
 
@@ -74,7 +78,7 @@ MPUT_MAX_BYTES: Final = 16 * 1024 * 1024
 #: ``put`` to this partition: the broker chooses one (MetaQ's ``Partition.RandomPartiton``).
 RANDOM_PARTITION: Final = -1
 LONG_MAX: Final = 2**63 - 1
-STATS_ITEMS: Final = ("", "topics", "offsets", "realtime", "config", "reset", "help")
+STATS_ITEMS: Final = ("", "topics", "offsets", "realtime", "config", "reset", "help", "queues")
 
 
 class _Batch:
@@ -144,6 +148,7 @@ class BrokerService:
         self.master_address = ""
         self.sync_master: SyncMaster | None = None
         self.delay: DelayQueue | None = None
+        self.queues: QueueManager | None = None  # queue subscriptions (README "Queues")
         self.on_promote: Callable[[], str] | None = None
         self.replication_stats: Callable[[], list[tuple[str, object]]] | None = None
         #: (topic, partition) -> group -> (last fetched offset, monotonic time), bounded
@@ -181,6 +186,8 @@ class BrokerService:
         conn.parked.clear()
         if self.transactions is not None:
             self.transactions.connection_closed(conn)
+        if self.queues is not None:
+            self.queues.connection_closed(conn)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -618,6 +625,8 @@ class BrokerService:
                     self._unpark(part, entry, False)
         if self.transactions is not None:
             self.transactions.partition_visible(part)
+        if self.queues is not None:
+            self.queues.partition_visible(part.topic)
 
     def _offset(self, conn: Connection, r: Offset) -> None:
         self.stats.cmd_offset += 1
@@ -657,6 +666,11 @@ class BrokerService:
                 self.transactions.register(conn, r)
         elif isinstance(r, DelayedPut):
             self._dput(conn, r)
+        elif isinstance(r, QueueSubscribe | QueueAck | QueueUnsubscribe):
+            if self.queues is None:
+                self._error(conn, 500, r.opaque, "queues are not enabled on this broker")
+            else:
+                self.queues.handle(conn, r, self.role)
         elif isinstance(r, MultiSync):
             self._msync(conn, r)
         elif isinstance(r, Sync):
@@ -876,6 +890,8 @@ class BrokerService:
             ]
         elif item == "realtime":
             items = st.realtime()
+        elif item == "queues":
+            items = self.queues.stats_items() if self.queues is not None else []
         elif item == "config":
             return self._stats_config(conn, r)
         elif item == "reset":

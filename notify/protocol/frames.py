@@ -56,6 +56,20 @@ notify extensions (old clients never send them; old brokers answer them with an 
         all when it does not know yet (the broker asks again later)
     reload [<opaque>]\\r\\n            re-read server.ini (new topics, per-topic settings)
 
+Queue subscriptions (Notify-style push with per-message acknowledgement; README "Queues")::
+
+    qsub <topic> <group> <credit> <start> <opaque>\\r\\n
+        join queue group <group> of <topic> on this connection; <start> (earliest|latest)
+        places a new group's partitions. Reply body: the credit granted. Messages then
+        arrive as ``qmsg`` frames carrying this opaque, at most <credit> unacknowledged
+    qmsg <subOpaque> <partition> <offset> <deliveryCount> <len>\\r\\n<record>  (to the client)
+    qack <topic> <group> <len> <opaque>\\r\\n<items>
+        <items>: lines ``A <partition> <offset>`` (accept), ``R <partition> <offset>
+        [<delayMs>]`` (release), ``X <partition> <offset>`` (reject), ``N <partition>
+        <offset>`` (renew the lock). Reply body ``<applied> <refused>`` then one line per
+        refused item (at most 16); answered once accepted/rejected items are durable
+    qunsub <topic> <group> <opaque>\\r\\n   leave the group: held messages return at once
+
 Replies::
 
     result <code> <bodyLen> <opaque>\\r\\n<body>
@@ -85,6 +99,7 @@ _TOKEN_COUNTS: Final = {
     b"sync": (7, 8),
     b"msync": (7, 7),
     b"dput": (8, 9),
+    b"qack": (5, 5),
 }
 _BATCH_COMMANDS: Final = frozenset({b"mput", b"msync"})
 TX_TYPES: Final = frozenset(
@@ -258,6 +273,30 @@ class Register:
     opaque: int
 
 
+@dataclass(slots=True)
+class QueueSubscribe:
+    topic: str
+    group: str
+    credit: int
+    start: str
+    opaque: int
+
+
+@dataclass(slots=True)
+class QueueAck:
+    topic: str
+    group: str
+    opaque: int
+    items: bytes
+
+
+@dataclass(slots=True)
+class QueueUnsubscribe:
+    topic: str
+    group: str
+    opaque: int
+
+
 Request = (
     Put
     | MultiPut
@@ -274,6 +313,9 @@ Request = (
     | MultiSync
     | Promote
     | DelayedPut
+    | QueueSubscribe
+    | QueueAck
+    | QueueUnsubscribe
 )
 
 
@@ -313,6 +355,8 @@ _LINE_COUNTS: Final = {
     b"transaction": (5, 7),
     b"auth": (3, 3),
     b"register": (3, 3),
+    b"qsub": (6, 6),
+    b"qunsub": (4, 4),
 }
 
 
@@ -523,6 +567,8 @@ class RequestParser:
     def _decode_body_command(self, cmd: bytes, t: list[bytes], body: bytes) -> Request:
         opaque = _int(t[-1], "opaque", 0)
         topic = _text(t[1], "topic", opaque)
+        if cmd == b"qack":
+            return QueueAck(topic, _text(t[2], "group", opaque), opaque, body)
         partition = _int(t[2], "partition", opaque)
         if cmd == b"put":
             flag = _int(t[4], "flag", opaque)
@@ -642,6 +688,8 @@ class RequestParser:
                 raise ProtocolError(f"register: expected 3 tokens, got {n}", 400, _opaque_of(t))
             opaque = _int(t[2], "opaque", 0)
             return Register(_text(t[1], "producerGroup", opaque), opaque)
+        if cmd == b"qsub" or cmd == b"qunsub":
+            return _decode_queue_line(cmd, t)
         if not cmd:
             raise ProtocolError("empty command line", 400, 0)
         shown = cmd[:40].decode("latin-1")
@@ -670,6 +718,24 @@ class RequestParser:
             timeout = _int(t[4], "timeout", opaque)
             uq = _text(t[5], "uniqueQualifier", opaque)
         return Transaction(None if key == "null" else key, session, ttype, timeout, uq, opaque)
+
+
+def _decode_queue_line(cmd: bytes, t: list[bytes]) -> Request:
+    n = len(t)
+    want = _LINE_COUNTS[cmd][0]
+    name = cmd.decode()
+    if n != want:
+        raise ProtocolError(f"{name}: expected {want} tokens, got {n}", 400, _opaque_of(t))
+    opaque = _int(t[-1], "opaque", 0)
+    topic = _text(t[1], "topic", opaque)
+    group = _text(t[2], "group", opaque)
+    if cmd == b"qunsub":
+        return QueueUnsubscribe(topic, group, opaque)
+    start = _text(t[4], "start", opaque)
+    if start not in ("earliest", "latest"):
+        raise ProtocolError(f"qsub: start must be earliest or latest, got {start[:20]!r}", 400,
+                            opaque)
+    return QueueSubscribe(topic, group, _int(t[3], "credit", opaque), start, opaque)
 
 
 def _is_key_qualifier(key: str, slot: bytes) -> bool:
@@ -776,6 +842,18 @@ def encode_line(*tokens: object) -> bytes:
     return (" ".join(str(t) for t in tokens) + "\r\n").encode()
 
 
+def encode_qmsg(
+    sub_opaque: int, partition: int, offset: int, count: int, record_len: int
+) -> bytes:
+    """Broker -> client: the header of a pushed queue message (the record follows)."""
+    return b"qmsg %d %d %d %d %d\r\n" % (sub_opaque, partition, offset, count, record_len)
+
+
+def encode_qack(topic: str, group: str, items: bytes, opaque: int) -> bytes:
+    """``qack``: ``items`` are ``K <partition> <offset> [<delayMs>]`` lines."""
+    return f"qack {topic} {group} {len(items)} {opaque}\r\n".encode() + items
+
+
 def encode_check(tx_key: str, topic: str, partition: int, records: bytes, opaque: int) -> bytes:
     """Broker -> producer: ``check <txKey> <topic> <partition> <len> <opaque>\\r\\n<records>``."""
     return f"check {tx_key} {topic} {partition} {len(records)} {opaque}\r\n".encode() + records
@@ -783,9 +861,11 @@ def encode_check(tx_key: str, topic: str, partition: int, records: bytes, opaque
 
 @dataclass(slots=True)
 class Response:
-    """A decoded reply. ``kind`` is ``"result"``, ``"value"`` (code 200) or ``"check"`` (a
+    """A decoded reply. ``kind`` is ``"result"``, ``"value"`` (code 200), ``"check"`` (a
     broker-initiated check-back: ``tx_key``, ``topic`` and ``partition`` are set, ``body``
-    holds the half message's records, ``code`` is 0)."""
+    holds the half message's records, ``code`` is 0) or ``"qmsg"`` (a pushed queue
+    message: ``opaque`` is the subscription's, ``partition`` and ``offset`` say which
+    message, ``code`` is its delivery count, ``body`` its record)."""
 
     kind: str
     code: int
@@ -794,6 +874,7 @@ class Response:
     tx_key: str | None = None
     topic: str | None = None
     partition: int = -1
+    offset: int = -1
 
 
 class ResponseParser:
@@ -818,11 +899,14 @@ class ResponseParser:
                     raise ProtocolError("reply header line too long", fatal=True)
                 break
             t = buf[pos:eol].split(b" ")
-            extra: tuple[str | None, str | None, int] = (None, None, -1)
+            extra: tuple[str | None, str | None, int, int] = (None, None, -1, -1)
             try:
-                if t[0] == b"check" and len(t) == 6:
+                if t[0] == b"qmsg" and len(t) == 6:
+                    kind, code, length, opaque = "qmsg", int(t[4]), int(t[5]), int(t[1])
+                    extra = (None, None, int(t[2]), int(t[3]))
+                elif t[0] == b"check" and len(t) == 6:
                     kind, code, length, opaque = "check", 0, int(t[4]), int(t[5])
-                    extra = (t[1].decode(), t[2].decode(), int(t[3]))
+                    extra = (t[1].decode(), t[2].decode(), int(t[3]), -1)
                 elif t[0] == b"result" and len(t) == 4:
                     kind, code, length, opaque = "result", int(t[1]), int(t[2]), int(t[3])
                 elif t[0] == b"value" and len(t) == 3:

@@ -1,0 +1,563 @@
+"""Queue subscriptions on the broker: the I/O shell around :mod:`notify.core.queues`.
+
+What it does with the wire verbs (``qsub``, ``qack``, ``qunsub``; README "Queues"):
+
+* a ``qsub`` makes the connection a consumer of queue group ``(topic, group)`` with a
+  credit; the group is created at the first one (``earliest``: its partitions start at
+  their first offset; ``latest``: at their end) and its creation is logged;
+* :meth:`QueueManager.pump` reads records at each partition's frontier (only what the
+  window has room for), lets the core hand them out round robin to consumers with free
+  credit and pushes each as a ``qmsg`` frame (header, then the record bytes);
+* ``qack`` items change the messages' states; the finished ones (accepted, rejected,
+  dead) are appended to the queue log (``<dataLogPath>/queues/``) and the reply waits for
+  the group-committed fsync covering them, so an answered accept is never redelivered;
+* a closed connection or a ``qunsub`` returns what the consumer held at once; one timer
+  per group fires at the earliest lock deadline or delayed release;
+* every ``queueCheckpointInterval`` ms (when something was logged) the compact form of
+  every group is written as the log's checkpoint and older log segments are deleted.
+
+Recovery (start): the latest checkpoint, then the records after it. Messages that were
+acquired or available at the crash are delivered again (their delivery counts restart at
+0); finished ones are not.
+
+Replication of queue state to slaves is not done here (the HA work): a promoted slave
+starts its queue groups from its own (empty) queue log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from notify.config import ServerConfig, SystemConfig
+from notify.core.queues import (
+    CODE_STATES,
+    STATE_CODES,
+    Finished,
+    MsgState,
+    QueueGroup,
+    QueueLimits,
+)
+from notify.errors import NotifyError, OffsetOutOfRangeError, TxLogError
+from notify.protocol import queuelog, records
+from notify.protocol.frames import (
+    QueueAck,
+    QueueSubscribe,
+    QueueUnsubscribe,
+    encode_qmsg,
+    encode_result,
+)
+from notify.store.manager import MessageStore
+from txlog import Checkpoint, Position, TxLog, TxLogConfig
+
+if TYPE_CHECKING:
+    from notify.broker.connection import Connection
+
+log = logging.getLogger("notify.broker.queues")
+
+#: Bytes read from a partition at a time when filling a group's window.
+READ_WINDOW: Final = 256 * 1024
+#: Refused ``qack`` items described in the reply (the rest are only counted).
+MAX_REFUSALS_SHOWN: Final = 16
+#: Largest checkpoint (compact form of every group) the queue log accepts.
+MAX_SNAPSHOT_BYTES: Final = 1 << 30
+GROUP_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def limits_of(sysc: SystemConfig) -> QueueLimits:
+    """The queue settings of ``[system]``."""
+    return QueueLimits(
+        lock_ms=sysc.queue_lock_timeout_ms,
+        max_deliveries=sysc.queue_max_deliveries,
+        max_in_flight=sysc.queue_max_in_flight,
+        max_credit=sysc.queue_max_credit,
+        max_dead_letters=sysc.queue_max_dead_letters,
+        max_release_delay_ms=sysc.queue_max_release_delay_ms,
+    )
+
+
+@dataclass(slots=True)
+class _Sub:
+    conn: Connection
+    opaque: int
+
+
+@dataclass(slots=True)
+class _Group:
+    core: QueueGroup
+    subs: dict[int, _Sub] = field(default_factory=dict)
+    timer: asyncio.TimerHandle | None = None
+    timer_at: float = 0.0
+    next_part: int = 0
+
+
+class QueueManager:
+    """Every queue group of the broker, its log and its timers."""
+
+    def __init__(self, config: ServerConfig, store: MessageStore, loop: asyncio.AbstractEventLoop):
+        self.config = config
+        self.store = store
+        self.loop = loop
+        self.limits = limits_of(config.system)
+        self.path = Path(config.system.data_log_path or config.system.data_path) / "queues"
+        self.groups: dict[tuple[str, str], _Group] = {}
+        self._by_topic: dict[str, list[_Group]] = {}
+        self.by_conn: dict[Connection, dict[tuple[str, str], int]] = {}
+        self._cid = 0
+        self._log: TxLog | None = None
+        self._dirty = False
+        self._ckpt_timer: asyncio.TimerHandle | None = None
+        self._ckpt_running = False
+        self.lost_to_retention = 0
+        self.ack_frames = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Open the queue log and rebuild every group from its checkpoint and records."""
+        self._log = TxLog.open(self.path, TxLogConfig(max_record_bytes=MAX_SNAPSHOT_BYTES))
+        cp = self._log.latest_checkpoint()
+        n = 0
+        if cp is not None:
+            for snap in queuelog.decode_snapshot(cp.state):
+                core = self._restore_group(snap.topic, snap.group)
+                for p, (low, fin) in snap.parts.items():
+                    core.restore(p, low, [(o, nx, CODE_STATES[s], c) for o, nx, s, c in fin])
+                for p, o, ln, c, s, at in snap.dead:
+                    core.note_finished(p, o, o + ln, CODE_STATES[s], c, at)
+                for p, o, ln in snap.replayed:
+                    core.restore_replayed(p, o, ln)
+        for rec in self._log.replay():
+            n += 1
+            if rec.type == queuelog.GROUP:
+                topic, group, starts = queuelog.decode_group(rec.body)
+                core = self._restore_group(topic, group)
+                for p, start in starts.items():
+                    core.add_partition(p, start)
+            elif rec.type == queuelog.DONE:
+                topic, group, items = queuelog.decode_done(rec.body)
+                core = self._restore_group(topic, group)
+                for it in items:
+                    state = CODE_STATES[it.state]
+                    core.note_finished(
+                        it.partition, it.offset, it.next_offset, state, it.count, it.at_ms
+                    )
+            elif rec.type == queuelog.REPLAY:
+                topic, group, reps = queuelog.decode_replay(rec.body)
+                core = self._restore_group(topic, group)
+                for p, o, ln in reps:
+                    core.restore_replayed(p, o, ln)
+        if self.groups:
+            log.info("queues: %d groups recovered (%d log records replayed)", len(self.groups), n)
+        self._arm_checkpoint()
+
+    def _restore_group(self, topic: str, group: str) -> QueueGroup:
+        g = self.groups.get((topic, group))
+        if g is None:
+            g = self._new_group(topic, group)
+        return g.core
+
+    def _new_group(self, topic: str, group: str) -> _Group:
+        g = self.groups[(topic, group)] = _Group(QueueGroup(topic, group, self.limits))
+        self._by_topic.setdefault(topic, []).append(g)
+        return g
+
+    async def close(self) -> None:
+        """Final checkpoint, then close the log."""
+        if self._ckpt_timer is not None:
+            self._ckpt_timer.cancel()
+        for g in self.groups.values():
+            if g.timer is not None:
+                g.timer.cancel()
+        if self._log is None:
+            return
+        try:
+            if self._dirty:
+                pos, state = self._snapshot()
+                await self.loop.run_in_executor(None, self._log.checkpoint, pos, state)
+        except NotifyError as e:
+            log.error("queues: final checkpoint failed: %s", e)
+        finally:
+            self._log.close()
+            self._log = None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _arm_checkpoint(self) -> None:
+        self._ckpt_timer = self.loop.call_later(
+            self.config.system.queue_checkpoint_interval_ms / 1000.0, self._checkpoint_due
+        )
+
+    def _checkpoint_due(self) -> None:
+        self._ckpt_timer = None
+        if self._dirty and not self._ckpt_running and self._log is not None:
+            self._ckpt_running = True
+            pos, state = self._snapshot()
+            self._dirty = False
+            fut = self.loop.run_in_executor(None, self._log.checkpoint, pos, state)
+            fut.add_done_callback(self._checkpoint_done)
+        else:
+            self._arm_checkpoint()
+
+    def _checkpoint_done(self, fut: asyncio.Future[Checkpoint]) -> None:
+        self._ckpt_running = False
+        if fut.cancelled() or fut.exception() is not None:
+            log.error("queues: checkpoint failed: %s", fut.exception())
+            self._dirty = True
+        if self._log is not None:
+            self._arm_checkpoint()
+
+    def _snapshot(self) -> tuple[Position, bytes]:
+        """The log's end and the compact form of every group, taken in one loop step."""
+        assert self._log is not None
+        snaps = []
+        for (topic, group), g in self.groups.items():
+            core = g.core
+            snap = queuelog.GroupSnapshot(topic, group)
+            for p, (low, fin) in core.compact().items():
+                snap.parts[p] = (low, [(o, nx, STATE_CODES[s], c) for o, nx, s, c in fin])
+            snap.dead = [
+                (d.partition, d.offset, d.length, d.count, STATE_CODES[d.reason], d.at_ms)
+                for d in core.dead.values()
+            ]
+            snap.replayed = core.replayed_entries()
+            snaps.append(snap)
+        return self._log.end_position, queuelog.encode_snapshot(snaps)
+
+    # ------------------------------------------------------------------ logging
+
+    def _append(self, rtype: int, body: bytes) -> object:
+        assert self._log is not None
+        self._dirty = True
+        return self._log.append(rtype, body)
+
+    def _log_finished(self, core: QueueGroup, fins: list[Finished]) -> object | None:
+        """Append the DONE record of ``fins``; its position (None when nothing to log)."""
+        if not fins:
+            return None
+        at = int(time.time() * 1000)
+        items = [
+            queuelog.DoneItem(f.partition, f.offset, f.next_offset, STATE_CODES[f.state],
+                              f.count, at)
+            for f in fins
+        ]
+        return self._append(queuelog.DONE, queuelog.encode_done(core.topic, core.group, items))
+
+    def _sync_later(self, pos: object | None) -> None:
+        """Make records durable soon when nobody waits for them (expiries, departures)."""
+        if pos is not None:
+            self.loop.create_task(self._sync_quietly())
+
+    async def _sync_quietly(self) -> None:
+        if self._log is None:
+            return
+        try:
+            await self._log.sync_async()
+        except TxLogError as e:
+            log.error("queues: fsync of the queue log failed: %s", e)
+
+    # ------------------------------------------------------------------ wire verbs
+
+    def handle(self, conn: Connection, r: QueueSubscribe | QueueAck | QueueUnsubscribe,
+               role: str) -> None:
+        """One queue verb from ``conn``; ``role`` is the broker's role (master/slave)."""
+        if role != "master":
+            return _send(conn, 403, r.opaque, "queues are served by the master only")
+        if isinstance(r, QueueSubscribe):
+            self._subscribe(conn, r)
+        elif isinstance(r, QueueAck):
+            self._ack(conn, r)
+        else:
+            self._unsubscribe(conn, r)
+
+    def _subscribe(self, conn: Connection, r: QueueSubscribe) -> None:
+        tc = self.store.topics.get(r.topic)
+        if r.topic.startswith("__"):
+            return _send(conn, 403, r.opaque, f"no queue groups on internal topic {r.topic!r}")
+        if tc is None:
+            return _send(conn, 404, r.opaque, f"topic {r.topic!r} does not exist on this broker")
+        if not tc.accept_subscribe:
+            return _send(conn, 403, r.opaque, f"topic {r.topic!r} does not accept subscribe")
+        if not GROUP_NAME.fullmatch(r.group):
+            return _send(conn, 400, r.opaque, "invalid group name: [A-Za-z0-9._-]{1,249}")
+        if r.credit < 1:
+            return _send(conn, 400, r.opaque, f"credit {r.credit} must be >= 1")
+        key = (r.topic, r.group)
+        g = self.groups.get(key)
+        if g is None:
+            if len(self.groups) >= self.config.system.queue_max_groups:
+                return _send(
+                    conn,
+                    503,
+                    r.opaque,
+                    f"too many queue groups (queueMaxGroups={self.config.system.queue_max_groups})",
+                )
+            g = self._new_group(r.topic, r.group)
+        self._grow(g, r.start)
+        subs = self.by_conn.setdefault(conn, {})
+        cid = subs.get(key)
+        if cid is None:
+            self._cid += 1
+            cid = subs[key] = self._cid
+            g.subs[cid] = _Sub(conn, r.opaque)
+        else:
+            g.subs[cid].opaque = r.opaque
+        granted = g.core.add_consumer(cid, r.credit)
+        _send(conn, 200, r.opaque, str(granted))
+        self.pump(g)
+
+    def _grow(self, g: _Group, start: str) -> None:
+        """Track partitions the group does not know yet (new group, or the topic grew)."""
+        core = g.core
+        new = {}
+        for part in self.store.topic_partitions(core.topic):
+            if part.index not in core.parts:
+                first = core.parts == {} and start == "latest"
+                new[part.index] = part.visible_end if first else part.min_offset
+        if new:
+            for p, off in new.items():
+                core.add_partition(p, off)
+            self._append(queuelog.GROUP, queuelog.encode_group(core.topic, core.group, new))
+
+    def _unsubscribe(self, conn: Connection, r: QueueUnsubscribe) -> None:
+        key = (r.topic, r.group)
+        cid = self.by_conn.get(conn, {}).pop(key, None)
+        if cid is None:
+            return _send(conn, 404, r.opaque, f"not subscribed to queue group {r.group!r}")
+        self._leave(key, cid)
+        _send(conn, 200, r.opaque, "")
+
+    def _leave(self, key: tuple[str, str], cid: int) -> None:
+        g = self.groups.get(key)
+        if g is None:
+            return
+        g.subs.pop(cid, None)
+        fins = g.core.remove_consumer(cid, self._now_ms())
+        self._sync_later(self._log_finished(g.core, fins))
+        self.pump(g)
+
+    def connection_closed(self, conn: Connection) -> None:
+        """The consumer is gone: what it held is available again at once."""
+        for key, cid in self.by_conn.pop(conn, {}).items():
+            self._leave(key, cid)
+
+    def _ack(self, conn: Connection, r: QueueAck) -> None:
+        self.ack_frames += 1
+        key = (r.topic, r.group)
+        cid = self.by_conn.get(conn, {}).get(key)
+        g = self.groups.get(key)
+        if cid is None or g is None:
+            return _send(conn, 404, r.opaque, f"not subscribed to queue group {r.group!r}")
+        core = g.core
+        now = self._now_ms()
+        applied = 0
+        refused: list[str] = []
+        nrefused = 0
+        fins: list[Finished] = []
+        for line in r.items.split(b"\n"):
+            if not line.strip():
+                continue
+            t = line.split()
+            try:
+                if len(t) not in (3, 4) or (len(t) == 4 and t[0] != b"R"):
+                    raise ValueError
+                kind = t[0].decode("ascii")
+                part, off = int(t[1]), int(t[2])
+                delay = int(t[3]) if len(t) == 4 else 0
+            except (ValueError, UnicodeDecodeError):
+                nrefused += 1
+                core.refused_acks += 1
+                if len(refused) < MAX_REFUSALS_SHOWN:
+                    refused.append(f"malformed item {line[:40].decode('latin-1')!r}")
+                continue
+            res = core.ack(cid, kind, part, off, delay, now)
+            if res.applied:
+                applied += 1
+                if res.finished is not None:
+                    fins.append(res.finished)
+            else:
+                nrefused += 1
+                if len(refused) < MAX_REFUSALS_SHOWN:
+                    refused.append(res.refused)
+        body = "\n".join([f"{applied} {nrefused}", *refused])
+        pos = self._log_finished(core, fins)
+        if pos is None:
+            _send(conn, 200, r.opaque, body)
+        else:
+            self.loop.create_task(self._reply_durable(conn, r.opaque, body))
+        self.pump(g)
+
+    async def _reply_durable(self, conn: Connection, opaque: int, body: str) -> None:
+        assert self._log is not None
+        try:
+            await self._log.sync_async()
+        except TxLogError as e:
+            log.error("queues: fsync of the queue log failed: %s", e)
+            return _send(conn, 500, opaque, f"acknowledgement not durable: {e}")
+        _send(conn, 200, opaque, body)
+
+    # ------------------------------------------------------------------ delivery
+
+    def partition_visible(self, topic: str) -> None:
+        """New messages in ``topic``: groups with free credit take them."""
+        for g in self._by_topic.get(topic, ()):
+            if g.subs:
+                self.pump(g)
+
+    def pump(self, g: _Group) -> None:
+        """Fill the group's window from the store and push to consumers with credit."""
+        core = g.core
+        if not g.subs:
+            self._arm(g)
+            return
+        now = self._now_ms()
+        fins = core.expire(now)
+        while True:
+            if core.wants_records():
+                self._fill(g)
+            deliveries = core.dispatch(now)
+            if not deliveries:
+                break
+            for d in deliveries:
+                sub = g.subs[d.consumer]
+                part = self.store.get(core.topic, d.partition)
+                if part is None:  # cannot happen: partitions are never removed while running
+                    continue
+                data = part.read_raw(d.offset, d.length)
+                sub.conn.send(
+                    encode_qmsg(sub.opaque, d.partition, d.offset, d.count, len(data)) + data
+                )
+        self._sync_later(self._log_finished(core, fins))
+        self._arm(g)
+
+    def _fill(self, g: _Group) -> None:
+        """Read records at the frontiers, partitions in turn, while the window has room."""
+        core = g.core
+        parts = sorted(core.parts)
+        if not parts:
+            return
+        first = g.next_part
+        for i in range(len(parts)):
+            if core.room() <= 0 or core.available:
+                return
+            p = parts[(first + i) % len(parts)]
+            g.next_part = (first + i + 1) % len(parts)
+            part = self.store.get(core.topic, p)
+            if part is None:
+                continue
+            ps = core.parts[p]
+            try:
+                sl = part.slice(ps.frontier, READ_WINDOW, 1 << 31)
+            except OffsetOutOfRangeError as e:
+                if ps.frontier < e.nearest:
+                    self.lost_to_retention += 1
+                    log.warning(
+                        "queue group %s/%s: %s-%d below %d was deleted by retention unread",
+                        core.topic, core.group, core.topic, p, e.nearest,
+                    )
+                    core.skip_to(p, e.nearest)
+                continue
+            if sl is None:
+                continue
+            data = sl.segment.read(sl.file_pos, sl.length)
+            # a bounded share per partition, so a backlog in one does not starve the others
+            share = max(16, core.free_credit())
+            recs = _record_spans(data, ps.frontier, min(core.room(), share))
+            if recs:
+                core.add_records(p, recs)
+
+    def _arm(self, g: _Group) -> None:
+        """One timer per group at its earliest lock deadline or delayed release."""
+        at = g.core.next_wakeup()
+        if at is None:
+            if g.timer is not None:
+                g.timer.cancel()
+                g.timer = None
+            return
+        when = at / 1000.0
+        if g.timer is not None and g.timer_at == when:
+            return
+        if g.timer is not None:
+            g.timer.cancel()
+        g.timer_at = when
+        g.timer = self.loop.call_at(when, self._wake, g)
+
+    def _wake(self, g: _Group) -> None:
+        g.timer = None
+        core = g.core
+        fins = core.expire(self._now_ms())
+        self._sync_later(self._log_finished(core, fins))
+        self.pump(g)
+
+    def _now_ms(self) -> float:
+        return self.loop.time() * 1000.0
+
+    # ------------------------------------------------------------------ admin
+
+    def dead_letters(self, topic: str, group: str) -> list[dict[str, object]]:
+        """The group's dead-letter queue, oldest first (KeyError: no such group)."""
+        core = self.groups[(topic, group)].core
+        return [
+            {
+                "partition": d.partition,
+                "offset": d.offset,
+                "length": d.length,
+                "deliveries": d.count,
+                "reason": "rejected" if d.reason is MsgState.REJECTED else "max_deliveries",
+                "at_ms": d.at_ms,
+            }
+            for d in core.dead.values()
+        ]
+
+    def replay(self, topic: str, group: str, keys: list[tuple[int, int]] | None) -> int:
+        """Send dead letters (all when ``keys`` is None) back to available; logged."""
+        g = self.groups[(topic, group)]
+        core = g.core
+        want = list(core.dead) if keys is None else keys
+        done = []
+        for p, o in want:
+            d = core.dead.get((p, o))
+            if d is not None and core.replay(p, o):
+                done.append((p, o, d.length))
+        if done:
+            self._append(queuelog.REPLAY, queuelog.encode_replay(topic, group, done))
+            self._sync_later(True)
+            self.pump(g)
+        return len(done)
+
+    def stats_items(self) -> list[tuple[str, object]]:
+        """``stats queues``: one line per group."""
+        out: list[tuple[str, object]] = []
+        for (topic, group), g in sorted(self.groups.items()):
+            c = g.core.counts()
+            lows = " ".join(f"{p}:{ps.low_water}" for p, ps in sorted(g.core.parts.items()))
+            figures = " ".join(f"{k}={v}" for k, v in c.items())
+            out.append((f"{topic}/{group}", f"{figures} low_water={lows or '-'}"))
+        return out
+
+
+def _record_spans(data: bytes, base: int, room: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the whole records at the start of ``data`` (at most
+    ``room``); a trailing partial record is left for the next read."""
+    out: list[tuple[int, int]] = []
+    pos, n = 0, len(data)
+    size = records.HEADER_SIZE
+    unpack = records.HEADER.unpack_from
+    while n - pos >= size and len(out) < room:
+        length = unpack(data, pos)[0]
+        end = pos + size + length
+        if length < 0 or end > n:
+            break
+        out.append((base + pos, size + length))
+        pos = end
+    return out
+
+
+def _send(conn: Connection, code: int, opaque: int, text: str) -> None:
+    if not conn.closed:
+        conn.send(encode_result(code, opaque, text.encode("utf-8", "replace")))

@@ -266,11 +266,15 @@ class ServerConfig:
     slave: SlaveConfig | None = None
     source: Path | None = None
     text: str = ""
+    #: ``[producerGroup=NAME] secret=...``: groups whose ``register`` needs that secret
+    producer_groups: dict[str, str] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
 
 
+#: Section prefix of a producer group's settings: ``[producerGroup=NAME]``.
+GROUP_SECTION: Final = "producerGroup="
 # ini key -> (attribute, converter)
 _Conv = Callable[[str], Any]
 _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
@@ -351,6 +355,7 @@ _ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "zk.zkConnectionTimeoutMs": ("zk_connection_timeout_ms", _int),
     "zk.zkSyncTimeMs": ("zk_sync_time_ms", _int),
 }
+_GROUP_KEYS: Final[dict[str, tuple[str, _Conv]]] = {"secret": ("secret", _secret)}
 _SLAVE_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "slaveId": ("slave_id", _int),
     "slaveGroup": ("slave_group", _str),
@@ -571,11 +576,12 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
         raise ConfigError(f"{where}: {e.message if hasattr(e, 'message') else e}") from None
     base = source.parent if source else Path.cwd()
     # configparser strips values, so a whitespace-only secret would read as "no auth"
-    for m in re.finditer(r"^[ \t]*(authSecret|adminSecret)[ \t]*[=:]([^\r\n]*)$", text, re.M):
+    for m in re.finditer(
+        r"^[ \t]*(authSecret|adminSecret|replicationSecret|secret)[ \t]*[=:]([^\r\n]*)$", text, re.M
+    ):
         if m.group(2) and not m.group(2).strip():
-            raise ConfigError(
-                f"[system] {m.group(1)}: whitespace only (leave it empty to turn auth off)"
-            )
+            where_key = m.group(1) if m.group(1) == "secret" else f"[system] {m.group(1)}"
+            raise ConfigError(f"{where_key}: whitespace only (leave it empty to turn auth off)")
 
     def resolve(p: Path | None) -> Path | None:
         if p is None:
@@ -587,6 +593,7 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
     zk_kw: dict[str, Any] = {}
     slave_kw: dict[str, Any] | None = None
     topic_sections: list[tuple[str, dict[str, Any]]] = []
+    groups: dict[str, str] = {}
     for name in cp.sections():
         items = dict(cp.items(name))
         if name == "system":
@@ -602,10 +609,18 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
             except InvalidTopicError as e:
                 raise ConfigError(f"[{name}]: {e}") from None
             topic_sections.append((topic, _convert(name, items, _TOPIC_KEYS)))
+        elif name.startswith(GROUP_SECTION):
+            group = name[len(GROUP_SECTION) :].strip()
+            if not group or not SECRET_RE.fullmatch(group):
+                raise ConfigError(f"[{name}]: the group name must be one token")
+            secret = _convert(name, items, _GROUP_KEYS).get("secret", "")
+            if not secret:
+                raise ConfigError(f"[{name}] secret: required (the section exists to set it)")
+            groups[group] = secret
         else:
             raise ConfigError(
                 f"{where}: unknown section [{name}] "
-                "(expected [system], [zookeeper], [slave], [topic=NAME])"
+                "(expected [system], [zookeeper], [slave], [topic=NAME], [producerGroup=NAME])"
             )
     system = SystemConfig(**sys_kw)
     system = replace(
@@ -631,7 +646,7 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
     slave = SlaveConfig(**slave_kw) if slave_kw is not None else None
     if slave is not None:
         _check_ranges("slave", slave, _SLAVE_KEYS)
-    return ServerConfig(system, zookeeper, topics, slave, source, text)
+    return ServerConfig(system, zookeeper, topics, slave, source, text, groups)
 
 
 def load_config(path: str | Path) -> ServerConfig:
@@ -654,7 +669,7 @@ def describe(config: ServerConfig) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     for f in fields(config.system):
         value = getattr(config.system, f.name)
-        if f.name in ("auth_secret", "admin_secret", "replication_secret") and value:
+        if f.name.endswith("_secret") and value:
             value = "***"
         out.append((f"system.{f.name}", value))
     for f in fields(config.zookeeper):
@@ -667,7 +682,7 @@ def describe(config: ServerConfig) -> list[tuple[str, object]]:
 
 
 #: ini keys whose values ``stats config`` never shows.
-SECRET_KEYS: Final = frozenset({"authSecret"})
+SECRET_KEYS: Final = frozenset({"authSecret", "adminSecret", "replicationSecret", "secret"})
 #: notify's own ini keys ("(ext)" in the README). MetaQ's ``MetaConfig`` rejects keys it does
 #: not know, so ``stats config`` serves them commented out.
 EXTENSION_KEYS: Final = frozenset(
@@ -675,6 +690,8 @@ EXTENSION_KEYS: Final = frozenset(
         "maxMessageSize",
         "maxConnections",
         "authSecret",
+        "adminSecret",
+        "replicationSecret",
         "configWatchInterval",
         "maxTxSize",
         "retentionIgnoresConsumers",
@@ -704,7 +721,18 @@ def served_config(config: ServerConfig) -> bytes | None:
         return None
     out: list[str] = []
     key: str | None = None  # the key whose (continued) value this line belongs to
+    in_group = False  # inside a [producerGroup=NAME] section (notify's own: all commented)
     for line in config.text.splitlines(keepends=True):
+        if line.lstrip().startswith("["):
+            in_group = line.strip().startswith("[" + GROUP_SECTION)
+        if in_group:
+            m = _KEY_LINE.match(line)
+            if m and m.group(1) in SECRET_KEYS:
+                line = f"{m.group(1)}=***{line[len(line.rstrip(chr(13) + chr(10))) :]}"
+            elif line[:1] in (" ", "\t") and line.strip():
+                continue  # a continuation of a secret: never served
+            out.append(EXTENSION_MARK + line if line.strip() else line)
+            continue
         if key is not None and line[:1] in (" ", "\t") and line.strip():
             if key not in SECRET_KEYS:  # a continuation line of an extension key's value
                 out.append(";" + line)

@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from notify.broker.authlog import record_auth_failure
 from notify.broker.connection import Connection, PendingReplies
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, encode_envelope
 from notify.broker.idgen import MAX_BATCH, IdGenerator
@@ -230,6 +231,14 @@ class BrokerService:
     def _auth_required(self, conn: Connection, r: Request | ProtocolError) -> None:
         opaque = getattr(r, "opaque", 0)
         conn.send(encode_result(403, opaque, b"authentication required: send auth first"))
+
+    def _group_secret_ok(self, r: Register) -> bool:
+        """A group with a ``[producerGroup=NAME] secret`` is joined only with that secret
+        (else any app could register as it and answer its half messages' check-backs)."""
+        expected = self.config.producer_groups.get(r.group)
+        if expected is None:
+            return True
+        return hmac.compare_digest(r.secret.encode(), expected.encode())
 
     def _denied(self, conn: Connection, opaque: int, what: str, role: str) -> None:
         """403 for a verb the connection's role does not allow (README "Security")."""
@@ -662,6 +671,11 @@ class BrokerService:
         elif isinstance(r, Register):
             if self.transactions is None:
                 self._error(conn, 500, r.opaque, "transactions are not enabled on this broker")
+            elif not self._group_secret_ok(r):
+                record_auth_failure(conn.peer)
+                self._error(
+                    conn, 403, r.opaque, f"register {r.group}: the group's secret is required"
+                )
             else:
                 self.transactions.register(conn, r)
         elif isinstance(r, DelayedPut):
@@ -829,7 +843,7 @@ class BrokerService:
         if match(sysc.replication_secret):
             conn.grant(True, conn.admin, True)
             return conn.send(encode_result(200, r.opaque, b"ok role=replica"))
-        log.warning("failed authentication from %s", conn.peer)
+        record_auth_failure(conn.peer)  # counted in /metrics; rate-limited log lines
         conn.send(encode_result(403, r.opaque, b"authentication failed"))
         conn.close_after_replies()
 

@@ -849,8 +849,10 @@ class TxChannel:
 
     async def _register(self, conn: AsyncConnection, group: str) -> None:
         conn.check_handler = self._on_check
+        secret = self._p.config.producer_group_secret
+        words = (group, secret) if secret else (group,)
         r = await conn.request(
-            lambda o: encode_line("register", group, o), self._p.client_config.request_timeout_s
+            lambda o: encode_line("register", *words, o), self._p.client_config.request_timeout_s
         )
         if r.code != 200:
             raise ClientError(

@@ -146,7 +146,7 @@ def config_view(broker: BrokerHost) -> JSON:
     system = {}
     for f in fields(cfg.system):
         value = getattr(cfg.system, f.name)
-        if f.name in ("auth_secret", "admin_secret"):
+        if f.name.endswith("_secret"):
             value = "***" if value else ""
         system[f.name] = _jsonable(value)
     return {

@@ -47,9 +47,10 @@ notify extensions (old clients never send them; old brokers answer them with an 
     dput <topic> <partition> <len> <flag> <checksum> <deliverAtMs> [<txKey>] <opaque>\\r\\n<body>
         a delayed message: visible in <topic> no earlier than <deliverAtMs> (Unix ms);
         reply <msgId> <partition> -1 (its offset exists only once it is delivered)
-    register <producerGroup> <opaque>\\r\\n
+    register <producerGroup> [<groupSecret>] <opaque>\\r\\n
         this connection belongs to a producer of <producerGroup>: transactions it prepares
-        are half messages the broker may check back on, through any connection of the group
+        are half messages the broker may check back on, through any connection of the group;
+        a group with a ``[producerGroup=NAME] secret`` needs that secret (else 403)
     check <txKey> <topic> <partition> <len> <opaque>\\r\\n<records>     (broker -> client)
         check-back of a prepared half message; the producer answers with a plain
         ``transaction <txKey> <sessionId> COMMIT_TWO_PHASE|ROLLBACK <opaque>``, or not at
@@ -271,6 +272,7 @@ class Promote:
 class Register:
     group: str
     opaque: int
+    secret: str = ""
 
 
 @dataclass(slots=True)
@@ -354,7 +356,7 @@ _LINE_COUNTS: Final = {
     b"version": (1, 2),
     b"transaction": (5, 7),
     b"auth": (3, 3),
-    b"register": (3, 3),
+    b"register": (3, 4),
     b"qsub": (6, 6),
     b"qunsub": (4, 4),
 }
@@ -684,10 +686,13 @@ class RequestParser:
         if cmd == b"promote":
             return Promote(_int(t[1], "opaque", 0) if n > 1 else 0)
         if cmd == b"register":
-            if n != 3:
-                raise ProtocolError(f"register: expected 3 tokens, got {n}", 400, _opaque_of(t))
-            opaque = _int(t[2], "opaque", 0)
-            return Register(_text(t[1], "producerGroup", opaque), opaque)
+            if n not in (3, 4):
+                raise ProtocolError(
+                    f"register: expected 3 or 4 tokens, got {n}", 400, _opaque_of(t)
+                )
+            opaque = _int(t[-1], "opaque", 0)
+            secret = _text(t[2], "groupSecret", opaque) if n == 4 else ""
+            return Register(_text(t[1], "producerGroup", opaque), opaque, secret)
         if cmd == b"qsub" or cmd == b"qunsub":
             return _decode_queue_line(cmd, t)
         if not cmd:

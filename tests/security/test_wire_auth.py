@@ -6,6 +6,7 @@ Raw sockets against real broker processes.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
@@ -170,3 +171,38 @@ def test_delay_bounds(broker_factory: BrokerFactory) -> None:
     line = next(x for x in st.split("\r\n") if x.startswith("delay_lateness_p50_ms"))
     p50 = float(line.split()[1])
     assert 0 <= p50 < 5_000, p50
+
+
+def test_protected_producer_group_needs_its_secret(tmp_path: Path) -> None:
+    """An app that may publish cannot register as another app's producer group (it would
+    receive that group's check-backs and could commit or roll back its half messages)."""
+    b = BrokerProcess(
+        tmp_path / "b",
+        topics={"r": 1},
+        system={"authSecret": APP, "adminSecret": ADMIN},
+        extra_ini="[producerGroup=shop]\nsecret=shop-secret\n",
+    ).start()
+    owner, thief = WireClient(b.addr), WireClient(b.addr)
+    try:
+        _auth(owner, APP)
+        _auth(thief, APP)
+        for line in (b"register shop 2\r\n", b"register shop wrong 3\r\n"):
+            r = thief.call(line)
+            assert r.code == 403 and b"secret" in r.body, r
+        assert owner.call(b"register shop shop-secret 4\r\n").code == 200
+        assert thief.call(b"register other 5\r\n").code == 200  # unprotected groups stay open
+        key = b"TX:h1:1"
+        assert owner.call(b"transaction %s s1 BEGIN 6\r\n" % key).code == 200
+        assert owner.call(b"put r 0 1 0 %s 7\r\nx" % key).code == 200
+        assert owner.call(b"transaction %s s1 END 8\r\n" % key).code == 200
+        assert owner.call(b"transaction %s s1 PREPARE 9\r\n" % key).code == 200
+        r = thief.call(b"transaction %s s2 COMMIT_TWO_PHASE 10\r\n" % key)
+        assert r.code == 403, r  # not a member of the group: no check-back answer either
+        # the secret never shows in the served config
+        r = thief.call(b"stats config 11\r\n")
+        assert r.code == 200 and b"shop-secret" not in r.body and APP.encode() not in r.body
+        assert b"secret=***" in r.body
+    finally:
+        owner.close()
+        thief.close()
+        b.stop()

@@ -347,11 +347,8 @@ class Broker:
         if self.config.slave is not None:
             service.role = "slave"
             service.master_address = self.config.slave.master_address
-            # replicationSecret makes the links replicas (internal topics, msync); without it
-            # they authenticate as applications and the slave's writers are refused
-            self.slave = SlaveReplicator(
-                self, self.config.slave, sysc.replication_secret or sysc.auth_secret
-            )
+            # links authenticate with replicationSecret and this broker id (= the master's)
+            self.slave = SlaveReplicator(self, self.config.slave, sysc.replication_secret)
             service.on_promote = self.promote
             service.replication_stats = self.slave.stats_items
             self.slave.start()
@@ -363,7 +360,8 @@ class Broker:
                 sysc.sync_slave_timeout_ms,
                 sysc.sync_slave_failure_policy,
                 sysc.sync_slave_max_failures,
-                sysc.replication_secret or sysc.auth_secret,
+                sysc.replication_secret,
+                sysc.broker_id,
             )
             service.sync_master.start()
 

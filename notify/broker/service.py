@@ -54,6 +54,7 @@ from notify.protocol.frames import (
     encode_stats_body,
     encode_value_header,
 )
+from notify.protocol.replies import encode_replica_ack
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
@@ -815,8 +816,26 @@ class BrokerService:
             conn.grant(True, admin, conn.replica)
             return conn.send(encode_result(200, r.opaque, b"ok role=admin" if admin else b"ok"))
         if match(sysc.replication_secret):
+            # the link also names the broker id it replicates: a slave takes writes only from
+            # its own master (same brokerId, as in MetaQ), a master serves its own slaves
+            if r.broker_id != sysc.broker_id:
+                self.stats.denied += 1
+                log.warning(
+                    "replica auth from %s for broker %s refused: this is broker %d",
+                    conn.peer,
+                    r.broker_id,
+                    sysc.broker_id,
+                )
+                conn.send(
+                    encode_result(
+                        403,
+                        r.opaque,
+                        b"replica auth must name this broker's id %d" % sysc.broker_id,
+                    )
+                )
+                return conn.close_after_replies()
             conn.grant(True, conn.admin, True)
-            return conn.send(encode_result(200, r.opaque, b"ok role=replica"))
+            return conn.send(encode_result(200, r.opaque, encode_replica_ack(sysc.broker_id)))
         log.warning("failed authentication from %s", conn.peer)
         conn.send(encode_result(403, r.opaque, b"authentication failed"))
         conn.close_after_replies()

@@ -66,6 +66,8 @@ class SlaveReplicator:
         self.secret = secret
         self.tls = tls
         self.master = cfg.master_address
+        #: the master's broker id, which a slave shares (MetaQ): checked in the handshake
+        self.broker_id = broker.config.system.broker_id
         self.state: dict[tuple[str, int], PullState] = {}
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._main: asyncio.Task[None] | None = None
@@ -90,9 +92,10 @@ class SlaveReplicator:
     async def _run(self) -> None:
         link: BrokerLink | None = None
         while not self.stopped:
+            self._ensure_pullers()  # local partitions report their state even if unreachable
             try:
                 if link is None or not link.is_open:
-                    link = await connect_link(self.master, self.secret, self.tls)
+                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
                 if self.cfg.auto_sync_master_config:
                     await self._sync_topics(link)
                 self._ensure_pullers()
@@ -131,12 +134,9 @@ class SlaveReplicator:
 
     def _ensure_pullers(self) -> None:
         loop = asyncio.get_running_loop()
-        replica = bool(self.broker.config.system.replication_secret)
         for (topic, idx), part in self.broker.store.partitions.items():
             if part.memory or (topic, idx) in self._tasks:
                 continue
-            if topic.startswith("__") and not replica:
-                continue  # internal topics are served to replicas only (replicationSecret)
             self.state[(topic, idx)] = PullState()
             self._tasks[(topic, idx)] = loop.create_task(
                 self._pull(part), name=f"slave-pull-{topic}-{idx}"
@@ -163,9 +163,10 @@ class SlaveReplicator:
         # a window always large enough for one whole record (the master widens to it)
         fetch = max(FETCH_BYTES, self.broker.config.system.max_message_size + 4096)
         while not self.stopped:
+            self._ensure_pullers()  # local partitions report their state even if unreachable
             try:
                 if link is None or not link.is_open:
-                    link = await connect_link(self.master, self.secret, self.tls)
+                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
                 off = part.end
                 r = await link.request(
                     functools.partial(
@@ -249,6 +250,8 @@ class SlaveReplicator:
                 lag = st.master_end - end
                 stalled = st.error or (st.last_pull and now - st.last_pull > stale_s)
                 state = "stalled" if stalled else ("ok" if lag == 0 else "catching_up")
+                if stalled and lag == 0:
+                    lag = -1  # the master's end is not known now: unknown, never "no lag"
             if _SEVERITY[state] > _SEVERITY[worst]:
                 worst = state
             rows.append(

@@ -58,10 +58,12 @@ class SyncMaster:
         timeout_ms: int,
         policy: str,
         max_failures: int,
-        secret: str = "",
+        secret: str,
+        broker_id: int,
         tls: ssl.SSLContext | None = None,
     ):
         self.service = service
+        self.broker_id = broker_id
         self.addr = addr
         self.timeout_s = timeout_ms / 1000.0
         self.policy = policy
@@ -178,7 +180,7 @@ class SyncMaster:
         while True:
             try:
                 if self.link is None or not self.link.is_open:
-                    self.link = await connect_link(self.addr, self.secret, self.tls)
+                    self.link = await connect_link(self.addr, self.secret, self.broker_id, self.tls)
                     log.info("connected to synchronous slave %s", self.addr)
                 if (self.refusing or self.degraded) and await self._in_sync(self.link):
                     log.info("synchronous slave %s is back in sync", self.addr)

@@ -27,6 +27,7 @@ from notify.broker.service import BrokerService
 from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
+from notify.replication.redo import ReplicaRedo
 from notify.replication.slave import SlaveReplicator
 from notify.replication.sync_master import SyncMaster
 from notify.runtime import SYSTEM_CLOCK
@@ -125,7 +126,11 @@ class Broker:
             service.transaction_applied,
         )
         service.transactions = tm
-        tm.recover()
+        if self.config.slave is None:
+            tm.recover()
+        else:  # the log is the master's copy: recovered (and run) only when promoted
+            tm.replica = True
+            service.redo_replica = ReplicaRedo(tm.log, self.store)
         self.delay = DelayQueue(
             self.store,
             self.config.system,
@@ -135,7 +140,8 @@ class Broker:
         )
         self.delay.open()
         service.delay = self.delay
-        tm.add_jobs()
+        if not tm.replica:
+            tm.add_jobs()
         for topic in self.store.topics.values():
             self._schedule_retention(topic)
         self.scheduler.start()
@@ -364,15 +370,26 @@ class Broker:
                 sysc.broker_id,
             )
             service.sync_master.start()
+            sm, tm = service.sync_master, service.transactions
+            if tm is not None:  # the redo log follows the partitions to the slave
+                tm.log.on_write = lambda pos, frames: tm.ship(sm.replicate_redo(pos, frames))
 
     def promote(self) -> str:
         """Failover: stop replicating and accept producers (offsets match the old master)."""
         assert self.service is not None
         if self.slave is not None:
+            self.slave.cancel()  # no puller appends anything after this line
             asyncio.get_running_loop().create_task(self.slave.stop())
             self.slave = None
         self.service.role = "master"
         self.service.replication_stats = None
+        tm = self.service.transactions
+        if tm is not None and tm.replica:
+            # the master's transaction state, recovered exactly as a restarted master would
+            tm.replica = False
+            self.service.redo_replica = None
+            tm.recover()
+            tm.add_jobs()
         log.warning("promoted to master (was a slave of %s)", self.service.master_address)
         return f"promoted: broker {self.config.system.broker_id} is now a master"
 

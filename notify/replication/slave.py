@@ -28,6 +28,7 @@ from notify.protocol import records
 from notify.protocol.frames import encode_get, encode_line, encode_offset
 from notify.protocol.replies import parse_fields, parse_offset, parse_stats
 from notify.replication.link import BrokerLink, connect_link
+from notify.replication.redo import TXLOG_STREAM, ReplicaRedo
 from notify.store.partition import Partition
 
 if TYPE_CHECKING:
@@ -40,6 +41,9 @@ FETCH_BYTES = 1 << 20
 STALL_S = 15.0
 _SEVERITY = {"ok": 0, "catching_up": 1, "unknown": 2, "stalled": 3, "diverged": 4}
 TOPIC_SYNC_S = 3.0
+#: Seconds between checkpoints of the replica redo log.
+CHECKPOINT_S = 5.0
+REDO_KEY = (TXLOG_STREAM, 0)
 RETRY_S = 0.5
 
 
@@ -69,6 +73,7 @@ class SlaveReplicator:
         #: the master's broker id, which a slave shares (MetaQ): checked in the handshake
         self.broker_id = broker.config.system.broker_id
         self.state: dict[tuple[str, int], PullState] = {}
+        self.redo = PullState()
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._main: asyncio.Task[None] | None = None
         self.stopped = False
@@ -78,11 +83,16 @@ class SlaveReplicator:
             raise NotifyError("[slave] masterAddress is required without ZooKeeper")
         self._main = asyncio.get_running_loop().create_task(self._run(), name="slave-sync")
 
-    async def stop(self) -> None:
+    def cancel(self) -> None:
+        """Stop at once: no puller appends anything once this returns (``promote``)."""
         self.stopped = True
+        for t in (self._main, *self._tasks.values()):
+            if t is not None:
+                t.cancel()
+
+    async def stop(self) -> None:
+        self.cancel()
         tasks = [t for t in (self._main, *self._tasks.values()) if t is not None]
-        for t in tasks:
-            t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
@@ -134,6 +144,11 @@ class SlaveReplicator:
 
     def _ensure_pullers(self) -> None:
         loop = asyncio.get_running_loop()
+        service = self.broker.service
+        if service is not None and service.redo_replica is not None and REDO_KEY not in self._tasks:
+            self._tasks[REDO_KEY] = loop.create_task(
+                self._pull_redo(service.redo_replica), name="slave-pull-redo"
+            )
         for (topic, idx), part in self.broker.store.partitions.items():
             if part.memory or (topic, idx) in self._tasks:
                 continue
@@ -226,6 +241,52 @@ class SlaveReplicator:
                 link = None
                 await asyncio.sleep(RETRY_S)
 
+    async def _pull_redo(self, rr: ReplicaRedo) -> None:
+        """Pull the master's redo log into ``rr`` at the master's positions; checkpoint it
+        every CHECKPOINT_S (see :mod:`notify.replication.redo`)."""
+        link: BrokerLink | None = None
+        wait_s = self.cfg.slave_max_delay_in_mills / 1000.0
+        last_checkpoint = time.monotonic()
+        loop = asyncio.get_running_loop()
+        while not self.stopped:
+            if time.monotonic() - last_checkpoint >= CHECKPOINT_S:
+                last_checkpoint = time.monotonic()
+                pos = rr.checkpoint_position()
+                try:
+                    await loop.run_in_executor(None, rr.log.checkpoint, pos)
+                except NotifyError as e:
+                    log.error("slave: checkpoint of the replica redo log failed: %s", e)
+            try:
+                if link is None or not link.is_open:
+                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
+                at = rr.end
+                r = await link.request(
+                    functools.partial(
+                        encode_get, TXLOG_STREAM, self.cfg.slave_group, at.file_no, at.offset,
+                        FETCH_BYTES,
+                    )
+                )  # fmt: skip
+                self.redo.last_pull = time.monotonic()
+                if r.code == 301:
+                    rr.skip_to(int(r.body))
+                elif r.code == 404:
+                    self.redo.error = ""
+                    await asyncio.sleep(wait_s)
+                    continue
+                elif r.code != 200:
+                    raise NotifyError(f"{r.code} {r.body[:200].decode('utf-8', 'replace')}")
+                else:
+                    if rr.end == at:  # else a synchronous push appended meanwhile
+                        rr.append(at, bytes(r.body))
+                        self.redo.pulled_bytes += len(r.body)
+                self.redo.error = ""
+            except (NotifyError, ValueError) as e:
+                self.redo.error = str(e)
+                if link is not None:
+                    link.close()
+                link = None
+                await asyncio.sleep(RETRY_S)
+
     def stats_items(self) -> list[tuple[str, object]]:
         items: list[tuple[str, object]] = [
             ("role", "slave"),
@@ -262,6 +323,20 @@ class SlaveReplicator:
                     + (f" error={st.error}" if st.error else ""),
                 )
             )
+        service = self.broker.service
+        rr = service.redo_replica if service is not None else None
+        if rr is not None:
+            redo_end = rr.end
+            rows.append(
+                (
+                    "replication.redo",
+                    f"slave_end={redo_end.file_no}:{redo_end.offset} "
+                    f"live_transactions={len(rr.live)}"
+                    + (f" state=stalled error={self.redo.error}" if self.redo.error else ""),
+                )
+            )
+            if self.redo.error and _SEVERITY[worst] < _SEVERITY["stalled"]:
+                worst = "stalled"
         items.append(("replication_state", worst))
         return items + rows
 

@@ -646,6 +646,12 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
     slave = SlaveConfig(**slave_kw) if slave_kw is not None else None
     if slave is not None:
         _check_ranges("slave", slave, _SLAVE_KEYS)
+    if (slave is not None or system.sync_slave) and not system.replication_secret:
+        # without it anyone could write into a slave: replication always authenticates
+        raise ConfigError(
+            f"[system] replicationSecret: required by {'[slave]' if slave else 'syncSlave'} "
+            "(master and slaves share it; replication links authenticate with it)"
+        )
     return ServerConfig(system, zookeeper, topics, slave, source, text, groups)
 
 

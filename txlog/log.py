@@ -50,7 +50,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -131,6 +131,10 @@ class TxLog:
         self._wlock = threading.Lock()  # the segment fd, its number and size
         self._ckpt_lock = threading.Lock()  # the checkpoint list and file; taken before _wlock
         self._close_lock = threading.Lock()
+        #: called with ``(position, frames)`` after every write of records, and with
+        #: ``(end of the closed segment, b"")`` after a roll, ``_wlock`` held (replication
+        #: ships them; it must not write to this log)
+        self.on_write: Callable[[Position, bytes], None] | None = None
         self._closed = False
         self._final_synced = False
         self._broken: BaseException | None = None
@@ -430,7 +434,10 @@ class TxLog:
                 f"write to redo.{self._file_no} failed: {exc}; nothing was appended"
             ) from exc
         self._size = offset + len(data)
-        return Position(self._file_no, offset)
+        pos = Position(self._file_no, offset)
+        if self.on_write is not None:
+            self.on_write(pos, bytes(data))
+        return pos
 
     def _roll(self) -> None:
         """Close the full segment (fsynced first) and start the next one. ``_wlock`` held."""
@@ -453,9 +460,94 @@ class TxLog:
                 self._fs.unlink(path)
             raise TxLogError(f"fsync of {self._dir} failed: {exc}") from exc
         old_fd, self._fd = self._fd, fd
+        old_size = self._size
         self._file_no, self._size = old_no + 1, 0
         self._fs.close(old_fd)
         self._coord.advance(Position(old_no + 1, 0))
+        if self.on_write is not None:  # no frames: "segment old_no ends at old_size"
+            self.on_write(Position(old_no, old_size), b"")
+
+    # ------------------------------------------------------------------ replication
+
+    def append_frames(self, at: Position, data: bytes) -> Position:
+        """Append frames another log wrote at ``at`` (a replica keeps the same positions).
+
+        ``at`` must be this log's end, or the start of a later segment (the source rolled):
+        the current one is closed and empty segments fill the numbers in between. ``data``
+        must be whole intact frames. Not forced: call :meth:`sync`. Returns the new end.
+        Raises :class:`~notify.errors.TxLogError` otherwise (nothing is written)."""
+        result = decode(data, max_record_bytes=self._max_record)
+        if result.error is not None or result.consumed != len(data):
+            raise TxLogError(f"frames for {at} are not whole intact records ({result.error})")
+        with self._wlock:
+            end = Position(self._file_no, self._size)
+            if at != end and not (at.offset == 0 and at.file_no > end.file_no):
+                raise TxLogError(f"frames at {at} do not continue this log (end {end})")
+            while self._file_no < at.file_no:
+                self._roll()
+            if data:
+                self._write_raw_locked(data)
+            return Position(self._file_no, self._size)
+
+    def _write_raw_locked(self, data: bytes) -> None:
+        """Write at the end without rolling: the source decided the segment boundaries (a
+        replica's segment may pass segment_bytes by the source's last frame)."""
+        offset = self._size
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(view):
+                n = self._pwrite(self._fd, view[done:], offset + done)
+                if n <= 0:
+                    raise OSError(errno.EIO, "write returned 0")
+                done += n
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self._fs.ftruncate(self._fd, offset)
+                self._fsync(self._fd)
+            raise TxLogError(f"write to redo.{self._file_no} failed: {exc}") from exc
+        self._size = offset + len(data)
+
+    def read_frames(self, at: Position, max_bytes: int) -> tuple[bytes, Position | None]:
+        """Whole frames from ``at`` (at most ``max_bytes``, but at least one frame), for a
+        replica that pulls. The second value is where to go next when ``at`` is the end of
+        an older segment or lies in a segment already deleted: the next segment's start.
+        Raises :class:`~notify.errors.TxLogError` past the end or off a frame boundary."""
+        end = self._end()
+        if at > end:
+            raise TxLogError(f"position {at} is past the end of the log ({end})")
+        if at.file_no < self._first_file_no:
+            return b"", Position(at.file_no + 1, 0)
+        if at == end:
+            return b"", None
+        fs = self._fs
+        path = segment_path(self._dir, at.file_no)
+        try:
+            fd = fs.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return b"", Position(at.file_no + 1, 0)  # deleted meanwhile by a checkpoint
+        try:
+            limit = end.offset if at.file_no == end.file_no else fs.fsize(fd)
+            if at.offset >= limit:
+                if at.offset == limit and at.file_no < end.file_no:
+                    return b"", Position(at.file_no + 1, 0)
+                raise TxLogError(f"position {at} is past the end of {path}")
+            want = min(max_bytes, limit - at.offset)
+            data = fs.pread(fd, want, at.offset)
+            result = decode(data, max_record_bytes=self._max_record)
+            if result.consumed == 0:
+                need = frame_size(data)
+                if need is None or need > limit - at.offset:
+                    raise TxLogError(f"position {at} is not the start of a record")
+                data = fs.pread(fd, need, at.offset)
+                result = decode(data, max_record_bytes=self._max_record)
+                if result.consumed == 0:
+                    raise TxLogError(f"position {at} is not the start of a record")
+            return data[: result.consumed], None
+        except OSError as exc:
+            raise TxLogError(f"cannot read {path}: {exc}") from exc
+        finally:
+            fs.close(fd)
 
     # ------------------------------------------------------------------ durability
 

@@ -32,6 +32,7 @@ from notify.errors import ConfigError, NotifyError
 from notify.faults import pausepoint
 from notify.http.application import start_http
 from notify.http.server import HttpServer
+from notify.replication.redo import ReplicaRedo
 from notify.replication.slave import SlaveReplicator
 from notify.replication.sync_master import SyncMaster
 from notify.runtime import SYSTEM_CLOCK
@@ -126,7 +127,11 @@ class Broker:
             service.transaction_applied,
         )
         service.transactions = tm
-        tm.recover()
+        if self.config.slave is None:
+            tm.recover()
+        else:  # the log is the master's copy: recovered (and run) only when promoted
+            tm.replica = True
+            service.redo_replica = ReplicaRedo(tm.log, self.store)
         self.delay = DelayQueue(
             self.store,
             self.config.system,
@@ -138,7 +143,8 @@ class Broker:
         service.delay = self.delay
         service.queues = QueueManager(self.config, self.store, loop)  # README "Queues"
         service.queues.open()
-        tm.add_jobs()
+        if not tm.replica:
+            tm.add_jobs()
         for topic in self.store.topics.values():
             self._schedule_retention(topic)
         self.scheduler.start()
@@ -349,11 +355,8 @@ class Broker:
         if self.config.slave is not None:
             service.role = "slave"
             service.master_address = self.config.slave.master_address
-            # replicationSecret makes the links replicas (internal topics, msync); without it
-            # they authenticate as applications and the slave's writers are refused
-            self.slave = SlaveReplicator(
-                self, self.config.slave, sysc.replication_secret or sysc.auth_secret
-            )
+            # links authenticate with replicationSecret and this broker id (= the master's)
+            self.slave = SlaveReplicator(self, self.config.slave, sysc.replication_secret)
             service.on_promote = self.promote
             service.replication_stats = self.slave.stats_items
             self.slave.start()
@@ -365,18 +368,30 @@ class Broker:
                 sysc.sync_slave_timeout_ms,
                 sysc.sync_slave_failure_policy,
                 sysc.sync_slave_max_failures,
-                sysc.replication_secret or sysc.auth_secret,
+                sysc.replication_secret,
+                sysc.broker_id,
             )
             service.sync_master.start()
+            sm, tm = service.sync_master, service.transactions
+            if tm is not None:  # the redo log follows the partitions to the slave
+                tm.log.on_write = lambda pos, frames: tm.ship(sm.replicate_redo(pos, frames))
 
     def promote(self) -> str:
         """Failover: stop replicating and accept producers (offsets match the old master)."""
         assert self.service is not None
         if self.slave is not None:
+            self.slave.cancel()  # no puller appends anything after this line
             asyncio.get_running_loop().create_task(self.slave.stop())
             self.slave = None
         self.service.role = "master"
         self.service.replication_stats = None
+        tm = self.service.transactions
+        if tm is not None and tm.replica:
+            # the master's transaction state, recovered exactly as a restarted master would
+            tm.replica = False
+            self.service.redo_replica = None
+            tm.recover()
+            tm.add_jobs()
         log.warning("promoted to master (was a slave of %s)", self.service.master_address)
         return f"promoted: broker {self.config.system.broker_id} is now a master"
 

@@ -116,9 +116,9 @@ class Connection(asyncio.Protocol):
         self.authenticated = not sysc.auth_secret
         #: no adminSecret: whoever may produce may also administer (as before roles)
         self.admin = self.authenticated and not sysc.admin_secret
-        #: no secret at all (the loopback-only default): every role, replication included;
-        #: any secret set makes replication need ``auth <replicationSecret>``
-        self.replica = not (sysc.auth_secret or sysc.admin_secret or sysc.replication_secret)
+        #: never implicit: only ``auth <replicationSecret> <brokerId>`` naming this broker's
+        #: replication set grants it (writes into a slave, internal topics, the redo log)
+        self.replica = False
         self.parser.bodies_allowed = self.authenticated
         self.open_groups: dict[tuple[str, int], PendingReplies] = {}
         self.session: set[str] | None = None  # keys of the transactions this connection began

@@ -31,6 +31,7 @@ from notify.errors import (
     OffsetOutOfRangeError,
     ProtocolError,
     StoreFullError,
+    TxLogError,
 )
 from notify.protocol import records
 from notify.protocol.frames import (
@@ -58,11 +59,19 @@ from notify.protocol.frames import (
     encode_stats_body,
     encode_value_header,
 )
-from notify.protocol.replies import MultiPutAck, OffsetReply, PutAck, Redirect
+from notify.protocol.replies import (
+    MultiPutAck,
+    OffsetReply,
+    PutAck,
+    Redirect,
+    encode_replica_ack,
+)
+from notify.replication.redo import TXLOG_STREAM, RedoBehindError, ReplicaRedo
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from notify.version import __version__
+from txlog import Position
 
 if TYPE_CHECKING:
     from notify.broker.queues import QueueManager
@@ -152,6 +161,9 @@ class BrokerService:
         self.queues: QueueManager | None = None  # queue subscriptions (README "Queues")
         self.on_promote: Callable[[], str] | None = None
         self.replication_stats: Callable[[], list[tuple[str, object]]] | None = None
+        #: a slave's copy of its master's redo log (None on a master)
+        self.redo_replica: ReplicaRedo | None = None
+        self._redo_acks: list[PendingReplies] = []
         #: (topic, partition) -> group -> (last fetched offset, monotonic time), bounded
         self.consumer_positions = ConsumerPositions(
             config.system.max_consumer_groups, config.system.consumer_group_expiry_ms / 1000.0
@@ -515,6 +527,8 @@ class BrokerService:
         st.cmd_get += 1
         if r.topic.startswith("__") and not conn.replica:
             return self._denied(conn, r.opaque, f"get on internal topic {r.topic!r}", "replica")
+        if r.topic == TXLOG_STREAM:
+            return self._get_redo(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
@@ -764,6 +778,8 @@ class BrokerService:
             return self._error(conn, 403, r.opaque, "msync: this broker is not a slave")
         if not conn.replica:  # only the master, authenticated with replicationSecret
             return self._denied(conn, r.opaque, "msync", "replica")
+        if r.topic == TXLOG_STREAM:
+            return self._msync_redo(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
@@ -790,6 +806,60 @@ class BrokerService:
         group.body = encode_result(200, r.opaque, OffsetReply(part.end).encode())
         conn.send(group)
         self._await_all([group], self.flusher.after_append(part, r.count), None)
+
+    def _get_redo(self, conn: Connection, r: Get) -> None:
+        """A slave pulls the redo log: ``get __txlog <group> <fileNo> <offset> <maxSize>``;
+        200 = whole frames, 301 = continue at the start of segment ``<body>``, 404 = none
+        yet (see :mod:`notify.replication.redo`)."""
+        tm = self.transactions
+        if tm is None:
+            return self._error(conn, 404, r.opaque, "no redo log on this broker")
+        try:
+            data, nxt = tm.log.read_frames(
+                Position(r.partition, r.offset), min(r.max_size, self.max_transfer)
+            )
+        except TxLogError as e:
+            return self._error(conn, 500, r.opaque, f"redo log: {e}")
+        if nxt is not None:
+            return conn.send(encode_result(301, r.opaque, b"%d" % nxt.file_no))
+        if not data:
+            return self._error(conn, 404, r.opaque, "no redo frames at this position yet")
+        conn.send(encode_value_header(len(data), r.opaque) + data)
+
+    def _msync_redo(self, conn: Connection, r: MultiSync) -> None:
+        """The synchronous master pushes redo frames; answered after this slave forced them
+        (one fdatasync for every push of a loop turn); 301 = behind, the pull catches up."""
+        rr = self.redo_replica
+        if rr is None:
+            return self._error(conn, 500, r.opaque, "msync: this slave keeps no redo log")
+        at = Position(r.partition, r.base_offset)
+        try:
+            rr.append(at, r.records)
+        except RedoBehindError:
+            return conn.send(encode_result(301, r.opaque, b"%d %d" % rr.end))
+        except TxLogError as e:
+            return self._error(conn, 500, r.opaque, f"msync: {e}")
+        group = PendingReplies(conn, r.partition)
+        group.items.append([r.opaque])
+        self._redo_acks.append(group)
+        if len(self._redo_acks) == 1:
+            self.loop.call_soon(self._force_redo)
+        conn.send(group)
+
+    def _force_redo(self) -> None:
+        acks, self._redo_acks = self._redo_acks, []
+        rr = self.redo_replica
+        try:
+            if rr is None:
+                raise TxLogError("this broker no longer keeps a replica redo log")
+            rr.log.sync()
+        except TxLogError as e:
+            for g in acks:
+                g.fail(500, f"msync: forcing the redo log failed: {e}")
+            return
+        for g in acks:
+            g.body = encode_result(200, g.items[0][0], b"%d %d" % rr.end)
+            g.resolve()
 
     def _sync(self, conn: Connection, r: Sync) -> None:
         """MetaQ's single-message ``sync``: append one record with the master's id."""
@@ -841,8 +911,26 @@ class BrokerService:
             conn.grant(True, admin, conn.replica)
             return conn.send(encode_result(200, r.opaque, b"ok role=admin" if admin else b"ok"))
         if match(sysc.replication_secret):
+            # the link also names the broker id it replicates: a slave takes writes only from
+            # its own master (same brokerId, as in MetaQ), a master serves its own slaves
+            if r.broker_id != sysc.broker_id:
+                self.stats.denied += 1
+                log.warning(
+                    "replica auth from %s for broker %s refused: this is broker %d",
+                    conn.peer,
+                    r.broker_id,
+                    sysc.broker_id,
+                )
+                conn.send(
+                    encode_result(
+                        403,
+                        r.opaque,
+                        b"replica auth must name this broker's id %d" % sysc.broker_id,
+                    )
+                )
+                return conn.close_after_replies()
             conn.grant(True, conn.admin, True)
-            return conn.send(encode_result(200, r.opaque, b"ok role=replica"))
+            return conn.send(encode_result(200, r.opaque, encode_replica_ack(sysc.broker_id)))
         record_auth_failure(conn.peer)  # counted in /metrics; rate-limited log lines
         conn.send(encode_result(403, r.opaque, b"authentication failed"))
         conn.close_after_replies()

@@ -234,6 +234,9 @@ class Sync:
 class Auth:
     secret: str
     opaque: int
+    #: ``auth <secret> <brokerId> <opaque>``: a broker of a replication set names the broker
+    #: id it replicates (its master's, which a MetaQ slave shares); None in the 3-token form
+    broker_id: int | None = None
 
 
 @dataclass(slots=True)
@@ -677,10 +680,11 @@ class RequestParser:
         if cmd == b"transaction":
             return self._decode_transaction(t)
         if cmd == b"auth":
-            if n != 3:
-                raise ProtocolError(f"auth: expected 3 tokens, got {n}", 400, _opaque_of(t))
-            opaque = _int(t[2], "opaque", 0)
-            return Auth(_text(t[1], "secret", opaque), opaque)
+            if n not in (3, 4):
+                raise ProtocolError(f"auth: expected 3 or 4 tokens, got {n}", 400, _opaque_of(t))
+            opaque = _int(t[-1], "opaque", 0)
+            bid = _int(t[2], "brokerId", opaque) if n == 4 else None
+            return Auth(_text(t[1], "secret", opaque), opaque, bid)
         if cmd == b"reload":
             return Reload(_int(t[1], "opaque", 0) if n > 1 else 0)
         if cmd == b"promote":
@@ -840,6 +844,13 @@ def encode_msync(
 ) -> bytes:
     head = f"msync {topic} {partition} {len(records)} {count} {base_offset} {opaque}\r\n"
     return head.encode() + records
+
+
+def encode_replica_auth(secret: str, broker_id: int, opaque: int) -> bytes:
+    """``auth <replicationSecret> <brokerId> <opaque>``: the handshake of a replication link;
+    the broker answers ``ok role=replica broker=<its brokerId>`` (see
+    :func:`notify.protocol.replies.parse_replica_ack`)."""
+    return f"auth {secret} {broker_id} {opaque}\r\n".encode()
 
 
 def encode_line(*tokens: object) -> bytes:

@@ -18,6 +18,8 @@ by one space, text is UTF-8. Byte layouts::
     RECOVER        (200 to transaction RECOVER)
                                               <key>\\r\\n<key>...   (no trailing CRLF; empty
                                               body: nothing prepared)
+    replica ack    (200 to a 4-token auth with replicationSecret)
+                                              ok role=replica broker=<brokerId>
     stats          (200 to stats)             STATS\\r\\n<name> <value>\\r\\n...END\\r\\n
                    <name> has no space; <value> is the rest of the line, often
                    ``k=v k=v`` fields (``stats topics``: ``partitions=4 bytes=...``)
@@ -287,3 +289,23 @@ def parse_partition_count(body: bytes) -> int:
         if k == "partitions" and v.strip().isdigit():
             return int(v)
     return 0
+
+
+# --------------------------------------------------------------------------- replication
+
+#: The answer to a replication link's ``auth <replicationSecret> <brokerId>``.
+REPLICA_ACK_PREFIX: Final = b"ok role=replica broker="
+
+
+def encode_replica_ack(broker_id: int) -> bytes:
+    """``ok role=replica broker=<brokerId>``: the answering broker's identity."""
+    return REPLICA_ACK_PREFIX + b"%d" % broker_id
+
+
+def parse_replica_ack(body: bytes) -> int | None:
+    """The broker id in a replica ``auth`` answer; None when the peer granted no replica
+    role (e.g. "authentication not required": it has no ``replicationSecret``)."""
+    if not body.startswith(REPLICA_ACK_PREFIX):
+        return None
+    tail = body[len(REPLICA_ACK_PREFIX) :]
+    return int(tail) if tail.isdigit() else None

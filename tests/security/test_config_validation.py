@@ -41,6 +41,8 @@ from notify.errors import ConfigError
         ("[topic=t]\nmemoryMaxBytes=-1\n", "[topic=t] memoryMaxBytes"),
         ("[topic=__delay]\nacceptPublish=true\n", "reserved"),
         ("[topic=__evil]\nnumPartitions=1\n", "reserved"),
+        ("[slave]\nmasterAddress=127.0.0.1:1\n", "[system] replicationSecret: required by [slave]"),
+        ("[system]\nsyncSlave=127.0.0.1:1\n", "[system] replicationSecret: required by syncSlave"),
     ],
 )
 def test_bad_values_are_refused_with_the_key_named(text: str, needle: str) -> None:

@@ -96,7 +96,8 @@ def test_roles_transactions_of_others_need_admin(broker_factory: BrokerFactory) 
 
 def test_internal_topics_only_for_replicas(broker_factory: BrokerFactory) -> None:
     """Item 9: ``__delay-0`` (messages not yet due) is not readable by clients: get and
-    offset answer 403; a connection authenticated with replicationSecret may read it."""
+    offset answer 403; a connection authenticated with replicationSecret and this broker's
+    id (the replica handshake) may read it; the secret alone is not enough."""
     b = broker_factory({"r": 1}, replicationSecret=REPL)
     due = int(time.time() * 1000) + 3_600_000
     with WireClient(b.addr) as c:
@@ -105,7 +106,9 @@ def test_internal_topics_only_for_replicas(broker_factory: BrokerFactory) -> Non
             r = c.call(line)
             assert r.code == 403 and b"replica role" in r.body, r
     with WireClient(b.addr) as c:
-        assert _auth(c, REPL) == b"ok role=replica"
+        assert c.call(b"auth %s 1\r\n" % REPL.encode()).code == 403  # no broker id
+    with WireClient(b.addr) as c:
+        assert c.call(b"auth %s 0 1\r\n" % REPL.encode()).body == b"ok role=replica broker=0"
         g = c.call(b"get __delay g 0 0 65536 2\r\n")
         assert g.kind == "value" and b"secret" in g.body
 

@@ -18,6 +18,7 @@ from tests.cluster.conftest import SESSION_S, ZkBrokers, wait_until
 from tests.wireclient import WireClient
 
 PAUSE = "broker.start.registered:4"
+REPL = "repl-secret"
 
 
 def _start_in_background(b: BrokerProcess) -> threading.Thread:
@@ -67,12 +68,12 @@ def test_slave_refuses_producers_from_its_first_byte(
 ) -> None:
     """A [slave] broker's wire port answers as a slave as soon as it accepts: a put sent
     in the start-up window (before replication found its master) is refused, never stored."""
-    master = zk_brokers.start(1, {"t": 1})
+    master = zk_brokers.start(1, {"t": 1}, replicationSecret=REPL)
     port = free_port()
     s = BrokerProcess(
         zk_brokers.tmp / "s1",
         topics={"t": 1},
-        system={"brokerId": 1},
+        system={"brokerId": 1, "replicationSecret": REPL},
         slave={"slaveId": 1, "masterAddress": master.addr},
         env={"NOTIFY_PAUSEPOINTS": PAUSE},
         zookeeper={

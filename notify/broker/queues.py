@@ -27,6 +27,7 @@ starts its queue groups from its own (empty) queue log.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 import time
@@ -46,9 +47,12 @@ from notify.core.queues import (
 from notify.errors import NotifyError, OffsetOutOfRangeError, TxLogError
 from notify.protocol import queuelog, records
 from notify.protocol.frames import (
+    DeadLetterInfo,
     QueueAck,
+    QueueDeadLetters,
     QueueSubscribe,
     QueueUnsubscribe,
+    encode_dead_letters,
     encode_qmsg,
     encode_result,
 )
@@ -263,12 +267,18 @@ class QueueManager:
 
     # ------------------------------------------------------------------ wire verbs
 
-    def handle(self, conn: Connection, r: QueueSubscribe | QueueAck | QueueUnsubscribe,
-               role: str) -> None:
+    def handle(
+        self,
+        conn: Connection,
+        r: QueueSubscribe | QueueAck | QueueUnsubscribe | QueueDeadLetters,
+        role: str,
+    ) -> None:
         """One queue verb from ``conn``; ``role`` is the broker's role (master/slave)."""
         if role != "master":
             return _send(conn, 403, r.opaque, "queues are served by the master only")
-        if isinstance(r, QueueSubscribe):
+        if isinstance(r, QueueDeadLetters):
+            self._dlq(conn, r)
+        elif isinstance(r, QueueSubscribe):
             self._subscribe(conn, r)
         elif isinstance(r, QueueAck):
             self._ack(conn, r)
@@ -499,36 +509,83 @@ class QueueManager:
 
     # ------------------------------------------------------------------ admin
 
-    def dead_letters(self, topic: str, group: str) -> list[dict[str, object]]:
-        """The group's dead-letter queue, oldest first (KeyError: no such group)."""
-        core = self.groups[(topic, group)].core
-        return [
-            {
-                "partition": d.partition,
-                "offset": d.offset,
-                "length": d.length,
-                "deliveries": d.count,
-                "reason": "rejected" if d.reason is MsgState.REJECTED else "max_deliveries",
-                "at_ms": d.at_ms,
-            }
-            for d in core.dead.values()
-        ]
+    def _dlq(self, conn: Connection, r: QueueDeadLetters) -> None:
+        """``qdlq list|replay`` (the service checked the admin role)."""
+        key = (r.topic, r.group)
+        if key not in self.groups:
+            return _send(conn, 404, r.opaque, f"no queue group {r.group!r} on topic {r.topic!r}")
+        try:
+            if r.action == "list":
+                start, limit = parse_page(r.body, self.limits.max_dead_letters)
+                total, dropped, page = self.dead_letters(r.topic, r.group, start, limit)
+                return conn.send(
+                    encode_result(200, r.opaque, encode_dead_letters(total, dropped, page))
+                )
+            keys = parse_replay(r.body)
+        except ValueError as e:
+            return _send(conn, 400, r.opaque, str(e))
+        self.loop.create_task(self._replay_reply(conn, r, keys))
 
-    def replay(self, topic: str, group: str, keys: list[tuple[int, int]] | None) -> int:
-        """Send dead letters (all when ``keys`` is None) back to available; logged."""
+    async def _replay_reply(
+        self, conn: Connection, r: QueueDeadLetters, keys: list[tuple[int, int]] | None
+    ) -> None:
+        try:
+            done, unknown = await self.replay_durable(r.topic, r.group, keys)
+        except (KeyError, TxLogError) as e:
+            return _send(conn, 500, r.opaque, f"replay failed: {e}")
+        _send(conn, 200, r.opaque, f"{done} {unknown}")
+
+    def dead_letters(
+        self, topic: str, group: str, start: int = 0, limit: int | None = None
+    ) -> tuple[int, int, list[DeadLetterInfo]]:
+        """``(total, dropped, page)`` of the group's dead-letter queue, oldest first, from
+        entry ``start``, at most ``limit`` entries (KeyError: no such group)."""
+        core = self.groups[(topic, group)].core
+        stop = len(core.dead) if limit is None else start + limit
+        page = [
+            DeadLetterInfo(
+                d.partition,
+                d.offset,
+                d.length,
+                d.count,
+                "rejected" if d.reason is MsgState.REJECTED else "max_deliveries",
+                d.at_ms,
+            )
+            for d in itertools.islice(core.dead.values(), start, stop)
+        ]
+        return len(core.dead), core.dead_dropped, page
+
+    def replay(
+        self, topic: str, group: str, keys: list[tuple[int, int]] | None
+    ) -> tuple[int, int]:
+        """Send dead letters (all when ``keys`` is None) back to available and log it;
+        ``(replayed, unknown)``: unknown ones are not in the dead-letter queue, or their
+        record is no longer in the store (retention). KeyError: no such group."""
         g = self.groups[(topic, group)]
         core = g.core
-        want = list(core.dead) if keys is None else keys
+        want = list(core.dead) if keys is None else list(dict.fromkeys(keys))
         done = []
         for p, o in want:
             d = core.dead.get((p, o))
-            if d is not None and core.replay(p, o):
+            part = self.store.get(topic, p)
+            if d is None or part is None or o < part.min_offset:
+                continue
+            if core.replay(p, o):
                 done.append((p, o, d.length))
         if done:
             self._append(queuelog.REPLAY, queuelog.encode_replay(topic, group, done))
-            self._sync_later(True)
+            log.warning("queue group %s/%s: %d dead letter(s) replayed", topic, group, len(done))
             self.pump(g)
-        return len(done)
+        return len(done), len(want) - len(done)
+
+    async def replay_durable(
+        self, topic: str, group: str, keys: list[tuple[int, int]] | None
+    ) -> tuple[int, int]:
+        """:meth:`replay`, answered once the REPLAY record is on disk."""
+        done, unknown = self.replay(topic, group, keys)
+        if done and self._log is not None:
+            await self._log.sync_async()
+        return done, unknown
 
     def stats_items(self) -> list[tuple[str, object]]:
         """``stats queues``: one line per group."""
@@ -556,6 +613,54 @@ def _record_spans(data: bytes, base: int, room: int) -> list[tuple[int, int]]:
         out.append((base + pos, size + length))
         pos = end
     return out
+
+
+def parse_page(body: bytes, max_limit: int) -> tuple[int, int]:
+    """``qdlq list`` body: empty (everything) or ``<from> <limit>``; ``limit`` is clamped to
+    ``max_limit`` (queueMaxDeadLetters). ValueError with the reason when malformed."""
+    t = body.split()
+    if not t:
+        return 0, max_limit
+    try:
+        if len(t) != 2:
+            raise ValueError
+        start, limit = int(t[0]), int(t[1])
+    except ValueError:
+        raise ValueError(
+            f"qdlq list: body must be empty or '<from> <limit>', got {body[:40]!r}"
+        ) from None
+    if start < 0 or limit < 1:
+        raise ValueError(f"qdlq list: from must be >= 0 and limit >= 1 (got {start} {limit})")
+    return start, min(limit, max_limit)
+
+
+def parse_replay(body: bytes) -> list[tuple[int, int]] | None:
+    """``qdlq replay`` body: ``all`` (None) or ``<partition> <offset>`` lines. ValueError
+    naming the first bad line; nothing is replayed then."""
+    if body.strip() == b"all":
+        return None
+    keys: list[tuple[int, int]] = []
+    for line in body.split(b"\n"):
+        if not line.strip():
+            continue
+        t = line.split()
+        try:
+            if len(t) != 2:
+                raise ValueError
+            p, o = int(t[0]), int(t[1])
+            if p < 0 or o < 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"qdlq replay: expected 'all' or '<partition> <offset>' lines, got "
+                f"{line[:40].decode('latin-1')!r}"
+            ) from None
+        keys.append((p, o))
+    if not keys:
+        raise ValueError(
+            "qdlq replay: nothing to replay (body: 'all' or '<partition> <offset>' lines)"
+        )
+    return keys
 
 
 def _send(conn: Connection, code: int, opaque: int, text: str) -> None:

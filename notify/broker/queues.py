@@ -16,9 +16,14 @@ What it does with the wire verbs (``qsub``, ``qack``, ``qunsub``; README "Queues
 * every ``queueCheckpointInterval`` ms (when something was logged) the compact form of
   every group is written as the log's checkpoint and older log segments are deleted.
 
+Every push is logged too (a DELIVER record per pump round with each message's delivery
+count, fsynced in the background, group-committed), so delivery counts survive a crash.
+
 Recovery (start): the latest checkpoint, then the records after it. Messages that were
-acquired or available at the crash are delivered again (their delivery counts restart at
-0); finished ones are not.
+acquired or available at the crash are delivered again, their delivery counts resuming
+from the logged ones (a delivery pushed less than one fsync before the crash may be
+missing); a message whose logged count reached ``queueMaxDeliveries`` goes to the
+dead-letter queue instead of being delivered again. Finished ones are not delivered.
 
 Replication of queue state to slaves is not done here (the HA work): a promoted slave
 starts its queue groups from its own (empty) queue log.
@@ -117,6 +122,8 @@ class QueueManager:
         self._dirty = False
         self._ckpt_timer: asyncio.TimerHandle | None = None
         self._ckpt_running = False
+        self._syncing = False
+        self._sync_again = False
         self.lost_to_retention = 0
         self.ack_frames = 0
 
@@ -136,6 +143,8 @@ class QueueManager:
                     core.note_finished(p, o, o + ln, CODE_STATES[s], c, at)
                 for p, o, ln in snap.replayed:
                     core.restore_replayed(p, o, ln)
+                for p, o, c in snap.counts:
+                    core.restore_count(p, o, c)
         for rec in self._log.replay():
             n += 1
             if rec.type == queuelog.GROUP:
@@ -156,6 +165,11 @@ class QueueManager:
                 core = self._restore_group(topic, group)
                 for p, o, ln in reps:
                     core.restore_replayed(p, o, ln)
+            elif rec.type == queuelog.DELIVER:
+                topic, group, counts = queuelog.decode_deliver(rec.body)
+                core = self._restore_group(topic, group)
+                for p, o, c in counts:
+                    core.restore_count(p, o, c)
         if self.groups:
             log.info("queues: %d groups recovered (%d log records replayed)", len(self.groups), n)
         self._arm_checkpoint()
@@ -230,6 +244,7 @@ class QueueManager:
                 for d in core.dead.values()
             ]
             snap.replayed = core.replayed_entries()
+            snap.counts = core.delivery_counts()
             snaps.append(snap)
         return self._log.end_position, queuelog.encode_snapshot(snaps)
 
@@ -253,17 +268,28 @@ class QueueManager:
         return self._append(queuelog.DONE, queuelog.encode_done(core.topic, core.group, items))
 
     def _sync_later(self, pos: object | None) -> None:
-        """Make records durable soon when nobody waits for them (expiries, departures)."""
-        if pos is not None:
+        """Make records durable soon when nobody waits for them (deliveries, expiries,
+        departures): one background fsync at a time, and one more if records were appended
+        while it ran (group commit)."""
+        if pos is None:
+            return
+        if self._syncing:
+            self._sync_again = True
+        else:
+            self._syncing = True
             self.loop.create_task(self._sync_quietly())
 
     async def _sync_quietly(self) -> None:
-        if self._log is None:
-            return
         try:
-            await self._log.sync_async()
+            while self._log is not None:
+                self._sync_again = False
+                await self._log.sync_async()
+                if not self._sync_again:
+                    break
         except TxLogError as e:
             log.error("queues: fsync of the queue log failed: %s", e)
+        finally:
+            self._syncing = False
 
     # ------------------------------------------------------------------ wire verbs
 
@@ -427,12 +453,18 @@ class QueueManager:
             return
         now = self._now_ms()
         fins = core.expire(now)
+        counts: list[tuple[int, int, int]] = []
         while True:
             if core.wants_records():
                 self._fill(g)
             deliveries = core.dispatch(now)
+            dead = core.take_exhausted()
+            fins += dead
             if not deliveries:
+                if dead:  # recovered at the delivery limit: the window has room again
+                    continue
                 break
+            counts += [(d.partition, d.offset, d.count) for d in deliveries]
             for d in deliveries:
                 sub = g.subs[d.consumer]
                 part = self.store.get(core.topic, d.partition)
@@ -442,7 +474,12 @@ class QueueManager:
                 sub.conn.send(
                     encode_qmsg(sub.opaque, d.partition, d.offset, d.count, len(data)) + data
                 )
-        self._sync_later(self._log_finished(core, fins))
+        pos = self._log_finished(core, fins)
+        if counts:  # delivery counts survive a crash once this is fsynced (README "Queues")
+            pos = self._append(
+                queuelog.DELIVER, queuelog.encode_deliver(core.topic, core.group, counts)
+            )
+        self._sync_later(pos)
         self._arm(g)
 
     def _fill(self, g: _Group) -> None:

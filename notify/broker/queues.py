@@ -16,8 +16,9 @@ What it does with the wire verbs (``qsub``, ``qack``, ``qunsub``; README "Queues
 * every ``queueCheckpointInterval`` ms (when something was logged) the compact form of
   every group is written as the log's checkpoint and older log segments are deleted.
 
-Every push is logged too (a DELIVER record per pump round with each message's delivery
-count, fsynced in the background, group-committed), so delivery counts survive a crash.
+Every push is logged too (DELIVER records with each message's delivery count, appended in
+batches within ``DELIVER_LOG_DELAY_S`` of the push, fsynced in the background,
+group-committed), so delivery counts survive a crash.
 
 Recovery (start): the latest checkpoint, then the records after it. Messages that were
 acquired or available at the crash are delivered again, their delivery counts resuming
@@ -73,6 +74,8 @@ log = logging.getLogger("notify.broker.queues")
 READ_WINDOW: Final = 256 * 1024
 #: Refused ``qack`` items described in the reply (the rest are only counted).
 MAX_REFUSALS_SHOWN: Final = 16
+#: Deliveries are logged (DELIVER records) this long after the push, in one batch.
+DELIVER_LOG_DELAY_S: Final = 0.005
 #: Largest checkpoint (compact form of every group) the queue log accepts.
 MAX_SNAPSHOT_BYTES: Final = 1 << 30
 GROUP_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -124,6 +127,8 @@ class QueueManager:
         self._ckpt_running = False
         self._syncing = False
         self._sync_again = False
+        self._deliveries: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+        self._deliver_timer: asyncio.TimerHandle | None = None
         self.lost_to_retention = 0
         self.ack_frames = 0
 
@@ -189,12 +194,16 @@ class QueueManager:
         """Final checkpoint, then close the log."""
         if self._ckpt_timer is not None:
             self._ckpt_timer.cancel()
+        if self._deliver_timer is not None:
+            self._deliver_timer.cancel()
         for g in self.groups.values():
             if g.timer is not None:
                 g.timer.cancel()
         if self._log is None:
             return
         try:
+            if self._deliveries:
+                self._flush_deliveries()
             if self._dirty:
                 pos, state = self._snapshot()
                 await self.loop.run_in_executor(None, self._log.checkpoint, pos, state)
@@ -253,7 +262,30 @@ class QueueManager:
     def _append(self, rtype: int, body: bytes) -> object:
         assert self._log is not None
         self._dirty = True
+        if self._deliveries and rtype == queuelog.REPLAY:
+            self._flush_deliveries()  # a replay resets counts: older deliveries go first
         return self._log.append(rtype, body)
+
+    def _note_deliveries(self, core: QueueGroup, counts: list[tuple[int, int, int]]) -> None:
+        """Deliveries to log: appended after DELIVER_LOG_DELAY_S (or before a REPLAY record),
+        then fsynced in the background (group commit). Their order against DONE records
+        does not matter: a count recovered for a finished message is ignored."""
+        self._deliveries.setdefault((core.topic, core.group), []).extend(counts)
+        if self._deliver_timer is None:
+            self._deliver_timer = self.loop.call_later(DELIVER_LOG_DELAY_S, self._deliver_due)
+
+    def _deliver_due(self) -> None:
+        self._deliver_timer = None
+        if self._log is not None and self._deliveries:
+            self._sync_later(self._flush_deliveries())
+
+    def _flush_deliveries(self) -> object | None:
+        assert self._log is not None
+        pos = None
+        pending, self._deliveries = self._deliveries, {}
+        for (topic, group), counts in pending.items():
+            pos = self._log.append(queuelog.DELIVER, queuelog.encode_deliver(topic, group, counts))
+        return pos
 
     def _log_finished(self, core: QueueGroup, fins: list[Finished]) -> object | None:
         """Append the DONE record of ``fins``; its position (None when nothing to log)."""
@@ -474,12 +506,9 @@ class QueueManager:
                 sub.conn.send(
                     encode_qmsg(sub.opaque, d.partition, d.offset, d.count, len(data)) + data
                 )
-        pos = self._log_finished(core, fins)
-        if counts:  # delivery counts survive a crash once this is fsynced (README "Queues")
-            pos = self._append(
-                queuelog.DELIVER, queuelog.encode_deliver(core.topic, core.group, counts)
-            )
-        self._sync_later(pos)
+        if counts:  # delivery counts survive a crash once logged and fsynced (README "Queues")
+            self._note_deliveries(core, counts)
+        self._sync_later(self._log_finished(core, fins))
         self._arm(g)
 
     def _fill(self, g: _Group) -> None:

@@ -26,6 +26,7 @@ from notify.cli_admin import register as _register_admin
 from notify.cli_db import db as _db
 from notify.cli_db import offsets as _offsets
 from notify.cli_options import Security, security_options
+from notify.cli_queue import queue as _queue
 from notify.cli_tx import xa as _xa
 from notify.config import ServerConfig, load_config
 from notify.demo import run_demo
@@ -202,3 +203,4 @@ main.add_command(_offsets)
 _register_admin(main)
 main.add_command(_xa)
 main.add_command(_audit)
+main.add_command(_queue)

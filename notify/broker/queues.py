@@ -16,9 +16,15 @@ What it does with the wire verbs (``qsub``, ``qack``, ``qunsub``; README "Queues
 * every ``queueCheckpointInterval`` ms (when something was logged) the compact form of
   every group is written as the log's checkpoint and older log segments are deleted.
 
+Every push is logged too (DELIVER records with each message's delivery count, appended in
+batches within ``DELIVER_LOG_DELAY_S`` of the push, fsynced in the background,
+group-committed), so delivery counts survive a crash.
+
 Recovery (start): the latest checkpoint, then the records after it. Messages that were
-acquired or available at the crash are delivered again (their delivery counts restart at
-0); finished ones are not.
+acquired or available at the crash are delivered again, their delivery counts resuming
+from the logged ones (a delivery pushed less than one fsync before the crash may be
+missing); a message whose logged count reached ``queueMaxDeliveries`` goes to the
+dead-letter queue instead of being delivered again. Finished ones are not delivered.
 
 Replication of queue state to slaves is not done here (the HA work): a promoted slave
 starts its queue groups from its own (empty) queue log.
@@ -27,6 +33,7 @@ starts its queue groups from its own (empty) queue log.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 import time
@@ -46,9 +53,12 @@ from notify.core.queues import (
 from notify.errors import NotifyError, OffsetOutOfRangeError, TxLogError
 from notify.protocol import queuelog, records
 from notify.protocol.frames import (
+    DeadLetterInfo,
     QueueAck,
+    QueueDeadLetters,
     QueueSubscribe,
     QueueUnsubscribe,
+    encode_dead_letters,
     encode_qmsg,
     encode_result,
 )
@@ -64,6 +74,8 @@ log = logging.getLogger("notify.broker.queues")
 READ_WINDOW: Final = 256 * 1024
 #: Refused ``qack`` items described in the reply (the rest are only counted).
 MAX_REFUSALS_SHOWN: Final = 16
+#: Deliveries are logged (DELIVER records) this long after the push, in one batch.
+DELIVER_LOG_DELAY_S: Final = 0.005
 #: Largest checkpoint (compact form of every group) the queue log accepts.
 MAX_SNAPSHOT_BYTES: Final = 1 << 30
 GROUP_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -113,6 +125,10 @@ class QueueManager:
         self._dirty = False
         self._ckpt_timer: asyncio.TimerHandle | None = None
         self._ckpt_running = False
+        self._syncing = False
+        self._sync_again = False
+        self._deliveries: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+        self._deliver_timer: asyncio.TimerHandle | None = None
         self.lost_to_retention = 0
         self.ack_frames = 0
 
@@ -132,6 +148,8 @@ class QueueManager:
                     core.note_finished(p, o, o + ln, CODE_STATES[s], c, at)
                 for p, o, ln in snap.replayed:
                     core.restore_replayed(p, o, ln)
+                for p, o, c in snap.counts:
+                    core.restore_count(p, o, c)
         for rec in self._log.replay():
             n += 1
             if rec.type == queuelog.GROUP:
@@ -152,6 +170,11 @@ class QueueManager:
                 core = self._restore_group(topic, group)
                 for p, o, ln in reps:
                     core.restore_replayed(p, o, ln)
+            elif rec.type == queuelog.DELIVER:
+                topic, group, counts = queuelog.decode_deliver(rec.body)
+                core = self._restore_group(topic, group)
+                for p, o, c in counts:
+                    core.restore_count(p, o, c)
         if self.groups:
             log.info("queues: %d groups recovered (%d log records replayed)", len(self.groups), n)
         self._arm_checkpoint()
@@ -171,12 +194,16 @@ class QueueManager:
         """Final checkpoint, then close the log."""
         if self._ckpt_timer is not None:
             self._ckpt_timer.cancel()
+        if self._deliver_timer is not None:
+            self._deliver_timer.cancel()
         for g in self.groups.values():
             if g.timer is not None:
                 g.timer.cancel()
         if self._log is None:
             return
         try:
+            if self._deliveries:
+                self._flush_deliveries()
             if self._dirty:
                 pos, state = self._snapshot()
                 await self.loop.run_in_executor(None, self._log.checkpoint, pos, state)
@@ -226,6 +253,7 @@ class QueueManager:
                 for d in core.dead.values()
             ]
             snap.replayed = core.replayed_entries()
+            snap.counts = core.delivery_counts()
             snaps.append(snap)
         return self._log.end_position, queuelog.encode_snapshot(snaps)
 
@@ -234,7 +262,30 @@ class QueueManager:
     def _append(self, rtype: int, body: bytes) -> object:
         assert self._log is not None
         self._dirty = True
+        if self._deliveries and rtype == queuelog.REPLAY:
+            self._flush_deliveries()  # a replay resets counts: older deliveries go first
         return self._log.append(rtype, body)
+
+    def _note_deliveries(self, core: QueueGroup, counts: list[tuple[int, int, int]]) -> None:
+        """Deliveries to log: appended after DELIVER_LOG_DELAY_S (or before a REPLAY record),
+        then fsynced in the background (group commit). Their order against DONE records
+        does not matter: a count recovered for a finished message is ignored."""
+        self._deliveries.setdefault((core.topic, core.group), []).extend(counts)
+        if self._deliver_timer is None:
+            self._deliver_timer = self.loop.call_later(DELIVER_LOG_DELAY_S, self._deliver_due)
+
+    def _deliver_due(self) -> None:
+        self._deliver_timer = None
+        if self._log is not None and self._deliveries:
+            self._sync_later(self._flush_deliveries())
+
+    def _flush_deliveries(self) -> object | None:
+        assert self._log is not None
+        pos = None
+        pending, self._deliveries = self._deliveries, {}
+        for (topic, group), counts in pending.items():
+            pos = self._log.append(queuelog.DELIVER, queuelog.encode_deliver(topic, group, counts))
+        return pos
 
     def _log_finished(self, core: QueueGroup, fins: list[Finished]) -> object | None:
         """Append the DONE record of ``fins``; its position (None when nothing to log)."""
@@ -249,26 +300,43 @@ class QueueManager:
         return self._append(queuelog.DONE, queuelog.encode_done(core.topic, core.group, items))
 
     def _sync_later(self, pos: object | None) -> None:
-        """Make records durable soon when nobody waits for them (expiries, departures)."""
-        if pos is not None:
+        """Make records durable soon when nobody waits for them (deliveries, expiries,
+        departures): one background fsync at a time, and one more if records were appended
+        while it ran (group commit)."""
+        if pos is None:
+            return
+        if self._syncing:
+            self._sync_again = True
+        else:
+            self._syncing = True
             self.loop.create_task(self._sync_quietly())
 
     async def _sync_quietly(self) -> None:
-        if self._log is None:
-            return
         try:
-            await self._log.sync_async()
+            while self._log is not None:
+                self._sync_again = False
+                await self._log.sync_async()
+                if not self._sync_again:
+                    break
         except TxLogError as e:
             log.error("queues: fsync of the queue log failed: %s", e)
+        finally:
+            self._syncing = False
 
     # ------------------------------------------------------------------ wire verbs
 
-    def handle(self, conn: Connection, r: QueueSubscribe | QueueAck | QueueUnsubscribe,
-               role: str) -> None:
+    def handle(
+        self,
+        conn: Connection,
+        r: QueueSubscribe | QueueAck | QueueUnsubscribe | QueueDeadLetters,
+        role: str,
+    ) -> None:
         """One queue verb from ``conn``; ``role`` is the broker's role (master/slave)."""
         if role != "master":
             return _send(conn, 403, r.opaque, "queues are served by the master only")
-        if isinstance(r, QueueSubscribe):
+        if isinstance(r, QueueDeadLetters):
+            self._dlq(conn, r)
+        elif isinstance(r, QueueSubscribe):
             self._subscribe(conn, r)
         elif isinstance(r, QueueAck):
             self._ack(conn, r)
@@ -417,12 +485,18 @@ class QueueManager:
             return
         now = self._now_ms()
         fins = core.expire(now)
+        counts: list[tuple[int, int, int]] = []
         while True:
             if core.wants_records():
                 self._fill(g)
             deliveries = core.dispatch(now)
+            dead = core.take_exhausted()
+            fins += dead
             if not deliveries:
+                if dead:  # recovered at the delivery limit: the window has room again
+                    continue
                 break
+            counts += [(d.partition, d.offset, d.count) for d in deliveries]
             for d in deliveries:
                 sub = g.subs[d.consumer]
                 part = self.store.get(core.topic, d.partition)
@@ -432,6 +506,8 @@ class QueueManager:
                 sub.conn.send(
                     encode_qmsg(sub.opaque, d.partition, d.offset, d.count, len(data)) + data
                 )
+        if counts:  # delivery counts survive a crash once logged and fsynced (README "Queues")
+            self._note_deliveries(core, counts)
         self._sync_later(self._log_finished(core, fins))
         self._arm(g)
 
@@ -499,36 +575,83 @@ class QueueManager:
 
     # ------------------------------------------------------------------ admin
 
-    def dead_letters(self, topic: str, group: str) -> list[dict[str, object]]:
-        """The group's dead-letter queue, oldest first (KeyError: no such group)."""
-        core = self.groups[(topic, group)].core
-        return [
-            {
-                "partition": d.partition,
-                "offset": d.offset,
-                "length": d.length,
-                "deliveries": d.count,
-                "reason": "rejected" if d.reason is MsgState.REJECTED else "max_deliveries",
-                "at_ms": d.at_ms,
-            }
-            for d in core.dead.values()
-        ]
+    def _dlq(self, conn: Connection, r: QueueDeadLetters) -> None:
+        """``qdlq list|replay`` (the service checked the admin role)."""
+        key = (r.topic, r.group)
+        if key not in self.groups:
+            return _send(conn, 404, r.opaque, f"no queue group {r.group!r} on topic {r.topic!r}")
+        try:
+            if r.action == "list":
+                start, limit = parse_page(r.body, self.limits.max_dead_letters)
+                total, dropped, page = self.dead_letters(r.topic, r.group, start, limit)
+                return conn.send(
+                    encode_result(200, r.opaque, encode_dead_letters(total, dropped, page))
+                )
+            keys = parse_replay(r.body)
+        except ValueError as e:
+            return _send(conn, 400, r.opaque, str(e))
+        self.loop.create_task(self._replay_reply(conn, r, keys))
 
-    def replay(self, topic: str, group: str, keys: list[tuple[int, int]] | None) -> int:
-        """Send dead letters (all when ``keys`` is None) back to available; logged."""
+    async def _replay_reply(
+        self, conn: Connection, r: QueueDeadLetters, keys: list[tuple[int, int]] | None
+    ) -> None:
+        try:
+            done, unknown = await self.replay_durable(r.topic, r.group, keys)
+        except (KeyError, TxLogError) as e:
+            return _send(conn, 500, r.opaque, f"replay failed: {e}")
+        _send(conn, 200, r.opaque, f"{done} {unknown}")
+
+    def dead_letters(
+        self, topic: str, group: str, start: int = 0, limit: int | None = None
+    ) -> tuple[int, int, list[DeadLetterInfo]]:
+        """``(total, dropped, page)`` of the group's dead-letter queue, oldest first, from
+        entry ``start``, at most ``limit`` entries (KeyError: no such group)."""
+        core = self.groups[(topic, group)].core
+        stop = len(core.dead) if limit is None else start + limit
+        page = [
+            DeadLetterInfo(
+                d.partition,
+                d.offset,
+                d.length,
+                d.count,
+                "rejected" if d.reason is MsgState.REJECTED else "max_deliveries",
+                d.at_ms,
+            )
+            for d in itertools.islice(core.dead.values(), start, stop)
+        ]
+        return len(core.dead), core.dead_dropped, page
+
+    def replay(
+        self, topic: str, group: str, keys: list[tuple[int, int]] | None
+    ) -> tuple[int, int]:
+        """Send dead letters (all when ``keys`` is None) back to available and log it;
+        ``(replayed, unknown)``: unknown ones are not in the dead-letter queue, or their
+        record is no longer in the store (retention). KeyError: no such group."""
         g = self.groups[(topic, group)]
         core = g.core
-        want = list(core.dead) if keys is None else keys
+        want = list(core.dead) if keys is None else list(dict.fromkeys(keys))
         done = []
         for p, o in want:
             d = core.dead.get((p, o))
-            if d is not None and core.replay(p, o):
+            part = self.store.get(topic, p)
+            if d is None or part is None or o < part.min_offset:
+                continue
+            if core.replay(p, o):
                 done.append((p, o, d.length))
         if done:
             self._append(queuelog.REPLAY, queuelog.encode_replay(topic, group, done))
-            self._sync_later(True)
+            log.warning("queue group %s/%s: %d dead letter(s) replayed", topic, group, len(done))
             self.pump(g)
-        return len(done)
+        return len(done), len(want) - len(done)
+
+    async def replay_durable(
+        self, topic: str, group: str, keys: list[tuple[int, int]] | None
+    ) -> tuple[int, int]:
+        """:meth:`replay`, answered once the REPLAY record is on disk."""
+        done, unknown = self.replay(topic, group, keys)
+        if done and self._log is not None:
+            await self._log.sync_async()
+        return done, unknown
 
     def stats_items(self) -> list[tuple[str, object]]:
         """``stats queues``: one line per group."""
@@ -556,6 +679,54 @@ def _record_spans(data: bytes, base: int, room: int) -> list[tuple[int, int]]:
         out.append((base + pos, size + length))
         pos = end
     return out
+
+
+def parse_page(body: bytes, max_limit: int) -> tuple[int, int]:
+    """``qdlq list`` body: empty (everything) or ``<from> <limit>``; ``limit`` is clamped to
+    ``max_limit`` (queueMaxDeadLetters). ValueError with the reason when malformed."""
+    t = body.split()
+    if not t:
+        return 0, max_limit
+    try:
+        if len(t) != 2:
+            raise ValueError
+        start, limit = int(t[0]), int(t[1])
+    except ValueError:
+        raise ValueError(
+            f"qdlq list: body must be empty or '<from> <limit>', got {body[:40]!r}"
+        ) from None
+    if start < 0 or limit < 1:
+        raise ValueError(f"qdlq list: from must be >= 0 and limit >= 1 (got {start} {limit})")
+    return start, min(limit, max_limit)
+
+
+def parse_replay(body: bytes) -> list[tuple[int, int]] | None:
+    """``qdlq replay`` body: ``all`` (None) or ``<partition> <offset>`` lines. ValueError
+    naming the first bad line; nothing is replayed then."""
+    if body.strip() == b"all":
+        return None
+    keys: list[tuple[int, int]] = []
+    for line in body.split(b"\n"):
+        if not line.strip():
+            continue
+        t = line.split()
+        try:
+            if len(t) != 2:
+                raise ValueError
+            p, o = int(t[0]), int(t[1])
+            if p < 0 or o < 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"qdlq replay: expected 'all' or '<partition> <offset>' lines, got "
+                f"{line[:40].decode('latin-1')!r}"
+            ) from None
+        keys.append((p, o))
+    if not keys:
+        raise ValueError(
+            "qdlq replay: nothing to replay (body: 'all' or '<partition> <offset>' lines)"
+        )
+    return keys
 
 
 def _send(conn: Connection, code: int, opaque: int, text: str) -> None:

@@ -44,6 +44,7 @@ from notify.protocol.frames import (
     Promote,
     Put,
     QueueAck,
+    QueueDeadLetters,
     QueueSubscribe,
     QueueUnsubscribe,
     Quit,
@@ -694,7 +695,9 @@ class BrokerService:
                 self.transactions.register(conn, r)
         elif isinstance(r, DelayedPut):
             self._dput(conn, r)
-        elif isinstance(r, QueueSubscribe | QueueAck | QueueUnsubscribe):
+        elif isinstance(r, QueueSubscribe | QueueAck | QueueUnsubscribe | QueueDeadLetters):
+            if isinstance(r, QueueDeadLetters) and not conn.admin:
+                return self._denied(conn, r.opaque, f"qdlq {r.action}", "admin")
             if self.queues is None:
                 self._error(conn, 500, r.opaque, "queues are not enabled on this broker")
             else:

@@ -16,6 +16,8 @@ Message states, one transition table (tested as data in ``tests/core/test_queues
     ACQUIRED ──release|lock_expired|consumer_gone──▶ AVAILABLE
     ACQUIRED ──exhausted──▶ DEAD      (release/expiry/departure with delivery_count at
                                        maxDeliveries: durable; dead-letter queue)
+    AVAILABLE ──exhausted──▶ DEAD     (recovered with delivery_count at maxDeliveries:
+                                       its deliveries before a crash used up the limit)
     REJECTED|DEAD ──replay──▶ AVAILABLE                      (an admin's replay)
 
 Compact form (what a checkpoint stores): per partition the *low-water offset* (every message
@@ -81,6 +83,7 @@ TRANSITIONS: Final[dict[tuple[MsgState, MsgEvent], MsgState]] = {
     (S.ACQUIRED, E.LOCK_EXPIRED): S.AVAILABLE,
     (S.ACQUIRED, E.CONSUMER_GONE): S.AVAILABLE,
     (S.ACQUIRED, E.EXHAUSTED): S.DEAD,
+    (S.AVAILABLE, E.EXHAUSTED): S.DEAD,
     (S.REJECTED, E.REPLAY): S.AVAILABLE,
     (S.DEAD, E.REPLAY): S.AVAILABLE,
 }
@@ -197,6 +200,8 @@ class PartState:
     skip: dict[int, tuple[int, MsgState, int]] = field(default_factory=dict)
     #: replayed dead letters below the low-water offset, by offset
     replayed: dict[int, Entry] = field(default_factory=dict)
+    #: recovered delivery counts of unfinished messages not yet read again: offset -> count
+    counts: dict[int, int] = field(default_factory=dict)
 
     @property
     def low_water(self) -> int:
@@ -234,6 +239,7 @@ class QueueGroup:
         self._locks: list[tuple[float, int, Entry]] = []  # (deadline, seq, entry), lazy
         self._seq = 0
         self.tracked = 0  # entries in every PartState.entries and .replayed
+        self._exhausted: list[Finished] = []  # died in dispatch (recovered at the limit)
         self.dead: OrderedDict[tuple[int, int], DeadLetter] = OrderedDict()
         self.dead_dropped = 0
         self.delivered = 0
@@ -305,7 +311,7 @@ class QueueGroup:
                     ps.entries[off] = e
                     self.tracked += 1
                 continue
-            e = Entry(partition, off, length, S.AVAILABLE, 0)
+            e = Entry(partition, off, length, S.AVAILABLE, ps.counts.pop(off, 0))
             ps.entries[off] = e
             ps.frontier = off + length
             self.tracked += 1
@@ -322,6 +328,7 @@ class QueueGroup:
         gap = offset - ps.frontier
         ps.frontier = offset
         ps.skip = {o: v for o, v in ps.skip.items() if o >= offset}
+        ps.counts = {o: c for o, c in ps.counts.items() if o >= offset}
         return gap
 
     # ------------------------------------------------------------------ consumers
@@ -377,6 +384,10 @@ class QueueGroup:
                 e = avail.popleft()
                 if e.state is not S.AVAILABLE:  # replayed twice, or already finished
                     continue
+                if e.count >= self.limits.max_deliveries:  # delivered up to the limit
+                    self._exhausted.append(self._finish(e, E.EXHAUSTED, now_ms))  # pre-crash
+                    progressed = True
+                    continue
                 e.state = next_state(e.state, E.ACQUIRE)
                 e.count += 1
                 e.consumer = cid
@@ -391,6 +402,12 @@ class QueueGroup:
                 progressed = True
             if not progressed:
                 break
+        return out
+
+    def take_exhausted(self) -> list[Finished]:
+        """Messages :meth:`dispatch` found at the delivery limit (counts recovered from the
+        log: deliveries before a crash) and killed instead of delivering: log them."""
+        out, self._exhausted = self._exhausted, []
         return out
 
     def next_wakeup(self) -> float | None:
@@ -532,6 +549,10 @@ class QueueGroup:
         if ps is None:
             return False
         e = ps.entries.get(offset)
+        if e is None and offset >= ps.frontier:  # recovered, not read again yet
+            ps.skip.pop(offset, None)
+            ps.counts.pop(offset, None)
+            return True
         if e is None:
             e = Entry(partition, offset, d.length, d.reason, 0)
             ps.replayed[offset] = e
@@ -558,6 +579,7 @@ class QueueGroup:
         ps = self.parts.get(partition)
         if ps is None:
             return
+        ps.counts.pop(offset, None)
         replayed = ps.replayed.pop(offset, None)
         if replayed is not None:
             replayed.state = state
@@ -574,6 +596,7 @@ class QueueGroup:
             return
         if offset >= ps.frontier:
             ps.skip.pop(offset, None)  # read and delivered again
+            ps.counts.pop(offset, None)  # from delivery count 0
             return
         if offset in ps.replayed:
             return
@@ -581,6 +604,31 @@ class QueueGroup:
         ps.replayed[offset] = e
         self.tracked += 1
         self.available.append(e)
+
+    def restore_count(self, partition: int, offset: int, count: int) -> None:
+        """Recovery: message ``(partition, offset)`` was delivered ``count`` times (a logged
+        delivery). Finished messages ignore it; the count of a message not read yet waits
+        for the read (:meth:`add_records`)."""
+        ps = self.parts.get(partition)
+        if ps is None:
+            return
+        e = ps.replayed.get(offset) or ps.entries.get(offset)
+        if e is not None:
+            if e.state not in FINISHED:
+                e.count = max(e.count, count)
+        elif offset >= ps.frontier and offset not in ps.skip:
+            ps.counts[offset] = max(ps.counts.get(offset, 0), count)
+
+    def delivery_counts(self) -> list[tuple[int, int, int]]:
+        """``(partition, offset, count)`` of unfinished messages delivered at least once
+        (what a checkpoint keeps so that counts survive a restart)."""
+        out = []
+        for p, ps in self.parts.items():
+            for e in (*ps.entries.values(), *ps.replayed.values()):
+                if e.count and e.state not in FINISHED:
+                    out.append((p, e.offset, e.count))
+            out += [(p, o, c) for o, c in ps.counts.items()]
+        return out
 
     def replayed_entries(self) -> list[tuple[int, int, int]]:
         """Replayed dead letters below the low-water offsets not finished yet."""

@@ -70,6 +70,12 @@ Queue subscriptions (Notify-style push with per-message acknowledgement; README 
         <offset>`` (renew the lock). Reply body ``<applied> <refused>`` then one line per
         refused item (at most 16); answered once accepted/rejected items are durable
     qunsub <topic> <group> <opaque>\\r\\n   leave the group: held messages return at once
+    qdlq <topic> <group> <len> <action> <opaque>\\r\\n<body>    (admin role when adminSecret is set)
+        the group's dead-letter queue. ``list``: body empty or ``<from> <limit>``; reply body
+        ``<total> <dropped>`` then one line per dead letter, oldest first (see
+        :func:`encode_dead_letters`). ``replay``: body ``all`` or lines ``<partition>
+        <offset>``; those dead letters become available again (logged); reply body
+        ``<replayed> <unknown>``
 
 Replies::
 
@@ -101,6 +107,7 @@ _TOKEN_COUNTS: Final = {
     b"msync": (7, 7),
     b"dput": (8, 9),
     b"qack": (5, 5),
+    b"qdlq": (6, 6),
 }
 _BATCH_COMMANDS: Final = frozenset({b"mput", b"msync"})
 TX_TYPES: Final = frozenset(
@@ -302,6 +309,21 @@ class QueueUnsubscribe:
     opaque: int
 
 
+#: ``qdlq`` actions
+QDLQ_ACTIONS: Final = ("list", "replay")
+
+
+@dataclass(slots=True)
+class QueueDeadLetters:
+    """``qdlq``: list (``action`` "list") or replay (``"replay"``) a group's dead letters."""
+
+    topic: str
+    group: str
+    action: str
+    opaque: int
+    body: bytes
+
+
 Request = (
     Put
     | MultiPut
@@ -321,6 +343,7 @@ Request = (
     | QueueSubscribe
     | QueueAck
     | QueueUnsubscribe
+    | QueueDeadLetters
 )
 
 
@@ -574,6 +597,13 @@ class RequestParser:
         topic = _text(t[1], "topic", opaque)
         if cmd == b"qack":
             return QueueAck(topic, _text(t[2], "group", opaque), opaque, body)
+        if cmd == b"qdlq":
+            action = _text(t[4], "action", opaque)
+            if action not in QDLQ_ACTIONS:
+                raise ProtocolError(
+                    f"qdlq: action must be list or replay, got {action[:20]!r}", 400, opaque
+                )
+            return QueueDeadLetters(topic, _text(t[2], "group", opaque), action, opaque, body)
         partition = _int(t[2], "partition", opaque)
         if cmd == b"put":
             flag = _int(t[4], "flag", opaque)
@@ -868,6 +898,56 @@ def encode_qmsg(
 def encode_qack(topic: str, group: str, items: bytes, opaque: int) -> bytes:
     """``qack``: ``items`` are ``K <partition> <offset> [<delayMs>]`` lines."""
     return f"qack {topic} {group} {len(items)} {opaque}\r\n".encode() + items
+
+
+def encode_qdlq(topic: str, group: str, action: str, body: bytes, opaque: int) -> bytes:
+    """``qdlq``: ``action`` list (body ``[<from> <limit>]``) or replay (body ``all`` or
+    ``<partition> <offset>`` lines)."""
+    return f"qdlq {topic} {group} {len(body)} {action} {opaque}\r\n".encode() + body
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterInfo:
+    """One entry of a ``qdlq list`` reply. ``reason``: ``rejected`` (a consumer rejected it)
+    or ``max_deliveries`` (returned with queueMaxDeliveries deliveries)."""
+
+    partition: int
+    offset: int
+    length: int
+    deliveries: int
+    reason: str
+    at_ms: int
+
+
+DEAD_LETTER_REASONS: Final = ("rejected", "max_deliveries")
+
+
+def encode_dead_letters(total: int, dropped: int, letters: list[DeadLetterInfo]) -> bytes:
+    """``qdlq list`` reply body: ``<total> <dropped>`` (entries in the queue, entries dropped
+    at queueMaxDeadLetters) then ``<partition> <offset> <length> <deliveries> <reason>
+    <atMs>`` lines."""
+    lines = [f"{total} {dropped}"]
+    lines += [
+        f"{d.partition} {d.offset} {d.length} {d.deliveries} {d.reason} {d.at_ms}"
+        for d in letters
+    ]
+    return "\n".join(lines).encode()
+
+
+def parse_dead_letters(body: bytes) -> tuple[int, int, list[DeadLetterInfo]]:
+    """Inverse of :func:`encode_dead_letters` (:class:`ProtocolError` when malformed)."""
+    try:
+        lines = body.decode("ascii").split("\n")
+        total, dropped = (int(x) for x in lines[0].split())
+        out = []
+        for line in lines[1:]:
+            p, o, ln, c, reason, at = line.split()
+            if reason not in DEAD_LETTER_REASONS:
+                raise ValueError(reason)
+            out.append(DeadLetterInfo(int(p), int(o), int(ln), int(c), reason, int(at)))
+        return total, dropped, out
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"malformed qdlq list reply: {e}") from None
 
 
 def encode_check(tx_key: str, topic: str, partition: int, records: bytes, opaque: int) -> bytes:

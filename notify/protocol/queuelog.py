@@ -14,14 +14,20 @@ DONE     2     topic:str group:str n:u32 n*(partition:u32 offset:i64 next:i64 st
                record, so the low-water offset can pass it without reading the store
 REPLAY   3     topic:str group:str n:u32 n*(partition:u32 offset:i64 length:u32)
                dead letters an admin sent back to available
+DELIVER  4     topic:str group:str n:u32 n*(partition:u32 offset:i64 count:u16)
+               messages pushed to consumers and their delivery counts (group-committed
+               after the push): a restart resumes the counts, so the delivery limit holds
+               across crashes
 =======  ====  ===============================================================================
 
 The checkpoint state (:func:`encode_snapshot`) is the compact form of every group:
 ``n:u32`` groups, each ``topic:str group:str parts:u32 parts*(partition:u32 low_water:i64
 k:u32 k*(offset:i64 next:i64 state:u8 count:u16)) dead:u32 dead*(partition:u32 offset:i64
 length:u32 count:u16 state:u8 at_ms:i64) replayed:u32 replayed*(partition:u32 offset:i64
-length:u32)``. Replay applies the records after the checkpoint on top of it; a record about
-an offset below a partition's low-water offset changes nothing (idempotent).
+length:u32)``, then (optional, absent in older checkpoints) ``m:u32 m*(group:u32
+partition:u32 offset:i64 count:u16)``: delivery counts of unfinished messages, ``group``
+indexing the groups above. Replay applies the records after the checkpoint on top of it; a
+record about an offset below a partition's low-water offset changes nothing (idempotent).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from notify.errors import ProtocolError
 GROUP: Final = 1
 DONE: Final = 2
 REPLAY: Final = 3
+DELIVER: Final = 4
 
 ACKNOWLEDGED: Final = 1
 REJECTED: Final = 2
@@ -48,6 +55,8 @@ _REPLAY = struct.Struct(">IqI")
 _LOW = struct.Struct(">IqI")
 _EXC = struct.Struct(">qqBH")
 _DEAD = struct.Struct(">IqIHBq")
+_DELIVER = struct.Struct(">IqH")
+_COUNT = struct.Struct(">IIqH")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +81,8 @@ class GroupSnapshot:
     dead: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
     #: (partition, offset, length)
     replayed: list[tuple[int, int, int]] = field(default_factory=list)
+    #: (partition, offset, delivery count) of unfinished messages delivered before
+    counts: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def _s(text: str) -> bytes:
@@ -156,6 +167,27 @@ def decode_replay(body: bytes) -> tuple[str, str, list[tuple[int, int, int]]]:
         raise ProtocolError(f"corrupt queue REPLAY record: {e}") from None
 
 
+def encode_deliver(topic: str, group: str, items: list[tuple[int, int, int]]) -> bytes:
+    """DELIVER body: ``(partition, offset, count)`` items (count capped at 65535)."""
+    return _s(topic) + _s(group) + _U32.pack(len(items)) + b"".join(
+        _DELIVER.pack(p, o, min(c, 65535)) for p, o, c in items
+    )
+
+
+def decode_deliver(body: bytes) -> tuple[str, str, list[tuple[int, int, int]]]:
+    try:
+        r = _Reader(body)
+        topic, group = r.s(), r.s()
+        (n,) = r.st(_U32)
+        out: list[tuple[int, int, int]] = []
+        for _ in range(n):
+            p, o, c = r.st(_DELIVER)
+            out.append((p, o, c))
+        return topic, group, out
+    except (struct.error, UnicodeDecodeError) as e:
+        raise ProtocolError(f"corrupt queue DELIVER record: {e}") from None
+
+
 def encode_snapshot(groups: list[GroupSnapshot]) -> bytes:
     out = [_U32.pack(len(groups))]
     for g in groups:
@@ -167,6 +199,9 @@ def encode_snapshot(groups: list[GroupSnapshot]) -> bytes:
         out += [_DEAD.pack(p, o, ln, min(c, 65535), st, at) for p, o, ln, c, st, at in g.dead]
         out.append(_U32.pack(len(g.replayed)))
         out += [_REPLAY.pack(*x) for x in g.replayed]
+    counts = [(i, p, o, c) for i, g in enumerate(groups) for p, o, c in g.counts]
+    out.append(_U32.pack(len(counts)))
+    out += [_COUNT.pack(i, p, o, min(c, 65535)) for i, p, o, c in counts]
     return b"".join(out)
 
 
@@ -196,6 +231,13 @@ def decode_snapshot(body: bytes) -> list[GroupSnapshot]:
                 p, o, ln = r.st(_REPLAY)
                 g.replayed.append((p, o, ln))
             out.append(g)
+        if r.pos < len(body):  # delivery counts (checkpoints written since they exist)
+            (m,) = r.st(_U32)
+            for _ in range(m):
+                i, p, o, c = r.st(_COUNT)
+                if i >= len(out):
+                    raise struct.error(f"delivery count of group #{i} of {len(out)}")
+                out[i].counts.append((p, o, c))
         return out
     except (struct.error, UnicodeDecodeError) as e:
         raise ProtocolError(f"corrupt queue checkpoint state: {e}") from None

@@ -29,6 +29,7 @@ EXPECTED = {
     (S.ACQUIRED, E.LOCK_EXPIRED): S.AVAILABLE,
     (S.ACQUIRED, E.CONSUMER_GONE): S.AVAILABLE,
     (S.ACQUIRED, E.EXHAUSTED): S.DEAD,
+    (S.AVAILABLE, E.EXHAUSTED): S.DEAD,
     (S.REJECTED, E.REPLAY): S.AVAILABLE,
     (S.DEAD, E.REPLAY): S.AVAILABLE,
 }
@@ -197,3 +198,32 @@ def test_compact_form_round_trips_through_the_log_codec() -> None:
     snap = queuelog.GroupSnapshot("t", "g", {0: (0, [(30, 60, 1, 1), (90, 120, 2, 1)])},
                                   [(0, 90, 30, 1, 2, 5)], [(1, 0, 30)])
     assert queuelog.decode_snapshot(queuelog.encode_snapshot([snap])) == [snap]
+
+
+def test_recovered_delivery_counts_resume_and_the_limit_holds() -> None:
+    """Counts logged before a crash (restore_count) go on from where they were; a message
+    recovered at the limit is dead-lettered, never delivered again."""
+    g = _group(max_deliveries=3)
+    g.restore(0, 0, [])
+    g.restore_count(0, 0, 2)
+    g.restore_count(0, 30, 3)
+    g.restore_count(0, 30, 1)  # an older record: the highest count wins
+    g.restore_count(0, 60, 1)
+    g.note_finished(0, 60, 90, S.ACKNOWLEDGED, 1, 0)  # then accepted: no count kept
+    g.add_consumer(1, 10)
+    g.add_records(0, _recs(0, 4))
+    out = g.dispatch(0)
+    assert [(d.offset, d.count) for d in out] == [(0, 3), (90, 1)]
+    (dead,) = g.take_exhausted()
+    assert (dead.offset, dead.state, dead.count) == (30, S.DEAD, 3)
+    assert g.dead[(0, 30)].reason is S.DEAD and g.take_exhausted() == []
+    # the counts of unfinished messages are what a checkpoint keeps
+    assert sorted(g.delivery_counts()) == [(0, 0, 3), (0, 90, 1)]
+    snap = queuelog.GroupSnapshot("t", "g", {0: (0, [])}, counts=[(0, 0, 3), (1, 90, 1)])
+    old = queuelog.GroupSnapshot("u", "h", {1: (5, [])})
+    assert queuelog.decode_snapshot(queuelog.encode_snapshot([old, snap])) == [old, snap]
+    # a checkpoint written before counts existed (no trailer) still decodes
+    legacy = queuelog.encode_snapshot([old])[:-4]
+    assert queuelog.decode_snapshot(legacy) == [old]
+    body = queuelog.encode_deliver("t", "g", [(0, 30, 70000)])
+    assert queuelog.decode_deliver(body) == ("t", "g", [(0, 30, 65535)])

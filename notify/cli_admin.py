@@ -33,10 +33,10 @@ from typing import Any, Final, NoReturn, TypeVar
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-from rich.table import Table
 
 from notify.admin import request
 from notify.cli_options import Security, security_options
+from notify.cli_tables import new_table, print_table
 from notify.client import list_dead_letters, replay_dead_letters
 from notify.config import TOPIC_KEYS, validate_topic
 from notify.errors import InvalidTopicError, NotifyError, TransactionError
@@ -151,11 +151,9 @@ def _console() -> Any:
 
 
 def _table(title: str, columns: list[tuple[str, str]], keep_whole: int | None = None) -> Any:
-    """A rich table; column ``keep_whole`` (an index) is never wrapped (ids to copy)."""
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for i, (name, justify) in enumerate(columns):
-        table.add_column(name, justify=justify, no_wrap=i == keep_whole)  # type: ignore[arg-type]
-    return table
+    """A rich table; column ``keep_whole`` (an index) holds ids to copy: folded, never cut
+    (print it with :func:`notify.cli_tables.print_table`)."""
+    return new_table(title, columns, keep_whole)
 
 
 def fmt_bytes(n: float) -> str:
@@ -398,7 +396,7 @@ def tx_list(in_doubt: bool, http_url: str, security: Security, as_json: bool) ->
                 f"{t['age_seconds']:.0f}s",
                 t["producer_group"] or "-",
             )
-        _console().print(table)
+        print_table(table, [t["key"] for t in txs], "keys", _console())
         doubt = sum(1 for t in txs if t["in_doubt"])
         if doubt:
             click.echo(f"{doubt} in doubt (PREPARED): resolve with notify tx commit|rollback KEY")
@@ -478,9 +476,11 @@ def tx_rollback(
 _DATA_DIR = click.option(
     "-d",
     "--data-dir",
+    "--dir",
+    "data_dir",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="the consumer's data_dir (holds recover/<group>/dead/)",
+    help="the consumer's data_dir (holds recover/<group>/dead/); --dir is an alias",
 )
 _GROUP = click.option("-g", "--group", default=None, help="one consumer group (default: all)")
 
@@ -557,7 +557,7 @@ def dlq_show(data_dir: Path, group: str | None, as_json: bool) -> None:
                 m.last_error.splitlines()[0][:60] if m.last_error else "",
                 _preview(m.data),
             )
-        _console().print(table)
+        print_table(table, [m.id for m in letters], "ids", _console())
 
     _run(action)
 

@@ -30,9 +30,9 @@ from typing import Any, Final
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from notify.cli_options import Security, security_options
+from notify.cli_tables import new_table, print_table
 from notify.errors import ConfigError, NotifyError
 from notify.xa import records as rec
 from notify.xa.admin import DecisionView, InDoubt, TableView, forget, list_in_doubt, resolve
@@ -245,9 +245,12 @@ def xa_list(
     if as_json:
         click.echo(json.dumps({"in_use": live, "errors": errors, "transactions": rows}, indent=2))
     else:
-        table_out = Table(title=f"in-doubt transactions in {log_dir}")
-        for col in ("gtrid", "status", "prepared branches", "deadline"):
-            table_out.add_column(col)
+        table_out = new_table(
+            f"in-doubt transactions in {log_dir}",
+            [("gtrid", "left"), ("status", "left"), ("prepared branches", "left"),
+             ("deadline", "left")],
+            0,
+        )  # fmt: skip
         for r in rows:
             when = time.strftime("%H:%M:%S", time.localtime(r["deadline"])) if r["deadline"] else ""
             heur = "".join(
@@ -259,7 +262,7 @@ def xa_list(
                 when + (" (expired)" if r["expired"] else ""),
             )  # fmt: skip
         console = Console()
-        console.print(table_out)
+        print_table(table_out, [r["gtrid"] for r in rows], "gtrids", console)
         if live:
             console.print("the log is in use: transactions before their deadline may be in flight")
         for name, err in errors.items():

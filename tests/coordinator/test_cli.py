@@ -114,6 +114,8 @@ def test_resolve_without_names_uses_the_applications(
     assert r.exit_code == 0, r.output
     (item,) = json.loads(r.stdout)["transactions"]
     assert sorted(item["prepared"]) == ["bus:bus", "orders_db:orders_db"]
+    r = CliRunner().invoke(main, ["xa", "list", *bare], env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and item["gtrid"] in r.output  # whole, at 80 columns
     r = cli("commit", item["gtrid"])
     assert r.exit_code == 0, r.output
     assert "none of those given" not in r.output

@@ -153,3 +153,39 @@ def test_retention_run(http_broker_factory: Callable[..., BrokerProcess]) -> Non
     r = run("retention", "run", "nosuch", "--http", b.http_url)
     assert r.exit_code == 1
     assert run("retention", "run", "..", "--http", b.http_url).exit_code == 2
+
+
+def test_tables_keep_keys_whole_at_80_columns(
+    http_broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """At 80 columns a key longer than its cell is folded, never cut with an ellipsis, and
+    printed whole under the table so it can be pasted."""
+    b = http_broker_factory({"t": 1})
+    env = {"NOTIFY_HTTP": b.http_url, "COLUMNS": "80"}
+    long_keys = [f"XID:1:{'ab' * 30}{i:02x}:beef:q1" for i in range(2)]  # 80+ characters
+    for k in long_keys:
+        prepare_xa(b.addr, k, "t", 0, [b"x"])
+    r = run("tx", "list", env=env)
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80
+    lines = r.output.splitlines()
+    assert all(k in lines for k in long_keys)  # whole, one per line
+    r = run("tx", "commit", long_keys[0], env=env)
+    assert r.exit_code == 0 and "committed" in r.output
+    # short keys fit in the table: not repeated
+    short = xid(7)
+    prepare_xa(b.addr, short, "t", 0, [b"y"])
+    r = run("tx", "rollback", long_keys[1], env=env)
+    assert r.exit_code == 0
+    r = run("tx", "list", env=env)
+    assert short in r.output and "keys (whole)" not in r.output
+    # dead letters: ids with a long topic name; --dir is --data-dir's alias (README)
+    store = RecoverStore(tmp_path, "billing")
+    part = Partition(0, 1, "127.0.0.1:1")
+    msg = Message("orders-" + "x" * 60, part, 12345678, 987654321, 0, b"m")
+    assert store.failed(store.add(msg, "boom"), "boom", max_attempts=1)
+    (letter,) = list_dead_letters(tmp_path)
+    r = run("dlq", "show", "--dir", str(tmp_path), env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    assert letter.id in r.output.splitlines() and "ids (whole):" in r.output

@@ -14,6 +14,7 @@ from notify.client import Partition, RecoverStore, list_dead_letters, list_pendi
 from notify.client._message import Message
 from notify.testing import BrokerProcess, free_port
 from tests.http.conftest import Http, prepare_xa, xid
+from tests.wireclient import WireClient
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -189,3 +190,52 @@ def test_tables_keep_keys_whole_at_80_columns(
     r = run("dlq", "show", "--dir", str(tmp_path), env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     assert letter.id in r.output.splitlines() and "ids (whole):" in r.output
+
+
+def test_lag_in_messages_and_live_within_session_timeout(
+    http_broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """``/api/groups`` and ``topics describe`` give the lag in messages as well as bytes;
+    a group that stopped fetching is no longer live after ``consumerSessionTimeout``."""
+    b = http_broker_factory({"t": 1}, consumerSessionTimeout=1500)
+    http = Http(b.http_url)
+    bodies = [{"text": "m" * (i % 7 + 1)} for i in range(25)]
+    http.post("/api/topics/t/messages", json_body=bodies)
+    # the group read 10 messages, then stopped: 15 behind
+    msgs = http.get("/api/topics/t/partitions/0/messages").json()["messages"]
+    assert len(msgs) == 25
+    at = msgs[10]["offset"]
+    with WireClient(b.addr) as c:
+        assert c.call(f"get t billing 0 {at} 16 5\r\n".encode()).code == 200
+    (row,) = [g for g in http.get("/api/groups").json()["groups"] if g["group"] == "billing"]
+    assert row["lag_messages"] == 15 and row["lag_messages_exact"] is True
+    assert row["live"] is True
+    r = run("topics", "describe", "t", env={"NOTIFY_HTTP": b.http_url, "COLUMNS": "120"})
+    assert r.exit_code == 0 and "lag (messages)" in r.output and " 15 " in r.output
+    time.sleep(2.0)
+    (row,) = [g for g in http.get("/api/groups").json()["groups"] if g["group"] == "billing"]
+    assert row["live"] is False
+    assert "(gone)" in run("topics", "describe", "t", "--http", b.http_url).output
+
+
+def test_stats_json_and_addresses_from_the_environment(
+    http_broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    b = http_broker_factory({"t": 2})
+    Http(b.http_url).post("/api/topics/t/messages", json_body=[{"text": "hello"}])
+    env = {"NOTIFY_SERVER": b.addr}
+    stats = json.loads(run("stats", "--json", env=env).output)
+    assert isinstance(stats["pid"], int) and isinstance(stats["rusage_user"], float)
+    assert stats["txlog_end"] == {"file_no": 0, "offset": stats["txlog_end"]["offset"]}
+    assert isinstance(stats["txlog_end"]["offset"], int)
+    offsets = json.loads(run("stats", "offsets", "--json", env=env).output)
+    assert offsets["t-0"]["min_offset"] == 0 and isinstance(offsets["t-0"]["max_offset"], int)
+    topics = json.loads(run("stats", "topics", "--json", env=env).output)
+    assert topics["t"]["partitions"] == 2 and topics["t"]["accept_publish"] is True
+    # one way per port, each with its environment variable, shown in --help
+    assert "NOTIFY_SERVER" in run("stats", "--help").output
+    assert "NOTIFY_SERVER" in run("config", "reload", "--help").output
+    assert "NOTIFY_HTTP" in run("topics", "list", "--help").output
+    assert "NOTIFY_HTTP" in run("tx", "list", "--help").output
+    r = run("topics", "list", "--json", env={"NOTIFY_HTTP": b.http_url})
+    assert r.exit_code == 0 and "t" in {t["name"] for t in json.loads(r.output)}

@@ -44,12 +44,28 @@ DEFAULT_CONFIG: Final = "conf/server.ini"
 QUIET_LOGGERS: Final = ("apscheduler", "aiohttp.access")
 
 
+#: APScheduler's warnings that only say a periodic job ran late or overlapped itself (it
+#: coalesces and runs again at the next tick): chatter, not a problem, below debug level.
+SCHEDULER_CHATTER: Final = ("Execution of job", "Run time of job")
+
+
+class _SchedulerChatter(logging.Filter):
+    """Drops :data:`SCHEDULER_CHATTER` records; job failures (ERROR) still pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or not str(record.msg).startswith(
+            SCHEDULER_CHATTER
+        )
+
+
 def _setup_logging(level: str) -> None:
     lvl = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(level=lvl, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if lvl > logging.DEBUG:
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(max(lvl, logging.WARNING))
+        for name in ("apscheduler.scheduler", "apscheduler.executors.default"):
+            logging.getLogger(name).addFilter(_SchedulerChatter())
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -100,7 +116,14 @@ def broker() -> None:
 
 @broker.command("start")
 @click.option("-c", "--config", "config_path", default=DEFAULT_CONFIG, show_default=True)
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="info: start-up, shutdown, warnings and errors (periodic jobs stay silent); "
+    "debug: everything, the scheduler's job runs and HTTP access log included",
+)
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False),

@@ -38,7 +38,7 @@ from notify.xa import records as rec
 from notify.xa.admin import DecisionView, InDoubt, TableView, forget, list_in_doubt, resolve
 from notify.xa.decisionlog import DecisionLog, peek
 from notify.xa.errors import LogLockedError, ParticipantError
-from notify.xa.ids import Scope, validate_name
+from notify.xa.ids import Scope, name_of_branch, validate_name
 from notify.xa.participant import ParticipantFactory
 from notify.xa.pool import ParticipantPool
 from notify.xa.recovery import recover_once
@@ -105,12 +105,7 @@ def _names_in_use(factory: ParticipantFactory, scope: Scope) -> list[str]:
         return []
     finally:
         p.close()
-    found: dict[str, None] = {}
-    for x in xids:
-        try:
-            found[validate_name(x.bqual.decode("ascii"))] = None
-        except (UnicodeDecodeError, ConfigError):
-            continue
+    found = {n: None for n in map(name_of_branch, xids) if n is not None}
     return list(found)
 
 

@@ -199,6 +199,7 @@ class SystemConfig:
     fd_reserve: int = 128
     max_consumer_groups: int = 10_000
     consumer_group_expiry_ms: int = 86_400_000
+    consumer_session_timeout_ms: int = 30_000
     metrics_max_consumer_series: int = 10_000
     auth_failure_log_interval_ms: int = 10_000
     # wire hardening (README "Security")
@@ -324,6 +325,7 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "fdReserve": ("fd_reserve", _int),
     "maxConsumerGroups": ("max_consumer_groups", _int),
     "consumerGroupExpiry": ("consumer_group_expiry_ms", _int),
+    "consumerSessionTimeout": ("consumer_session_timeout_ms", _int),
     "metricsMaxConsumerSeries": ("metrics_max_consumer_series", _int),
     "authFailureLogInterval": ("auth_failure_log_interval_ms", _int),
     "replicationSecret": ("replication_secret", _secret),
@@ -449,6 +451,7 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "fdReserve": (0, 1_000_000),
     "maxConsumerGroups": (1, 10_000_000),
     "consumerGroupExpiry": (1000, 365 * _DAY_MS),
+    "consumerSessionTimeout": (100, _DAY_MS),
     "metricsMaxConsumerSeries": (0, 10_000_000),
     "authFailureLogInterval": (100, _DAY_MS),
     "maxBatchSize": (1, (1 << 31) - 1),

@@ -103,8 +103,8 @@ class TransactionManager:
     def stats_items(self) -> list[tuple[str, object]]:
         return [
             *self.engine.stats_items(),
-            ("txlog_end", str(self.log.end_position)),
-            ("txlog_durable", str(self.log.durable_position)),
+            ("txlog_end", _fields(self.log.end_position)),
+            ("txlog_durable", _fields(self.log.durable_position)),
         ]
 
     # ------------------------------------------------------------------ requests
@@ -278,3 +278,8 @@ def _failure(fut: asyncio.Future[None]) -> str | None:
 def _consume(fut: asyncio.Future[int]) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+def _fields(pos: Position) -> str:
+    """A redo-log position as stats fields: ``file_no=N offset=M``."""
+    return f"file_no={pos.file_no} offset={pos.offset}"

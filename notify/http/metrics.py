@@ -161,7 +161,7 @@ class BrokerCollector(Collector):
             "Offset of a group's last fetch",
             labels=["group", "topic", "partition"],
         )
-        rows = groups_view(service)
+        rows = groups_view(service, count_messages=False)
         cap = self.broker.config.system.metrics_max_consumer_series
         for g in rows[:cap]:
             lv = [g["group"], g["topic"], str(g["partition"])]

@@ -229,8 +229,18 @@ def _schemas() -> JSON:
                 "offset": {**integer, "description": "offset of the group's last fetch"},
                 "max_offset": integer,
                 "lag_bytes": integer,
+                "lag_messages": {
+                    **integer,
+                    "nullable": True,
+                    "description": "messages behind (counted from 1 MiB of records, then "
+                    "extrapolated: see lag_messages_exact)",
+                },
+                "lag_messages_exact": {"type": "boolean"},
                 "idle_seconds": {"type": "number"},
-                "live": {"type": "boolean"},
+                "live": {
+                    "type": "boolean",
+                    "description": "fetched within consumerSessionTimeout",
+                },
             },
         },
         "Transaction": {

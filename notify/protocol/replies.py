@@ -30,6 +30,7 @@ they never return half-parsed values.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -244,6 +245,33 @@ def stats_value(text: str) -> int | float | str:
         except ValueError:
             pass
     return text
+
+
+StatsJson = int | float | bool | str | dict[str, "int | float | bool | str"]
+
+
+def stats_json_value(text: str) -> StatsJson:
+    """A stats value for JSON: a number, ``true``/``false`` as a boolean, ``k=v k=v``
+    fields as an object of such values, anything else the text."""
+    text = text.strip()
+    tokens = text.split()
+    if len(tokens) > 0 and all("=" in tok and not tok.startswith("=") for tok in tokens):
+        return {k: _scalar(v) for k, v in (tok.split("=", 1) for tok in tokens)}
+    return _scalar(text)
+
+
+def _scalar(text: str) -> int | float | bool | str:
+    if text in ("true", "false"):
+        return text == "true"
+    value = stats_value(text)
+    if isinstance(value, float) and not math.isfinite(value):
+        return text  # "nan"/"inf" stay text: JSON has no such numbers
+    return value
+
+
+def parse_stats_json(body: bytes) -> dict[str, StatsJson]:
+    """A stats body as a JSON-ready object (:func:`stats_json_value` per value)."""
+    return {k: stats_json_value(v) for k, v in parse_stats(body)}
 
 
 def parse_stats_dict(body: bytes) -> dict[str, int | float | str]:

@@ -27,7 +27,7 @@ from tests.services import PostgresServer, ZooKeeperServer, fresh_database
 from tests.services_conftest import running
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-TOPICS = {"demo": 4, "orders": 2, "audit": 1}  # conf/server.ini's sample topics
+TOPICS = {"demo": 4, "orders": 2, "audit": 1, "jobs": 2}  # conf/server.ini's sample topics
 BLOCK_TIMEOUT_S = 120
 
 

@@ -72,14 +72,12 @@ from notify.errors import (
 from notify.protocol import records as rec
 from notify.protocol.frames import Response, encode_line, encode_put
 from notify.protocol.replies import XAFailure, put_ack_msg_id
+from notify.protocol.xa import XA_RBROLLBACK, XA_RBTIMEOUT, XAER_NOTA
 from notify.transport import AsyncConnection
 
 from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._errors import (
-    XA_RBROLLBACK,
-    XA_RBTIMEOUT,
-    XAER_NOTA,
     ClientTransactionError,
     TransactionAbortedError,
     TransactionConnectionError,

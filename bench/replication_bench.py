@@ -26,7 +26,10 @@ from notify.testing import BrokerProcess, free_port
 
 
 def run_case(tmp: Path, mode: str, frames: list[bytes], per_frame: int, window: int) -> float:
-    master = BrokerProcess(tmp / f"{mode}-m", topics={"bench": 1}, log_level="warning")
+    secret = {"replicationSecret": "bench-rs"}
+    master = BrokerProcess(
+        tmp / f"{mode}-m", topics={"bench": 1}, log_level="warning", system=secret
+    )
     master.port = free_port()
     slave = None
     if mode != "none":
@@ -34,6 +37,7 @@ def run_case(tmp: Path, mode: str, frames: list[bytes], per_frame: int, window: 
             tmp / f"{mode}-s",
             topics={"bench": 1},
             log_level="warning",
+            system=secret,
             slave={"slaveId": 1, "masterAddress": f"127.0.0.1:{master.port}"},
         )
         slave.start()

@@ -25,13 +25,14 @@ from notify.broker.app import Broker
 from notify.cli_admin import register as _register_admin
 from notify.cli_db import db as _db
 from notify.cli_db import offsets as _offsets
-from notify.cli_options import Security, security_options
+from notify.cli_options import Security, security_options, server_option
+from notify.cli_queue import queue as _queue
 from notify.cli_tx import xa as _xa
 from notify.config import ServerConfig, load_config
 from notify.demo import run_demo
 from notify.errors import ConfigError, NotifyError
 from notify.protocol.frames import encode_line
-from notify.protocol.replies import parse_stats
+from notify.protocol.replies import parse_stats, parse_stats_json
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
@@ -44,12 +45,28 @@ DEFAULT_CONFIG: Final = "conf/server.ini"
 QUIET_LOGGERS: Final = ("apscheduler", "aiohttp.access")
 
 
+#: APScheduler's warnings that only say a periodic job ran late or overlapped itself (it
+#: coalesces and runs again at the next tick): chatter, not a problem, below debug level.
+SCHEDULER_CHATTER: Final = ("Execution of job", "Run time of job")
+
+
+class _SchedulerChatter(logging.Filter):
+    """Drops :data:`SCHEDULER_CHATTER` records; job failures (ERROR) still pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or not str(record.msg).startswith(
+            SCHEDULER_CHATTER
+        )
+
+
 def _setup_logging(level: str) -> None:
     lvl = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(level=lvl, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if lvl > logging.DEBUG:
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(max(lvl, logging.WARNING))
+        for name in ("apscheduler.scheduler", "apscheduler.executors.default"):
+            logging.getLogger(name).addFilter(_SchedulerChatter())
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -100,7 +117,14 @@ def broker() -> None:
 
 @broker.command("start")
 @click.option("-c", "--config", "config_path", default=DEFAULT_CONFIG, show_default=True)
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="info: start-up, shutdown, warnings and errors (periodic jobs stay silent); "
+    "debug: everything, the scheduler's job runs and HTTP access log included",
+)
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False),
@@ -149,7 +173,7 @@ def config_check(config_path: str) -> None:
 
 
 @config.command("reload")
-@click.option("-s", "--server", default="127.0.0.1:8123", show_default=True)
+@server_option
 @security_options
 def config_reload(server: str, security: Security) -> None:
     """Ask a running broker to re-read its server.ini."""
@@ -162,21 +186,20 @@ def config_reload(server: str, security: Security) -> None:
 
 @main.command("stats")
 @click.argument("item", required=False, default="")
-@click.option("-s", "--server", default="127.0.0.1:8123", show_default=True)
+@server_option
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @security_options
 def stats(item: str, server: str, as_json: bool, security: Security) -> None:
     """Show a broker's stats (items: topics, offsets, realtime, config, reset, <topic>)."""
     tokens = ("stats", item) if item else ("stats",)
     try:
-        pairs = parse_stats(
-            request(server, lambda o: encode_line(*tokens, o), security.transport()).body
-        )
+        body = request(server, lambda o: encode_line(*tokens, o), security.transport()).body
     except NotifyError as e:
         _fail(str(e))
-    if as_json:
-        click.echo(json.dumps(dict(pairs), indent=2))
+    if as_json:  # numbers, booleans, and k=v fields as objects
+        click.echo(json.dumps(parse_stats_json(body), indent=2))
         return
+    pairs = parse_stats(body)
     table = Table(title=f"stats {item}".strip())
     table.add_column("key")
     table.add_column("value")
@@ -202,3 +225,4 @@ main.add_command(_offsets)
 _register_admin(main)
 main.add_command(_xa)
 main.add_command(_audit)
+main.add_command(_queue)

@@ -7,7 +7,7 @@ Registered on the main group by :func:`register` (called at the end of :mod:`not
     notify dlq show --data-dir DIR [--group G] | replay --data-dir DIR [--group G] [--id ID ...]
     notify retention run TOPIC
 
-Broker commands talk to the broker's HTTP admin API (``--http``, default
+Broker commands talk to the broker's HTTP admin API (``-H/--http``, default
 ``http://127.0.0.1:8120``, env ``NOTIFY_HTTP``; ``--secret`` / ``NOTIFY_SECRET`` when the broker
 sets ``authSecret``; ``--tls-ca-file`` etc. for an ``https://`` address, see
 :mod:`notify.cli_options`); ``tx commit|rollback --server host:port`` uses the wire ``transaction``
@@ -33,10 +33,10 @@ from typing import Any, Final, NoReturn, TypeVar
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-from rich.table import Table
 
 from notify.admin import request
-from notify.cli_options import Security, security_options
+from notify.cli_options import Security, http_option, security_options
+from notify.cli_tables import new_table, print_table
 from notify.client import list_dead_letters, replay_dead_letters
 from notify.config import TOPIC_KEYS, validate_topic
 from notify.errors import InvalidTopicError, NotifyError, TransactionError
@@ -45,7 +45,6 @@ from notify.protocol.keys import validate_key
 
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
-DEFAULT_HTTP: Final = "http://127.0.0.1:8120"
 HTTP_TIMEOUT_S: Final = 60.0
 ADMIN_SESSION: Final = "admin-cli"
 
@@ -121,16 +120,7 @@ def _http_options(f: F) -> F:
         "--json", "as_json", is_flag=True, help="machine-readable output (JSON on stdout)"
     )(f)
     f = security_options(f)
-    f = click.option(
-        "-H",
-        "--http",
-        "http_url",
-        envvar="NOTIFY_HTTP",
-        default=DEFAULT_HTTP,
-        show_default=True,
-        help="the broker's HTTP address (dashboardHttpPort)",
-    )(f)
-    return f
+    return http_option(f)
 
 
 def _run(action: Callable[[], None]) -> None:
@@ -151,11 +141,9 @@ def _console() -> Any:
 
 
 def _table(title: str, columns: list[tuple[str, str]], keep_whole: int | None = None) -> Any:
-    """A rich table; column ``keep_whole`` (an index) is never wrapped (ids to copy)."""
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for i, (name, justify) in enumerate(columns):
-        table.add_column(name, justify=justify, no_wrap=i == keep_whole)  # type: ignore[arg-type]
-    return table
+    """A rich table; column ``keep_whole`` (an index) holds ids to copy: folded, never cut
+    (print it with :func:`notify.cli_tables.print_table`)."""
+    return new_table(title, columns, keep_whole)
 
 
 def fmt_bytes(n: float) -> str:
@@ -280,17 +268,20 @@ def topics_describe(topic: str, http_url: str, security: Security, as_json: bool
                     ("group", "left"),
                     ("partition", "right"),
                     ("offset", "right"),
-                    ("lag", "right"),
+                    ("lag (messages)", "right"),
+                    ("lag (bytes)", "right"),
                     ("last fetch", "right"),
                 ],
             )
             for g in groups:
+                n = g.get("lag_messages")
                 lag.add_row(
                     g["group"],
                     str(g["partition"]),
                     str(g["offset"]),
+                    "?" if n is None else (str(n) if g.get("lag_messages_exact") else f"~{n}"),
                     fmt_bytes(g["lag_bytes"]),
-                    f"{g['idle_seconds']:.0f}s ago",
+                    f"{g['idle_seconds']:.0f}s ago" + ("" if g.get("live", True) else " (gone)"),
                 )
             console.print(lag)
         config = _table("config", [("key", "left"), ("value", "left")])
@@ -398,7 +389,7 @@ def tx_list(in_doubt: bool, http_url: str, security: Security, as_json: bool) ->
                 f"{t['age_seconds']:.0f}s",
                 t["producer_group"] or "-",
             )
-        _console().print(table)
+        print_table(table, [t["key"] for t in txs], "keys", _console())
         doubt = sum(1 for t in txs if t["in_doubt"])
         if doubt:
             click.echo(f"{doubt} in doubt (PREPARED): resolve with notify tx commit|rollback KEY")
@@ -446,7 +437,8 @@ _SERVER_OPTION = click.option(
     "-s",
     "--server",
     default=None,
-    help="resolve over the wire (host:port) with the transaction command instead of HTTP",
+    help="resolve over the wire (host:port) with the transaction command instead of HTTP "
+    "(given explicitly: NOTIFY_SERVER does not switch it)",
 )
 
 
@@ -478,9 +470,11 @@ def tx_rollback(
 _DATA_DIR = click.option(
     "-d",
     "--data-dir",
+    "--dir",
+    "data_dir",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="the consumer's data_dir (holds recover/<group>/dead/)",
+    help="the consumer's data_dir (holds recover/<group>/dead/); --dir is an alias",
 )
 _GROUP = click.option("-g", "--group", default=None, help="one consumer group (default: all)")
 
@@ -557,7 +551,7 @@ def dlq_show(data_dir: Path, group: str | None, as_json: bool) -> None:
                 m.last_error.splitlines()[0][:60] if m.last_error else "",
                 _preview(m.data),
             )
-        _console().print(table)
+        print_table(table, [m.id for m in letters], "ids", _console())
 
     _run(action)
 

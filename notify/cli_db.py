@@ -23,6 +23,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -33,6 +34,7 @@ from notify.client.offsets import TopicPartitionOffset
 from notify.errors import NotifyError
 from notify.migrations import downgrade, history, status, upgrade
 from notify.offsets.base import parse_partition
+from notify.offsets.files import FileOffsets
 from notify.offsets.sql import safe_url
 from notify.offsets.url import display_url, open_offset_store
 
@@ -203,9 +205,14 @@ def offsets() -> None:
 
 
 @contextmanager
-def _store(url: str) -> Iterator[Any]:
+def _store(url: str, must_exist: bool = False) -> Iterator[Any]:
+    """The store ``url`` names; ``must_exist``: a file store's directory must be there
+    (reading a directory that does not exist is a mistake, not an empty store)."""
     with _errors():
         store = open_offset_store(url)
+    if must_exist and isinstance(store, FileOffsets) and not Path(store.directory).is_dir():
+        store.close()
+        _fail(f"{display_url(url)}: no such directory (nothing stored there)")
     try:
         yield store
     finally:
@@ -241,7 +248,7 @@ def _show(rows: Sequence[Any], title: str, as_json: bool) -> None:
 def offsets_show(url: str, group: str | None, topic: str | None, as_json: bool) -> None:
     """List stored offsets."""
 
-    with _store(url) as store, _errors():
+    with _store(url, must_exist=True) as store, _errors():
         rows = store.list_offsets(group, topic)
     _show(rows, f"offsets in {display_url(url)}", as_json)
 
@@ -318,7 +325,7 @@ def offsets_copy(
     the same group/topic/partition are overwritten.
     """
 
-    with _store(src) as source, _errors():
+    with _store(src, must_exist=True) as source, _errors():
         rows = source.list_offsets(group, topic)
     by_group: dict[str, list[Any]] = {}
     for r in rows:

@@ -1,5 +1,8 @@
-"""Options shared by every ``notify`` command that talks to a broker: the shared secret and
-TLS. One decorator, :func:`security_options`, adds them and hands the command a single
+"""Options shared by every ``notify`` command that talks to a broker: its address and the
+shared secret and TLS. The address has one form per port, each with its environment
+variable: :func:`server_option` (``-s/--server host:port``, ``NOTIFY_SERVER``, the wire port)
+and :func:`http_option` (``-H/--http URL``, ``NOTIFY_HTTP``, the HTTP port). One decorator,
+:func:`security_options`, adds the others and hands the command a single
 ``security: Security`` argument::
 
     --secret TEXT        the brokers' authSecret        [env var: NOTIFY_SECRET]
@@ -16,7 +19,7 @@ import functools
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import click
 
@@ -60,6 +63,42 @@ class Security:
 
 
 _PATH = click.Path(exists=True, dir_okay=False)
+
+#: The broker's wire address (``serverPort``) for every command that talks the protocol.
+SERVER_ENV: Final = "NOTIFY_SERVER"
+DEFAULT_SERVER: Final = "127.0.0.1:8123"
+#: The broker's HTTP address (``dashboardHttpPort``) for the admin commands.
+HTTP_ENV: Final = "NOTIFY_HTTP"
+DEFAULT_HTTP: Final = "http://127.0.0.1:8120"
+
+
+def server_option(f: F) -> F:
+    """``-s/--server host:port``, env ``NOTIFY_SERVER``: the broker's wire port."""
+    opt = click.option(
+        "-s",
+        "--server",
+        envvar=SERVER_ENV,
+        show_envvar=True,
+        default=DEFAULT_SERVER,
+        show_default=True,
+        help="the broker's wire address host:port (serverPort)",
+    )
+    return opt(f)
+
+
+def http_option(f: F) -> F:
+    """``-H/--http URL``, env ``NOTIFY_HTTP``: the broker's HTTP port."""
+    opt = click.option(
+        "-H",
+        "--http",
+        "http_url",
+        envvar=HTTP_ENV,
+        show_envvar=True,
+        default=DEFAULT_HTTP,
+        show_default=True,
+        help="the broker's HTTP address (dashboardHttpPort)",
+    )
+    return opt(f)
 
 
 def security_options(f: F) -> F:

@@ -2,7 +2,8 @@
 
 A thin layer over :mod:`notify.xa.admin`. Participants are given as ``[NAME=]URL``, NAME
 being the name the application registers (defaults: ``broker``, ``pg``, ``mysql``, with a
-number appended for the second and later of a kind)::
+number appended for the second and later of a kind; without ``NAME=``, the names the
+application used are read from the participant's prepared branches)::
 
     notify xa list     --log var/xa --broker 127.0.0.1:8123 --pg orders_db=postgresql://...
     notify xa commit   GTRID --log var/xa ... [--by alice]
@@ -29,15 +30,16 @@ from typing import Any, Final
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from notify.cli_options import Security, security_options
+from notify.cli_tables import new_table, print_table
 from notify.errors import ConfigError, NotifyError
 from notify.xa import records as rec
-from notify.xa.admin import InDoubt, TableView, forget, list_in_doubt, resolve
+from notify.xa.admin import DecisionView, InDoubt, TableView, forget, list_in_doubt, resolve
 from notify.xa.decisionlog import DecisionLog, peek
-from notify.xa.errors import LogLockedError
-from notify.xa.ids import validate_name
+from notify.xa.errors import LogLockedError, ParticipantError
+from notify.xa.ids import Scope, name_of_branch, validate_name
+from notify.xa.participant import ParticipantFactory
 from notify.xa.pool import ParticipantPool
 from notify.xa.recovery import recover_once
 from notify.xa.resources import factory_from_url
@@ -57,15 +59,23 @@ def build_pool(
     pgs: tuple[str, ...],
     mysqls: tuple[str, ...],
     security: Security | None = None,
+    scope: Scope | None = None,
 ) -> ParticipantPool:
-    """A pool with one participant per ``[NAME=]URL`` option (brokers with ``security``)."""
+    """A pool with one participant per ``[NAME=]URL`` option (brokers with ``security``).
+
+    A participant given without ``NAME=`` is registered under the names the application
+    gave it, read from its prepared branches of ``scope`` (a branch qualifier is the
+    participant's registered name), so decisions recorded here match the application's
+    names; with nothing prepared (or no ``scope``) it falls back to ``broker``/``pg``/
+    ``mysql`` (numbered from the second of a kind)."""
     sec = security or Security()
     tls = sec.ssl_context()
     pool = ParticipantPool(max_idle=1)
     for kind, values in (("broker", brokers), ("pg", pgs), ("mysql", mysqls)):
         for i, value in enumerate(values):
             name, sep, url = value.partition("=")
-            if not sep or "://" in name or ":" in name:
+            named = bool(sep) and "://" not in name and ":" not in name
+            if not named:
                 name, url = (kind if i == 0 else f"{kind}{i + 1}"), value
             if kind == "pg" and "://" not in url and "=" not in url:
                 raise ConfigError(f"--pg expects a postgresql:// URL, got {url!r}")
@@ -73,25 +83,67 @@ def build_pool(
                 raise ConfigError(f"--mysql expects a mysql+pymysql:// URL, got {url!r}")
             if kind == "broker" and "://" not in url:
                 url = f"meta://{url}"
-            pool.register(validate_name(name), factory_from_url(url, sec.secret, tls))
+            factory = factory_from_url(url, sec.secret, tls)
+            names = [validate_name(name)]
+            if not named and scope is not None:
+                names = _names_in_use(factory, scope) or names
+            for n in names:
+                pool.register(n, factory)
     return pool
 
 
-def _require_log(log_dir: str) -> None:
-    """Fail unless ``log_dir`` holds a decision log (never create one by accident)."""
+def _names_in_use(factory: ParticipantFactory, scope: Scope) -> list[str]:
+    """The participant names (branch qualifiers) of ``scope``'s branches prepared at the
+    resource ``factory`` reaches; empty when none (or unreachable: listing reports it)."""
+    try:
+        p = factory()
+    except (ParticipantError, OSError):
+        return []
+    try:
+        xids = p.recover(scope)
+    except ParticipantError:
+        return []
+    finally:
+        p.close()
+    found = {n: None for n in map(name_of_branch, xids) if n is not None}
+    return list(found)
+
+
+def _unmatched(pool: ParticipantPool, log: DecisionView) -> list[str]:
+    """Branch names in the log's decisions that no participant of ``pool`` carries."""
+    names = set(pool.names())
+    missing = {b.name for d in log.decisions() for b in d.branches if b.name not in names}
+    return sorted(missing)
+
+
+def _require_log(log_dir: str) -> Scope:
+    """Fail unless ``log_dir`` holds a decision log (never create one by accident); its
+    coordinator's scope."""
     try:
         found = peek(log_dir)
     except NotifyError as e:
         _fail(str(e))
     if found is None:
         _fail(f"{log_dir}: no decision log there", EXIT_USAGE)
+    assert found is not None
+    return TableView(found).scope
+
+
+def _warn_unmatched(pool: ParticipantPool, log: DecisionView) -> None:
+    for name in _unmatched(pool, log):
+        click.echo(
+            f"notify xa: the log names participant {name!r}, which is none of those given "
+            f"({', '.join(pool.names())}): give it as --broker/--pg/--mysql {name}=URL, or "
+            "its decision stays open",
+            err=True,
+        )
 
 
 @contextmanager
 def _session(ctx: click.Context) -> Iterator[tuple[DecisionLog, ParticipantPool]]:
     opts = ctx.obj
-    _require_log(opts["log"])
-    pool = build_pool(opts["broker"], opts["pg"], opts["mysql"], opts["security"])
+    scope = _require_log(opts["log"])
+    pool = build_pool(opts["broker"], opts["pg"], opts["mysql"], opts["security"], scope)
     try:
         log = DecisionLog.open(opts["log"])
     except BaseException:
@@ -161,15 +213,16 @@ def xa_list(
     as_json: bool,
 ) -> None:
     """List in-doubt transactions: prepared branches, live decisions, heuristic reports."""
-    _require_log(log_dir)
+    scope = _require_log(log_dir)
     try:
-        pool = build_pool(broker, pg, mysql, security)
+        pool = build_pool(broker, pg, mysql, security, scope)
     except (ConfigError, NotifyError) as e:
         _fail(str(e), EXIT_USAGE)
     try:
         try:
             with DecisionLog.open(log_dir) as log:
                 items, errors = list_in_doubt(pool, log)
+                _warn_unmatched(pool, log)
                 live = False
         except LogLockedError:
             table = peek(log_dir)
@@ -177,6 +230,7 @@ def xa_list(
                 _fail(f"{log_dir}: no decision log there")
             assert table is not None
             items, errors = list_in_doubt(pool, TableView(table))
+            _warn_unmatched(pool, TableView(table))
             live = True
     except NotifyError as e:
         _fail(str(e))
@@ -186,9 +240,12 @@ def xa_list(
     if as_json:
         click.echo(json.dumps({"in_use": live, "errors": errors, "transactions": rows}, indent=2))
     else:
-        table_out = Table(title=f"in-doubt transactions in {log_dir}")
-        for col in ("gtrid", "status", "prepared branches", "deadline"):
-            table_out.add_column(col)
+        table_out = new_table(
+            f"in-doubt transactions in {log_dir}",
+            [("gtrid", "left"), ("status", "left"), ("prepared branches", "left"),
+             ("deadline", "left")],
+            0,
+        )  # fmt: skip
         for r in rows:
             when = time.strftime("%H:%M:%S", time.localtime(r["deadline"])) if r["deadline"] else ""
             heur = "".join(
@@ -200,7 +257,7 @@ def xa_list(
                 when + (" (expired)" if r["expired"] else ""),
             )  # fmt: skip
         console = Console()
-        console.print(table_out)
+        print_table(table_out, [r["gtrid"] for r in rows], "gtrids", console)
         if live:
             console.print("the log is in use: transactions before their deadline may be in flight")
         for name, err in errors.items():
@@ -215,6 +272,7 @@ def _resolve(gtrid: str, commit: bool, force: bool, by: str | None) -> None:
     try:
         with _session(ctx) as (log, pool):
             result = resolve(pool, log, gtrid, commit, who, force)
+            _warn_unmatched(pool, log)
     except ConfigError as e:
         _fail(str(e), EXIT_USAGE)
     except NotifyError as e:
@@ -300,6 +358,7 @@ def xa_recover(
     try:
         with _session(ctx) as (log, pool):
             report = recover_once(pool, log, lambda g: False, pool.names(), 0.0)
+            _warn_unmatched(pool, log)
     except ConfigError as e:
         _fail(str(e), EXIT_USAGE)
     except NotifyError as e:

@@ -201,6 +201,7 @@ class SystemConfig:
     #: idempotent producers remembered per partition (least recently used out)
     max_idempotent_producers: int = 10_000
     consumer_group_expiry_ms: int = 86_400_000
+    consumer_session_timeout_ms: int = 30_000
     metrics_max_consumer_series: int = 10_000
     auth_failure_log_interval_ms: int = 10_000
     # wire hardening (README "Security")
@@ -216,6 +217,15 @@ class SystemConfig:
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None
     tls_client_auth: bool = False
+    # queue subscriptions (README "Queues")
+    queue_lock_timeout_ms: int = 30_000
+    queue_max_deliveries: int = 5
+    queue_max_in_flight: int = 10_000
+    queue_max_credit: int = 1000
+    queue_max_groups: int = 256
+    queue_max_dead_letters: int = 10_000
+    queue_max_release_delay_ms: int = 3_600_000
+    queue_checkpoint_interval_ms: int = 10_000
 
     @property
     def tx_log_path(self) -> Path:
@@ -259,11 +269,15 @@ class ServerConfig:
     slave: SlaveConfig | None = None
     source: Path | None = None
     text: str = ""
+    #: ``[producerGroup=NAME] secret=...``: groups whose ``register`` needs that secret
+    producer_groups: dict[str, str] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
 
 
+#: Section prefix of a producer group's settings: ``[producerGroup=NAME]``.
+GROUP_SECTION: Final = "producerGroup="
 # ini key -> (attribute, converter)
 _Conv = Callable[[str], Any]
 _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
@@ -314,6 +328,7 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "maxConsumerGroups": ("max_consumer_groups", _int),
     "maxIdempotentProducers": ("max_idempotent_producers", _int),
     "consumerGroupExpiry": ("consumer_group_expiry_ms", _int),
+    "consumerSessionTimeout": ("consumer_session_timeout_ms", _int),
     "metricsMaxConsumerSeries": ("metrics_max_consumer_series", _int),
     "authFailureLogInterval": ("auth_failure_log_interval_ms", _int),
     "replicationSecret": ("replication_secret", _secret),
@@ -328,6 +343,14 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "tlsKeyFile": ("tls_key_file", Path),
     "tlsCaFile": ("tls_ca_file", Path),
     "tlsClientAuth": ("tls_client_auth", _bool),
+    "queueLockTimeout": ("queue_lock_timeout_ms", _int),
+    "queueMaxDeliveries": ("queue_max_deliveries", _int),
+    "queueMaxInFlight": ("queue_max_in_flight", _int),
+    "queueMaxCredit": ("queue_max_credit", _int),
+    "queueMaxGroups": ("queue_max_groups", _int),
+    "queueMaxDeadLetters": ("queue_max_dead_letters", _int),
+    "queueMaxReleaseDelay": ("queue_max_release_delay_ms", _int),
+    "queueCheckpointInterval": ("queue_checkpoint_interval_ms", _int),
 }
 _ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "zk.zkEnable": ("zk_enable", _bool),
@@ -337,6 +360,7 @@ _ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "zk.zkConnectionTimeoutMs": ("zk_connection_timeout_ms", _int),
     "zk.zkSyncTimeMs": ("zk_sync_time_ms", _int),
 }
+_GROUP_KEYS: Final[dict[str, tuple[str, _Conv]]] = {"secret": ("secret", _secret)}
 _SLAVE_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "slaveId": ("slave_id", _int),
     "slaveGroup": ("slave_group", _str),
@@ -431,6 +455,7 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "maxConsumerGroups": (1, 10_000_000),
     "maxIdempotentProducers": (1, 10_000_000),
     "consumerGroupExpiry": (1000, 365 * _DAY_MS),
+    "consumerSessionTimeout": (100, _DAY_MS),
     "metricsMaxConsumerSeries": (0, 10_000_000),
     "authFailureLogInterval": (100, _DAY_MS),
     "maxBatchSize": (1, (1 << 31) - 1),
@@ -440,6 +465,14 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "maxParkedGets": (1, 1_000_000),
     "maxQueuedReplies": (16, 10_000_000),
     "maxDelay": (1, 10 * 365 * _DAY_MS),
+    "queueLockTimeout": (100, _DAY_MS),
+    "queueMaxDeliveries": (1, 1000),
+    "queueMaxInFlight": (1, 1_000_000),
+    "queueMaxCredit": (1, 100_000),
+    "queueMaxGroups": (1, 100_000),
+    "queueMaxDeadLetters": (0, 1_000_000),
+    "queueMaxReleaseDelay": (0, 30 * _DAY_MS),
+    "queueCheckpointInterval": (100, _DAY_MS),
     "memoryMaxBytes": (4096, 1 << 40),
     "zk.zkSessionTimeoutMs": (1, _DAY_MS),
     "zk.zkConnectionTimeoutMs": (1, _DAY_MS),
@@ -550,11 +583,12 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
         raise ConfigError(f"{where}: {e.message if hasattr(e, 'message') else e}") from None
     base = source.parent if source else Path.cwd()
     # configparser strips values, so a whitespace-only secret would read as "no auth"
-    for m in re.finditer(r"^[ \t]*(authSecret|adminSecret)[ \t]*[=:]([^\r\n]*)$", text, re.M):
+    for m in re.finditer(
+        r"^[ \t]*(authSecret|adminSecret|replicationSecret|secret)[ \t]*[=:]([^\r\n]*)$", text, re.M
+    ):
         if m.group(2) and not m.group(2).strip():
-            raise ConfigError(
-                f"[system] {m.group(1)}: whitespace only (leave it empty to turn auth off)"
-            )
+            where_key = m.group(1) if m.group(1) == "secret" else f"[system] {m.group(1)}"
+            raise ConfigError(f"{where_key}: whitespace only (leave it empty to turn auth off)")
 
     def resolve(p: Path | None) -> Path | None:
         if p is None:
@@ -566,6 +600,7 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
     zk_kw: dict[str, Any] = {}
     slave_kw: dict[str, Any] | None = None
     topic_sections: list[tuple[str, dict[str, Any]]] = []
+    groups: dict[str, str] = {}
     for name in cp.sections():
         items = dict(cp.items(name))
         if name == "system":
@@ -581,10 +616,18 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
             except InvalidTopicError as e:
                 raise ConfigError(f"[{name}]: {e}") from None
             topic_sections.append((topic, _convert(name, items, _TOPIC_KEYS)))
+        elif name.startswith(GROUP_SECTION):
+            group = name[len(GROUP_SECTION) :].strip()
+            if not group or not SECRET_RE.fullmatch(group):
+                raise ConfigError(f"[{name}]: the group name must be one token")
+            secret = _convert(name, items, _GROUP_KEYS).get("secret", "")
+            if not secret:
+                raise ConfigError(f"[{name}] secret: required (the section exists to set it)")
+            groups[group] = secret
         else:
             raise ConfigError(
                 f"{where}: unknown section [{name}] "
-                "(expected [system], [zookeeper], [slave], [topic=NAME])"
+                "(expected [system], [zookeeper], [slave], [topic=NAME], [producerGroup=NAME])"
             )
     system = SystemConfig(**sys_kw)
     system = replace(
@@ -610,7 +653,13 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
     slave = SlaveConfig(**slave_kw) if slave_kw is not None else None
     if slave is not None:
         _check_ranges("slave", slave, _SLAVE_KEYS)
-    return ServerConfig(system, zookeeper, topics, slave, source, text)
+    if (slave is not None or system.sync_slave) and not system.replication_secret:
+        # without it anyone could write into a slave: replication always authenticates
+        raise ConfigError(
+            f"[system] replicationSecret: required by {'[slave]' if slave else 'syncSlave'} "
+            "(master and slaves share it; replication links authenticate with it)"
+        )
+    return ServerConfig(system, zookeeper, topics, slave, source, text, groups)
 
 
 def load_config(path: str | Path) -> ServerConfig:
@@ -633,7 +682,7 @@ def describe(config: ServerConfig) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     for f in fields(config.system):
         value = getattr(config.system, f.name)
-        if f.name in ("auth_secret", "admin_secret", "replication_secret") and value:
+        if f.name.endswith("_secret") and value:
             value = "***"
         out.append((f"system.{f.name}", value))
     for f in fields(config.zookeeper):
@@ -646,7 +695,7 @@ def describe(config: ServerConfig) -> list[tuple[str, object]]:
 
 
 #: ini keys whose values ``stats config`` never shows.
-SECRET_KEYS: Final = frozenset({"authSecret"})
+SECRET_KEYS: Final = frozenset({"authSecret", "adminSecret", "replicationSecret", "secret"})
 #: notify's own ini keys ("(ext)" in the README). MetaQ's ``MetaConfig`` rejects keys it does
 #: not know, so ``stats config`` serves them commented out.
 EXTENSION_KEYS: Final = frozenset(
@@ -654,6 +703,8 @@ EXTENSION_KEYS: Final = frozenset(
         "maxMessageSize",
         "maxConnections",
         "authSecret",
+        "adminSecret",
+        "replicationSecret",
         "configWatchInterval",
         "maxTxSize",
         "retentionIgnoresConsumers",
@@ -683,7 +734,18 @@ def served_config(config: ServerConfig) -> bytes | None:
         return None
     out: list[str] = []
     key: str | None = None  # the key whose (continued) value this line belongs to
+    in_group = False  # inside a [producerGroup=NAME] section (notify's own: all commented)
     for line in config.text.splitlines(keepends=True):
+        if line.lstrip().startswith("["):
+            in_group = line.strip().startswith("[" + GROUP_SECTION)
+        if in_group:
+            m = _KEY_LINE.match(line)
+            if m and m.group(1) in SECRET_KEYS:
+                line = f"{m.group(1)}=***{line[len(line.rstrip(chr(13) + chr(10))) :]}"
+            elif line[:1] in (" ", "\t") and line.strip():
+                continue  # a continuation of a secret: never served
+            out.append(EXTENSION_MARK + line if line.strip() else line)
+            continue
         if key is not None and line[:1] in (" ", "\t") and line.strip():
             if key not in SECRET_KEYS:  # a continuation line of an extension key's value
                 out.append(";" + line)

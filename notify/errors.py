@@ -26,6 +26,7 @@ Tree::
     ├── MigrationError              notify.migrations: DatabaseUnreachable, SchemaAhead
     ├── ConfigServerError           configserver: unavailable (retriable), no node, exists
     ├── SyncReplicationError        a synchronous slave did not confirm (retriable)
+    ├── ReplicaHandshakeError       a replication peer is not who it must be (retriable)
     └── ClientError                 client side
         ├── ConnectionLostError     (retriable)
         ├── RequestTimeoutError     (retriable)

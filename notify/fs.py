@@ -7,21 +7,25 @@ simulated disk used by the crash simulation.
 """
 
 from txlog.fs import (
+    FSYNC_FAILED,
     OS_FS,
     Buf,
     FileSystem,
     OsFileSystem,
     StrPath,
     ensure_dir,
+    leave_marker,
     write_file_atomically,
 )
 
 __all__ = [
+    "FSYNC_FAILED",
     "OS_FS",
     "Buf",
     "FileSystem",
     "OsFileSystem",
     "StrPath",
     "ensure_dir",
+    "leave_marker",
     "write_file_atomically",
 ]

@@ -65,8 +65,11 @@ class BrokerProcess:
         env: dict[str, str] | None = None,
         slave: dict[str, Any] | None = None,
         zookeeper: dict[str, Any] | None = None,
+        extra_ini: str = "",
     ):
         self.workdir = Path(workdir)
+        #: raw ini text appended to the rendered config (e.g. ``[producerGroup=NAME]``)
+        self.extra_ini = extra_ini
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.data_dir = self.workdir / "data"
         self.topics = DEFAULT_TOPICS if topics is None else topics
@@ -105,6 +108,7 @@ class BrokerProcess:
             render_ini(
                 self.data_dir, self.port, self.topics, self.system, self.slave, self.zookeeper
             )
+            + self.extra_ini
         )
 
     def start(self, timeout: float = 20.0) -> BrokerProcess:

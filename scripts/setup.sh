@@ -1,15 +1,51 @@
 #!/usr/bin/env bash
-# Create .venv in the project root and install notify with its dev tools, then the real
-# servers the tests start (ZooKeeper, MariaDB, PostgreSQL), Chromium for the dashboard test
-# and PySpark for the audit job. Idempotent; works on a fresh Debian 12 machine with python3.
+# Create .venv in the project root and install notify into it. Idempotent; works on a fresh
+# Debian 12 machine with python3 (and python3-venv).
+#
+#   bash scripts/setup.sh          # everything the test suite needs: notify with its dev
+#                                  # tools, the real servers the tests start (ZooKeeper,
+#                                  # MariaDB, PostgreSQL), Chromium for the dashboard test
+#                                  # and PySpark for the audit job
+#   bash scripts/setup.sh --demo   # only what `notify demo` needs: notify and its runtime
+#                                  # dependencies (no dev tools, no servers, no browser)
+#
+# A run that finds .venv already set up for this pyproject.toml skips pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=full
+if [ "${1:-}" = "--demo" ]; then
+  mode=demo
+fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+  if ! "$PY" -m venv .venv; then
+    # Debian ships venv's pip bootstrap separately (python3-venv)
+    rm -rf .venv
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv
+      "$PY" -m venv .venv
+    else
+      echo "setup.sh: '$PY -m venv' failed: install python3-venv (apt-get install python3-venv)" >&2
+      exit 1
+    fi
+  fi
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+pip() { .venv/bin/python -m pip --disable-pip-version-check --quiet "$@"; }
+# what is installed, keyed by pyproject.toml: a full setup also serves the demo
+stamp_key=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$mode" = demo ]; then
+  if ! grep -qx "$stamp_key" .venv/.notify-demo .venv/.notify-full 2>/dev/null; then
+    pip install --no-compile -e .
+    echo "$stamp_key" > .venv/.notify-demo
+  fi
+  exit 0
+fi
+if ! grep -qx "$stamp_key" .venv/.notify-full 2>/dev/null; then
+  pip install --upgrade pip
+  pip install -e ".[dev]"
+  echo "$stamp_key" > .venv/.notify-full
+fi
 for helper in services browser spark; do
   if [ -f "scripts/$helper.sh" ]; then
     bash "scripts/$helper.sh" install

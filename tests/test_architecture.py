@@ -52,32 +52,8 @@ LAZY_ALLOWED: Final = {
 #: cycle broker/{service, connection, transactions, delay} <-> replication/sync_master and
 #: the broker's function-level imports. Entries are ("cycle", sorted members) or
 #: ("lazy", module, imported name). Delete an entry once it is fixed.
-KNOWN_BROKER_OFFENDERS: Final[set[tuple[str, ...]]] = {
-    ("lazy", "notify.broker.app", "configserver"),
-    ("lazy", "notify.broker.app", "notify.http.server"),
-    ("lazy", "notify.broker.service", "notify.broker.delay"),
-}
-
-#: NOT DONE YET (issue 15, task "http/* with broker/app"): notify.http still imports
-#: notify.broker.app (for the Broker type) and notify.http.server imports api/metaq/metrics
-#: inside build_app because they import server back. Fix: a BrokerHost Protocol in
-#: notify/http (and one in replication/slave) instead of Broker, and SERVER/json_response/
-#: HttpServer moved below server.py. Delete these entries with that change; do not add any.
-NOT_YET_FIXED: Final[set[tuple[str, ...]]] = {
-    (
-        "cycle",
-        "notify.broker.app",
-        "notify.http.api",
-        "notify.http.metaq",
-        "notify.http.metrics",
-        "notify.http.server",
-        "notify.http.views",
-        "notify.replication.slave",
-    ),
-    ("lazy", "notify.http.server", "notify.http.api"),
-    ("lazy", "notify.http.server", "notify.http.metaq"),
-    ("lazy", "notify.http.server", "notify.http.metrics"),
-}
+KNOWN_BROKER_OFFENDERS: Final[set[tuple[str, ...]]] = set()
+NOT_YET_FIXED: Final[set[tuple[str, ...]]] = set()
 
 
 @dataclass(frozen=True, slots=True)

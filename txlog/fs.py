@@ -26,17 +26,30 @@ from pathlib import Path
 from typing import Final, Protocol
 
 __all__ = [
+    "FSYNC_FAILED",
     "OS_FS",
     "Buf",
     "FileSystem",
     "OsFileSystem",
     "StrPath",
     "ensure_dir",
+    "leave_marker",
     "write_file_atomically",
 ]
 
 StrPath = str | os.PathLike[str]
 Buf = bytes | bytearray | memoryview
+
+#: Marker file a failed fsync leaves in a redo-log or partition directory (not fsynced: it
+#: only has to outlive the process, not the machine); the next open rewrites the unsynced
+#: tail, which the page cache may show as clean pages the disk never got.
+FSYNC_FAILED: Final = "fsync-failed"
+
+
+def leave_marker(fs: FileSystem, path: StrPath) -> None:
+    """Create an empty file at ``path`` without fsync (see :data:`FSYNC_FAILED`)."""
+    fs.close(fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
 
 _DIR_FLAGS: Final = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC
 

@@ -6,6 +6,7 @@ Directory layout::
                                 decimal numbers without padding, consecutive, as in MetaQ
     <dir>/checkpoint            the last max_checkpoints checkpoints (see txlog.checkpoint)
     <dir>/checkpoint.tmp        only transiently while a checkpoint is written
+    <dir>/fsync-failed          only after a failed fsync, until the next open repaired it
 
 All file I/O goes through a :class:`~txlog.fs.FileSystem` (``fs=``, the real one by default;
 a simulated disk in the crash simulation). Writes go through ``pwrite`` at the tracked end of
@@ -27,6 +28,18 @@ Retention: :meth:`TxLog.checkpoint` deletes the segments lying entirely before t
 checkpoint, so the log holds what recovery can still need and recovery time is proportional to
 what follows the newest checkpoint. :meth:`TxLog.truncate_before` does the same on demand and
 never deletes the current segment nor anything a kept checkpoint still points into.
+
+A failed fsync is fatal to the open log (fail-stop, as PostgreSQL does since "fsyncgate"): on
+Linux the kernel may already have dropped the dirty pages it could not write and marked them
+clean, so a later fsync would "succeed" over a hole and records acknowledged after it would be
+cut off at that hole by recovery. The log therefore refuses every later append, commit and
+sync with :class:`~notify.errors.TxLogError`, and leaves an ``fsync-failed`` marker. The
+next open sees the marker and, after the usual scan, *rewrites* the newest segment's bytes
+(pread + pwrite of the same data, then fdatasync): within the same boot the page cache still
+shows the records the disk never got, marked clean, so a plain fsync would not write them and
+later records would sit behind a hole. (After a machine crash the page cache, and with it the
+illusion, is gone; the scan truncates at the hole as for any torn tail.) A failed *write*
+is different: nothing was written, the segment is cut back, and the log stays usable.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -52,7 +65,7 @@ from txlog.checkpoint import (
     write_checkpoints,
 )
 from txlog.config import FLUSH_ON_COMMIT, FLUSH_PERIODIC, TxLogConfig
-from txlog.fs import OS_FS, FileSystem, ensure_dir
+from txlog.fs import FSYNC_FAILED, OS_FS, FileSystem, ensure_dir, leave_marker
 from txlog.groupsync import FlushCoordinator, FlushFailed
 from txlog.position import Position
 from txlog.records import RecordType, decode, encode, frame_size
@@ -118,6 +131,10 @@ class TxLog:
         self._wlock = threading.Lock()  # the segment fd, its number and size
         self._ckpt_lock = threading.Lock()  # the checkpoint list and file; taken before _wlock
         self._close_lock = threading.Lock()
+        #: called with ``(position, frames)`` after every write of records, and with
+        #: ``(end of the closed segment, b"")`` after a roll, ``_wlock`` held (replication
+        #: ships them; it must not write to this log)
+        self.on_write: Callable[[Position, bytes], None] | None = None
         self._closed = False
         self._final_synced = False
         self._broken: BaseException | None = None
@@ -166,6 +183,31 @@ class TxLog:
 
     def _fsync_dir(self) -> None:
         self._fs.fsync_dir(self._dir)
+
+    def _rewrite_newest(self, size: int) -> None:
+        """Make the newest segment's first ``size`` bytes durable even where the page cache
+        holds them as clean pages the disk never got (after a failed fsync)."""
+        chunk = 1 << 20
+        try:
+            for off in range(0, size, chunk):
+                data = self._fs.pread(self._fd, min(chunk, size - off), off)
+                view = memoryview(data)
+                done = 0
+                while done < len(view):
+                    n = self._pwrite(self._fd, view[done:], off + done)
+                    if n <= 0:
+                        raise OSError(errno.EIO, "write returned 0")
+                    done += n
+            self._fsync(self._fd)
+        except OSError as exc:
+            self._fs.close(self._fd)
+            raise TxLogError(
+                f"{self._dir}: rewriting redo.{self._file_no} after a failed fsync failed: {exc}"
+            ) from exc
+        logger.warning(
+            "%s: rewrote %d bytes of redo.%d after an earlier failed fsync",
+            self._dir, size, self._file_no,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ properties
 
@@ -310,6 +352,14 @@ class TxLog:
             reason=reason,
             duration_s=time.monotonic() - t0,
         )
+        marker = self._dir / FSYNC_FAILED
+        if fs.exists(marker):
+            self._rewrite_newest(size)
+            try:
+                fs.unlink(marker)
+                self._fsync_dir()
+            except OSError as exc:
+                raise TxLogError(f"cannot remove {marker}: {exc}") from exc
         if truncated:
             logger.warning(
                 "%s: truncated %d bytes of redo.%d at offset %d (%s)",
@@ -360,7 +410,8 @@ class TxLog:
             raise TxLogError("the transaction log is closed")
         if self._broken is not None:
             raise TxLogError(
-                f"the transaction log is unusable after a failed repair: {self._broken}"
+                f"the transaction log is unusable since {self._broken}; reopen it "
+                "(restart the broker) to recover from what is on disk"
             )
         if self._size > 0 and self._size + len(data) > self._config.segment_bytes:
             self._roll()
@@ -378,13 +429,15 @@ class TxLog:
                 self._fs.ftruncate(self._fd, offset)
                 self._fsync(self._fd)  # else a crash can bring the failed frames back
             except OSError as exc2:
-                self._broken = exc2
-                logger.error("%s: cannot remove a partial write: %s", self._dir, exc2)
+                self._fail(f"a partial write could not be removed ({exc2})")
             raise TxLogError(
                 f"write to redo.{self._file_no} failed: {exc}; nothing was appended"
             ) from exc
         self._size = offset + len(data)
-        return Position(self._file_no, offset)
+        pos = Position(self._file_no, offset)
+        if self.on_write is not None:
+            self.on_write(pos, bytes(data))
+        return pos
 
     def _roll(self) -> None:
         """Close the full segment (fsynced first) and start the next one. ``_wlock`` held."""
@@ -392,6 +445,7 @@ class TxLog:
         try:
             self._fsync(self._fd)
         except OSError as exc:
+            self._fail(f"the fsync of redo.{old_no} failed ({exc})")
             raise TxLogError(f"fsync of redo.{old_no} before rolling failed: {exc}") from exc
         path = segment_path(self._dir, old_no + 1)
         try:
@@ -406,9 +460,94 @@ class TxLog:
                 self._fs.unlink(path)
             raise TxLogError(f"fsync of {self._dir} failed: {exc}") from exc
         old_fd, self._fd = self._fd, fd
+        old_size = self._size
         self._file_no, self._size = old_no + 1, 0
         self._fs.close(old_fd)
         self._coord.advance(Position(old_no + 1, 0))
+        if self.on_write is not None:  # no frames: "segment old_no ends at old_size"
+            self.on_write(Position(old_no, old_size), b"")
+
+    # ------------------------------------------------------------------ replication
+
+    def append_frames(self, at: Position, data: bytes) -> Position:
+        """Append frames another log wrote at ``at`` (a replica keeps the same positions).
+
+        ``at`` must be this log's end, or the start of a later segment (the source rolled):
+        the current one is closed and empty segments fill the numbers in between. ``data``
+        must be whole intact frames. Not forced: call :meth:`sync`. Returns the new end.
+        Raises :class:`~notify.errors.TxLogError` otherwise (nothing is written)."""
+        result = decode(data, max_record_bytes=self._max_record)
+        if result.error is not None or result.consumed != len(data):
+            raise TxLogError(f"frames for {at} are not whole intact records ({result.error})")
+        with self._wlock:
+            end = Position(self._file_no, self._size)
+            if at != end and not (at.offset == 0 and at.file_no > end.file_no):
+                raise TxLogError(f"frames at {at} do not continue this log (end {end})")
+            while self._file_no < at.file_no:
+                self._roll()
+            if data:
+                self._write_raw_locked(data)
+            return Position(self._file_no, self._size)
+
+    def _write_raw_locked(self, data: bytes) -> None:
+        """Write at the end without rolling: the source decided the segment boundaries (a
+        replica's segment may pass segment_bytes by the source's last frame)."""
+        offset = self._size
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(view):
+                n = self._pwrite(self._fd, view[done:], offset + done)
+                if n <= 0:
+                    raise OSError(errno.EIO, "write returned 0")
+                done += n
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self._fs.ftruncate(self._fd, offset)
+                self._fsync(self._fd)
+            raise TxLogError(f"write to redo.{self._file_no} failed: {exc}") from exc
+        self._size = offset + len(data)
+
+    def read_frames(self, at: Position, max_bytes: int) -> tuple[bytes, Position | None]:
+        """Whole frames from ``at`` (at most ``max_bytes``, but at least one frame), for a
+        replica that pulls. The second value is where to go next when ``at`` is the end of
+        an older segment or lies in a segment already deleted: the next segment's start.
+        Raises :class:`~notify.errors.TxLogError` past the end or off a frame boundary."""
+        end = self._end()
+        if at > end:
+            raise TxLogError(f"position {at} is past the end of the log ({end})")
+        if at.file_no < self._first_file_no:
+            return b"", Position(at.file_no + 1, 0)
+        if at == end:
+            return b"", None
+        fs = self._fs
+        path = segment_path(self._dir, at.file_no)
+        try:
+            fd = fs.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return b"", Position(at.file_no + 1, 0)  # deleted meanwhile by a checkpoint
+        try:
+            limit = end.offset if at.file_no == end.file_no else fs.fsize(fd)
+            if at.offset >= limit:
+                if at.offset == limit and at.file_no < end.file_no:
+                    return b"", Position(at.file_no + 1, 0)
+                raise TxLogError(f"position {at} is past the end of {path}")
+            want = min(max_bytes, limit - at.offset)
+            data = fs.pread(fd, want, at.offset)
+            result = decode(data, max_record_bytes=self._max_record)
+            if result.consumed == 0:
+                need = frame_size(data)
+                if need is None or need > limit - at.offset:
+                    raise TxLogError(f"position {at} is not the start of a record")
+                data = fs.pread(fd, need, at.offset)
+                result = decode(data, max_record_bytes=self._max_record)
+                if result.consumed == 0:
+                    raise TxLogError(f"position {at} is not the start of a record")
+            return data[: result.consumed], None
+        except OSError as exc:
+            raise TxLogError(f"cannot read {path}: {exc}") from exc
+        finally:
+            fs.close(fd)
 
     # ------------------------------------------------------------------ durability
 
@@ -418,6 +557,11 @@ class TxLog:
         Returns where the frames start and the end the fsync covered (see ``FlushFn``).
         """
         with self._wlock:
+            if self._broken is not None:  # an fsync now could "succeed" over a hole
+                raise TxLogError(
+                    f"the transaction log is unusable since {self._broken}; reopen it "
+                    "(restart the broker) to recover from what is on disk"
+                )
             if frames:
                 start = self._write_locked(frames[0] if len(frames) == 1 else b"".join(frames))
             end = Position(self._file_no, self._size)
@@ -431,10 +575,30 @@ class TxLog:
         try:
             self._fsync(fd)
         except OSError as exc:
+            self._fail(f"the fsync up to {end} failed ({exc})")
             raise FlushFailed(start, end, exc) from exc
         finally:
             self._fs.close(fd)
         return start, end
+
+    def _fail(self, what: str) -> None:
+        """Stop accepting records: ``what`` may have left a hole in the unsynced tail."""
+        if self._broken is None:
+            self._broken = TxLogError(what)
+            try:
+                leave_marker(self._fs, self._dir / FSYNC_FAILED)
+            except OSError as exc:
+                logger.error("%s: cannot leave the fsync-failed marker: %s", self._dir, exc)
+            logger.critical(
+                "%s: %s; the redo log refuses writes until it is reopened (restart the broker)",
+                self._dir,
+                what,
+            )
+
+    @property
+    def failed(self) -> str | None:
+        """Why the log refuses writes (a failed fsync), or None while it is healthy."""
+        return None if self._broken is None else str(self._broken)
 
     def sync(self, pos: Position | None = None) -> None:
         """Block until the record at ``pos`` and all before it are durable.

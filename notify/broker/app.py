@@ -16,17 +16,23 @@ import signal
 import ssl
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from configserver import BrokerRegistrar, resolve_master
 from notify.broker import authlog
 from notify.broker.connection import Connection
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config
+from notify.broker.queues import QueueManager
 from notify.broker.service import BrokerService
 from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
+from notify.faults import pausepoint
+from notify.http.application import start_http
+from notify.http.server import HttpServer
+from notify.replication.redo import ReplicaRedo
 from notify.replication.slave import SlaveReplicator
 from notify.replication.sync_master import SyncMaster
 from notify.runtime import SYSTEM_CLOCK
@@ -40,10 +46,6 @@ from notify.store.retention import (
     remove_before,
     zip_segments,
 )
-
-if TYPE_CHECKING:
-    from configserver import BrokerRegistrar  # configserver (issue #7)
-    from notify.http.server import HttpServer  # notify.http (issue #9)
 
 log = logging.getLogger("notify.broker")
 
@@ -127,7 +129,11 @@ class Broker:
             service.transaction_applied,
         )
         service.transactions = tm
-        tm.recover()
+        if self.config.slave is None:
+            tm.recover()
+        else:  # the log is the master's copy: recovered (and run) only when promoted
+            tm.replica = True
+            service.redo_replica = ReplicaRedo(tm.log, self.store)
         self.delay = DelayQueue(
             self.store,
             self.config.system,
@@ -137,7 +143,10 @@ class Broker:
         )
         self.delay.open()
         service.delay = self.delay
-        tm.add_jobs()
+        service.queues = QueueManager(self.config, self.store, loop)  # README "Queues"
+        service.queues.open()
+        if not tm.replica:
+            tm.add_jobs()
         for topic in self.store.topics.values():
             self._schedule_retention(topic)
         self.scheduler.start()
@@ -153,18 +162,15 @@ class Broker:
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
-        # configserver (issue #7): register (ephemeral; ZooKeeper or embedded), find the master
-        from configserver import BrokerRegistrar, resolve_master
-
+        # configserver: register (ephemeral; ZooKeeper or embedded), find the master
         self.registrar = BrokerRegistrar(self.config)
         await self.registrar.start(self.host, self.port, self.store.topics)
+        pausepoint("broker.start.registered")
         self.config = await resolve_master(self.registrar, self.config)
         self._start_replication()
         self.delay.start()
-        # -- notify.http (issue #9): dashboard, MetaQ HTTP, REST, /metrics; 0 = off
+        # notify.http: dashboard, MetaQ HTTP, REST, /metrics; 0 = off
         if self.config.system.dashboard_http_port:
-            from notify.http.server import start_http
-
             try:
                 self.http = await start_http(self)
             except OSError:
@@ -213,6 +219,8 @@ class Broker:
             await self._save_producer_states()
             if self.service.transactions is not None:
                 await self.service.transactions.close()
+            if self.service.queues is not None:
+                await self.service.queues.close()
             for conn in list(self.service.connections):
                 if conn.transport is not None:
                     conn.pump()
@@ -364,11 +372,8 @@ class Broker:
         if self.config.slave is not None:
             service.role = "slave"
             service.master_address = self.config.slave.master_address
-            # replicationSecret makes the links replicas (internal topics, msync); without it
-            # they authenticate as applications and the slave's writers are refused
-            self.slave = SlaveReplicator(
-                self, self.config.slave, sysc.replication_secret or sysc.auth_secret
-            )
+            # links authenticate with replicationSecret and this broker id (= the master's)
+            self.slave = SlaveReplicator(self, self.config.slave, sysc.replication_secret)
             service.on_promote = self.promote
             service.replication_stats = self.slave.stats_items
             self.slave.start()
@@ -380,18 +385,30 @@ class Broker:
                 sysc.sync_slave_timeout_ms,
                 sysc.sync_slave_failure_policy,
                 sysc.sync_slave_max_failures,
-                sysc.replication_secret or sysc.auth_secret,
+                sysc.replication_secret,
+                sysc.broker_id,
             )
             service.sync_master.start()
+            sm, tm = service.sync_master, service.transactions
+            if tm is not None:  # the redo log follows the partitions to the slave
+                tm.log.on_write = lambda pos, frames: tm.ship(sm.replicate_redo(pos, frames))
 
     def promote(self) -> str:
         """Failover: stop replicating and accept producers (offsets match the old master)."""
         assert self.service is not None
         if self.slave is not None:
+            self.slave.cancel()  # no puller appends anything after this line
             asyncio.get_running_loop().create_task(self.slave.stop())
             self.slave = None
         self.service.role = "master"
         self.service.replication_stats = None
+        tm = self.service.transactions
+        if tm is not None and tm.replica:
+            # the master's transaction state, recovered exactly as a restarted master would
+            tm.replica = False
+            self.service.redo_replica = None
+            tm.recover()
+            tm.add_jobs()
         log.warning("promoted to master (was a slave of %s)", self.service.master_address)
         return f"promoted: broker {self.config.system.broker_id} is now a master"
 

@@ -40,6 +40,7 @@ from notify.broker.stats import BrokerStats
 from notify.config import ServerConfig
 from notify.errors import ProtocolError
 from notify.protocol.frames import RequestParser, encode_error, encode_result
+from notify.protocol.replies import encode_put_acks
 from notify.store.partition import Slice
 
 
@@ -85,12 +86,7 @@ class PendingReplies:
             )
         if self.body is not None:
             return self.body
-        part = self.partition
-        out = []
-        for it in self.items:
-            body = b"%d %d %d" % (it[4], part, it[5])
-            out.append(b"result 200 %d %d\r\n%b" % (len(body), it[0], body))
-        return b"".join(out)
+        return encode_put_acks(self.partition, ((it[0], it[4], it[5]) for it in self.items))
 
     def resolve(self) -> None:
         self.done = True
@@ -120,9 +116,9 @@ class Connection(asyncio.Protocol):
         self.authenticated = not sysc.auth_secret
         #: no adminSecret: whoever may produce may also administer (as before roles)
         self.admin = self.authenticated and not sysc.admin_secret
-        #: no secret at all (the loopback-only default): every role, replication included;
-        #: any secret set makes replication need ``auth <replicationSecret>``
-        self.replica = not (sysc.auth_secret or sysc.admin_secret or sysc.replication_secret)
+        #: never implicit: only ``auth <replicationSecret> <brokerId>`` naming this broker's
+        #: replication set grants it (writes into a slave, internal topics, the redo log)
+        self.replica = False
         self.parser.bodies_allowed = self.authenticated
         self.open_groups: dict[tuple[str, int], PendingReplies] = {}
         self.session: set[str] | None = None  # keys of the transactions this connection began

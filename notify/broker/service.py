@@ -13,13 +13,14 @@ import asyncio
 import hmac
 import logging
 import random
-import struct
 import time
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from notify.broker.authlog import record_auth_failure
 from notify.broker.connection import Connection, PendingReplies
+from notify.broker.delay import DELAY_TOPIC, DelayQueue, encode_envelope
 from notify.broker.idempotence import (
     LastBatch,
     ProducerStates,
@@ -36,6 +37,7 @@ from notify.errors import (
     OffsetOutOfRangeError,
     ProtocolError,
     StoreFullError,
+    TxLogError,
 )
 from notify.protocol import records
 from notify.protocol.frames import (
@@ -47,6 +49,10 @@ from notify.protocol.frames import (
     Offset,
     Promote,
     Put,
+    QueueAck,
+    QueueDeadLetters,
+    QueueSubscribe,
+    QueueUnsubscribe,
     Quit,
     Register,
     Reload,
@@ -61,13 +67,22 @@ from notify.protocol.frames import (
     encode_value_header,
 )
 from notify.protocol.properties import FLAG_PROPERTIES
+from notify.protocol.replies import (
+    MultiPutAck,
+    OffsetReply,
+    PutAck,
+    Redirect,
+    encode_replica_ack,
+)
+from notify.replication.redo import TXLOG_STREAM, RedoBehindError, ReplicaRedo
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from notify.version import __version__
+from txlog import Position
 
 if TYPE_CHECKING:
-    from notify.broker.delay import DelayQueue
+    from notify.broker.queues import QueueManager
     from notify.broker.transactions import TransactionManager
     from notify.replication.sync_master import SyncMaster
 
@@ -75,14 +90,13 @@ log = logging.getLogger("notify.broker")
 
 _HEADER = records.HEADER
 _CRC_MASK: Final = 0x7FFFFFFF
-_ID_AT = struct.Struct(">q")
 #: Longest a long-poll ``get`` may be held, whatever the client asks.
 MAX_LONG_POLL_MS: Final = 60_000
 MPUT_MAX_BYTES: Final = 16 * 1024 * 1024
 #: ``put`` to this partition: the broker chooses one (MetaQ's ``Partition.RandomPartiton``).
 RANDOM_PARTITION: Final = -1
 LONG_MAX: Final = 2**63 - 1
-STATS_ITEMS: Final = ("", "topics", "offsets", "realtime", "config", "reset", "help")
+STATS_ITEMS: Final = ("", "topics", "offsets", "realtime", "config", "reset", "help", "queues")
 
 
 class _Batch:
@@ -154,8 +168,12 @@ class BrokerService:
         self.master_address = ""
         self.sync_master: SyncMaster | None = None
         self.delay: DelayQueue | None = None
+        self.queues: QueueManager | None = None  # queue subscriptions (README "Queues")
         self.on_promote: Callable[[], str] | None = None
         self.replication_stats: Callable[[], list[tuple[str, object]]] | None = None
+        #: a slave's copy of its master's redo log (None on a master)
+        self.redo_replica: ReplicaRedo | None = None
+        self._redo_acks: list[PendingReplies] = []
         #: (topic, partition) -> group -> (last fetched offset, monotonic time), bounded
         self.consumer_positions = ConsumerPositions(
             config.system.max_consumer_groups, config.system.consumer_group_expiry_ms / 1000.0
@@ -194,6 +212,8 @@ class BrokerService:
         conn.parked.clear()
         if self.transactions is not None:
             self.transactions.connection_closed(conn)
+        if self.queues is not None:
+            self.queues.connection_closed(conn)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -236,6 +256,14 @@ class BrokerService:
     def _auth_required(self, conn: Connection, r: Request | ProtocolError) -> None:
         opaque = getattr(r, "opaque", 0)
         conn.send(encode_result(403, opaque, b"authentication required: send auth first"))
+
+    def _group_secret_ok(self, r: Register) -> bool:
+        """A group with a ``[producerGroup=NAME] secret`` is joined only with that secret
+        (else any app could register as it and answer its half messages' check-backs)."""
+        expected = self.config.producer_groups.get(r.group)
+        if expected is None:
+            return True
+        return hmac.compare_digest(r.secret.encode(), expected.encode())
 
     def _denied(self, conn: Connection, opaque: int, what: str, role: str) -> None:
         """403 for a verb the connection's role does not allow (README "Security")."""
@@ -354,9 +382,9 @@ class BrokerService:
         log.info("producer %s: retry of seq %d in %s-%d dropped", pid, seq, part.topic, part.index)
         msg_id, offset = found
         if count:
-            body = b"%d %d %d %d" % (msg_id, part.index, offset, count)
+            body = MultiPutAck(msg_id, part.index, offset, count).encode()
         else:
-            body = b"%d %d %d" % (msg_id, part.index, offset)
+            body = PutAck(msg_id, part.index, offset).encode()
         group = PendingReplies(conn, part.index)
         group.items.append([opaque])
         group.body = encode_result(200, opaque, body)
@@ -413,7 +441,7 @@ class BrokerService:
         group = PendingReplies(conn, r.partition)
         group.items.append([r.opaque])
         group.body = encode_result(
-            200, r.opaque, b"%d %d %d %d" % (first_id, r.partition, base, r.count)
+            200, r.opaque, MultiPutAck(first_id, r.partition, base, r.count).encode()
         )
         conn.send(group)
         self._await_all(
@@ -572,6 +600,8 @@ class BrokerService:
         st.cmd_get += 1
         if r.topic.startswith("__") and not conn.replica:
             return self._denied(conn, r.opaque, f"get on internal topic {r.topic!r}", "replica")
+        if r.topic == TXLOG_STREAM:
+            return self._get_redo(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
@@ -592,7 +622,7 @@ class BrokerService:
                 return self._error(
                     conn, 404, r.opaque, f"Could not find message at position {r.offset}"
                 )
-            return conn.send(encode_result(301, r.opaque, b"%d" % e.nearest))
+            return conn.send(encode_result(301, r.opaque, Redirect(e.nearest).encode()))
         if sl is None:
             if r.max_wait_ms > 0:
                 return self._park(conn, part, r)
@@ -659,7 +689,7 @@ class BrokerService:
         try:
             sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
         except OffsetOutOfRangeError as e:
-            slot.body = encode_result(301, r.opaque, b"%d" % e.nearest)
+            slot.body = encode_result(301, r.opaque, Redirect(e.nearest).encode())
             return self._deliver(conn, slot)
         if sl is None:
             self.stats.get_misses += 1
@@ -691,6 +721,8 @@ class BrokerService:
                     self._unpark(part, entry, False)
         if self.transactions is not None:
             self.transactions.partition_visible(part)
+        if self.queues is not None:
+            self.queues.partition_visible(part.topic)
 
     def _offset(self, conn: Connection, r: Offset) -> None:
         self.stats.cmd_offset += 1
@@ -699,7 +731,7 @@ class BrokerService:
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
-        conn.send(encode_result(200, r.opaque, b"%d" % part.nearest_offset(r.offset)))
+        conn.send(encode_result(200, r.opaque, OffsetReply(part.nearest_offset(r.offset)).encode()))
 
     # ------------------------------------------------------------------ the rest
 
@@ -726,10 +758,22 @@ class BrokerService:
         elif isinstance(r, Register):
             if self.transactions is None:
                 self._error(conn, 500, r.opaque, "transactions are not enabled on this broker")
+            elif not self._group_secret_ok(r):
+                record_auth_failure(conn.peer)
+                self._error(
+                    conn, 403, r.opaque, f"register {r.group}: the group's secret is required"
+                )
             else:
                 self.transactions.register(conn, r)
         elif isinstance(r, DelayedPut):
             self._dput(conn, r)
+        elif isinstance(r, QueueSubscribe | QueueAck | QueueUnsubscribe | QueueDeadLetters):
+            if isinstance(r, QueueDeadLetters) and not conn.admin:
+                return self._denied(conn, r.opaque, f"qdlq {r.action}", "admin")
+            if self.queues is None:
+                self._error(conn, 500, r.opaque, "queues are not enabled on this broker")
+            else:
+                self.queues.handle(conn, r, self.role)
         elif isinstance(r, MultiSync):
             self._msync(conn, r)
         elif isinstance(r, Sync):
@@ -745,7 +789,6 @@ class BrokerService:
     # ------------------------------------------------------------------ delayed messages
 
     def _dput(self, conn: Connection, r: DelayedPut) -> None:
-        from notify.broker.delay import DELAY_TOPIC, encode_envelope
 
         self.stats.cmd_put += 1
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
@@ -795,7 +838,7 @@ class BrokerService:
         delay.add(off, r.deliver_at_ms)
         group = PendingReplies(conn, r.partition)
         group.items.append([r.opaque])
-        group.body = encode_result(200, r.opaque, b"%d %d -1" % (msg_id, r.partition))
+        group.body = encode_result(200, r.opaque, PutAck(msg_id, r.partition, -1).encode())
         conn.send(group)
         self._await_all(
             [group],
@@ -810,6 +853,8 @@ class BrokerService:
             return self._error(conn, 403, r.opaque, "msync: this broker is not a slave")
         if not conn.replica:  # only the master, authenticated with replicationSecret
             return self._denied(conn, r.opaque, "msync", "replica")
+        if r.topic == TXLOG_STREAM:
+            return self._msync_redo(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
@@ -819,11 +864,11 @@ class BrokerService:
             return self._error(conn, 400, r.opaque, f"msync: {err}")
         end = part.end
         if r.base_offset > end:
-            return conn.send(encode_result(301, r.opaque, b"%d" % end))  # behind: pulling
+            return conn.send(encode_result(301, r.opaque, Redirect(end).encode()))  # behind
         if r.base_offset < end:
             have = part.read_raw(r.base_offset, len(buf))
             if have == bytes(buf):
-                return conn.send(encode_result(200, r.opaque, b"%d" % end))  # already here
+                return conn.send(encode_result(200, r.opaque, OffsetReply(end).encode()))  # here
             return self._error(
                 conn, 500, r.opaque, f"msync: slave diverges from the master at {r.base_offset}"
             )
@@ -835,9 +880,63 @@ class BrokerService:
         self.producers.observe(part, buf, base)  # a promoted slave knows the producers
         group = PendingReplies(conn, r.partition)
         group.items.append([r.opaque])
-        group.body = encode_result(200, r.opaque, b"%d" % part.end)
+        group.body = encode_result(200, r.opaque, OffsetReply(part.end).encode())
         conn.send(group)
         self._await_all([group], self.flusher.after_append(part, r.count), None)
+
+    def _get_redo(self, conn: Connection, r: Get) -> None:
+        """A slave pulls the redo log: ``get __txlog <group> <fileNo> <offset> <maxSize>``;
+        200 = whole frames, 301 = continue at the start of segment ``<body>``, 404 = none
+        yet (see :mod:`notify.replication.redo`)."""
+        tm = self.transactions
+        if tm is None:
+            return self._error(conn, 404, r.opaque, "no redo log on this broker")
+        try:
+            data, nxt = tm.log.read_frames(
+                Position(r.partition, r.offset), min(r.max_size, self.max_transfer)
+            )
+        except TxLogError as e:
+            return self._error(conn, 500, r.opaque, f"redo log: {e}")
+        if nxt is not None:
+            return conn.send(encode_result(301, r.opaque, b"%d" % nxt.file_no))
+        if not data:
+            return self._error(conn, 404, r.opaque, "no redo frames at this position yet")
+        conn.send(encode_value_header(len(data), r.opaque) + data)
+
+    def _msync_redo(self, conn: Connection, r: MultiSync) -> None:
+        """The synchronous master pushes redo frames; answered after this slave forced them
+        (one fdatasync for every push of a loop turn); 301 = behind, the pull catches up."""
+        rr = self.redo_replica
+        if rr is None:
+            return self._error(conn, 500, r.opaque, "msync: this slave keeps no redo log")
+        at = Position(r.partition, r.base_offset)
+        try:
+            rr.append(at, r.records)
+        except RedoBehindError:
+            return conn.send(encode_result(301, r.opaque, b"%d %d" % rr.end))
+        except TxLogError as e:
+            return self._error(conn, 500, r.opaque, f"msync: {e}")
+        group = PendingReplies(conn, r.partition)
+        group.items.append([r.opaque])
+        self._redo_acks.append(group)
+        if len(self._redo_acks) == 1:
+            self.loop.call_soon(self._force_redo)
+        conn.send(group)
+
+    def _force_redo(self) -> None:
+        acks, self._redo_acks = self._redo_acks, []
+        rr = self.redo_replica
+        try:
+            if rr is None:
+                raise TxLogError("this broker no longer keeps a replica redo log")
+            rr.log.sync()
+        except TxLogError as e:
+            for g in acks:
+                g.fail(500, f"msync: forcing the redo log failed: {e}")
+            return
+        for g in acks:
+            g.body = encode_result(200, g.items[0][0], b"%d %d" % rr.end)
+            g.resolve()
 
     def _sync(self, conn: Connection, r: Sync) -> None:
         """MetaQ's single-message ``sync``: append one record with the master's id."""
@@ -858,7 +957,7 @@ class BrokerService:
             return self._error(conn, 500, r.opaque, str(e))
         if r.flag & FLAG_PROPERTIES:
             self.producers.observe(part, rec, off)
-        conn.send(encode_result(200, r.opaque, b"%d %d %d" % (r.msg_id, r.partition, off)))
+        conn.send(encode_result(200, r.opaque, PutAck(r.msg_id, r.partition, off).encode()))
 
     def _tx_put(self, conn: Connection, r: Put, crc: int) -> None:
         if self.transactions is None:
@@ -892,9 +991,27 @@ class BrokerService:
             conn.grant(True, admin, conn.replica)
             return conn.send(encode_result(200, r.opaque, b"ok role=admin" if admin else b"ok"))
         if match(sysc.replication_secret):
+            # the link also names the broker id it replicates: a slave takes writes only from
+            # its own master (same brokerId, as in MetaQ), a master serves its own slaves
+            if r.broker_id != sysc.broker_id:
+                self.stats.denied += 1
+                log.warning(
+                    "replica auth from %s for broker %s refused: this is broker %d",
+                    conn.peer,
+                    r.broker_id,
+                    sysc.broker_id,
+                )
+                conn.send(
+                    encode_result(
+                        403,
+                        r.opaque,
+                        b"replica auth must name this broker's id %d" % sysc.broker_id,
+                    )
+                )
+                return conn.close_after_replies()
             conn.grant(True, conn.admin, True)
-            return conn.send(encode_result(200, r.opaque, b"ok role=replica"))
-        log.warning("failed authentication from %s", conn.peer)
+            return conn.send(encode_result(200, r.opaque, encode_replica_ack(sysc.broker_id)))
+        record_auth_failure(conn.peer)  # counted in /metrics; rate-limited log lines
         conn.send(encode_result(403, r.opaque, b"authentication failed"))
         conn.close_after_replies()
 
@@ -956,6 +1073,8 @@ class BrokerService:
             ]
         elif item == "realtime":
             items = st.realtime()
+        elif item == "queues":
+            items = self.queues.stats_items() if self.queues is not None else []
         elif item == "config":
             return self._stats_config(conn, r)
         elif item == "reset":

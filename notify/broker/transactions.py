@@ -77,6 +77,15 @@ class TransactionManager:
         )
         self._force_upto: Position | None = None
         self._closed = False
+        #: a slave's log is its master's copy: no engine runs on it, no checkpoint of ours
+        #: (notify.replication.redo does them) until ``promote`` recovers it
+        self.replica = False
+        #: the synchronous slave's answer to the newest redo write pushed to it
+        self._shipped: asyncio.Future[None] | None = None
+
+    def ship(self, fut: asyncio.Future[None]) -> None:
+        """A redo write was pushed to the synchronous slave: forces wait for its answer."""
+        self._shipped = fut
 
     # ------------------------------------------------------------------ views for admin/HTTP
 
@@ -94,8 +103,8 @@ class TransactionManager:
     def stats_items(self) -> list[tuple[str, object]]:
         return [
             *self.engine.stats_items(),
-            ("txlog_end", str(self.log.end_position)),
-            ("txlog_durable", str(self.log.durable_position)),
+            ("txlog_end", _fields(self.log.end_position)),
+            ("txlog_durable", _fields(self.log.durable_position)),
         ]
 
     # ------------------------------------------------------------------ requests
@@ -182,7 +191,19 @@ class TransactionManager:
             self.log.sync(upto)
         except TxLogError as e:
             err = str(e)
+        shipped = self._shipped
+        if err is None and shipped is not None and not shipped.done():
+            # a synchronous slave: the step is durable when the slave has it on disk too
+            # (pushes are answered in order, so the newest answer covers everything before)
+            shipped.add_done_callback(lambda f: self._slave_forced(upto, f))
+            return
+        if err is None and shipped is not None:
+            err = _failure(shipped)
         self.engine.forced(upto, err)
+        self._drain()
+
+    def _slave_forced(self, upto: Position, fut: asyncio.Future[None]) -> None:
+        self.engine.forced(upto, _failure(fut))
         self._drain()
 
     # ------------------------------------------------------------------ lifecycle and jobs
@@ -241,10 +262,24 @@ class TransactionManager:
         self._closed = True
         if self._force_upto is not None:
             self._force_round()
-        self._checkpoint_at(self.engine.checkpoint_position())
+        if not self.replica:
+            self._checkpoint_at(self.engine.checkpoint_position())
         self.log.close()
+
+
+def _failure(fut: asyncio.Future[None]) -> str | None:
+    """Why the synchronous slave did not take a redo push (None: it did)."""
+    if fut.cancelled():
+        return "the synchronous slave's answer was cancelled"
+    exc = fut.exception()
+    return None if exc is None else f"synchronous slave: {exc}"
 
 
 def _consume(fut: asyncio.Future[int]) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+def _fields(pos: Position) -> str:
+    """A redo-log position as stats fields: ``file_no=N offset=M``."""
+    return f"file_no={pos.file_no} offset={pos.offset}"

@@ -65,6 +65,7 @@ from ._errors import (
 from ._fetchsize import FetchSizer
 from ._message import Headers, Message, SendResult
 from ._producer import AsyncProducer
+from ._queue import AsyncQueueConsumer, QueueConsumer, QueueMessage, SyncQueueMessage
 from ._recover import (
     RecoverStore,
     StoredMessage,
@@ -103,6 +104,7 @@ __all__ = [
     "AsyncConsumer",
     "AsyncMessageSessionFactory",
     "AsyncProducer",
+    "AsyncQueueConsumer",
     "AsyncTransaction",
     "BrokerDirectory",
     "ClientConfig",
@@ -129,11 +131,14 @@ __all__ = [
     "PartitionSelector",
     "Producer",
     "ProducerConfig",
+    "QueueConsumer",
+    "QueueMessage",
     "RecoverStore",
     "RoundRobinSelector",
     "SendResult",
     "StaticBrokerDirectory",
     "StoredMessage",
+    "SyncQueueMessage",
     "TopicPartitionOffset",
     "TopicRouter",
     "Transaction",

@@ -137,6 +137,9 @@ class ProducerConfig:
     spool_dir: Path | None = None
     spool_replay_interval_s: float = DEFAULT_SPOOL_REPLAY_INTERVAL_S
     producer_group: str | None = None
+    #: The group's secret when the broker protects it (``[producerGroup=NAME] secret``);
+    #: sent with ``register`` (use TLS, or it travels in cleartext).
+    producer_group_secret: str = ""
     #: Threads running the transaction checker (check-backs answered concurrently at most).
     check_threads: int = DEFAULT_CHECK_THREADS
     #: Idempotent producer: a producer id and per-partition sequence numbers travel with

@@ -17,12 +17,8 @@ class ListenerTimeoutError(ClientError):
 
 # --------------------------------------------------------------------------- transactions
 
-#: javax.transaction.xa.XAException codes the broker answers with (``XAException:code=N``).
-XA_RBROLLBACK = 100
-XA_RBTIMEOUT = 106
-XA_RDONLY = 3
-XAER_NOTA = -4
-XAER_PROTO = -6
+# the XAException codes the broker answers with (``XAException:code=N``) are defined once,
+# in notify.protocol.xa
 
 
 class ClientTransactionError(TransactionError, ClientError):

@@ -46,11 +46,12 @@ from notify.protocol.frames import Response, encode_dput, encode_line, encode_mp
 from notify.protocol.keys import local_key
 from notify.protocol.properties import decode_attribute
 from notify.protocol.replies import MultiPutAck, PutAck, parse_prepare_vote
+from notify.protocol.xa import XA_RDONLY
 from notify.transport import AsyncConnection
 
 from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
-from ._errors import XA_RDONLY, ClientTransactionError, TransactionConnectionError
+from ._errors import ClientTransactionError, TransactionConnectionError
 from ._message import Headers, Message, SendResult, build_payload
 from ._routing import Partition, TopicRouter
 from ._selectors import KeyHashSelector, PartitionSelector

@@ -41,6 +41,7 @@ from ._errors import ClientTransactionError
 from ._loopthread import LoopThread
 from ._message import Headers, Message, SendResult
 from ._producer import AsyncProducer
+from ._queue import AsyncQueueConsumer, QueueConsumer, QueueListener
 from ._routing import (
     BrokerDirectory,
     Partition,
@@ -136,7 +137,27 @@ class AsyncMessageSessionFactory:
         self._cluster_stores: list[OffsetStore] = []
         self._producers: list[AsyncProducer] = []
         self._consumers: list[AsyncConsumer] = []
+        self._queue_consumers: list[AsyncQueueConsumer] = []
         self._closed = False
+
+    async def create_queue_consumer(
+        self,
+        topic: str,
+        group: str,
+        credit: int = 100,
+        listener: QueueListener | None = None,
+        start: str = "earliest",
+    ) -> AsyncQueueConsumer:
+        """A consumer of queue group ``group`` of ``topic``, subscribed on every broker of
+        the topic: the brokers push messages (at most ``credit`` unacknowledged per broker)
+        and each is acknowledged (README "Queues"). ``start`` places a new group."""
+        self._check_open()
+        c = AsyncQueueConsumer(
+            self.router, self.pool.options, topic, group, credit, listener, start
+        )
+        self._queue_consumers.append(c)
+        await c.start_consuming(self.config.request_timeout_s)
+        return c
 
     def create_producer(
         self,
@@ -224,6 +245,8 @@ class AsyncMessageSessionFactory:
         self._closed = True
         for c in self._consumers:
             await c.shutdown()
+        for q in self._queue_consumers:
+            await q.close()
         for p in self._producers:
             await p.close()
         await self.directory.close()
@@ -724,6 +747,20 @@ class MessageSessionFactory:
     def partitions(self, topic: str) -> list[Partition]:
         """The global partitions of ``topic``."""
         return self._lt.run(self.core.partitions(topic))
+
+    def create_queue_consumer(
+        self,
+        topic: str,
+        group: str,
+        credit: int = 100,
+        listener: QueueListener | None = None,
+        start: str = "earliest",
+    ) -> QueueConsumer:
+        """A synchronous queue consumer (see
+        :meth:`AsyncMessageSessionFactory.create_queue_consumer`); a plain ``listener``
+        runs on threads, its return accepts the message and an exception releases it."""
+        core = self.core.create_queue_consumer(topic, group, credit, listener, start)
+        return QueueConsumer(self._lt.run(core), self._lt)
 
     def run(self, coro: Any, timeout_s: float | None = None) -> Any:
         """Run a coroutine on the session's loop (to use the asyncio objects directly)."""

@@ -72,14 +72,12 @@ from notify.errors import (
 from notify.protocol import records as rec
 from notify.protocol.frames import Response, encode_line, encode_put
 from notify.protocol.replies import XAFailure, put_ack_msg_id
+from notify.protocol.xa import XA_RBROLLBACK, XA_RBTIMEOUT, XAER_NOTA
 from notify.transport import AsyncConnection
 
 from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._errors import (
-    XA_RBROLLBACK,
-    XA_RBTIMEOUT,
-    XAER_NOTA,
     ClientTransactionError,
     TransactionAbortedError,
     TransactionConnectionError,
@@ -857,8 +855,10 @@ class TxChannel:
 
     async def _register(self, conn: AsyncConnection, group: str) -> None:
         conn.check_handler = self._on_check
+        secret = self._p.config.producer_group_secret
+        words = (group, secret) if secret else (group,)
         r = await conn.request(
-            lambda o: encode_line("register", group, o), self._p.client_config.request_timeout_s
+            lambda o: encode_line("register", *words, o), self._p.client_config.request_timeout_s
         )
         if r.code != 200:
             raise ClientError(

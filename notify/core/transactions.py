@@ -58,6 +58,7 @@ from notify.protocol import logrecords as lr
 from notify.protocol import records
 from notify.protocol.frames import Transaction
 from notify.protocol.keys import is_xa, validate_key
+from notify.protocol.replies import MultiPutAck, PutAck, encode_prepare_vote
 from notify.protocol.xa import (
     XA_OK,
     XA_RBROLLBACK,
@@ -393,7 +394,7 @@ class TxEngine:
         except TxFailure as e:
             return self._fail(owner, opaque, e)
         shown = partition if reply_partition < 0 else reply_partition
-        self._reply(owner, opaque, 200, b"%d %d -1" % (msg_id, shown))
+        self._reply(owner, opaque, 200, PutAck(msg_id, shown, -1).encode())
 
     def mput(
         self,
@@ -413,7 +414,7 @@ class TxEngine:
             self._add_batch(tx, lr.AppendMsg(tx.key, topic, partition, count, bytes(buf)))
         except TxFailure as e:
             return self._fail(owner, opaque, e)
-        self._reply(owner, opaque, 200, b"%d %d -1 %d" % (first, partition, count))
+        self._reply(owner, opaque, 200, MultiPutAck(first, partition, -1, count).encode())
 
     # ------------------------------------------------------------------ the command
 
@@ -668,7 +669,7 @@ class TxEngine:
         if not tx.batches:
             self._to(tx, TxEvent.READ_ONLY)  # no work: vote read-only, nothing to remember
             self._forget_finished(tx)
-            return None, lambda: (b"%d" % XA_RDONLY, []), ""
+            return None, lambda: (encode_prepare_vote(XA_RDONLY), []), ""
         group = self._owner_group.get(owner, "")
         at = self._now_ms()
         body = lr.Prepare(tx.key, at, tx.timeout_s, group).encode()
@@ -685,7 +686,7 @@ class TxEngine:
 
         def finish() -> tuple[bytes, list[tuple[Any, int]]]:
             self.crashpoint("after_prepare_record")
-            return b"%d" % XA_OK, []
+            return encode_prepare_vote(XA_OK), []
 
         return pos, finish, "prepare not known to be durable; roll it back"
 

@@ -2,7 +2,9 @@
 
 Modules:
 
-* :mod:`~notify.http.server`   the aiohttp application, its lifecycle, auth and errors;
+* :mod:`~notify.http.application` assembles the aiohttp application and starts it;
+* :mod:`~notify.http.server`   the server's lifecycle, auth, errors and request helpers;
+* :mod:`~notify.http.host`     :class:`BrokerHost`, what the HTTP layer needs of the broker;
 * :mod:`~notify.http.bridge`   runs wire requests through :class:`BrokerService` for HTTP
   callers, so an HTTP put is batched, group-committed and acknowledged like a wire put;
 * :mod:`~notify.http.metaq`    MetaQ 1.4's HTTP protocol (``/put``, ``/get``, ``/offset``)
@@ -14,6 +16,7 @@ Modules:
 * ``dashboard/``               the single-page dashboard served at ``/``.
 """
 
-from notify.http.server import HttpServer, start_http
+from notify.http.application import start_http
+from notify.http.server import HttpServer
 
 __all__ = ["HttpServer", "start_http"]

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from notify.broker.queues import QueueManager
 from notify.config import RESERVED_PREFIX, TOPIC_KEYS, ServerConfig, check_user_topic, parse_config
 from notify.core.states import TxState
 from notify.errors import (
@@ -38,6 +39,7 @@ from notify.errors import (
     OffsetOutOfRangeError,
     ProtocolError,
     TransactionError,
+    TxLogError,
 )
 from notify.http import openapi
 from notify.http.bridge import call, call_one
@@ -499,6 +501,106 @@ async def rollback_transaction(request: web.Request) -> web.Response:
     return await _resolve(request, False)
 
 
+# ---------------------------------------------------------------------- queue groups
+
+
+def _queues(request: web.Request) -> QueueManager:
+    q = _server(request).service.queues
+    if q is None:
+        raise web.HTTPServiceUnavailable(text="queues are not enabled on this broker")
+    return q
+
+
+def _queue_group(request: web.Request) -> tuple[QueueManager, str, str]:
+    topic = _known_topic(request)
+    group = request.match_info["group"]
+    q = _queues(request)
+    if (topic, group) not in q.groups:
+        raise _not_found(f"no queue group {group!r} on topic {topic!r}")
+    return q, topic, group
+
+
+async def list_queue_groups(request: web.Request) -> web.Response:
+    q = _queues(request)
+    out = []
+    for (topic, group), g in sorted(q.groups.items()):
+        low = {str(p): ps.low_water for p, ps in sorted(g.core.parts.items())}
+        out.append({"topic": topic, "group": group, **g.core.counts(), "low_water": low})
+    return json_response({"queues": out})
+
+
+def _stored_message(service: Any, topic: str, partition: int, offset: int, length: int) -> Any:
+    part = service.store.get(topic, partition)
+    if part is None or offset < part.min_offset:
+        return None  # deleted by retention
+    try:
+        recs, _ = records.decode_all(part.read_raw(offset, length), offset)
+    except (records.CorruptRecordError, NotifyError):
+        return None
+    return _message_json(recs[0]) if recs else None
+
+
+async def list_queue_dead_letters(request: web.Request) -> web.Response:
+    q, topic, group = _queue_group(request)
+    start = int_param(request.query, "from", 0, 0, INT32[1])
+    limit = int_param(request.query, "limit", DEFAULT_FETCH_LIMIT, 1, q.limits.max_dead_letters)
+    total, dropped, page = q.dead_letters(topic, group, start, limit)
+    service = _server(request).service
+    return json_response(
+        {
+            "topic": topic,
+            "group": group,
+            "total": total,
+            "dropped": dropped,
+            "dead_letters": [
+                {
+                    "partition": d.partition,
+                    "offset": d.offset,
+                    "length": d.length,
+                    "deliveries": d.deliveries,
+                    "reason": d.reason,
+                    "at_ms": d.at_ms,
+                    "message": _stored_message(service, topic, d.partition, d.offset, d.length),
+                }
+                for d in page
+            ],
+        }
+    )
+
+
+async def replay_queue_dead_letters(request: web.Request) -> web.Response:
+    q, topic, group = _queue_group(request)
+    body = await _json_body(request)
+    if not isinstance(body, dict) or ("all" in body) == ("messages" in body):
+        raise bad_request('expected {"all": true} or {"messages": [{"partition": P, "offset": O}]}')
+    keys: list[tuple[int, int]] | None = None
+    if "all" in body:
+        if body["all"] is not True:
+            raise bad_request('"all" must be true')
+    else:
+        msgs = body["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            raise bad_request('"messages" must be a non-empty list')
+        if len(msgs) > q.limits.max_dead_letters:
+            raise bad_request(f"at most {q.limits.max_dead_letters} messages per replay")
+        keys = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or set(m) != {"partition", "offset"}:
+                raise bad_request(f"messages[{i}]: expected {{\"partition\": P, \"offset\": O}}")
+            keys.append(
+                (
+                    parse_int(m["partition"], f"messages[{i}].partition", 0, INT32[1]),
+                    parse_int(m["offset"], f"messages[{i}].offset", 0),
+                )
+            )
+    try:
+        done, unknown = await q.replay_durable(topic, group, keys)
+    except TxLogError as e:
+        return json_response({"error": f"replay not durable: {e}"}, 500)
+    log.warning("http: admin replayed %d dead letter(s) of queue group %s/%s", done, topic, group)
+    return json_response({"topic": topic, "group": group, "replayed": done, "unknown": unknown})
+
+
 def routes() -> list[tuple[str, str, Any]]:
     """``(method, path, handler)`` of the REST face (the OpenAPI test checks them)."""
     return [
@@ -513,6 +615,9 @@ def routes() -> list[tuple[str, str, Any]]:
         ("GET", "/api/transactions", list_transactions),
         ("POST", "/api/transactions/{key}/commit", commit_transaction),
         ("POST", "/api/transactions/{key}/rollback", rollback_transaction),
+        ("GET", "/api/queues", list_queue_groups),
+        ("GET", "/api/queues/{topic}/{group}/dead-letters", list_queue_dead_letters),
+        ("POST", "/api/queues/{topic}/{group}/dead-letters/replay", replay_queue_dead_letters),
         ("GET", "/api/config", get_config),
         ("POST", "/api/config/reload", reload_config),
         ("GET", "/api/openapi.json", get_openapi),
@@ -521,7 +626,15 @@ def routes() -> list[tuple[str, str, Any]]:
 
 #: Handlers that need ``adminSecret`` when it is set.
 ADMIN_HANDLERS: Final = frozenset(
-    {create_topic, reload_config, run_retention, commit_transaction, rollback_transaction}
+    {
+        create_topic,
+        reload_config,
+        run_retention,
+        commit_transaction,
+        rollback_transaction,
+        list_queue_dead_letters,
+        replay_queue_dead_letters,
+    }
 )
 
 

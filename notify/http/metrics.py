@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
@@ -30,8 +30,7 @@ from notify.http.views import groups_view, replication_view
 from notify.version import __version__
 
 if TYPE_CHECKING:
-    from notify.broker.app import Broker
-    from notify.http.server import HttpServer
+    from notify.http.host import BrokerHost
 
 FSYNC_BUCKETS: Final = (
     0.0005,
@@ -52,8 +51,9 @@ FSYNC_BUCKETS: Final = (
 class BrokerCollector(Collector):
     """Everything but the fsync histogram, read from the live broker at scrape time."""
 
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: BrokerHost, http_refused: Callable[[], int] | None = None):
         self.broker = broker
+        self.http_refused = http_refused
 
     def collect(self) -> Iterator[Metric]:
         service = self.broker.service
@@ -98,12 +98,11 @@ class BrokerCollector(Collector):
             "Failed authentications, wire and HTTP (per process)",
             auth_failures_total(),
         )
-        http = self.broker.http
-        if http is not None:
+        if self.http_refused is not None:
             yield CounterMetricFamily(
                 "notify_http_connections_refused",
                 "HTTP connections refused (httpMaxConnections)",
-                http.connections_refused,
+                self.http_refused(),
             )
 
         labels = ["topic"]
@@ -162,7 +161,7 @@ class BrokerCollector(Collector):
             "Offset of a group's last fetch",
             labels=["group", "topic", "partition"],
         )
-        rows = groups_view(service)
+        rows = groups_view(service, count_messages=False)
         cap = self.broker.config.system.metrics_max_consumer_series
         for g in rows[:cap]:
             lv = [g["group"], g["topic"], str(g["partition"])]
@@ -260,9 +259,9 @@ class BrokerCollector(Collector):
 class BrokerMetrics:
     """The registry of one broker and its fsync histogram."""
 
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: BrokerHost, http_refused: Callable[[], int] | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(BrokerCollector(broker))
+        self.registry.register(BrokerCollector(broker, http_refused))
         self.fsync_seconds = Histogram(
             "notify_fsync_seconds",
             "Time from the start of an fsync round to each partition's fsync completing",
@@ -302,9 +301,11 @@ class _Frozen(Collector):
         return iter(self.families)
 
 
-def add_routes(app: web.Application, server: HttpServer) -> None:
-    metrics = BrokerMetrics(server.broker)
-    server.metrics = metrics
+def add_routes(
+    app: web.Application, broker: BrokerHost, http_refused: Callable[[], int]
+) -> BrokerMetrics:
+    """Serve ``/metrics`` for ``broker``; the returned registry must be closed with the app."""
+    metrics = BrokerMetrics(broker, http_refused)
 
     async def handler(request: web.Request) -> web.Response:
         resp = web.Response(body=await metrics.render_async())
@@ -312,3 +313,4 @@ def add_routes(app: web.Application, server: HttpServer) -> None:
         return resp
 
     app.router.add_get("/metrics", handler)
+    return metrics

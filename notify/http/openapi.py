@@ -39,6 +39,13 @@ _KEY = {
     "description": "Transaction key: TX:<session>:<seq> or XID:<fmt>:<gtrid>:<bqual>:<uq>",
     "schema": {"type": "string"},
 }
+_QGROUP = {
+    "name": "group",
+    "in": "path",
+    "required": True,
+    "description": "Queue group name: [A-Za-z0-9._-]{1,249}",
+    "schema": {"type": "string"},
+}
 _COMMON_ERRORS = {
     "400": _error("Malformed request (names the bad parameter)"),
     "401": _error("authSecret is set and no valid bearer token was given"),
@@ -52,7 +59,39 @@ _COMMON_ERRORS = {
 
 def _schemas() -> JSON:
     integer = {"type": "integer", "format": "int64"}
+    position = {
+        "type": "object",
+        "required": ["partition", "offset"],
+        "properties": {"partition": {"type": "integer"}, "offset": integer},
+    }
     return {
+        "DeadLetters": {
+            "type": "object",
+            "properties": {
+                "topic": {"type": "string"},
+                "group": {"type": "string"},
+                "total": {"type": "integer"},
+                "dropped": {"type": "integer", "description": "older entries dropped at "
+                            "queueMaxDeadLetters"},
+                "dead_letters": {"type": "array", "items": {"type": "object", "properties": {
+                    "partition": {"type": "integer"},
+                    "offset": integer,
+                    "length": {"type": "integer"},
+                    "deliveries": {"type": "integer"},
+                    "reason": {"type": "string", "enum": ["rejected", "max_deliveries"]},
+                    "at_ms": integer,
+                    "message": {"type": "object", "nullable": True},
+                }}},
+            },
+        },
+        "Replay": {
+            "type": "object",
+            "description": '{"all": true} or {"messages": [...]}, not both',
+            "properties": {
+                "all": {"type": "boolean", "enum": [True]},
+                "messages": {"type": "array", "items": position, "minItems": 1},
+            },
+        },
         "Error": {
             "type": "object",
             "required": ["error"],
@@ -190,8 +229,18 @@ def _schemas() -> JSON:
                 "offset": {**integer, "description": "offset of the group's last fetch"},
                 "max_offset": integer,
                 "lag_bytes": integer,
+                "lag_messages": {
+                    **integer,
+                    "nullable": True,
+                    "description": "messages behind (counted from 1 MiB of records, then "
+                    "extrapolated: see lag_messages_exact)",
+                },
+                "lag_messages_exact": {"type": "boolean"},
                 "idle_seconds": {"type": "number"},
-                "live": {"type": "boolean"},
+                "live": {
+                    "type": "boolean",
+                    "description": "fetched within consumerSessionTimeout",
+                },
             },
         },
         "Transaction": {
@@ -480,6 +529,58 @@ def _paths() -> JSON:
                     **_COMMON_ERRORS,
                     "404": _error("Unknown transaction"),
                     "409": _error("Not PREPARED"),
+                },
+            },
+        },
+        "/api/queues": {
+            "get": {
+                "summary": "Queue groups with their figures (consumers, acquired, available, "
+                "dead letters, delivered, redelivered) and low-water offsets",
+                "operationId": "listQueueGroups",
+                "responses": {
+                    "200": _json({"type": "object", "properties": {"queues": {
+                        "type": "array", "items": {"type": "object"}}}}, "Queue groups"),
+                    "503": _error("Queues are not enabled on this broker"),
+                },
+            }
+        },
+        "/api/queues/{topic}/{group}/dead-letters": {
+            "parameters": [_TOPIC, _QGROUP],
+            "get": {
+                "summary": "A queue group's dead letters, oldest first, with the stored "
+                "message (null once retention deleted it); admin",
+                "operationId": "listQueueDeadLetters",
+                "parameters": [
+                    {"name": "from", "in": "query", "description": "Entries to skip",
+                     "schema": {"type": "integer", "minimum": 0}},
+                    {"name": "limit", "in": "query",
+                     "description": "Most entries (default 100, at most queueMaxDeadLetters)",
+                     "schema": {"type": "integer", "minimum": 1}},
+                ],
+                "responses": {
+                    "200": _json(_ref("DeadLetters"), "Dead letters"),
+                    **_COMMON_ERRORS,
+                    "404": _error("No such topic or queue group"),
+                },
+            },
+        },
+        "/api/queues/{topic}/{group}/dead-letters/replay": {
+            "parameters": [_TOPIC, _QGROUP],
+            "post": {
+                "summary": "Make dead letters available to the group again (delivery count "
+                "from 0; logged before the answer); admin",
+                "operationId": "replayQueueDeadLetters",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("Replay")}},
+                },
+                "responses": {
+                    "200": _json({"type": "object", "properties": {
+                        "replayed": {"type": "integer"},
+                        "unknown": {"type": "integer", "description": "not dead letters of "
+                                    "the group, or no longer in the store"}}}, "Replayed"),
+                    **_COMMON_ERRORS,
+                    "404": _error("No such topic or queue group"),
                 },
             },
         },

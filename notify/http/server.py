@@ -49,9 +49,8 @@ from notify.broker.service import MPUT_MAX_BYTES
 from notify.http.views import History
 
 if TYPE_CHECKING:
-    from notify.broker.app import Broker
     from notify.broker.service import BrokerService
-    from notify.http.metrics import BrokerMetrics
+    from notify.http.host import BrokerHost
 
 log = logging.getLogger("notify.http")
 
@@ -59,7 +58,7 @@ SAMPLE_EVERY_S: Final = 1.0
 SHUTDOWN_TIMEOUT_S: Final = 2.0
 #: Largest request body accepted (a JSON batch of base64 payloads); bigger gets 413.
 MAX_REQUEST_BYTES: Final = 2 * MPUT_MAX_BYTES
-_ASSETS: Final = {
+ASSETS: Final = {
     "/": ("index.html", "text/html"),
     "/dashboard.js": ("dashboard.js", "application/javascript"),
     "/dashboard.css": ("dashboard.css", "text/css"),
@@ -135,14 +134,14 @@ class _CappedSite(web.BaseSite):
 class HttpServer:
     """The running HTTP face of one broker. ``port`` is the port actually bound."""
 
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: BrokerHost):
         self.broker = broker
         self.history = History()
         self.host = broker.config.system.host_name
         self.port = 0
         self.round_robin: dict[str, int] = {}
-        self.metrics: BrokerMetrics | None = None
-        self.app = build_app(self)
+        #: closed with the server (the ``/metrics`` routes register their collector here)
+        self.on_close: list[Callable[[], None]] = []
         self._runner: web.AppRunner | None = None
         self._sampler: asyncio.Task[None] | None = None
         self._assets: dict[str, bytes] = {}
@@ -164,12 +163,13 @@ class HttpServer:
             raise web.HTTPServiceUnavailable(text="broker is starting")
         return service
 
-    async def start(self, port: int) -> None:
+    async def start(self, app: web.Application, port: int) -> None:
+        """Serve ``app`` (built by :func:`notify.http.application.build_app`) on ``port``."""
         pkg = resources.files("notify.http") / "dashboard"
-        for path, (name, _ctype) in _ASSETS.items():
+        for path, (name, _ctype) in ASSETS.items():
             self._assets[path] = (pkg / name).read_bytes()
         runner = web.AppRunner(
-            self.app,
+            app,
             access_log=None,
             handle_signals=False,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
@@ -183,8 +183,7 @@ class HttpServer:
             await site.start()
         except BaseException:
             await runner.cleanup()
-            if self.metrics is not None:
-                self.metrics.close()
+            self._closed()
             raise
         self._runner = runner
         addr = runner.addresses[0]
@@ -209,14 +208,18 @@ class HttpServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
-        if self.metrics is not None:
-            self.metrics.close()
+        self._closed()
+
+    def _closed(self) -> None:
+        hooks, self.on_close = self.on_close, []
+        for hook in hooks:
+            hook()
 
     def asset(self, path: str, token: str | None = None) -> web.Response:
         """A dashboard file. With auth on, the page's own links to its script, style and
         icon carry the ``token`` it was opened with (a browser sends no bearer header for
         them), so every request stays authenticated."""
-        _name, ctype = _ASSETS[path]
+        _name, ctype = ASSETS[path]
         body = self._assets[path]
         if path == "/" and token:
             q = html.escape(urllib.parse.quote(token, safe=""), quote=True)
@@ -229,13 +232,6 @@ class HttpServer:
             content_type=ctype,
             headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
         )
-
-
-async def start_http(broker: Broker, port: int | None = None) -> HttpServer:
-    """Start serving HTTP for ``broker`` on ``port`` (default ``dashboardHttpPort``)."""
-    server = HttpServer(broker)
-    await server.start(broker.config.system.dashboard_http_port if port is None else port)
-    return server
 
 
 # ---------------------------------------------------------------------- application
@@ -371,7 +367,9 @@ def _body_unread(request: web.Request) -> bool:
 
 
 @web.middleware
-async def _errors_and_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The application's middleware: cross-site and Host checks, auth, and errors as
+    clear replies (a traceback only ever reaches the log)."""
     server = request.app[SERVER]
     resp = _refuse_browser(request, server) or _check_auth(request, server)
     if resp is None:
@@ -426,22 +424,3 @@ async def read_body(request: web.Request, limit: int, what: str = "request body"
     except TimeoutError:
         raise web.HTTPRequestTimeout(text=f"{what} not received in time") from None
     return bytes(buf)
-
-
-def build_app(server: HttpServer) -> web.Application:
-    from notify.http import api, metaq, metrics
-
-    app = web.Application(middlewares=[_errors_and_auth], client_max_size=MAX_REQUEST_BYTES)
-    app[SERVER] = server
-
-    async def asset(request: web.Request) -> web.Response:
-        server = request.app[SERVER]
-        token = request.query.get("token") if server.broker.config.system.auth_secret else None
-        return server.asset(request.path, token)
-
-    for path in _ASSETS:
-        app.router.add_get(path, asset)
-    metaq.add_routes(app)
-    api.add_routes(app)
-    metrics.add_routes(app, server)
-    return app

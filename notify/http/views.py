@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 from notify.config import DeletePolicy, TopicConfig
 from notify.core.states import TxState
+from notify.errors import StoreError
+from notify.protocol import records
 from notify.store.partition import Partition
-from notify.store.retention import LIVE_CONSUMER_S
 from notify.version import __version__
 
 if TYPE_CHECKING:
-    from notify.broker.app import Broker
     from notify.broker.service import BrokerService
+    from notify.http.host import BrokerHost
 
 JSON = dict[str, Any]
 #: Seconds of per-second samples the dashboard's charts show.
@@ -86,10 +87,50 @@ def topics_view(service: BrokerService) -> list[JSON]:
     return [topic_view(service, name) for name in sorted(service.store.topics)]
 
 
-def groups_view(service: BrokerService) -> list[JSON]:
+#: Bytes of records read per group and partition to count its lag in messages (and in all,
+#: per ``/api/groups`` call); beyond, the count is extrapolated from the records read
+#: (``lag_messages_exact`` false), or null once the call's budget is spent.
+LAG_SCAN_BYTES: Final = 1 << 20
+LAG_SCAN_TOTAL_BYTES: Final = 16 << 20
+
+
+def lag_messages(
+    part: Partition, offset: int, end: int, max_scan: int = LAG_SCAN_BYTES
+) -> tuple[int | None, bool]:
+    """Messages between byte offsets ``offset`` and ``end`` of ``part``: ``(count, exact)``,
+    reading at most ``max_scan`` bytes; ``(None, False)`` when nothing could be read."""
+    pos = offset
+    count = 0
+    try:
+        while pos < end and pos - offset < max_scan:
+            chunk = part.read(pos, min(end - pos, 256 << 10))
+            if not chunk:
+                break
+            n, used = records.count_records(chunk)
+            if n == 0:  # one record larger than the chunk
+                size = records.first_record_size(chunk)
+                if size is None or size <= 0:
+                    break
+                n, used = 1, size
+            count += n
+            pos += used
+    except (StoreError, OSError):
+        return None, False
+    if pos >= end:
+        return count, True
+    if pos == offset:
+        return None, False
+    return count + round((end - pos) * count / (pos - offset)), False
+
+
+def groups_view(service: BrokerService, count_messages: bool = True) -> list[JSON]:
     """Consumer positions the broker saw (the offset of each group's last fetch) and the lag
-    behind the partition's visible end, in bytes (MetaQ offsets are byte offsets)."""
+    behind the partition's visible end, in bytes (MetaQ offsets are byte offsets) and, with
+    ``count_messages``, in messages. A group is ``live`` when it fetched within
+    ``consumerSessionTimeout``."""
     now = time.monotonic()
+    live_s = service.config.system.consumer_session_timeout_ms / 1000.0
+    budget = LAG_SCAN_TOTAL_BYTES
     out: list[JSON] = []
     for (topic, index), seen in sorted(service.consumer_positions.items()):
         part = service.store.get(topic, index)
@@ -98,18 +139,23 @@ def groups_view(service: BrokerService) -> list[JSON]:
         end = part.visible_end
         for group, (offset, at) in sorted(seen.items()):
             idle = now - at
-            out.append(
-                {
-                    "group": group,
-                    "topic": topic,
-                    "partition": index,
-                    "offset": offset,
-                    "max_offset": end,
-                    "lag_bytes": max(0, end - offset),
-                    "idle_seconds": round(idle, 1),
-                    "live": idle < LIVE_CONSUMER_S,
-                }
-            )
+            row: JSON = {
+                "group": group,
+                "topic": topic,
+                "partition": index,
+                "offset": offset,
+                "max_offset": end,
+                "lag_bytes": max(0, end - offset),
+                "idle_seconds": round(idle, 1),
+                "live": idle < live_s,
+            }
+            if count_messages:
+                scan = min(LAG_SCAN_BYTES, budget)
+                row["lag_messages"], row["lag_messages_exact"] = (
+                    lag_messages(part, offset, end, scan) if scan > 0 else (None, False)
+                )
+                budget -= min(scan, max(0, end - offset))
+            out.append(row)
     return out
 
 
@@ -141,12 +187,12 @@ def transactions_view(service: BrokerService) -> list[JSON]:
     return out
 
 
-def config_view(broker: Broker) -> JSON:
+def config_view(broker: BrokerHost) -> JSON:
     cfg = broker.config
     system = {}
     for f in fields(cfg.system):
         value = getattr(cfg.system, f.name)
-        if f.name in ("auth_secret", "admin_secret"):
+        if f.name.endswith("_secret"):
             value = "***" if value else ""
         system[f.name] = _jsonable(value)
     return {
@@ -159,7 +205,7 @@ def config_view(broker: Broker) -> JSON:
     }
 
 
-def replication_view(broker: Broker) -> JSON:
+def replication_view(broker: BrokerHost) -> JSON:
     """The broker's replication role and, where there is replication, its progress: an
     async slave's lag per partition (bytes the master has that it has not pulled yet), a
     master's synchronous slave state."""
@@ -199,7 +245,7 @@ def replication_view(broker: Broker) -> JSON:
     return out
 
 
-def system_view(broker: Broker) -> JSON:
+def system_view(broker: BrokerHost) -> JSON:
     service = broker.service
     assert service is not None
     st = service.stats
@@ -292,7 +338,7 @@ class History:
         return out
 
 
-def overview(broker: Broker, history: History) -> JSON:
+def overview(broker: BrokerHost, history: History) -> JSON:
     """Everything the dashboard shows, in one response."""
     service = broker.service
     assert service is not None
@@ -301,7 +347,7 @@ def overview(broker: Broker, history: History) -> JSON:
         "system": system_view(broker),
         "rates": history.rates(),
         "topics": topics_view(service),
-        "groups": groups_view(service),
+        "groups": groups_view(service, count_messages=False),
         "transactions": txs,
         "in_doubt": sum(1 for t in txs if t["in_doubt"]),
         "config": config_view(broker),

@@ -47,14 +47,35 @@ notify extensions (old clients never send them; old brokers answer them with an 
     dput <topic> <partition> <len> <flag> <checksum> <deliverAtMs> [<txKey>] <opaque>\\r\\n<body>
         a delayed message: visible in <topic> no earlier than <deliverAtMs> (Unix ms);
         reply <msgId> <partition> -1 (its offset exists only once it is delivered)
-    register <producerGroup> <opaque>\\r\\n
+    register <producerGroup> [<groupSecret>] <opaque>\\r\\n
         this connection belongs to a producer of <producerGroup>: transactions it prepares
-        are half messages the broker may check back on, through any connection of the group
+        are half messages the broker may check back on, through any connection of the group;
+        a group with a ``[producerGroup=NAME] secret`` needs that secret (else 403)
     check <txKey> <topic> <partition> <len> <opaque>\\r\\n<records>     (broker -> client)
         check-back of a prepared half message; the producer answers with a plain
         ``transaction <txKey> <sessionId> COMMIT_TWO_PHASE|ROLLBACK <opaque>``, or not at
         all when it does not know yet (the broker asks again later)
     reload [<opaque>]\\r\\n            re-read server.ini (new topics, per-topic settings)
+
+Queue subscriptions (Notify-style push with per-message acknowledgement; README "Queues")::
+
+    qsub <topic> <group> <credit> <start> <opaque>\\r\\n
+        join queue group <group> of <topic> on this connection; <start> (earliest|latest)
+        places a new group's partitions. Reply body: the credit granted. Messages then
+        arrive as ``qmsg`` frames carrying this opaque, at most <credit> unacknowledged
+    qmsg <subOpaque> <partition> <offset> <deliveryCount> <len>\\r\\n<record>  (to the client)
+    qack <topic> <group> <len> <opaque>\\r\\n<items>
+        <items>: lines ``A <partition> <offset>`` (accept), ``R <partition> <offset>
+        [<delayMs>]`` (release), ``X <partition> <offset>`` (reject), ``N <partition>
+        <offset>`` (renew the lock). Reply body ``<applied> <refused>`` then one line per
+        refused item (at most 16); answered once accepted/rejected items are durable
+    qunsub <topic> <group> <opaque>\\r\\n   leave the group: held messages return at once
+    qdlq <topic> <group> <len> <action> <opaque>\\r\\n<body>    (admin role when adminSecret is set)
+        the group's dead-letter queue. ``list``: body empty or ``<from> <limit>``; reply body
+        ``<total> <dropped>`` then one line per dead letter, oldest first (see
+        :func:`encode_dead_letters`). ``replay``: body ``all`` or lines ``<partition>
+        <offset>``; those dead letters become available again (logged); reply body
+        ``<replayed> <unknown>``
 
 Replies::
 
@@ -85,6 +106,8 @@ _TOKEN_COUNTS: Final = {
     b"sync": (7, 8),
     b"msync": (7, 7),
     b"dput": (8, 9),
+    b"qack": (5, 5),
+    b"qdlq": (6, 6),
 }
 _BATCH_COMMANDS: Final = frozenset({b"mput", b"msync"})
 TX_TYPES: Final = frozenset(
@@ -218,6 +241,9 @@ class Sync:
 class Auth:
     secret: str
     opaque: int
+    #: ``auth <secret> <brokerId> <opaque>``: a broker of a replication set names the broker
+    #: id it replicates (its master's, which a MetaQ slave shares); None in the 3-token form
+    broker_id: int | None = None
 
 
 @dataclass(slots=True)
@@ -256,6 +282,46 @@ class Promote:
 class Register:
     group: str
     opaque: int
+    secret: str = ""
+
+
+@dataclass(slots=True)
+class QueueSubscribe:
+    topic: str
+    group: str
+    credit: int
+    start: str
+    opaque: int
+
+
+@dataclass(slots=True)
+class QueueAck:
+    topic: str
+    group: str
+    opaque: int
+    items: bytes
+
+
+@dataclass(slots=True)
+class QueueUnsubscribe:
+    topic: str
+    group: str
+    opaque: int
+
+
+#: ``qdlq`` actions
+QDLQ_ACTIONS: Final = ("list", "replay")
+
+
+@dataclass(slots=True)
+class QueueDeadLetters:
+    """``qdlq``: list (``action`` "list") or replay (``"replay"``) a group's dead letters."""
+
+    topic: str
+    group: str
+    action: str
+    opaque: int
+    body: bytes
 
 
 Request = (
@@ -274,6 +340,10 @@ Request = (
     | MultiSync
     | Promote
     | DelayedPut
+    | QueueSubscribe
+    | QueueAck
+    | QueueUnsubscribe
+    | QueueDeadLetters
 )
 
 
@@ -312,7 +382,9 @@ _LINE_COUNTS: Final = {
     b"version": (1, 2),
     b"transaction": (5, 7),
     b"auth": (3, 3),
-    b"register": (3, 3),
+    b"register": (3, 4),
+    b"qsub": (6, 6),
+    b"qunsub": (4, 4),
 }
 
 
@@ -523,6 +595,15 @@ class RequestParser:
     def _decode_body_command(self, cmd: bytes, t: list[bytes], body: bytes) -> Request:
         opaque = _int(t[-1], "opaque", 0)
         topic = _text(t[1], "topic", opaque)
+        if cmd == b"qack":
+            return QueueAck(topic, _text(t[2], "group", opaque), opaque, body)
+        if cmd == b"qdlq":
+            action = _text(t[4], "action", opaque)
+            if action not in QDLQ_ACTIONS:
+                raise ProtocolError(
+                    f"qdlq: action must be list or replay, got {action[:20]!r}", 400, opaque
+                )
+            return QueueDeadLetters(topic, _text(t[2], "group", opaque), action, opaque, body)
         partition = _int(t[2], "partition", opaque)
         if cmd == b"put":
             flag = _int(t[4], "flag", opaque)
@@ -629,19 +710,25 @@ class RequestParser:
         if cmd == b"transaction":
             return self._decode_transaction(t)
         if cmd == b"auth":
-            if n != 3:
-                raise ProtocolError(f"auth: expected 3 tokens, got {n}", 400, _opaque_of(t))
-            opaque = _int(t[2], "opaque", 0)
-            return Auth(_text(t[1], "secret", opaque), opaque)
+            if n not in (3, 4):
+                raise ProtocolError(f"auth: expected 3 or 4 tokens, got {n}", 400, _opaque_of(t))
+            opaque = _int(t[-1], "opaque", 0)
+            bid = _int(t[2], "brokerId", opaque) if n == 4 else None
+            return Auth(_text(t[1], "secret", opaque), opaque, bid)
         if cmd == b"reload":
             return Reload(_int(t[1], "opaque", 0) if n > 1 else 0)
         if cmd == b"promote":
             return Promote(_int(t[1], "opaque", 0) if n > 1 else 0)
         if cmd == b"register":
-            if n != 3:
-                raise ProtocolError(f"register: expected 3 tokens, got {n}", 400, _opaque_of(t))
-            opaque = _int(t[2], "opaque", 0)
-            return Register(_text(t[1], "producerGroup", opaque), opaque)
+            if n not in (3, 4):
+                raise ProtocolError(
+                    f"register: expected 3 or 4 tokens, got {n}", 400, _opaque_of(t)
+                )
+            opaque = _int(t[-1], "opaque", 0)
+            secret = _text(t[2], "groupSecret", opaque) if n == 4 else ""
+            return Register(_text(t[1], "producerGroup", opaque), opaque, secret)
+        if cmd == b"qsub" or cmd == b"qunsub":
+            return _decode_queue_line(cmd, t)
         if not cmd:
             raise ProtocolError("empty command line", 400, 0)
         shown = cmd[:40].decode("latin-1")
@@ -670,6 +757,24 @@ class RequestParser:
             timeout = _int(t[4], "timeout", opaque)
             uq = _text(t[5], "uniqueQualifier", opaque)
         return Transaction(None if key == "null" else key, session, ttype, timeout, uq, opaque)
+
+
+def _decode_queue_line(cmd: bytes, t: list[bytes]) -> Request:
+    n = len(t)
+    want = _LINE_COUNTS[cmd][0]
+    name = cmd.decode()
+    if n != want:
+        raise ProtocolError(f"{name}: expected {want} tokens, got {n}", 400, _opaque_of(t))
+    opaque = _int(t[-1], "opaque", 0)
+    topic = _text(t[1], "topic", opaque)
+    group = _text(t[2], "group", opaque)
+    if cmd == b"qunsub":
+        return QueueUnsubscribe(topic, group, opaque)
+    start = _text(t[4], "start", opaque)
+    if start not in ("earliest", "latest"):
+        raise ProtocolError(f"qsub: start must be earliest or latest, got {start[:20]!r}", 400,
+                            opaque)
+    return QueueSubscribe(topic, group, _int(t[3], "credit", opaque), start, opaque)
 
 
 def _is_key_qualifier(key: str, slot: bytes) -> bool:
@@ -771,9 +876,78 @@ def encode_msync(
     return head.encode() + records
 
 
+def encode_replica_auth(secret: str, broker_id: int, opaque: int) -> bytes:
+    """``auth <replicationSecret> <brokerId> <opaque>``: the handshake of a replication link;
+    the broker answers ``ok role=replica broker=<its brokerId>`` (see
+    :func:`notify.protocol.replies.parse_replica_ack`)."""
+    return f"auth {secret} {broker_id} {opaque}\r\n".encode()
+
+
 def encode_line(*tokens: object) -> bytes:
     """Any single-line command: ``encode_line('stats', 'topics', 7)``."""
     return (" ".join(str(t) for t in tokens) + "\r\n").encode()
+
+
+def encode_qmsg(
+    sub_opaque: int, partition: int, offset: int, count: int, record_len: int
+) -> bytes:
+    """Broker -> client: the header of a pushed queue message (the record follows)."""
+    return b"qmsg %d %d %d %d %d\r\n" % (sub_opaque, partition, offset, count, record_len)
+
+
+def encode_qack(topic: str, group: str, items: bytes, opaque: int) -> bytes:
+    """``qack``: ``items`` are ``K <partition> <offset> [<delayMs>]`` lines."""
+    return f"qack {topic} {group} {len(items)} {opaque}\r\n".encode() + items
+
+
+def encode_qdlq(topic: str, group: str, action: str, body: bytes, opaque: int) -> bytes:
+    """``qdlq``: ``action`` list (body ``[<from> <limit>]``) or replay (body ``all`` or
+    ``<partition> <offset>`` lines)."""
+    return f"qdlq {topic} {group} {len(body)} {action} {opaque}\r\n".encode() + body
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterInfo:
+    """One entry of a ``qdlq list`` reply. ``reason``: ``rejected`` (a consumer rejected it)
+    or ``max_deliveries`` (returned with queueMaxDeliveries deliveries)."""
+
+    partition: int
+    offset: int
+    length: int
+    deliveries: int
+    reason: str
+    at_ms: int
+
+
+DEAD_LETTER_REASONS: Final = ("rejected", "max_deliveries")
+
+
+def encode_dead_letters(total: int, dropped: int, letters: list[DeadLetterInfo]) -> bytes:
+    """``qdlq list`` reply body: ``<total> <dropped>`` (entries in the queue, entries dropped
+    at queueMaxDeadLetters) then ``<partition> <offset> <length> <deliveries> <reason>
+    <atMs>`` lines."""
+    lines = [f"{total} {dropped}"]
+    lines += [
+        f"{d.partition} {d.offset} {d.length} {d.deliveries} {d.reason} {d.at_ms}"
+        for d in letters
+    ]
+    return "\n".join(lines).encode()
+
+
+def parse_dead_letters(body: bytes) -> tuple[int, int, list[DeadLetterInfo]]:
+    """Inverse of :func:`encode_dead_letters` (:class:`ProtocolError` when malformed)."""
+    try:
+        lines = body.decode("ascii").split("\n")
+        total, dropped = (int(x) for x in lines[0].split())
+        out = []
+        for line in lines[1:]:
+            p, o, ln, c, reason, at = line.split()
+            if reason not in DEAD_LETTER_REASONS:
+                raise ValueError(reason)
+            out.append(DeadLetterInfo(int(p), int(o), int(ln), int(c), reason, int(at)))
+        return total, dropped, out
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"malformed qdlq list reply: {e}") from None
 
 
 def encode_check(tx_key: str, topic: str, partition: int, records: bytes, opaque: int) -> bytes:
@@ -783,9 +957,11 @@ def encode_check(tx_key: str, topic: str, partition: int, records: bytes, opaque
 
 @dataclass(slots=True)
 class Response:
-    """A decoded reply. ``kind`` is ``"result"``, ``"value"`` (code 200) or ``"check"`` (a
+    """A decoded reply. ``kind`` is ``"result"``, ``"value"`` (code 200), ``"check"`` (a
     broker-initiated check-back: ``tx_key``, ``topic`` and ``partition`` are set, ``body``
-    holds the half message's records, ``code`` is 0)."""
+    holds the half message's records, ``code`` is 0) or ``"qmsg"`` (a pushed queue
+    message: ``opaque`` is the subscription's, ``partition`` and ``offset`` say which
+    message, ``code`` is its delivery count, ``body`` its record)."""
 
     kind: str
     code: int
@@ -794,6 +970,7 @@ class Response:
     tx_key: str | None = None
     topic: str | None = None
     partition: int = -1
+    offset: int = -1
 
 
 class ResponseParser:
@@ -818,11 +995,14 @@ class ResponseParser:
                     raise ProtocolError("reply header line too long", fatal=True)
                 break
             t = buf[pos:eol].split(b" ")
-            extra: tuple[str | None, str | None, int] = (None, None, -1)
+            extra: tuple[str | None, str | None, int, int] = (None, None, -1, -1)
             try:
-                if t[0] == b"check" and len(t) == 6:
+                if t[0] == b"qmsg" and len(t) == 6:
+                    kind, code, length, opaque = "qmsg", int(t[4]), int(t[5]), int(t[1])
+                    extra = (None, None, int(t[2]), int(t[3]))
+                elif t[0] == b"check" and len(t) == 6:
                     kind, code, length, opaque = "check", 0, int(t[4]), int(t[5])
-                    extra = (t[1].decode(), t[2].decode(), int(t[3]))
+                    extra = (t[1].decode(), t[2].decode(), int(t[3]), -1)
                 elif t[0] == b"result" and len(t) == 4:
                     kind, code, length, opaque = "result", int(t[1]), int(t[2]), int(t[3])
                 elif t[0] == b"value" and len(t) == 3:

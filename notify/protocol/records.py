@@ -181,6 +181,23 @@ def first_record_size(header: bytes | bytearray | memoryview) -> int | None:
     return HEADER_SIZE + length
 
 
+def count_records(buf: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """``(count, size)`` of the whole records at the start of ``buf``, by their headers'
+    lengths only (no checksum: for counting what is already stored)."""
+    mv = memoryview(buf)
+    n = len(mv)
+    pos = count = 0
+    unpack = _ATTR_LEN.unpack_from
+    while n - pos >= HEADER_SIZE:
+        length: int = unpack(mv, pos)[0]
+        end = pos + HEADER_SIZE + length
+        if length < 0 or end > n:
+            break
+        pos = end
+        count += 1
+    return count, pos
+
+
 _ID_AT = struct.Struct(">q")
 
 

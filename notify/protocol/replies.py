@@ -18,6 +18,8 @@ by one space, text is UTF-8. Byte layouts::
     RECOVER        (200 to transaction RECOVER)
                                               <key>\\r\\n<key>...   (no trailing CRLF; empty
                                               body: nothing prepared)
+    replica ack    (200 to a 4-token auth with replicationSecret)
+                                              ok role=replica broker=<brokerId>
     stats          (200 to stats)             STATS\\r\\n<name> <value>\\r\\n...END\\r\\n
                    <name> has no space; <value> is the rest of the line, often
                    ``k=v k=v`` fields (``stats topics``: ``partitions=4 bytes=...``)
@@ -28,6 +30,7 @@ they never return half-parsed values.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -244,6 +247,33 @@ def stats_value(text: str) -> int | float | str:
     return text
 
 
+StatsJson = int | float | bool | str | dict[str, "int | float | bool | str"]
+
+
+def stats_json_value(text: str) -> StatsJson:
+    """A stats value for JSON: a number, ``true``/``false`` as a boolean, ``k=v k=v``
+    fields as an object of such values, anything else the text."""
+    text = text.strip()
+    tokens = text.split()
+    if len(tokens) > 0 and all("=" in tok and not tok.startswith("=") for tok in tokens):
+        return {k: _scalar(v) for k, v in (tok.split("=", 1) for tok in tokens)}
+    return _scalar(text)
+
+
+def _scalar(text: str) -> int | float | bool | str:
+    if text in ("true", "false"):
+        return text == "true"
+    value = stats_value(text)
+    if isinstance(value, float) and not math.isfinite(value):
+        return text  # "nan"/"inf" stay text: JSON has no such numbers
+    return value
+
+
+def parse_stats_json(body: bytes) -> dict[str, StatsJson]:
+    """A stats body as a JSON-ready object (:func:`stats_json_value` per value)."""
+    return {k: stats_json_value(v) for k, v in parse_stats(body)}
+
+
 def parse_stats_dict(body: bytes) -> dict[str, int | float | str]:
     """A stats body as ``{name: value}``, numbers converted (:func:`stats_value`)."""
     return {k: stats_value(v) for k, v in parse_stats(body)}
@@ -287,3 +317,23 @@ def parse_partition_count(body: bytes) -> int:
         if k == "partitions" and v.strip().isdigit():
             return int(v)
     return 0
+
+
+# --------------------------------------------------------------------------- replication
+
+#: The answer to a replication link's ``auth <replicationSecret> <brokerId>``.
+REPLICA_ACK_PREFIX: Final = b"ok role=replica broker="
+
+
+def encode_replica_ack(broker_id: int) -> bytes:
+    """``ok role=replica broker=<brokerId>``: the answering broker's identity."""
+    return REPLICA_ACK_PREFIX + b"%d" % broker_id
+
+
+def parse_replica_ack(body: bytes) -> int | None:
+    """The broker id in a replica ``auth`` answer; None when the peer granted no replica
+    role (e.g. "authentication not required": it has no ``replicationSecret``)."""
+    if not body.startswith(REPLICA_ACK_PREFIX):
+        return None
+    tail = body[len(REPLICA_ACK_PREFIX) :]
+    return int(tail) if tail.isdigit() else None

@@ -1,11 +1,19 @@
 """Connections from this broker to another one (master <-> slave), on :mod:`notify.transport`:
-pipelined requests, replies matched by opaque, ``auth`` with the broker's own ``authSecret``
-first on every connect, TLS when a context is given."""
+pipelined requests, replies matched by opaque, TLS when a context is given.
+
+Every link opens with the replica handshake ``auth <replicationSecret> <brokerId>``: the
+secret proves the peer belongs to the replication set, and both sides check the broker id
+(a slave has its master's ``brokerId``, as in MetaQ): the answering broker refuses a link
+naming another id, and the link refuses a peer that answers with another id or that grants
+no replica role at all (it has no ``replicationSecret``)."""
 
 from __future__ import annotations
 
 import ssl
 
+from notify.errors import NotifyError
+from notify.protocol.frames import encode_replica_auth
+from notify.protocol.replies import parse_replica_ack
 from notify.transport import AsyncConnection, TransportOptions, open_connection
 
 #: A replication link is a plain transport connection.
@@ -14,12 +22,37 @@ BrokerLink = AsyncConnection
 CONNECT_TIMEOUT_S = 3.0
 
 
-async def connect_link(
-    addr: str, secret: str = "", tls: ssl.SSLContext | None = None
-) -> AsyncConnection:
-    """Open a link to the broker at ``addr`` (authenticated with ``secret`` when set).
+class ReplicaHandshakeError(NotifyError):
+    """The peer is not the broker this link must reach, or refused to treat it as a replica
+    (wrong or missing ``replicationSecret``, another broker id). Retried: configs change."""
 
-    Raises :class:`~notify.errors.ConnectionLostError`,
-    :class:`~notify.transport.AuthenticationError` or :class:`~notify.transport.TLSError`
-    (all :class:`~notify.errors.NotifyError`)."""
-    return await open_connection(addr, TransportOptions(secret or None, tls, CONNECT_TIMEOUT_S))
+    retriable = True
+
+
+async def connect_link(
+    addr: str, secret: str, broker_id: int, tls: ssl.SSLContext | None = None
+) -> AsyncConnection:
+    """Open a replica link to the broker at ``addr`` that must be broker ``broker_id``.
+
+    Raises :class:`ReplicaHandshakeError`, :class:`~notify.errors.ConnectionLostError` or
+    :class:`~notify.transport.TLSError` (all :class:`~notify.errors.NotifyError`)."""
+    conn = await open_connection(addr, TransportOptions(None, tls, CONNECT_TIMEOUT_S))
+    try:
+        r = await conn.request(
+            lambda o: encode_replica_auth(secret, broker_id, o), CONNECT_TIMEOUT_S
+        )
+    except NotifyError:
+        conn.abort()
+        raise
+    peer = parse_replica_ack(r.body) if r.code == 200 else None
+    if peer != broker_id:
+        conn.abort()
+        text = r.body[:200].decode("utf-8", "replace")
+        if r.code != 200:
+            why = f"refused the replica handshake ({r.code} {text})"
+        elif peer is None:
+            why = f"granted no replica role ({text!r}): set the same replicationSecret on it"
+        else:
+            why = f"is broker {peer}, not broker {broker_id}"
+        raise ReplicaHandshakeError(f"replication peer {addr} {why}")
+    return conn

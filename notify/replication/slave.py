@@ -20,18 +20,20 @@ import logging
 import ssl
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from notify.config import SlaveConfig, default_topic
+from notify.config import ServerConfig, SlaveConfig, default_topic
 from notify.errors import NotifyError
 from notify.protocol import records
 from notify.protocol.frames import encode_get, encode_line, encode_offset
 from notify.protocol.replies import parse_fields, parse_offset, parse_stats
 from notify.replication.link import BrokerLink, connect_link
+from notify.replication.redo import TXLOG_STREAM, ReplicaRedo
 from notify.store.partition import Partition
 
 if TYPE_CHECKING:
-    from notify.broker.app import Broker
+    from notify.broker.service import BrokerService
+    from notify.store.manager import MessageStore
 
 log = logging.getLogger("notify.replication")
 
@@ -40,6 +42,9 @@ FETCH_BYTES = 1 << 20
 STALL_S = 15.0
 _SEVERITY = {"ok": 0, "catching_up": 1, "unknown": 2, "stalled": 3, "diverged": 4}
 TOPIC_SYNC_S = 3.0
+#: Seconds between checkpoints of the replica redo log.
+CHECKPOINT_S = 5.0
+REDO_KEY = (TXLOG_STREAM, 0)
 RETRY_S = 0.5
 
 
@@ -51,12 +56,21 @@ class PullState:
     error: str = ""
 
 
+class SlaveHost(Protocol):
+    """What the replicator needs of the broker it runs in (the broker sets ``service`` once
+    it has started, and may replace ``config`` on reload)."""
+
+    config: ServerConfig
+    store: MessageStore
+    service: BrokerService | None
+
+
 class SlaveReplicator:
     """Pulls the master's partitions into this broker's store."""
 
     def __init__(
         self,
-        broker: Broker,
+        broker: SlaveHost,
         cfg: SlaveConfig,
         secret: str = "",
         tls: ssl.SSLContext | None = None,
@@ -66,7 +80,10 @@ class SlaveReplicator:
         self.secret = secret
         self.tls = tls
         self.master = cfg.master_address
+        #: the master's broker id, which a slave shares (MetaQ): checked in the handshake
+        self.broker_id = broker.config.system.broker_id
         self.state: dict[tuple[str, int], PullState] = {}
+        self.redo = PullState()
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._main: asyncio.Task[None] | None = None
         self.stopped = False
@@ -76,11 +93,16 @@ class SlaveReplicator:
             raise NotifyError("[slave] masterAddress is required without ZooKeeper")
         self._main = asyncio.get_running_loop().create_task(self._run(), name="slave-sync")
 
-    async def stop(self) -> None:
+    def cancel(self) -> None:
+        """Stop at once: no puller appends anything once this returns (``promote``)."""
         self.stopped = True
+        for t in (self._main, *self._tasks.values()):
+            if t is not None:
+                t.cancel()
+
+    async def stop(self) -> None:
+        self.cancel()
         tasks = [t for t in (self._main, *self._tasks.values()) if t is not None]
-        for t in tasks:
-            t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
@@ -90,9 +112,10 @@ class SlaveReplicator:
     async def _run(self) -> None:
         link: BrokerLink | None = None
         while not self.stopped:
+            self._ensure_pullers()  # local partitions report their state even if unreachable
             try:
                 if link is None or not link.is_open:
-                    link = await connect_link(self.master, self.secret, self.tls)
+                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
                 if self.cfg.auto_sync_master_config:
                     await self._sync_topics(link)
                 self._ensure_pullers()
@@ -131,12 +154,14 @@ class SlaveReplicator:
 
     def _ensure_pullers(self) -> None:
         loop = asyncio.get_running_loop()
-        replica = bool(self.broker.config.system.replication_secret)
+        service = self.broker.service
+        if service is not None and service.redo_replica is not None and REDO_KEY not in self._tasks:
+            self._tasks[REDO_KEY] = loop.create_task(
+                self._pull_redo(service.redo_replica), name="slave-pull-redo"
+            )
         for (topic, idx), part in self.broker.store.partitions.items():
             if part.memory or (topic, idx) in self._tasks:
                 continue
-            if topic.startswith("__") and not replica:
-                continue  # internal topics are served to replicas only (replicationSecret)
             self.state[(topic, idx)] = PullState()
             self._tasks[(topic, idx)] = loop.create_task(
                 self._pull(part), name=f"slave-pull-{topic}-{idx}"
@@ -163,9 +188,10 @@ class SlaveReplicator:
         # a window always large enough for one whole record (the master widens to it)
         fetch = max(FETCH_BYTES, self.broker.config.system.max_message_size + 4096)
         while not self.stopped:
+            self._ensure_pullers()  # local partitions report their state even if unreachable
             try:
                 if link is None or not link.is_open:
-                    link = await connect_link(self.master, self.secret, self.tls)
+                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
                 off = part.end
                 r = await link.request(
                     functools.partial(
@@ -226,6 +252,52 @@ class SlaveReplicator:
                 link = None
                 await asyncio.sleep(RETRY_S)
 
+    async def _pull_redo(self, rr: ReplicaRedo) -> None:
+        """Pull the master's redo log into ``rr`` at the master's positions; checkpoint it
+        every CHECKPOINT_S (see :mod:`notify.replication.redo`)."""
+        link: BrokerLink | None = None
+        wait_s = self.cfg.slave_max_delay_in_mills / 1000.0
+        last_checkpoint = time.monotonic()
+        loop = asyncio.get_running_loop()
+        while not self.stopped:
+            if time.monotonic() - last_checkpoint >= CHECKPOINT_S:
+                last_checkpoint = time.monotonic()
+                pos = rr.checkpoint_position()
+                try:
+                    await loop.run_in_executor(None, rr.log.checkpoint, pos)
+                except NotifyError as e:
+                    log.error("slave: checkpoint of the replica redo log failed: %s", e)
+            try:
+                if link is None or not link.is_open:
+                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
+                at = rr.end
+                r = await link.request(
+                    functools.partial(
+                        encode_get, TXLOG_STREAM, self.cfg.slave_group, at.file_no, at.offset,
+                        FETCH_BYTES,
+                    )
+                )  # fmt: skip
+                self.redo.last_pull = time.monotonic()
+                if r.code == 301:
+                    rr.skip_to(int(r.body))
+                elif r.code == 404:
+                    self.redo.error = ""
+                    await asyncio.sleep(wait_s)
+                    continue
+                elif r.code != 200:
+                    raise NotifyError(f"{r.code} {r.body[:200].decode('utf-8', 'replace')}")
+                else:
+                    if rr.end == at:  # else a synchronous push appended meanwhile
+                        rr.append(at, bytes(r.body))
+                        self.redo.pulled_bytes += len(r.body)
+                self.redo.error = ""
+            except (NotifyError, ValueError) as e:
+                self.redo.error = str(e)
+                if link is not None:
+                    link.close()
+                link = None
+                await asyncio.sleep(RETRY_S)
+
     def stats_items(self) -> list[tuple[str, object]]:
         items: list[tuple[str, object]] = [
             ("role", "slave"),
@@ -250,6 +322,8 @@ class SlaveReplicator:
                 lag = st.master_end - end
                 stalled = st.error or (st.last_pull and now - st.last_pull > stale_s)
                 state = "stalled" if stalled else ("ok" if lag == 0 else "catching_up")
+                if stalled and lag == 0:
+                    lag = -1  # the master's end is not known now: unknown, never "no lag"
             if _SEVERITY[state] > _SEVERITY[worst]:
                 worst = state
             rows.append(
@@ -260,6 +334,20 @@ class SlaveReplicator:
                     + (f" error={st.error}" if st.error else ""),
                 )
             )
+        service = self.broker.service
+        rr = service.redo_replica if service is not None else None
+        if rr is not None:
+            redo_end = rr.end
+            rows.append(
+                (
+                    "replication.redo",
+                    f"slave_end={redo_end.file_no}:{redo_end.offset} "
+                    f"live_transactions={len(rr.live)}"
+                    + (f" state=stalled error={self.redo.error}" if self.redo.error else ""),
+                )
+            )
+            if self.redo.error and _SEVERITY[worst] < _SEVERITY["stalled"]:
+                worst = "stalled"
         items.append(("replication_state", worst))
         return items + rows
 

@@ -27,8 +27,10 @@ from notify.errors import NotifyError
 from notify.protocol.frames import Response, encode_msync, encode_offset
 from notify.protocol.replies import parse_offset
 from notify.replication.link import BrokerLink, connect_link
+from notify.replication.redo import TXLOG_STREAM
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
+from txlog import Position
 
 
 class _Host(Protocol):
@@ -58,10 +60,12 @@ class SyncMaster:
         timeout_ms: int,
         policy: str,
         max_failures: int,
-        secret: str = "",
+        secret: str,
+        broker_id: int,
         tls: ssl.SSLContext | None = None,
     ):
         self.service = service
+        self.broker_id = broker_id
         self.addr = addr
         self.timeout_s = timeout_ms / 1000.0
         self.policy = policy
@@ -105,6 +109,16 @@ class SyncMaster:
         self, part: Partition, base: int, data: bytes | bytearray, count: int
     ) -> asyncio.Future[None] | None:
         """Push a batch the master just appended at ``base``; None when nothing to wait for."""
+        return self._push(part.topic, part.index, base, data, count)
+
+    def replicate_redo(self, at: Position, frames: bytes) -> asyncio.Future[None]:
+        """Push frames the master's redo log wrote at ``at`` (``b""``: segment ``at.file_no``
+        was closed at ``at.offset``); the slave answers once they are on its disk."""
+        return self._push(TXLOG_STREAM, at.file_no, at.offset, frames, 0)
+
+    def _push(
+        self, topic: str, index: int, base: int, data: bytes | bytearray, count: int
+    ) -> asyncio.Future[None]:
         loop = self.service.loop
         out: asyncio.Future[None] = loop.create_future()
         link = self.link
@@ -114,7 +128,7 @@ class SyncMaster:
         payload = bytes(data)
         try:
             sent = link.submit(
-                lambda o: encode_msync(part.topic, part.index, payload, count, base, o)
+                lambda o: encode_msync(topic, index, payload, count, base, o)
             )
         except NotifyError as e:
             self._failed(out, str(e))
@@ -178,7 +192,7 @@ class SyncMaster:
         while True:
             try:
                 if self.link is None or not self.link.is_open:
-                    self.link = await connect_link(self.addr, self.secret, self.tls)
+                    self.link = await connect_link(self.addr, self.secret, self.broker_id, self.tls)
                     log.info("connected to synchronous slave %s", self.addr)
                 if (self.refusing or self.degraded) and await self._in_sync(self.link):
                     log.info("synchronous slave %s is back in sync", self.addr)

@@ -118,7 +118,7 @@ class Flusher:
         if exc is not None:
             # After a failed fsync the page cache may have dropped the dirty pages: what is
             # in the file is unknown. Stop accepting writes rather than acknowledge on top.
-            part.failed = (
+            part.fail(
                 f"{part.topic}-{part.index} is read-only after an fsync failure ({exc}); "
                 "restart the broker to recover the partition"
             )

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Final
 
 from notify.errors import OffsetOutOfRangeError, StoreCorruptError, StoreError
-from notify.fs import OS_FS, FileSystem, ensure_dir
+from notify.fs import FSYNC_FAILED, OS_FS, FileSystem, ensure_dir, leave_marker
 from notify.protocol import records
 from notify.store.segment import Segment, parse_segment_name
 
@@ -139,9 +139,43 @@ class Partition:
                 p._add(Segment.open(directory, s, fs=fs))
             p._check_contiguous()
         p.recovery = p._recover(recovery_point)
+        p._repair_after_failed_fsync()
         p.flushed_end = p.end
         p.visible_end = p.end
         return p
+
+    def fail(self, reason: str) -> None:
+        """Make the partition read-only after a failed fsync (the page cache may have dropped
+        the dirty pages and marked them clean) and leave the ``fsync-failed`` marker the next
+        open repairs from (see :meth:`_repair_after_failed_fsync`)."""
+        self.failed = reason
+        if self.memory:
+            return
+        try:
+            leave_marker(self.fs, self.directory / FSYNC_FAILED)
+        except OSError as e:
+            log.error("%s-%d: cannot leave the fsync-failed marker: %s", self.topic, self.index, e)
+
+    def _repair_after_failed_fsync(self) -> None:
+        """An earlier run's fsync failed: within the same boot the page cache still shows
+        records the disk never got, as clean pages. Rewrite the active segment from the scan
+        start (everything before it was durable) so later appends never sit behind a hole."""
+        marker = self.directory / FSYNC_FAILED
+        if self.memory or not self.fs.exists(marker):
+            return
+        seg = self.segments[-1]
+        try:
+            n = seg.rewrite(max(0, self.scan_start - seg.start))
+            self.fs.unlink(marker)
+            self.fs.fsync_dir(self.directory)
+        except OSError as e:
+            raise StoreError(
+                f"{self.directory}: rewriting {seg.path.name} after a failed fsync failed: {e}"
+            ) from e
+        log.warning(
+            "%s-%d: rewrote %d bytes of %s after an earlier failed fsync",
+            self.topic, self.index, n, seg.path.name,
+        )  # fmt: skip
 
     def _add(self, seg: Segment) -> None:
         self.segments.append(seg)

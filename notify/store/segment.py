@@ -104,6 +104,22 @@ class Segment:
         """Read ``length`` bytes at file position ``file_pos`` (fewer at end of file)."""
         return self.fs.pread(self.fd, length, file_pos)
 
+    def rewrite(self, file_pos: int) -> int:
+        """Write the bytes from ``file_pos`` to the end again, then fdatasync: after a failed
+        fsync the page cache may hold them as clean pages the disk never got, which no plain
+        fsync would write. Returns the number of bytes rewritten."""
+        chunk = 1 << 20
+        for pos in range(file_pos, self.size, chunk):
+            view = memoryview(self.fs.pread(self.fd, min(chunk, self.size - pos), pos))
+            done = 0
+            while done < len(view):
+                n = self.fs.pwrite(self.fd, view[done:], pos + done)
+                if n <= 0:
+                    raise OSError(errno.EIO, "short write")
+                done += n
+        self.sync()
+        return max(0, self.size - file_pos)
+
     def truncate(self, size: int) -> None:
         self.fs.ftruncate(self.fd, size)
         self.size = size

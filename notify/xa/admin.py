@@ -18,7 +18,7 @@ from notify.protocol.keys import Xid
 from notify.xa import records as rec
 from notify.xa.decisionlog import DecisionLog
 from notify.xa.errors import HeuristicKind, InDoubtError
-from notify.xa.ids import Scope, deadline_of
+from notify.xa.ids import Scope, deadline_of, name_of_branch
 from notify.xa.pool import ParticipantPool
 from notify.xa.recovery import resolve_branch, scan
 
@@ -174,7 +174,10 @@ def resolve(
     now = int(time.time() * 1000)
     branches = {b.name: b for b in (old.branches if old else ())}
     for name, xid in prepared:
-        branches.setdefault(name, rec.Branch(name, xid.bqual))
+        # recorded under the application's name (a notify bqual is the registered name),
+        # whatever the operator called the participant, so the app's recovery matches it
+        app_name = name_of_branch(xid) or name
+        branches.setdefault(app_name, rec.Branch(app_name, xid.bqual))
     decisions.decide(
         rec.Decision(
             gtrid=g,

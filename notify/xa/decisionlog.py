@@ -84,7 +84,8 @@ class DecisionLog:
             raise DecisionLogError(f"cannot create the decision log {self.path}: {e}") from e
         self._lock_fd = _take_lock(self.path)
         try:
-            self._log = TxLog.open(self.path, config or TxLogConfig(flush_at_commit=1))
+            self._log_config = config or TxLogConfig(flush_at_commit=1)
+            self._log = TxLog.open(self.path, self._log_config)
         except TxLogError as e:
             _release_lock(self._lock_fd)
             raise DecisionLogError(f"cannot open the decision log {self.path}: {e}") from e
@@ -201,6 +202,7 @@ class DecisionLog:
         if d is None:
             return True
         try:
+            self._reopen_if_failed()
             self._sync(self._append(d))
         except (TxLogError, DecisionLogError) as e:
             log.error("decision of %s still not durable: %s", gtrid.decode(errors="replace"), e)
@@ -208,6 +210,19 @@ class DecisionLog:
         with self._lock:
             self._unsynced.discard(gtrid)
         return True
+
+    def _reopen_if_failed(self) -> None:
+        """After a failed fsync the txlog refuses writes until reopened (the kernel may have
+        dropped the pages): reopen it, which rewrites its newest segment durably, so the
+        decision can be written again. Raises TxLogError when the disk still fails."""
+        with self._lock:
+            if self._log.failed is None or self._closed:
+                return
+            old = self._log
+            with contextlib.suppress(TxLogError):
+                old.close()
+            self._log = TxLog.open(self.path, self._log_config)
+            log.warning("decision log %s reopened after a failed fsync", self.path)
 
     def end(self, gtrid: bytes) -> None:
         """Forget the decision of ``gtrid`` (phase 2 done); appended, not fsynced."""

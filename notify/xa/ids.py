@@ -130,6 +130,16 @@ class XidFactory:
         return Xid(self.scope.format_id, gtrid, name.encode())
 
 
+def name_of_branch(xid: Xid) -> str | None:
+    """The participant name a notify branch id carries (its bqual), or ``None`` when the
+    bqual is not a participant name."""
+    try:
+        name = xid.bqual.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return name if _NAME_RE.fullmatch(name) else None
+
+
 def xid_to_text(xid: Xid) -> str:
     """``<gtrid>:<bqual>``: the single-string form for SQLAlchemy's two-phase API."""
     return f"{xid.gtrid.decode('ascii')}:{xid.bqual.decode('ascii')}"

@@ -83,7 +83,10 @@ def test_broker_nodes_byte_for_byte(zk_brokers: ZkBrokers, kz: KazooClient) -> N
 
     # a slave of broker 0 finds its master in ZooKeeper and registers as <id>-s<N>
     slave = zk_brokers.start(
-        0, {"orders": 4}, slave={"slaveId": 1, "slaveGroup": "meta-slave-group"}
+        0,
+        {"orders": 4},
+        slave={"slaveId": 1, "slaveGroup": "meta-slave-group"},
+        replicationSecret="rs",  # a slave cannot start without one
     )
     addr = f"meta://127.0.0.1:{slave.port}".encode()
     wait_until(lambda: kz.exists(f"{br}/ids/0/slave1") is not None, 10)

@@ -191,7 +191,7 @@ def test_3_master_config_checksum_in_zookeeper(
         assert reloaded is not None
         new = str(zlib.crc32(reloaded)).encode()
         wait_until(lambda: published() == new, 10)
-        zb.start(3, {"orders": 2}, slave={"slaveId": 1})
+        zb.start(3, {"orders": 2}, slave={"slaveId": 1}, replicationSecret="rs")
         wait_until(lambda: kz.exists(f"{zk_root}/brokers/ids/3/slave1") is not None, 10)
         assert published() == new  # the slave left the master's node alone
         m.stop()
@@ -240,11 +240,15 @@ def test_4_get_beyond_the_end_is_not_found(broker_factory: BrokerFactory) -> Non
 
 def test_5_sync_without_checksum_from_an_old_master(tmp_path: Path) -> None:
     """``SyncCommand`` of a master before 1.4.4 has 7 tokens (no checksum); the slave's
-    decoder reads checksum -1."""
-    master = BrokerProcess(tmp_path / "m", topics={"rep": 1}).start()
+    decoder reads checksum -1. The sync frames are the Java master's bytes; a notify slave
+    takes them only on a link authenticated as its master (``auth <replicationSecret>
+    <brokerId>``, a notify extension a MetaQ master never sends), so the test sends it first."""
+    secret = {"replicationSecret": "rs"}
+    master = BrokerProcess(tmp_path / "m", topics={"rep": 1}, system=secret).start()
     slave = BrokerProcess(
         tmp_path / "s",
         topics={"rep": 1},
+        system=secret,
         slave={"slaveId": 1, "masterAddress": master.addr},
     )
     try:
@@ -252,6 +256,7 @@ def test_5_sync_without_checksum_from_an_old_master(tmp_path: Path) -> None:
         data = j.encode_payload(b"synced", "a")
         msg_id = 123456789
         with JavaConnection(slave.addr) as c:
+            assert _bool(c.call(b"auth rs 0 40\r\n")).code == 200
             old = j.sync("rep", 0, data, 1, msg_id, 41, old_master=True)
             assert old.split(b"\r\n")[0].count(b" ") == 6
             r = _bool(c.call(old))

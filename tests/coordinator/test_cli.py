@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from notify.cli import main
+from notify.xa import BrokerParticipant, PostgresParticipant
 from tests.coordinator.conftest import Env, MakeTM
 from tests.coordinator.helpers import broker_prepared, message_ids, pg_prepared, pg_rows
 from tests.coordinator.test_crash import agree, run_app
@@ -92,3 +93,62 @@ def test_recover_command_and_errors(env: Env, tmp_path: Path) -> None:
     env.broker.kill()
     r = xa(env, tmp_path, "list")
     assert r.exit_code == 1 and "broker:" in r.output
+
+
+@pytest.mark.crash
+def test_resolve_without_names_uses_the_applications(
+    env: Env, tmp_path: Path, make_tm: MakeTM
+) -> None:
+    """The app registered ``orders_db`` and ``bus``; ``--pg URL --broker ADDR`` without
+    ``NAME=`` still records the app's names, so the decision is finished (not listed
+    forever) and the app's own recovery has nothing left."""
+    bare = ["--log", str(tmp_path / "xa"), "--broker", env.broker.addr, "--pg", env.pg_url]
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(main, ["xa", *args, *bare])
+
+    app = run_app(env, tmp_path / "xa", tmp_path / "ack", 1, 1, "xa_after_decision",
+                  names="orders_db,bus")  # fmt: skip
+    assert app.wait(60) == -signal.SIGKILL  # decided commit, nothing committed
+    r = cli("list", "--json")
+    assert r.exit_code == 0, r.output
+    (item,) = json.loads(r.stdout)["transactions"]
+    assert sorted(item["prepared"]) == ["bus:bus", "orders_db:orders_db"]
+    r = CliRunner().invoke(main, ["xa", "list", *bare], env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and item["gtrid"] in r.output  # whole, at 80 columns
+    r = cli("commit", item["gtrid"])
+    assert r.exit_code == 0, r.output
+    assert "none of those given" not in r.output
+    assert agree(env) == {1}
+    r = cli("list", "--json")
+    assert json.loads(r.stdout)["transactions"] == []  # the decision was finished
+
+    # with a branch the CLI cannot match, it says so instead of leaving it silently open
+    app = run_app(env, tmp_path / "xa", tmp_path / "ack2", 2, 1, "xa_between_commits",
+                  names="orders_db,bus")  # fmt: skip
+    assert app.wait(60) == -signal.SIGKILL  # orders_db committed, bus prepared
+    r = CliRunner().invoke(main, ["xa", "list", *bare[:2], "--broker", env.broker.addr])
+    assert r.exit_code == 0, r.output
+    assert "participant 'orders_db', which is none of those given (bus)" in r.output
+    r = cli("recover")
+    assert r.exit_code == 0, r.output
+    assert agree(env) == {1, 2}
+
+    # a wrong NAME= still records the application's name (the branch's qualifier)
+    app = run_app(env, tmp_path / "xa", tmp_path / "ack3", 3, 1, "xa_before_decision",
+                  names="orders_db,bus")  # fmt: skip
+    assert app.wait(60) == -signal.SIGKILL
+    (item,) = [i for i in json.loads(cli("list", "--json").stdout)["transactions"]
+               if i["prepared"]]  # fmt: skip
+    r = CliRunner().invoke(main, ["xa", "commit", item["gtrid"], *bare[:4], "--pg",
+                                  f"db={env.pg_url}"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert agree(env) == {1, 2, 3}
+
+    tm = make_tm(coordinator_id="app", start=False)
+    tm.register("orders_db", lambda: PostgresParticipant(env.pg_dsn))
+    tm.register("bus", lambda: BrokerParticipant(env.broker.addr))
+    report = tm.start()
+    assert report is not None and report.clean
+    left = tm.in_doubt()  # only the admin's heuristic report: no decision left open
+    assert [(i.decision, i.prepared, len(i.heuristics)) for i in left] == [(None, [], 1)]

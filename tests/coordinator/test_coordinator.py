@@ -35,6 +35,7 @@ from tests.coordinator.helpers import (
     pg_prepared,
     pg_rows,
 )
+from txlog import TxLog
 
 
 def order(tx: Any, k: int, mysql: bool = False) -> None:
@@ -230,22 +231,26 @@ def test_heuristic_outcome_is_logged_raised_and_listed(
     assert tm2.heuristics() == [] and tm2.in_doubt() == []
 
 
-def test_unknown_decision_durability_is_settled_by_recovery(env: Env, make_tm: MakeTM) -> None:
+def test_unknown_decision_durability_is_settled_by_recovery(
+    env: Env, make_tm: MakeTM, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tm = make_tm(env)
-    real = tm.decisions.txlog._fsync
 
-    def eio(fd: int) -> None:
+    def eio(self: TxLog, fd: int) -> None:
         raise OSError(5, "EIO")
 
-    tm.decisions.txlog._fsync = eio  # type: ignore[method-assign]
+    # the disk fails every fsync (also of the log reopened after the first failure)
+    monkeypatch.setattr(TxLog, "_fsync", eio)
     with pytest.raises(OutcomeUnknownError), tm.transaction() as tx:
         order(tx, 1)
     assert tx.state is TxState.IN_DOUBT
     report = tm.recover()  # not acted upon while the decision cannot be made durable
     assert len(report.failed) == 2 and not report.committed and not report.rolled_back
-    tm.decisions.txlog._fsync = real  # type: ignore[method-assign]
+    monkeypatch.undo()
     assert len(pg_prepared(env.pg_dsn)) == 1 and len(broker_prepared(env.broker.addr)) == 1
-    report = tm.recover()  # written again, durable this time: commit
+    # the log refused writes since the failed fsync; recovery reopens it (rewriting its tail)
+    # and writes the decision again, durable this time: commit
+    report = tm.recover()
     assert len(report.committed) == 2 and report.completed == [tx.gtrid]
     assert pg_rows(env.pg_dsn) == {1} and message_ids(env.broker.addr) == [1]
     assert nothing_prepared(env)

@@ -42,13 +42,14 @@ def run_app(
     count: int,
     crashpoint: str | None = None,
     threads: int = 1,
+    names: str = "pg,broker",
 ) -> subprocess.Popen[bytes]:
     """Start :mod:`tests.coordinator.xa_app` (coordinator id ``app``)."""
     cmd = [
         sys.executable, "-m", "tests.coordinator.xa_app",
         "--log", str(log), "--broker", e.broker.addr, "--pg", e.pg_dsn,
         "--first", str(first), "--count", str(count), "--ack", str(ack),
-        "--threads", str(threads),
+        "--threads", str(threads), "--names", names,
     ]  # fmt: skip
     if e.my_url:
         cmd += ["--mysql", e.my_url]

@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=5.0)
     ap.add_argument("--interval", type=float, default=0.5)
+    ap.add_argument("--names", default="pg,broker", help="the participants' names: PG,BROKER")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     tm = TransactionManager(
@@ -53,10 +54,11 @@ def main(argv: list[str] | None = None) -> int:
             a.log, coordinator_id=a.id, recovery_interval_s=a.interval, recovery_grace_s=0.5
         )
     )
-    tm.register("pg", lambda: PostgresParticipant(a.pg, connect_timeout=2))
+    pg_name, broker_name = a.names.split(",")
+    tm.register(pg_name, lambda: PostgresParticipant(a.pg, connect_timeout=2))
     if a.mysql:
         tm.register("my", lambda: MySQLParticipant(a.mysql))
-    tm.register("broker", lambda: BrokerParticipant(a.broker, connect_timeout_s=2))
+    tm.register(broker_name, lambda: BrokerParticipant(a.broker, connect_timeout_s=2))
     tm.start()
     fd = os.open(a.ack, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     lock = threading.Lock()
@@ -76,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
             note(f"b {k}")
             try:
                 with tm.transaction(timeout=a.timeout) as tx:
-                    tx.enlist("pg").execute("INSERT INTO orders (id) VALUES (%s)", (k,))
+                    tx.enlist(pg_name).execute("INSERT INTO orders (id) VALUES (%s)", (k,))
                     if a.mysql:
                         with tx.enlist("my").cursor() as cur:
                             cur.execute("INSERT INTO orders (id) VALUES (%s)", (k,))
-                    producer = tx.enlist("broker")
+                    producer = tx.enlist(broker_name)
                     for p in range(a.parts):
                         producer.send("orders", b"%d:%d" % (k, p), partition=p)
                 note(f"ok {k}")

@@ -14,6 +14,7 @@ from notify.client import Partition, RecoverStore, list_dead_letters, list_pendi
 from notify.client._message import Message
 from notify.testing import BrokerProcess, free_port
 from tests.http.conftest import Http, prepare_xa, xid
+from tests.wireclient import WireClient
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -153,3 +154,88 @@ def test_retention_run(http_broker_factory: Callable[..., BrokerProcess]) -> Non
     r = run("retention", "run", "nosuch", "--http", b.http_url)
     assert r.exit_code == 1
     assert run("retention", "run", "..", "--http", b.http_url).exit_code == 2
+
+
+def test_tables_keep_keys_whole_at_80_columns(
+    http_broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """At 80 columns a key longer than its cell is folded, never cut with an ellipsis, and
+    printed whole under the table so it can be pasted."""
+    b = http_broker_factory({"t": 1})
+    env = {"NOTIFY_HTTP": b.http_url, "COLUMNS": "80"}
+    long_keys = [f"XID:1:{'ab' * 30}{i:02x}:beef:q1" for i in range(2)]  # 80+ characters
+    for k in long_keys:
+        prepare_xa(b.addr, k, "t", 0, [b"x"])
+    r = run("tx", "list", env=env)
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80
+    lines = r.output.splitlines()
+    assert all(k in lines for k in long_keys)  # whole, one per line
+    r = run("tx", "commit", long_keys[0], env=env)
+    assert r.exit_code == 0 and "committed" in r.output
+    # short keys fit in the table: not repeated
+    short = xid(7)
+    prepare_xa(b.addr, short, "t", 0, [b"y"])
+    r = run("tx", "rollback", long_keys[1], env=env)
+    assert r.exit_code == 0
+    r = run("tx", "list", env=env)
+    assert short in r.output and "keys (whole)" not in r.output
+    # dead letters: ids with a long topic name; --dir is --data-dir's alias (README)
+    store = RecoverStore(tmp_path, "billing")
+    part = Partition(0, 1, "127.0.0.1:1")
+    msg = Message("orders-" + "x" * 60, part, 12345678, 987654321, 0, b"m")
+    assert store.failed(store.add(msg, "boom"), "boom", max_attempts=1)
+    (letter,) = list_dead_letters(tmp_path)
+    r = run("dlq", "show", "--dir", str(tmp_path), env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    assert letter.id in r.output.splitlines() and "ids (whole):" in r.output
+
+
+def test_lag_in_messages_and_live_within_session_timeout(
+    http_broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """``/api/groups`` and ``topics describe`` give the lag in messages as well as bytes;
+    a group that stopped fetching is no longer live after ``consumerSessionTimeout``."""
+    b = http_broker_factory({"t": 1}, consumerSessionTimeout=1500)
+    http = Http(b.http_url)
+    bodies = [{"text": "m" * (i % 7 + 1)} for i in range(25)]
+    http.post("/api/topics/t/messages", json_body=bodies)
+    # the group read 10 messages, then stopped: 15 behind
+    msgs = http.get("/api/topics/t/partitions/0/messages").json()["messages"]
+    assert len(msgs) == 25
+    at = msgs[10]["offset"]
+    with WireClient(b.addr) as c:
+        assert c.call(f"get t billing 0 {at} 16 5\r\n".encode()).code == 200
+    (row,) = [g for g in http.get("/api/groups").json()["groups"] if g["group"] == "billing"]
+    assert row["lag_messages"] == 15 and row["lag_messages_exact"] is True
+    assert row["live"] is True
+    r = run("topics", "describe", "t", env={"NOTIFY_HTTP": b.http_url, "COLUMNS": "120"})
+    assert r.exit_code == 0 and "lag (messages)" in r.output and " 15 " in r.output
+    time.sleep(2.0)
+    (row,) = [g for g in http.get("/api/groups").json()["groups"] if g["group"] == "billing"]
+    assert row["live"] is False
+    assert "(gone)" in run("topics", "describe", "t", "--http", b.http_url).output
+
+
+def test_stats_json_and_addresses_from_the_environment(
+    http_broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    b = http_broker_factory({"t": 2})
+    Http(b.http_url).post("/api/topics/t/messages", json_body=[{"text": "hello"}])
+    env = {"NOTIFY_SERVER": b.addr}
+    stats = json.loads(run("stats", "--json", env=env).output)
+    assert isinstance(stats["pid"], int) and isinstance(stats["rusage_user"], float)
+    assert stats["txlog_end"] == {"file_no": 0, "offset": stats["txlog_end"]["offset"]}
+    assert isinstance(stats["txlog_end"]["offset"], int)
+    offsets = json.loads(run("stats", "offsets", "--json", env=env).output)
+    assert offsets["t-0"]["min_offset"] == 0 and isinstance(offsets["t-0"]["max_offset"], int)
+    topics = json.loads(run("stats", "topics", "--json", env=env).output)
+    assert topics["t"]["partitions"] == 2 and topics["t"]["accept_publish"] is True
+    # one way per port, each with its environment variable, shown in --help
+    assert "NOTIFY_SERVER" in run("stats", "--help").output
+    assert "NOTIFY_SERVER" in run("config", "reload", "--help").output
+    assert "NOTIFY_HTTP" in run("topics", "list", "--help").output
+    assert "NOTIFY_HTTP" in run("tx", "list", "--help").output
+    r = run("topics", "list", "--json", env={"NOTIFY_HTTP": b.http_url})
+    assert r.exit_code == 0 and "t" in {t["name"] for t in json.loads(r.output)}

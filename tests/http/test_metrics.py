@@ -77,12 +77,14 @@ def test_replication_metrics_only_where_measured(
     plain = scrape(http)
     assert value(plain, "notify_role", role="master") == 1
     assert not any(n.startswith(("notify_replication", "notify_sync_slave")) for n in plain)
-    master = BrokerProcess(tmp_path / "m", topics={"rep": 2}).start()
+    master = BrokerProcess(
+        tmp_path / "m", topics={"rep": 2}, system={"replicationSecret": "rs"}
+    ).start()
     try:
         slave = BrokerProcess(
             tmp_path / "s",
             topics={"rep": 2},
-            system={"dashboardHttpPort": free_port()},
+            system={"dashboardHttpPort": free_port(), "replicationSecret": "rs"},
             slave={"slaveId": 1, "masterAddress": master.addr, "slaveMaxDelayInMills": 100},
         ).start()
         try:

@@ -165,3 +165,15 @@ def test_console_entry_point(tmp_path: Path) -> None:
 def test_help(group: str) -> None:
     r = run(group, "--help")
     assert r.exit_code == 0 and "Usage" in r.stdout
+
+
+def test_offsets_show_missing_directory_is_an_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    r = run("offsets", "show", "--url", f"file://{missing}")
+    assert r.exit_code == 1 and "no such directory" in r.stderr
+    r = run("offsets", "copy", "--from", f"file://{missing}", "--to", f"file://{tmp_path}")
+    assert r.exit_code == 1 and "no such directory" in r.stderr
+    assert not missing.exists()
+    (tmp_path / "empty").mkdir()  # an existing directory without offsets: an empty table
+    r = run("offsets", "show", "--url", f"file://{tmp_path / 'empty'}", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout) == []

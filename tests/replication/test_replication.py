@@ -77,12 +77,14 @@ def produce(addr: str, n: int, start: int = 0, parts: int = 3) -> dict[int, tupl
 
 
 def test_async_slave_byte_identical_and_catch_up(tmp_path: Path) -> None:
-    master = BrokerProcess(tmp_path / "m", topics=TOPICS, system={"maxSegmentSize": 65536})
+    master = BrokerProcess(
+        tmp_path / "m", topics=TOPICS, system={"maxSegmentSize": 65536, "replicationSecret": "rs"}
+    )
     master.start()
     slave = BrokerProcess(
         tmp_path / "s",
         topics={},
-        system={"brokerId": 0},
+        system={"brokerId": 0, "replicationSecret": "rs"},
         slave={"slaveId": 1, "masterAddress": master.addr, "slaveMaxDelayInMills": 200},
     )
     try:

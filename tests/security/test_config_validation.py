@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from notify.config import _SYSTEM_KEYS, parse_config
+from notify.config import _SYSTEM_KEYS, parse_config, served_config
 from notify.errors import ConfigError
 
 
@@ -17,6 +17,10 @@ from notify.errors import ConfigError
     ("text", "needle"),
     [
         ("[system]\nauthSecret=two words\n", "[system] authSecret"),
+        ("[producerGroup=shop]\n", "[producerGroup=shop] secret: required"),
+        ("[producerGroup=shop]\nsecret=two words\n", "[producerGroup=shop] secret"),
+        ("[producerGroup=shop]\nsecret=s\nother=1\n", "unknown key 'other'"),
+        ("[producerGroup=two words]\nsecret=s\n", "one token"),
         ("[system]\nauthSecret=   \n", "[system] authSecret: whitespace only"),
         ("[system]\nadminSecret=\t\n", "[system] adminSecret: whitespace only"),
         ("[system]\nadminSecret=caf\u00e9\n", "[system] adminSecret"),
@@ -37,6 +41,8 @@ from notify.errors import ConfigError
         ("[topic=t]\nmemoryMaxBytes=-1\n", "[topic=t] memoryMaxBytes"),
         ("[topic=__delay]\nacceptPublish=true\n", "reserved"),
         ("[topic=__evil]\nnumPartitions=1\n", "reserved"),
+        ("[slave]\nmasterAddress=127.0.0.1:1\n", "[system] replicationSecret: required by [slave]"),
+        ("[system]\nsyncSlave=127.0.0.1:1\n", "[system] replicationSecret: required by syncSlave"),
     ],
 )
 def test_bad_values_are_refused_with_the_key_named(text: str, needle: str) -> None:
@@ -81,3 +87,16 @@ def test_broker_refuses_to_start_on_a_bad_secret(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "authSecret" in proc.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_served_config_hides_every_secret() -> None:
+    """``stats config`` is readable by any authenticated client: no secret may be in it."""
+    cfg = parse_config(
+        "[system]\nauthSecret=a1\nadminSecret=b2\nreplicationSecret=c3\n"
+        "[producerGroup=shop]\nsecret=d4\n[topic=t]\nnumPartitions=1\n"
+    )
+    served = served_config(cfg)
+    assert served is not None
+    for secret in (b"a1", b"b2", b"c3", b"d4"):
+        assert secret not in served, served
+    assert cfg.producer_groups == {"shop": "d4"}

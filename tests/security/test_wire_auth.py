@@ -6,6 +6,7 @@ Raw sockets against real broker processes.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
@@ -95,7 +96,8 @@ def test_roles_transactions_of_others_need_admin(broker_factory: BrokerFactory) 
 
 def test_internal_topics_only_for_replicas(broker_factory: BrokerFactory) -> None:
     """Item 9: ``__delay-0`` (messages not yet due) is not readable by clients: get and
-    offset answer 403; a connection authenticated with replicationSecret may read it."""
+    offset answer 403; a connection authenticated with replicationSecret and this broker's
+    id (the replica handshake) may read it; the secret alone is not enough."""
     b = broker_factory({"r": 1}, replicationSecret=REPL)
     due = int(time.time() * 1000) + 3_600_000
     with WireClient(b.addr) as c:
@@ -104,7 +106,9 @@ def test_internal_topics_only_for_replicas(broker_factory: BrokerFactory) -> Non
             r = c.call(line)
             assert r.code == 403 and b"replica role" in r.body, r
     with WireClient(b.addr) as c:
-        assert _auth(c, REPL) == b"ok role=replica"
+        assert c.call(b"auth %s 1\r\n" % REPL.encode()).code == 403  # no broker id
+    with WireClient(b.addr) as c:
+        assert c.call(b"auth %s 0 1\r\n" % REPL.encode()).body == b"ok role=replica broker=0"
         g = c.call(b"get __delay g 0 0 65536 2\r\n")
         assert g.kind == "value" and b"secret" in g.body
 
@@ -170,3 +174,38 @@ def test_delay_bounds(broker_factory: BrokerFactory) -> None:
     line = next(x for x in st.split("\r\n") if x.startswith("delay_lateness_p50_ms"))
     p50 = float(line.split()[1])
     assert 0 <= p50 < 5_000, p50
+
+
+def test_protected_producer_group_needs_its_secret(tmp_path: Path) -> None:
+    """An app that may publish cannot register as another app's producer group (it would
+    receive that group's check-backs and could commit or roll back its half messages)."""
+    b = BrokerProcess(
+        tmp_path / "b",
+        topics={"r": 1},
+        system={"authSecret": APP, "adminSecret": ADMIN},
+        extra_ini="[producerGroup=shop]\nsecret=shop-secret\n",
+    ).start()
+    owner, thief = WireClient(b.addr), WireClient(b.addr)
+    try:
+        _auth(owner, APP)
+        _auth(thief, APP)
+        for line in (b"register shop 2\r\n", b"register shop wrong 3\r\n"):
+            r = thief.call(line)
+            assert r.code == 403 and b"secret" in r.body, r
+        assert owner.call(b"register shop shop-secret 4\r\n").code == 200
+        assert thief.call(b"register other 5\r\n").code == 200  # unprotected groups stay open
+        key = b"TX:h1:1"
+        assert owner.call(b"transaction %s s1 BEGIN 6\r\n" % key).code == 200
+        assert owner.call(b"put r 0 1 0 %s 7\r\nx" % key).code == 200
+        assert owner.call(b"transaction %s s1 END 8\r\n" % key).code == 200
+        assert owner.call(b"transaction %s s1 PREPARE 9\r\n" % key).code == 200
+        r = thief.call(b"transaction %s s2 COMMIT_TWO_PHASE 10\r\n" % key)
+        assert r.code == 403, r  # not a member of the group: no check-back answer either
+        # the secret never shows in the served config
+        r = thief.call(b"stats config 11\r\n")
+        assert r.code == 200 and b"shop-secret" not in r.body and APP.encode() not in r.body
+        assert b"secret=***" in r.body
+    finally:
+        owner.close()
+        thief.close()
+        b.stop()

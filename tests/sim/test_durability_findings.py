@@ -2,7 +2,7 @@
 
 Each test runs the real code on SimFileSystem and crashes it where POSIX lets a crash lose or
 bring back what the code assumed settled. The fixed ones failed before their fix (see the
-commit that added this file); the xfail one documents a bug still open.
+commit that added this file).
 """
 
 from __future__ import annotations
@@ -121,20 +121,52 @@ def test_rolled_back_records_do_not_reappear_after_a_crash() -> None:
         assert contents(open_part(fs)) == b"".join(rec(i, 1200) for i in range(1, 4)), seed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: after a failed fsync TxLog stays usable, and a later fsync 'succeeds' "
-    "without the pages the kernel dropped (Linux >= 4.13), so records acknowledged after "
-    "the failure are cut off by recovery at the hole",
-)
 def test_records_acknowledged_after_a_failed_fsync_survive_a_crash() -> None:
+    """After a failed fsync the kernel may have dropped the dirty pages and marked them
+    clean, so a later fsync "succeeds" over a hole and records acknowledged after it were cut
+    off by recovery. The log is now fail-stop: nothing is acknowledged until it is reopened,
+    and what is acknowledged after reopening survives a crash."""
     fs = SimFileSystem(random.Random(5))
     log = TxLog.open(LOG, TxLogConfig(flush_at_commit=1), fs=fs)
     log.commit(1, b"before")
     fs.fail_fsync(1, errno.EIO, drop_dirty=True)
     with pytest.raises(TxLogError):
         log.commit(1, b"fsync fails")  # outcome unknown: fine either way
+    assert log.failed is not None
+    for attempt in (lambda: log.commit(1, b"refused"), log.sync, lambda: log.append(1, b"x")):
+        with pytest.raises(TxLogError, match="reopen"):
+            attempt()
+    log.close()
+    assert fs.exists(LOG / "fsync-failed")
+    # same boot: the page cache still shows "fsync fails" (clean, never on disk); the reopen
+    # rewrites the newest segment so nothing acknowledged later sits behind a hole
+    log = TxLog.open(LOG, TxLogConfig(flush_at_commit=1), fs=fs)
+    assert log.failed is None and not fs.exists(LOG / "fsync-failed")
     log.commit(1, b"after")  # acknowledged as durable
     fs.crash()
     bodies = [r.body for r in TxLog.open(LOG, fs=fs).replay()]
-    assert b"after" in bodies, bodies
+    assert bodies[0] == b"before" and b"after" in bodies and b"refused" not in bodies, bodies
+
+
+def test_partition_records_after_a_failed_fsync_and_restart_survive_a_crash() -> None:
+    """The partition's half of the same finding: after a failed fsync the broker makes the
+    partition read-only (the flusher calls ``fail``); the restart, in the same boot, reads the
+    never-written records from the page cache. Without the rewrite, records appended and
+    fsynced after the restart were cut off by the next crash's recovery at the hole."""
+    fs = SimFileSystem(random.Random(7))
+    p = open_part(fs)
+    p.append(rec(1))
+    p.sync()
+    p.append(rec(2))
+    fs.fail_fsync(1, errno.EIO, drop_dirty=True)
+    with pytest.raises(OSError):
+        p.sync()
+    p.fail("fsync failed")  # what the flusher does
+    p.close()
+    assert fs.exists(PART / "fsync-failed")
+    p = open_part(fs)  # same boot: rec(2) is visible from the page cache
+    assert not fs.exists(PART / "fsync-failed") and p.failed is None
+    p.append(rec(3))
+    p.sync()
+    fs.crash()
+    assert contents(open_part(fs)) == rec(1) + rec(2) + rec(3)

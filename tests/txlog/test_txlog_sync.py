@@ -226,7 +226,9 @@ def test_flush_at_commit_2_default_interval_within_about_a_second(logdir: Path) 
         assert time.monotonic() - t0 < 5  # nominally ~1 s; generous against slow machines
 
 
-def test_fsync_failure_raises_and_log_stays_usable(logdir: Path) -> None:
+def test_fsync_failure_raises_and_the_log_refuses_writes_until_reopened(logdir: Path) -> None:
+    """Fail-stop after a failed fsync (the kernel may have dropped the pages it could not
+    write): every later commit, append and sync raises, and reopening recovers from disk."""
     with TxLog.open(logdir) as log:
         counter = FsyncCounter(log)
         ok = log.commit(1, b"before")
@@ -236,17 +238,21 @@ def test_fsync_failure_raises_and_log_stays_usable(logdir: Path) -> None:
         assert isinstance(info.value.__cause__, OSError)
         assert info.value.__cause__.errno == errno.ENOSPC
         assert log.durable_position > ok
-        after = log.commit(1, b"after")
-        assert log.durable_position > after
-        counter.fail = fail_times(1, enospc)
-        with pytest.raises(TxLogError):
-            asyncio.run(log.commit_async(1, b"async fsync fails"))
-        asyncio.run(log.commit_async(1, b"async after"))
+        assert log.failed is not None and "No space left" in log.failed
+        with pytest.raises(TxLogError, match="reopen"):
+            log.commit(1, b"refused")
+        with pytest.raises(TxLogError, match="reopen"):
+            asyncio.run(log.commit_async(1, b"refused async"))
+        with pytest.raises(TxLogError, match="reopen"):
+            log.sync()
     with TxLog.open(logdir) as log:
+        assert log.failed is None
         assert log.recovery.truncated_bytes == 0
         bodies = [r.body for r in log.replay()]
-        # the records whose fsync failed were written: their outcome is "unknown", not lost data
-        assert bodies == [b"before", b"fsync fails", b"after", b"async fsync fails", b"async after"]
+        # the record whose fsync failed was written: its outcome is "unknown", not lost data
+        assert bodies == [b"before", b"fsync fails"]
+        log.commit(1, b"after")
+        assert [r.body for r in log.replay()][-1] == b"after"
 
 
 def test_failed_fsync_is_reported_to_the_followers_it_covered(logdir: Path) -> None:
@@ -282,7 +288,8 @@ def test_failed_fsync_is_reported_to_the_followers_it_covered(logdir: Path) -> N
         follower.join()
         assert isinstance(results["leader"], TxLogError)
         assert isinstance(results["follower"], TxLogError)
-        log.commit(1, b"usable")
+        with pytest.raises(TxLogError, match="reopen"):  # fail-stop until reopened
+            log.commit(1, b"refused")
 
 
 @pytest.mark.parametrize("partial", [True, False])
@@ -329,6 +336,9 @@ def test_fsync_failure_during_roll(logdir: Path) -> None:
         with pytest.raises(TxLogError, match="roll"):
             log.append(1, b"b" * 80)
         assert log.end_position == Position(0, 89)
+        with pytest.raises(TxLogError, match="reopen"):  # fail-stop: the unsynced tail may be gone
+            log.append(1, b"c" * 80)
+    with TxLog.open(logdir, TxLogConfig(segment_bytes=100, flush_at_commit=0)) as log:
         assert log.append(1, b"c" * 80) == Position(1, 0)
         assert [r.body[:1] for r in log.replay()] == [b"a", b"c"]
 

@@ -1,0 +1,230 @@
+"""Queue consumption with per-message acknowledgement: notify queue groups vs RabbitMQ.
+
+    .venv/bin/python bench/queue_bench.py [--messages 100000] [--consumers 1,4,16] [--no-rabbit]
+
+notify: one broker process, a topic of 4 partitions preloaded with N messages of 100 B, then
+for each consumer count a fresh queue group drains it. Two drivers:
+
+* ``wire``: raw asyncio connections, ``qsub`` with credit 1000, one ``qack`` frame per read
+  batch accepting every message received (answered once the accepts are fsynced, group
+  committed): the broker's limit;
+* ``client``: ``session.create_queue_consumer(..., credit=1000, listener=...)`` with an async
+  listener that returns at once (its return accepts the message): the library's cost.
+
+RabbitMQ (only when rabbitmq-server is installed, see ``scripts/peers.sh install``): one
+durable queue preloaded with N persistent messages, each consumer its own connection with
+``basic.consume``, prefetch 1000, ``basic.ack(multiple)`` every 100 deliveries (as in
+bench/peers). Note the durability classes differ: a notify accept is on disk before it is
+answered; a RabbitMQ ack is not fsynced. One table: msg/s delivered and acknowledged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import uvloop  # noqa: E402
+
+from notify.client import AsyncMessageSessionFactory, QueueMessage  # noqa: E402
+from notify.protocol.frames import ResponseParser, encode_line, encode_qack  # noqa: E402
+from notify.protocol.records import encode  # noqa: E402
+from notify.testing import BrokerProcess  # noqa: E402
+
+BODY = b"m" * 100
+PARTS = 4
+CREDIT = 1000
+
+
+async def preload(addr: str, n: int) -> None:
+    """``mput`` batches of 500 records per partition, pipelined."""
+    host, port = addr.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    rec = encode(0, 0, BODY)
+    per = 500
+    frames = 0
+    for i in range(0, n, per):
+        k = min(per, n - i)
+        batch = rec * k
+        writer.write(b"mput q %d %d %d %d\r\n" % ((i // per) % PARTS, len(batch), k, i) + batch)
+        frames += 1
+    await writer.drain()
+    parser = ResponseParser()
+    got = 0
+    while got < frames:
+        for r in parser.feed(await reader.read(1 << 16)):
+            if r.code != 200:
+                raise RuntimeError(f"preload failed: {r.code} {r.body[:80]!r}")
+            got += 1
+    writer.close()
+
+
+async def wire_consumers(addr: str, group: str, consumers: int, n: int) -> float:
+    host, port = addr.rsplit(":", 1)
+    total = [0]
+    done = asyncio.Event()
+
+    async def one(i: int) -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(encode_line("qsub", "q", group, CREDIT, "earliest", 1))
+        parser = ResponseParser()
+        opaque = 10
+        while not done.is_set():
+            data = await reader.read(1 << 20)
+            if not data:
+                return
+            items = []
+            for r in parser.feed(data):
+                if r.kind == "qmsg":
+                    items.append(b"A %d %d\n" % (r.partition, r.offset))
+                elif r.code != 200:
+                    raise RuntimeError(f"consumer {i}: {r.code} {r.body[:80]!r}")
+            if items:
+                opaque += 1
+                writer.write(encode_qack("q", group, b"".join(items), opaque))
+                total[0] += len(items)
+                if total[0] >= n:
+                    done.set()
+        writer.close()
+
+    t0 = time.perf_counter()
+    tasks = [asyncio.create_task(one(i)) for i in range(consumers)]
+    await asyncio.wait_for(done.wait(), 600)
+    dt = time.perf_counter() - t0
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return dt
+
+
+async def client_consumers(addr: str, group: str, consumers: int, n: int) -> float:
+    total = [0]
+    done = asyncio.Event()
+
+    async def listener(msg: QueueMessage) -> None:
+        total[0] += 1
+        if total[0] >= n:
+            done.set()
+
+    async with AsyncMessageSessionFactory([addr]) as s:
+        t0 = time.perf_counter()
+        cs = [
+            await s.create_queue_consumer("q", group, credit=CREDIT, listener=listener)
+            for _ in range(consumers)
+        ]
+        await asyncio.wait_for(done.wait(), 600)
+        dt = time.perf_counter() - t0
+        for c in cs:
+            await c.close()
+    return dt
+
+
+def notify_rows(n: int, counts: list[int], workdir: Path) -> list[tuple[str, str, int, float]]:
+    rows = []
+    sysc = {"queueMaxInFlight": 20000, "queueMaxCredit": CREDIT}
+    with BrokerProcess(workdir, topics={"q": PARTS}, system=sysc, log_level="warning") as b:
+        uvloop.run(preload(b.addr, n))
+        for driver, fn in (("wire", wire_consumers), ("client", client_consumers)):
+            for c in counts:
+                dt = uvloop.run(fn(b.addr, f"{driver}{c}", c, n))
+                rows.append(("notify", driver, c, n / dt))
+                print(f"  notify   {driver:<7} {c:>3} consumers {n / dt:>10,.0f} msg/s", flush=True)
+    return rows
+
+
+def rabbit_rows(n: int, counts: list[int], workdir: Path) -> list[tuple[str, str, int, float]]:
+    import pika  # the peers' extra: only when RabbitMQ is benchmarked
+
+    from bench.peers import rabbit_side as rs
+    from bench.peers.servers import RabbitServer
+
+    async def fill(port: int) -> None:
+        c = await rs._Client.open(port, confirm=True)
+        await rs._cb(lambda cb: c.ch.queue_declare(rs.QUEUE, durable=True, callback=cb))
+        for i in range(0, n, 1000):
+            c.publish(min(1000, n - i))
+            await c.confirmed()
+        await c.close()
+
+    async def drain(port: int, consumers: int) -> float:
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+        got = [0]
+        clients = [await rs._Client.open(port) for _ in range(consumers)]
+
+        def on_message(chan: Any, method: Any, _p: Any, _b: bytes) -> None:
+            got[0] += 1
+            if method.delivery_tag % 100 == 0:
+                chan.basic_ack(method.delivery_tag, multiple=True)
+            if got[0] >= n and not finished.done():
+                finished.set_result(None)
+
+        for c in clients:
+            await rs._cb(lambda cb, ch=c.ch: ch.basic_qos(prefetch_count=CREDIT, callback=cb))
+        t0 = time.perf_counter()
+        for c in clients:
+            c.ch.basic_consume(rs.QUEUE, on_message)
+        await asyncio.wait_for(finished, 600)
+        dt = time.perf_counter() - t0
+        for c in clients:
+            await c.close()  # unacked tail (< 100 per consumer) goes back to the queue
+        return dt
+
+    assert pika
+    rows = []
+    srv = RabbitServer(workdir / "rabbitmq")
+    srv.start()
+    try:
+        for c in counts:
+            port = srv.port
+
+            async def purge(port: int = port) -> None:
+                cl = await rs._Client.open(port)
+                await rs._cb(lambda cb: cl.ch.queue_declare(rs.QUEUE, durable=True, callback=cb))
+                await rs._cb(lambda cb: cl.ch.queue_purge(rs.QUEUE, callback=cb))
+                await cl.close()
+
+            uvloop.run(purge())
+            uvloop.run(fill(port))
+            dt = uvloop.run(drain(port, c))
+            rows.append(("RabbitMQ", "pika", c, n / dt))
+            print(f"  RabbitMQ pika    {c:>3} consumers {n / dt:>10,.0f} msg/s", flush=True)
+    finally:
+        srv.stop()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--consumers", default="1,4,16")
+    ap.add_argument("--no-rabbit", action="store_true")
+    args = ap.parse_args()
+    counts = [int(x) for x in args.consumers.split(",")]
+    rows: list[tuple[str, str, int, float]] = []
+    with tempfile.TemporaryDirectory(prefix="queue-bench-") as tmp:
+        rows += notify_rows(args.messages, counts, Path(tmp) / "notify")
+        if not args.no_rabbit:
+            if Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists():
+                rows += rabbit_rows(args.messages, counts, Path(tmp))
+            else:
+                print("  (RabbitMQ not installed: scripts/peers.sh install)")
+    print()
+    print(f"queue consume + ack, {args.messages:,} messages of {len(BODY)} B, "
+          f"credit/prefetch {CREDIT}")
+    print(f"{'system':<9} {'driver':<7} {'consumers':>9} {'msg/s':>10}")
+    for system, driver, c, rate in rows:
+        print(f"{system:<9} {driver:<7} {c:>9} {rate:>10,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

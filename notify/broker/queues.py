@@ -1,0 +1,734 @@
+"""Queue subscriptions on the broker: the I/O shell around :mod:`notify.core.queues`.
+
+What it does with the wire verbs (``qsub``, ``qack``, ``qunsub``; README "Queues"):
+
+* a ``qsub`` makes the connection a consumer of queue group ``(topic, group)`` with a
+  credit; the group is created at the first one (``earliest``: its partitions start at
+  their first offset; ``latest``: at their end) and its creation is logged;
+* :meth:`QueueManager.pump` reads records at each partition's frontier (only what the
+  window has room for), lets the core hand them out round robin to consumers with free
+  credit and pushes each as a ``qmsg`` frame (header, then the record bytes);
+* ``qack`` items change the messages' states; the finished ones (accepted, rejected,
+  dead) are appended to the queue log (``<dataLogPath>/queues/``) and the reply waits for
+  the group-committed fsync covering them, so an answered accept is never redelivered;
+* a closed connection or a ``qunsub`` returns what the consumer held at once; one timer
+  per group fires at the earliest lock deadline or delayed release;
+* every ``queueCheckpointInterval`` ms (when something was logged) the compact form of
+  every group is written as the log's checkpoint and older log segments are deleted.
+
+Every push is logged too (DELIVER records with each message's delivery count, appended in
+batches within ``DELIVER_LOG_DELAY_S`` of the push, fsynced in the background,
+group-committed), so delivery counts survive a crash.
+
+Recovery (start): the latest checkpoint, then the records after it. Messages that were
+acquired or available at the crash are delivered again, their delivery counts resuming
+from the logged ones (a delivery pushed less than one fsync before the crash may be
+missing); a message whose logged count reached ``queueMaxDeliveries`` goes to the
+dead-letter queue instead of being delivered again. Finished ones are not delivered.
+
+Replication of queue state to slaves is not done here (the HA work): a promoted slave
+starts its queue groups from its own (empty) queue log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from notify.config import ServerConfig, SystemConfig
+from notify.core.queues import (
+    CODE_STATES,
+    STATE_CODES,
+    Finished,
+    MsgState,
+    QueueGroup,
+    QueueLimits,
+)
+from notify.errors import NotifyError, OffsetOutOfRangeError, TxLogError
+from notify.protocol import queuelog, records
+from notify.protocol.frames import (
+    DeadLetterInfo,
+    QueueAck,
+    QueueDeadLetters,
+    QueueSubscribe,
+    QueueUnsubscribe,
+    encode_dead_letters,
+    encode_qmsg,
+    encode_result,
+)
+from notify.store.manager import MessageStore
+from txlog import Checkpoint, Position, TxLog, TxLogConfig
+
+if TYPE_CHECKING:
+    from notify.broker.connection import Connection
+
+log = logging.getLogger("notify.broker.queues")
+
+#: Bytes read from a partition at a time when filling a group's window.
+READ_WINDOW: Final = 256 * 1024
+#: Refused ``qack`` items described in the reply (the rest are only counted).
+MAX_REFUSALS_SHOWN: Final = 16
+#: Deliveries are logged (DELIVER records) this long after the push, in one batch.
+DELIVER_LOG_DELAY_S: Final = 0.005
+#: Largest checkpoint (compact form of every group) the queue log accepts.
+MAX_SNAPSHOT_BYTES: Final = 1 << 30
+GROUP_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def limits_of(sysc: SystemConfig) -> QueueLimits:
+    """The queue settings of ``[system]``."""
+    return QueueLimits(
+        lock_ms=sysc.queue_lock_timeout_ms,
+        max_deliveries=sysc.queue_max_deliveries,
+        max_in_flight=sysc.queue_max_in_flight,
+        max_credit=sysc.queue_max_credit,
+        max_dead_letters=sysc.queue_max_dead_letters,
+        max_release_delay_ms=sysc.queue_max_release_delay_ms,
+    )
+
+
+@dataclass(slots=True)
+class _Sub:
+    conn: Connection
+    opaque: int
+
+
+@dataclass(slots=True)
+class _Group:
+    core: QueueGroup
+    subs: dict[int, _Sub] = field(default_factory=dict)
+    timer: asyncio.TimerHandle | None = None
+    timer_at: float = 0.0
+    next_part: int = 0
+
+
+class QueueManager:
+    """Every queue group of the broker, its log and its timers."""
+
+    def __init__(self, config: ServerConfig, store: MessageStore, loop: asyncio.AbstractEventLoop):
+        self.config = config
+        self.store = store
+        self.loop = loop
+        self.limits = limits_of(config.system)
+        self.path = Path(config.system.data_log_path or config.system.data_path) / "queues"
+        self.groups: dict[tuple[str, str], _Group] = {}
+        self._by_topic: dict[str, list[_Group]] = {}
+        self.by_conn: dict[Connection, dict[tuple[str, str], int]] = {}
+        self._cid = 0
+        self._log: TxLog | None = None
+        self._dirty = False
+        self._ckpt_timer: asyncio.TimerHandle | None = None
+        self._ckpt_running = False
+        self._syncing = False
+        self._sync_again = False
+        self._deliveries: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+        self._deliver_timer: asyncio.TimerHandle | None = None
+        self.lost_to_retention = 0
+        self.ack_frames = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Open the queue log and rebuild every group from its checkpoint and records."""
+        self._log = TxLog.open(self.path, TxLogConfig(max_record_bytes=MAX_SNAPSHOT_BYTES))
+        cp = self._log.latest_checkpoint()
+        n = 0
+        if cp is not None:
+            for snap in queuelog.decode_snapshot(cp.state):
+                core = self._restore_group(snap.topic, snap.group)
+                for p, (low, fin) in snap.parts.items():
+                    core.restore(p, low, [(o, nx, CODE_STATES[s], c) for o, nx, s, c in fin])
+                for p, o, ln, c, s, at in snap.dead:
+                    core.note_finished(p, o, o + ln, CODE_STATES[s], c, at)
+                for p, o, ln in snap.replayed:
+                    core.restore_replayed(p, o, ln)
+                for p, o, c in snap.counts:
+                    core.restore_count(p, o, c)
+        for rec in self._log.replay():
+            n += 1
+            if rec.type == queuelog.GROUP:
+                topic, group, starts = queuelog.decode_group(rec.body)
+                core = self._restore_group(topic, group)
+                for p, start in starts.items():
+                    core.add_partition(p, start)
+            elif rec.type == queuelog.DONE:
+                topic, group, items = queuelog.decode_done(rec.body)
+                core = self._restore_group(topic, group)
+                for it in items:
+                    state = CODE_STATES[it.state]
+                    core.note_finished(
+                        it.partition, it.offset, it.next_offset, state, it.count, it.at_ms
+                    )
+            elif rec.type == queuelog.REPLAY:
+                topic, group, reps = queuelog.decode_replay(rec.body)
+                core = self._restore_group(topic, group)
+                for p, o, ln in reps:
+                    core.restore_replayed(p, o, ln)
+            elif rec.type == queuelog.DELIVER:
+                topic, group, counts = queuelog.decode_deliver(rec.body)
+                core = self._restore_group(topic, group)
+                for p, o, c in counts:
+                    core.restore_count(p, o, c)
+        if self.groups:
+            log.info("queues: %d groups recovered (%d log records replayed)", len(self.groups), n)
+        self._arm_checkpoint()
+
+    def _restore_group(self, topic: str, group: str) -> QueueGroup:
+        g = self.groups.get((topic, group))
+        if g is None:
+            g = self._new_group(topic, group)
+        return g.core
+
+    def _new_group(self, topic: str, group: str) -> _Group:
+        g = self.groups[(topic, group)] = _Group(QueueGroup(topic, group, self.limits))
+        self._by_topic.setdefault(topic, []).append(g)
+        return g
+
+    async def close(self) -> None:
+        """Final checkpoint, then close the log."""
+        if self._ckpt_timer is not None:
+            self._ckpt_timer.cancel()
+        if self._deliver_timer is not None:
+            self._deliver_timer.cancel()
+        for g in self.groups.values():
+            if g.timer is not None:
+                g.timer.cancel()
+        if self._log is None:
+            return
+        try:
+            if self._deliveries:
+                self._flush_deliveries()
+            if self._dirty:
+                pos, state = self._snapshot()
+                await self.loop.run_in_executor(None, self._log.checkpoint, pos, state)
+        except NotifyError as e:
+            log.error("queues: final checkpoint failed: %s", e)
+        finally:
+            self._log.close()
+            self._log = None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _arm_checkpoint(self) -> None:
+        self._ckpt_timer = self.loop.call_later(
+            self.config.system.queue_checkpoint_interval_ms / 1000.0, self._checkpoint_due
+        )
+
+    def _checkpoint_due(self) -> None:
+        self._ckpt_timer = None
+        if self._dirty and not self._ckpt_running and self._log is not None:
+            self._ckpt_running = True
+            pos, state = self._snapshot()
+            self._dirty = False
+            fut = self.loop.run_in_executor(None, self._log.checkpoint, pos, state)
+            fut.add_done_callback(self._checkpoint_done)
+        else:
+            self._arm_checkpoint()
+
+    def _checkpoint_done(self, fut: asyncio.Future[Checkpoint]) -> None:
+        self._ckpt_running = False
+        if fut.cancelled() or fut.exception() is not None:
+            log.error("queues: checkpoint failed: %s", fut.exception())
+            self._dirty = True
+        if self._log is not None:
+            self._arm_checkpoint()
+
+    def _snapshot(self) -> tuple[Position, bytes]:
+        """The log's end and the compact form of every group, taken in one loop step."""
+        assert self._log is not None
+        snaps = []
+        for (topic, group), g in self.groups.items():
+            core = g.core
+            snap = queuelog.GroupSnapshot(topic, group)
+            for p, (low, fin) in core.compact().items():
+                snap.parts[p] = (low, [(o, nx, STATE_CODES[s], c) for o, nx, s, c in fin])
+            snap.dead = [
+                (d.partition, d.offset, d.length, d.count, STATE_CODES[d.reason], d.at_ms)
+                for d in core.dead.values()
+            ]
+            snap.replayed = core.replayed_entries()
+            snap.counts = core.delivery_counts()
+            snaps.append(snap)
+        return self._log.end_position, queuelog.encode_snapshot(snaps)
+
+    # ------------------------------------------------------------------ logging
+
+    def _append(self, rtype: int, body: bytes) -> object:
+        assert self._log is not None
+        self._dirty = True
+        if self._deliveries and rtype == queuelog.REPLAY:
+            self._flush_deliveries()  # a replay resets counts: older deliveries go first
+        return self._log.append(rtype, body)
+
+    def _note_deliveries(self, core: QueueGroup, counts: list[tuple[int, int, int]]) -> None:
+        """Deliveries to log: appended after DELIVER_LOG_DELAY_S (or before a REPLAY record),
+        then fsynced in the background (group commit). Their order against DONE records
+        does not matter: a count recovered for a finished message is ignored."""
+        self._deliveries.setdefault((core.topic, core.group), []).extend(counts)
+        if self._deliver_timer is None:
+            self._deliver_timer = self.loop.call_later(DELIVER_LOG_DELAY_S, self._deliver_due)
+
+    def _deliver_due(self) -> None:
+        self._deliver_timer = None
+        if self._log is not None and self._deliveries:
+            self._sync_later(self._flush_deliveries())
+
+    def _flush_deliveries(self) -> object | None:
+        assert self._log is not None
+        pos = None
+        pending, self._deliveries = self._deliveries, {}
+        for (topic, group), counts in pending.items():
+            pos = self._log.append(queuelog.DELIVER, queuelog.encode_deliver(topic, group, counts))
+        return pos
+
+    def _log_finished(self, core: QueueGroup, fins: list[Finished]) -> object | None:
+        """Append the DONE record of ``fins``; its position (None when nothing to log)."""
+        if not fins:
+            return None
+        at = int(time.time() * 1000)
+        items = [
+            queuelog.DoneItem(f.partition, f.offset, f.next_offset, STATE_CODES[f.state],
+                              f.count, at)
+            for f in fins
+        ]
+        return self._append(queuelog.DONE, queuelog.encode_done(core.topic, core.group, items))
+
+    def _sync_later(self, pos: object | None) -> None:
+        """Make records durable soon when nobody waits for them (deliveries, expiries,
+        departures): one background fsync at a time, and one more if records were appended
+        while it ran (group commit)."""
+        if pos is None:
+            return
+        if self._syncing:
+            self._sync_again = True
+        else:
+            self._syncing = True
+            self.loop.create_task(self._sync_quietly())
+
+    async def _sync_quietly(self) -> None:
+        try:
+            while self._log is not None:
+                self._sync_again = False
+                await self._log.sync_async()
+                if not self._sync_again:
+                    break
+        except TxLogError as e:
+            log.error("queues: fsync of the queue log failed: %s", e)
+        finally:
+            self._syncing = False
+
+    # ------------------------------------------------------------------ wire verbs
+
+    def handle(
+        self,
+        conn: Connection,
+        r: QueueSubscribe | QueueAck | QueueUnsubscribe | QueueDeadLetters,
+        role: str,
+    ) -> None:
+        """One queue verb from ``conn``; ``role`` is the broker's role (master/slave)."""
+        if role != "master":
+            return _send(conn, 403, r.opaque, "queues are served by the master only")
+        if isinstance(r, QueueDeadLetters):
+            self._dlq(conn, r)
+        elif isinstance(r, QueueSubscribe):
+            self._subscribe(conn, r)
+        elif isinstance(r, QueueAck):
+            self._ack(conn, r)
+        else:
+            self._unsubscribe(conn, r)
+
+    def _subscribe(self, conn: Connection, r: QueueSubscribe) -> None:
+        tc = self.store.topics.get(r.topic)
+        if r.topic.startswith("__"):
+            return _send(conn, 403, r.opaque, f"no queue groups on internal topic {r.topic!r}")
+        if tc is None:
+            return _send(conn, 404, r.opaque, f"topic {r.topic!r} does not exist on this broker")
+        if not tc.accept_subscribe:
+            return _send(conn, 403, r.opaque, f"topic {r.topic!r} does not accept subscribe")
+        if not GROUP_NAME.fullmatch(r.group):
+            return _send(conn, 400, r.opaque, "invalid group name: [A-Za-z0-9._-]{1,249}")
+        if r.credit < 1:
+            return _send(conn, 400, r.opaque, f"credit {r.credit} must be >= 1")
+        key = (r.topic, r.group)
+        g = self.groups.get(key)
+        if g is None:
+            if len(self.groups) >= self.config.system.queue_max_groups:
+                return _send(
+                    conn,
+                    503,
+                    r.opaque,
+                    f"too many queue groups (queueMaxGroups={self.config.system.queue_max_groups})",
+                )
+            g = self._new_group(r.topic, r.group)
+        self._grow(g, r.start)
+        subs = self.by_conn.setdefault(conn, {})
+        cid = subs.get(key)
+        if cid is None:
+            self._cid += 1
+            cid = subs[key] = self._cid
+            g.subs[cid] = _Sub(conn, r.opaque)
+        else:
+            g.subs[cid].opaque = r.opaque
+        granted = g.core.add_consumer(cid, r.credit)
+        _send(conn, 200, r.opaque, str(granted))
+        self.pump(g)
+
+    def _grow(self, g: _Group, start: str) -> None:
+        """Track partitions the group does not know yet (new group, or the topic grew)."""
+        core = g.core
+        new = {}
+        for part in self.store.topic_partitions(core.topic):
+            if part.index not in core.parts:
+                first = core.parts == {} and start == "latest"
+                new[part.index] = part.visible_end if first else part.min_offset
+        if new:
+            for p, off in new.items():
+                core.add_partition(p, off)
+            self._append(queuelog.GROUP, queuelog.encode_group(core.topic, core.group, new))
+
+    def _unsubscribe(self, conn: Connection, r: QueueUnsubscribe) -> None:
+        key = (r.topic, r.group)
+        cid = self.by_conn.get(conn, {}).pop(key, None)
+        if cid is None:
+            return _send(conn, 404, r.opaque, f"not subscribed to queue group {r.group!r}")
+        self._leave(key, cid)
+        _send(conn, 200, r.opaque, "")
+
+    def _leave(self, key: tuple[str, str], cid: int) -> None:
+        g = self.groups.get(key)
+        if g is None:
+            return
+        g.subs.pop(cid, None)
+        fins = g.core.remove_consumer(cid, self._now_ms())
+        self._sync_later(self._log_finished(g.core, fins))
+        self.pump(g)
+
+    def connection_closed(self, conn: Connection) -> None:
+        """The consumer is gone: what it held is available again at once."""
+        for key, cid in self.by_conn.pop(conn, {}).items():
+            self._leave(key, cid)
+
+    def _ack(self, conn: Connection, r: QueueAck) -> None:
+        self.ack_frames += 1
+        key = (r.topic, r.group)
+        cid = self.by_conn.get(conn, {}).get(key)
+        g = self.groups.get(key)
+        if cid is None or g is None:
+            return _send(conn, 404, r.opaque, f"not subscribed to queue group {r.group!r}")
+        core = g.core
+        now = self._now_ms()
+        applied = 0
+        refused: list[str] = []
+        nrefused = 0
+        fins: list[Finished] = []
+        for line in r.items.split(b"\n"):
+            if not line.strip():
+                continue
+            t = line.split()
+            try:
+                if len(t) not in (3, 4) or (len(t) == 4 and t[0] != b"R"):
+                    raise ValueError
+                kind = t[0].decode("ascii")
+                part, off = int(t[1]), int(t[2])
+                delay = int(t[3]) if len(t) == 4 else 0
+            except (ValueError, UnicodeDecodeError):
+                nrefused += 1
+                core.refused_acks += 1
+                if len(refused) < MAX_REFUSALS_SHOWN:
+                    refused.append(f"malformed item {line[:40].decode('latin-1')!r}")
+                continue
+            res = core.ack(cid, kind, part, off, delay, now)
+            if res.applied:
+                applied += 1
+                if res.finished is not None:
+                    fins.append(res.finished)
+            else:
+                nrefused += 1
+                if len(refused) < MAX_REFUSALS_SHOWN:
+                    refused.append(res.refused)
+        body = "\n".join([f"{applied} {nrefused}", *refused])
+        pos = self._log_finished(core, fins)
+        if pos is None:
+            _send(conn, 200, r.opaque, body)
+        else:
+            self.loop.create_task(self._reply_durable(conn, r.opaque, body))
+        self.pump(g)
+
+    async def _reply_durable(self, conn: Connection, opaque: int, body: str) -> None:
+        assert self._log is not None
+        try:
+            await self._log.sync_async()
+        except TxLogError as e:
+            log.error("queues: fsync of the queue log failed: %s", e)
+            return _send(conn, 500, opaque, f"acknowledgement not durable: {e}")
+        _send(conn, 200, opaque, body)
+
+    # ------------------------------------------------------------------ delivery
+
+    def partition_visible(self, topic: str) -> None:
+        """New messages in ``topic``: groups with free credit take them."""
+        for g in self._by_topic.get(topic, ()):
+            if g.subs:
+                self.pump(g)
+
+    def pump(self, g: _Group) -> None:
+        """Fill the group's window from the store and push to consumers with credit."""
+        core = g.core
+        if not g.subs:
+            self._arm(g)
+            return
+        now = self._now_ms()
+        fins = core.expire(now)
+        counts: list[tuple[int, int, int]] = []
+        while True:
+            if core.wants_records():
+                self._fill(g)
+            deliveries = core.dispatch(now)
+            dead = core.take_exhausted()
+            fins += dead
+            if not deliveries:
+                if dead:  # recovered at the delivery limit: the window has room again
+                    continue
+                break
+            counts += [(d.partition, d.offset, d.count) for d in deliveries]
+            for d in deliveries:
+                sub = g.subs[d.consumer]
+                part = self.store.get(core.topic, d.partition)
+                if part is None:  # cannot happen: partitions are never removed while running
+                    continue
+                data = part.read_raw(d.offset, d.length)
+                sub.conn.send(
+                    encode_qmsg(sub.opaque, d.partition, d.offset, d.count, len(data)) + data
+                )
+        if counts:  # delivery counts survive a crash once logged and fsynced (README "Queues")
+            self._note_deliveries(core, counts)
+        self._sync_later(self._log_finished(core, fins))
+        self._arm(g)
+
+    def _fill(self, g: _Group) -> None:
+        """Read records at the frontiers, partitions in turn, while the window has room."""
+        core = g.core
+        parts = sorted(core.parts)
+        if not parts:
+            return
+        first = g.next_part
+        for i in range(len(parts)):
+            if core.room() <= 0 or core.available:
+                return
+            p = parts[(first + i) % len(parts)]
+            g.next_part = (first + i + 1) % len(parts)
+            part = self.store.get(core.topic, p)
+            if part is None:
+                continue
+            ps = core.parts[p]
+            try:
+                sl = part.slice(ps.frontier, READ_WINDOW, 1 << 31)
+            except OffsetOutOfRangeError as e:
+                if ps.frontier < e.nearest:
+                    self.lost_to_retention += 1
+                    log.warning(
+                        "queue group %s/%s: %s-%d below %d was deleted by retention unread",
+                        core.topic, core.group, core.topic, p, e.nearest,
+                    )
+                    core.skip_to(p, e.nearest)
+                continue
+            if sl is None:
+                continue
+            data = sl.segment.read(sl.file_pos, sl.length)
+            # a bounded share per partition, so a backlog in one does not starve the others
+            share = max(16, core.free_credit())
+            recs = _record_spans(data, ps.frontier, min(core.room(), share))
+            if recs:
+                core.add_records(p, recs)
+
+    def _arm(self, g: _Group) -> None:
+        """One timer per group at its earliest lock deadline or delayed release."""
+        at = g.core.next_wakeup()
+        if at is None:
+            if g.timer is not None:
+                g.timer.cancel()
+                g.timer = None
+            return
+        when = at / 1000.0
+        if g.timer is not None and g.timer_at == when:
+            return
+        if g.timer is not None:
+            g.timer.cancel()
+        g.timer_at = when
+        g.timer = self.loop.call_at(when, self._wake, g)
+
+    def _wake(self, g: _Group) -> None:
+        g.timer = None
+        core = g.core
+        fins = core.expire(self._now_ms())
+        self._sync_later(self._log_finished(core, fins))
+        self.pump(g)
+
+    def _now_ms(self) -> float:
+        return self.loop.time() * 1000.0
+
+    # ------------------------------------------------------------------ admin
+
+    def _dlq(self, conn: Connection, r: QueueDeadLetters) -> None:
+        """``qdlq list|replay`` (the service checked the admin role)."""
+        key = (r.topic, r.group)
+        if key not in self.groups:
+            return _send(conn, 404, r.opaque, f"no queue group {r.group!r} on topic {r.topic!r}")
+        try:
+            if r.action == "list":
+                start, limit = parse_page(r.body, self.limits.max_dead_letters)
+                total, dropped, page = self.dead_letters(r.topic, r.group, start, limit)
+                return conn.send(
+                    encode_result(200, r.opaque, encode_dead_letters(total, dropped, page))
+                )
+            keys = parse_replay(r.body)
+        except ValueError as e:
+            return _send(conn, 400, r.opaque, str(e))
+        self.loop.create_task(self._replay_reply(conn, r, keys))
+
+    async def _replay_reply(
+        self, conn: Connection, r: QueueDeadLetters, keys: list[tuple[int, int]] | None
+    ) -> None:
+        try:
+            done, unknown = await self.replay_durable(r.topic, r.group, keys)
+        except (KeyError, TxLogError) as e:
+            return _send(conn, 500, r.opaque, f"replay failed: {e}")
+        _send(conn, 200, r.opaque, f"{done} {unknown}")
+
+    def dead_letters(
+        self, topic: str, group: str, start: int = 0, limit: int | None = None
+    ) -> tuple[int, int, list[DeadLetterInfo]]:
+        """``(total, dropped, page)`` of the group's dead-letter queue, oldest first, from
+        entry ``start``, at most ``limit`` entries (KeyError: no such group)."""
+        core = self.groups[(topic, group)].core
+        stop = len(core.dead) if limit is None else start + limit
+        page = [
+            DeadLetterInfo(
+                d.partition,
+                d.offset,
+                d.length,
+                d.count,
+                "rejected" if d.reason is MsgState.REJECTED else "max_deliveries",
+                d.at_ms,
+            )
+            for d in itertools.islice(core.dead.values(), start, stop)
+        ]
+        return len(core.dead), core.dead_dropped, page
+
+    def replay(
+        self, topic: str, group: str, keys: list[tuple[int, int]] | None
+    ) -> tuple[int, int]:
+        """Send dead letters (all when ``keys`` is None) back to available and log it;
+        ``(replayed, unknown)``: unknown ones are not in the dead-letter queue, or their
+        record is no longer in the store (retention). KeyError: no such group."""
+        g = self.groups[(topic, group)]
+        core = g.core
+        want = list(core.dead) if keys is None else list(dict.fromkeys(keys))
+        done = []
+        for p, o in want:
+            d = core.dead.get((p, o))
+            part = self.store.get(topic, p)
+            if d is None or part is None or o < part.min_offset:
+                continue
+            if core.replay(p, o):
+                done.append((p, o, d.length))
+        if done:
+            self._append(queuelog.REPLAY, queuelog.encode_replay(topic, group, done))
+            log.warning("queue group %s/%s: %d dead letter(s) replayed", topic, group, len(done))
+            self.pump(g)
+        return len(done), len(want) - len(done)
+
+    async def replay_durable(
+        self, topic: str, group: str, keys: list[tuple[int, int]] | None
+    ) -> tuple[int, int]:
+        """:meth:`replay`, answered once the REPLAY record is on disk."""
+        done, unknown = self.replay(topic, group, keys)
+        if done and self._log is not None:
+            await self._log.sync_async()
+        return done, unknown
+
+    def stats_items(self) -> list[tuple[str, object]]:
+        """``stats queues``: one line per group."""
+        out: list[tuple[str, object]] = []
+        for (topic, group), g in sorted(self.groups.items()):
+            c = g.core.counts()
+            lows = " ".join(f"{p}:{ps.low_water}" for p, ps in sorted(g.core.parts.items()))
+            figures = " ".join(f"{k}={v}" for k, v in c.items())
+            out.append((f"{topic}/{group}", f"{figures} low_water={lows or '-'}"))
+        return out
+
+
+def _record_spans(data: bytes, base: int, room: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the whole records at the start of ``data`` (at most
+    ``room``); a trailing partial record is left for the next read."""
+    out: list[tuple[int, int]] = []
+    pos, n = 0, len(data)
+    size = records.HEADER_SIZE
+    unpack = records.HEADER.unpack_from
+    while n - pos >= size and len(out) < room:
+        length = unpack(data, pos)[0]
+        end = pos + size + length
+        if length < 0 or end > n:
+            break
+        out.append((base + pos, size + length))
+        pos = end
+    return out
+
+
+def parse_page(body: bytes, max_limit: int) -> tuple[int, int]:
+    """``qdlq list`` body: empty (everything) or ``<from> <limit>``; ``limit`` is clamped to
+    ``max_limit`` (queueMaxDeadLetters). ValueError with the reason when malformed."""
+    t = body.split()
+    if not t:
+        return 0, max_limit
+    try:
+        if len(t) != 2:
+            raise ValueError
+        start, limit = int(t[0]), int(t[1])
+    except ValueError:
+        raise ValueError(
+            f"qdlq list: body must be empty or '<from> <limit>', got {body[:40]!r}"
+        ) from None
+    if start < 0 or limit < 1:
+        raise ValueError(f"qdlq list: from must be >= 0 and limit >= 1 (got {start} {limit})")
+    return start, min(limit, max_limit)
+
+
+def parse_replay(body: bytes) -> list[tuple[int, int]] | None:
+    """``qdlq replay`` body: ``all`` (None) or ``<partition> <offset>`` lines. ValueError
+    naming the first bad line; nothing is replayed then."""
+    if body.strip() == b"all":
+        return None
+    keys: list[tuple[int, int]] = []
+    for line in body.split(b"\n"):
+        if not line.strip():
+            continue
+        t = line.split()
+        try:
+            if len(t) != 2:
+                raise ValueError
+            p, o = int(t[0]), int(t[1])
+            if p < 0 or o < 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"qdlq replay: expected 'all' or '<partition> <offset>' lines, got "
+                f"{line[:40].decode('latin-1')!r}"
+            ) from None
+        keys.append((p, o))
+    if not keys:
+        raise ValueError(
+            "qdlq replay: nothing to replay (body: 'all' or '<partition> <offset>' lines)"
+        )
+    return keys
+
+
+def _send(conn: Connection, code: int, opaque: int, text: str) -> None:
+    if not conn.closed:
+        conn.send(encode_result(code, opaque, text.encode("utf-8", "replace")))

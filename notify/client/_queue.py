@@ -1,0 +1,385 @@
+"""Queue consumers: the broker pushes messages of a queue group, the client acknowledges
+each one (README "Queues").
+
+:class:`AsyncQueueConsumer` keeps one dedicated connection per broker holding the topic
+(reconnecting and subscribing again after a failure: what it held there went back to the
+group at once), receives pushed ``qmsg`` frames up to its credit, and acknowledges with
+``qack``. Acknowledgements made in the same event-loop turn go out as one frame per broker
+(batched); each awaits the broker's answer, which for accept and reject comes only once
+they are durable. Use ``async for msg in consumer`` and ``await msg.ack()`` /
+``release(delay=...)`` / ``reject()`` / ``renew()``, or give a ``listener``: it runs per
+message (plain callables on a thread), its return accepts the message and an exception
+releases it (redelivered, dead-lettered after ``queueMaxDeliveries``).
+
+:class:`QueueConsumer` and :class:`SyncQueueMessage` are the synchronous wrappers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+from notify.errors import ClientError, ConnectionLostError
+from notify.protocol.frames import Response, encode_line, encode_qack
+from notify.protocol.records import HEADER, HEADER_SIZE, split_payload
+from notify.transport import AsyncConnection, TransportOptions, open_connection
+
+from ._loopthread import LoopThread
+from ._routing import TopicRouter
+
+log = logging.getLogger("notify.client")
+
+QueueListener = Callable[["QueueMessage"], Any] | Callable[["QueueMessage"], Awaitable[Any]]
+RECONNECT_MIN_S = 0.2
+RECONNECT_MAX_S = 5.0
+
+
+class QueueMessage:
+    """A message pushed to a queue consumer; acknowledge it exactly once with
+    :meth:`ack`, :meth:`release` or :meth:`reject` (:meth:`renew` keeps the lock)."""
+
+    __slots__ = ("_broker", "delivery_count", "flag", "msg_id", "offset", "partition",
+                 "payload", "topic")
+
+    def __init__(self, topic: str, broker: _Broker, partition: int, offset: int, count: int,
+                 record: bytes):
+        if len(record) < HEADER_SIZE:
+            raise ClientError(f"pushed record of {len(record)} bytes is too short")
+        length, _crc, msg_id, flag = HEADER.unpack_from(record, 0)
+        self.topic = topic
+        self._broker = broker
+        self.partition = partition
+        self.offset = offset
+        self.delivery_count = count
+        self.msg_id = msg_id
+        self.flag = flag
+        self.payload = record[HEADER_SIZE : HEADER_SIZE + length]
+
+    @property
+    def data(self) -> bytes:
+        """The application bytes."""
+        return split_payload(self.payload, self.flag)[1]
+
+    @property
+    def attribute(self) -> str | None:
+        """The message attribute (MetaQ's string tag), or None."""
+        return split_payload(self.payload, self.flag)[0]
+
+    @property
+    def broker(self) -> str:
+        """Address of the broker that pushed it."""
+        return self._broker.address
+
+    async def ack(self) -> bool:
+        """Accept: done with (durable when this returns True; False: the lock was lost,
+        e.g. it timed out or the connection dropped, and the message goes to another)."""
+        return await self._broker.acknowledge(b"A %d %d" % (self.partition, self.offset))
+
+    async def release(self, delay: float = 0.0) -> bool:
+        """Give it back for redelivery, no earlier than ``delay`` seconds from now."""
+        ms = int(delay * 1000)
+        return await self._broker.acknowledge(b"R %d %d %d" % (self.partition, self.offset, ms))
+
+    async def reject(self) -> bool:
+        """Never deliver it again: it goes to the group's dead-letter queue."""
+        return await self._broker.acknowledge(b"X %d %d" % (self.partition, self.offset))
+
+    async def renew(self) -> bool:
+        """Keep the lock for another ``queueLockTimeout``."""
+        return await self._broker.acknowledge(b"N %d %d" % (self.partition, self.offset))
+
+    def __repr__(self) -> str:
+        return (f"QueueMessage({self.topic!r}, {self.broker} {self.partition}:{self.offset}, "
+                f"delivery_count={self.delivery_count})")
+
+
+class _Broker:
+    """One broker's connection of a queue consumer, with its acknowledgement batcher."""
+
+    def __init__(self, owner: AsyncQueueConsumer, address: str):
+        self.owner = owner
+        self.address = address
+        self.conn: AsyncConnection | None = None
+        self.credit = 0
+        self._items: list[bytes] = []
+        self._waiters: list[tuple[bytes, asyncio.Future[bool]]] = []
+        self._flush_scheduled = False
+        self.task: asyncio.Task[None] | None = None
+        self.subscribed = asyncio.Event()
+
+    async def run(self) -> None:
+        """Connect, subscribe, and do it again after a failure until closed."""
+        backoff = RECONNECT_MIN_S
+        o = self.owner
+        while not o.closed:
+            try:
+                conn = await open_connection(self.address, o.options)
+            except ClientError as e:
+                log.info("queue consumer: %s unreachable: %s", self.address, e)
+                await asyncio.sleep(backoff)
+                backoff = min(RECONNECT_MAX_S, backoff * 2)
+                continue
+            conn.push_handler = self._on_push
+            self.conn = conn
+            try:
+                r = await conn.request(
+                    lambda op: encode_line("qsub", o.topic, o.group, o.credit, o.start, op)
+                )
+                if r.code != 200:
+                    text = r.body.decode(errors="replace")
+                    raise ClientError(f"{self.address}: qsub refused ({r.code}): {text}")
+                self.credit = int(r.body)
+                backoff = RECONNECT_MIN_S
+                self.subscribed.set()
+                await conn.closed_future
+            except ConnectionLostError as e:
+                log.info("queue consumer: %s lost: %s", self.address, e)
+            except ClientError as e:
+                o.error = e
+                self.subscribed.set()
+                conn.close()
+                return
+            finally:
+                if not o.closed and o.error is None:
+                    self.subscribed.clear()
+                self.conn = None
+                conn.close()
+            if not o.closed:
+                await asyncio.sleep(backoff)
+                backoff = min(RECONNECT_MAX_S, backoff * 2)
+
+    def _on_push(self, conn: AsyncConnection, r: Response) -> None:
+        try:
+            msg = QueueMessage(self.owner.topic, self, r.partition, r.offset, r.code, r.body)
+        except ClientError as e:
+            log.error("queue consumer: %s", e)
+            return
+        self.owner.deliver(msg)
+
+    def acknowledge(self, item: bytes) -> asyncio.Future[bool]:
+        """Queue one ``qack`` item; all items of this loop turn go in one frame."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        conn = self.conn
+        if conn is None or not conn.is_open:
+            fut.set_result(False)  # the broker released it when the connection dropped
+            return fut
+        self._items.append(item)
+        self._waiters.append((item, fut))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        items, self._items = self._items, []
+        waiters, self._waiters = self._waiters, []
+        conn = self.conn
+        o = self.owner
+        if conn is None or not conn.is_open:
+            for _, f in waiters:
+                if not f.done():
+                    f.set_result(False)
+            return
+        body = b"\n".join(items) + b"\n"
+        try:
+            fut = conn.submit(lambda op: encode_qack(o.topic, o.group, body, op))
+        except ConnectionLostError:
+            for _, f in waiters:
+                if not f.done():
+                    f.set_result(False)
+            return
+        fut.add_done_callback(lambda f: _resolve(f, waiters))
+
+
+def _resolve(
+    fut: asyncio.Future[Response], waiters: list[tuple[bytes, asyncio.Future[bool]]]
+) -> None:
+    """Per item: applied unless the reply names it among the refused (or refused more
+    items than it describes)."""
+    if fut.cancelled() or fut.exception() is not None:
+        for _, f in waiters:
+            if not f.done():
+                f.set_result(False)
+        return
+    r = fut.result()
+    lines = r.body.decode(errors="replace").split("\n")
+    refused_n = 0
+    if r.code == 200:
+        with contextlib.suppress(ValueError, IndexError):
+            refused_n = int(lines[0].split()[1])
+    shown = lines[1:]
+    for item, f in waiters:
+        if f.done():
+            continue
+        t = item.split()
+        key = f"{int(t[1])}:{int(t[2])} "
+        bad = r.code != 200 or (
+            refused_n > 0 and (refused_n > len(shown) or any(s.startswith(key) for s in shown))
+        )
+        f.set_result(not bad)
+
+
+class AsyncQueueConsumer:
+    """A consumer of queue group ``group`` of ``topic`` (asyncio; see the module doc)."""
+
+    def __init__(
+        self,
+        router: TopicRouter,
+        options: TransportOptions,
+        topic: str,
+        group: str,
+        credit: int = 100,
+        listener: QueueListener | None = None,
+        start: str = "earliest",
+    ):
+        if credit < 1:
+            raise ClientError("credit must be >= 1")
+        if start not in ("earliest", "latest"):
+            raise ClientError("start must be 'earliest' or 'latest'")
+        self.router = router
+        self.options = options
+        self.topic = topic
+        self.group = group
+        self.credit = credit
+        self.start = start
+        self.listener = listener
+        self.closed = False
+        self.error: ClientError | None = None
+        self._brokers: dict[str, _Broker] = {}
+        self._queue: asyncio.Queue[QueueMessage] = asyncio.Queue()
+        self._listener_tasks: set[asyncio.Task[None]] = set()
+
+    async def start_consuming(self, timeout_s: float = 10.0) -> None:
+        """Subscribe on every broker holding the topic (waits for the first answers)."""
+        parts = await self.router.partitions(self.topic)
+        for address in sorted({p.address for p in parts}):
+            b = self._brokers[address] = _Broker(self, address)
+            b.task = asyncio.get_running_loop().create_task(b.run())
+        async with asyncio.timeout(timeout_s):
+            for b in self._brokers.values():
+                await b.subscribed.wait()
+        if self.error is not None:
+            await self.close()
+            raise self.error
+
+    def deliver(self, msg: QueueMessage) -> None:
+        """A pushed message (on the loop): to the listener or the iterator."""
+        if self.closed:
+            return
+        if self.listener is None:
+            self._queue.put_nowait(msg)  # bounded by the credit granted per broker
+            return
+        t = asyncio.get_running_loop().create_task(self._run_listener(msg))
+        self._listener_tasks.add(t)
+        t.add_done_callback(self._listener_tasks.discard)
+
+    async def _run_listener(self, msg: QueueMessage) -> None:
+        assert self.listener is not None
+        try:
+            if inspect.iscoroutinefunction(self.listener):
+                await self.listener(msg)
+            else:
+                res = await asyncio.get_running_loop().run_in_executor(None, self.listener, msg)
+                if inspect.isawaitable(res):
+                    await res
+        except Exception:
+            log.exception("queue listener failed on %r: released for redelivery", msg)
+            await msg.release()
+            return
+        await msg.ack()
+
+    def __aiter__(self) -> AsyncIterator[QueueMessage]:
+        return self
+
+    async def __anext__(self) -> QueueMessage:
+        if self.closed:
+            raise StopAsyncIteration
+        return await self._queue.get()
+
+    async def get(self, timeout_s: float | None = None) -> QueueMessage | None:
+        """The next pushed message, or None after ``timeout_s``."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._queue.get()
+        except TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        """Leave the group: the brokers return what this consumer still holds at once."""
+        if self.closed:
+            return
+        self.closed = True
+        for t in list(self._listener_tasks):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(t), 5)
+        for b in self._brokers.values():
+            if b.conn is not None:
+                b.conn.close()
+            if b.task is not None:
+                b.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await b.task
+
+    async def __aenter__(self) -> AsyncQueueConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class SyncQueueMessage:
+    """:class:`QueueMessage` with blocking acknowledgement methods."""
+
+    def __init__(self, msg: QueueMessage, lt: LoopThread):
+        self.message = msg
+        self._lt = lt
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.message, name)
+
+    def ack(self) -> bool:
+        return bool(self._lt.run(self.message.ack()))
+
+    def release(self, delay: float = 0.0) -> bool:
+        return bool(self._lt.run(self.message.release(delay)))
+
+    def reject(self) -> bool:
+        return bool(self._lt.run(self.message.reject()))
+
+    def renew(self) -> bool:
+        return bool(self._lt.run(self.message.renew()))
+
+
+class QueueConsumer:
+    """Synchronous queue consumer: ``for msg in consumer.messages(): ...; msg.ack()``."""
+
+    def __init__(self, core: AsyncQueueConsumer, lt: LoopThread):
+        self.core = core
+        self._lt = lt
+
+    def get(self, timeout_s: float | None = None) -> SyncQueueMessage | None:
+        """The next pushed message, or None after ``timeout_s``."""
+        msg = self._lt.run(self.core.get(timeout_s))
+        return None if msg is None else SyncQueueMessage(msg, self._lt)
+
+    def messages(self, idle_timeout_s: float | None = None) -> Iterator[SyncQueueMessage]:
+        """Pushed messages as they come; ends after ``idle_timeout_s`` without one."""
+        while not self.core.closed:
+            msg = self.get(idle_timeout_s)
+            if msg is None:
+                return
+            yield msg
+
+    def close(self) -> None:
+        self._lt.run(self.core.close())
+
+    def __enter__(self) -> QueueConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

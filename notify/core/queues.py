@@ -1,0 +1,671 @@
+"""Queue subscriptions (Notify-style push delivery) as a pure core: per-message state.
+
+A *queue group* ``(topic, group)`` tracks, for every message of every partition of the
+topic, where its delivery stands; live consumers of the group get messages pushed up to
+their credit, whatever the partition count. No sockets, clock or files here: the shell
+(:mod:`notify.broker.queues`) feeds records read from the store, the current time, consumer
+arrivals and departures and acknowledgements, and gets back deliveries to push and
+*finished* items to make durable.
+
+Message states, one transition table (tested as data in ``tests/core/test_queues.py``)::
+
+    AVAILABLE ──acquire──▶ ACQUIRED(consumer, deadline)      delivery_count += 1
+    ACQUIRED ──renew──▶ ACQUIRED                            (deadline moved)
+    ACQUIRED ──accept──▶ ACKNOWLEDGED                        (durable; finished)
+    ACQUIRED ──reject──▶ REJECTED                            (durable; dead-letter queue)
+    ACQUIRED ──release|lock_expired|consumer_gone──▶ AVAILABLE
+    ACQUIRED ──exhausted──▶ DEAD      (release/expiry/departure with delivery_count at
+                                       maxDeliveries: durable; dead-letter queue)
+    AVAILABLE ──exhausted──▶ DEAD     (recovered with delivery_count at maxDeliveries:
+                                       its deliveries before a crash used up the limit)
+    REJECTED|DEAD ──replay──▶ AVAILABLE                      (an admin's replay)
+
+Compact form (what a checkpoint stores): per partition the *low-water offset* (every message
+below it is finished: acknowledged, rejected or dead) plus the *exceptions*, the finished
+messages above it, each with the offset of the record after it (so the low-water offset can
+advance over them without reading the store) and the replayed messages below it.
+
+Bounds: a group tracks at most ``max_in_flight`` messages between its low-water offsets and
+its read frontiers (acquired, available for redelivery, or finished above the low-water
+offset); a poison message at the low-water offset cannot make that window grow, it only
+stops the group reading further until the message is finished (it is, after at most
+``max_deliveries`` lock timeouts). A consumer's credit is clamped to ``max_credit``; the
+dead-letter queue keeps the newest ``max_dead_letters`` entries.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final
+
+from notify.errors import NotifyError
+from notify.protocol import queuelog
+
+
+class QueueError(NotifyError):
+    """A queue operation that cannot be done (bad state change, unknown message)."""
+
+
+class MsgState(Enum):
+    """Where one message's delivery to one queue group stands."""
+
+    AVAILABLE = "AVAILABLE"
+    ACQUIRED = "ACQUIRED"
+    ACKNOWLEDGED = "ACKNOWLEDGED"
+    REJECTED = "REJECTED"
+    DEAD = "DEAD"
+
+
+class MsgEvent(Enum):
+    """What can happen to a message of a queue group."""
+
+    ACQUIRE = "acquire"
+    RENEW = "renew"
+    ACCEPT = "accept"
+    REJECT = "reject"
+    RELEASE = "release"
+    LOCK_EXPIRED = "lock_expired"
+    CONSUMER_GONE = "consumer_gone"
+    EXHAUSTED = "exhausted"
+    REPLAY = "replay"
+
+
+S, E = MsgState, MsgEvent
+TRANSITIONS: Final[dict[tuple[MsgState, MsgEvent], MsgState]] = {
+    (S.AVAILABLE, E.ACQUIRE): S.ACQUIRED,
+    (S.ACQUIRED, E.RENEW): S.ACQUIRED,
+    (S.ACQUIRED, E.ACCEPT): S.ACKNOWLEDGED,
+    (S.ACQUIRED, E.REJECT): S.REJECTED,
+    (S.ACQUIRED, E.RELEASE): S.AVAILABLE,
+    (S.ACQUIRED, E.LOCK_EXPIRED): S.AVAILABLE,
+    (S.ACQUIRED, E.CONSUMER_GONE): S.AVAILABLE,
+    (S.ACQUIRED, E.EXHAUSTED): S.DEAD,
+    (S.AVAILABLE, E.EXHAUSTED): S.DEAD,
+    (S.REJECTED, E.REPLAY): S.AVAILABLE,
+    (S.DEAD, E.REPLAY): S.AVAILABLE,
+}
+#: states in which a message is done with (durable; the low-water offset may pass it)
+FINISHED: Final = frozenset({S.ACKNOWLEDGED, S.REJECTED, S.DEAD})
+#: events that return an acquired message to the pool (or, at the limit, kill it)
+RETURNS: Final = frozenset({E.RELEASE, E.LOCK_EXPIRED, E.CONSUMER_GONE})
+
+
+#: finished states <-> their codes in the queue log (:mod:`notify.protocol.queuelog`)
+STATE_CODES: Final = {
+    S.ACKNOWLEDGED: queuelog.ACKNOWLEDGED,
+    S.REJECTED: queuelog.REJECTED,
+    S.DEAD: queuelog.DEAD,
+}
+CODE_STATES: Final = {v: k for k, v in STATE_CODES.items()}
+
+
+def next_state(state: MsgState, event: MsgEvent) -> MsgState:
+    """The state after ``event``; :class:`QueueError` when the event is not allowed."""
+    try:
+        return TRANSITIONS[(state, event)]
+    except KeyError:
+        raise QueueError(f"{event.value} is not allowed in state {state.value}") from None
+
+
+def allowed(state: MsgState, event: MsgEvent) -> bool:
+    """Whether ``event`` may happen in ``state``."""
+    return (state, event) in TRANSITIONS
+
+
+#: acknowledgement kinds on the wire (``qack`` items) and the event each one is
+ACK_EVENTS: Final = {
+    "A": E.ACCEPT,
+    "R": E.RELEASE,
+    "X": E.REJECT,
+    "N": E.RENEW,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """The settings of a queue group (README "Configuration reference", ``queue*``)."""
+
+    lock_ms: int = 30_000
+    max_deliveries: int = 5
+    max_in_flight: int = 10_000
+    max_credit: int = 1000
+    max_dead_letters: int = 10_000
+    max_release_delay_ms: int = 3_600_000
+
+
+class Entry:
+    """One tracked message: where it is and how often it was delivered."""
+
+    __slots__ = ("consumer", "count", "deadline", "length", "offset", "partition", "state")
+
+    def __init__(self, partition: int, offset: int, length: int, state: MsgState, count: int):
+        self.partition = partition
+        self.offset = offset
+        self.length = length  # whole record, header included
+        self.state = state
+        self.count = count
+        self.consumer = 0
+        self.deadline = 0.0  # lock deadline when ACQUIRED, not-before when AVAILABLE
+
+    @property
+    def next_offset(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Push message ``(partition, offset)`` (``length`` bytes) to ``consumer``."""
+
+    consumer: int
+    partition: int
+    offset: int
+    length: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A message reached a finished state: log it (``state`` ACKNOWLEDGED/REJECTED/DEAD)."""
+
+    partition: int
+    offset: int
+    next_offset: int
+    state: MsgState
+    count: int
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    """An entry of the group's dead-letter queue."""
+
+    partition: int
+    offset: int
+    length: int
+    count: int
+    reason: MsgState  # REJECTED or DEAD
+    at_ms: int
+
+
+@dataclass(slots=True)
+class PartState:
+    """One partition of a queue group: low-water offset, read frontier, tracked messages."""
+
+    frontier: int
+    #: tracked messages from the low-water offset up to the frontier, in offset order
+    entries: dict[int, Entry] = field(default_factory=dict)
+    #: recovered finished messages not yet read again: offset -> (next offset, state, count)
+    skip: dict[int, tuple[int, MsgState, int]] = field(default_factory=dict)
+    #: replayed dead letters below the low-water offset, by offset
+    replayed: dict[int, Entry] = field(default_factory=dict)
+    #: recovered delivery counts of unfinished messages not yet read again: offset -> count
+    counts: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def low_water(self) -> int:
+        return next(iter(self.entries)) if self.entries else self.frontier
+
+
+@dataclass(slots=True)
+class Consumer:
+    credit: int
+    held: set[tuple[int, int]] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class AckResult:
+    """What one ``qack`` item did: ``applied`` or a ``refused`` reason; ``finished`` when
+    the message must be made durable before the acknowledgement is answered."""
+
+    applied: bool
+    refused: str = ""
+    finished: Finished | None = None
+
+
+class QueueGroup:
+    """The delivery state of one queue group over the partitions of its topic."""
+
+    def __init__(self, topic: str, group: str, limits: QueueLimits):
+        self.topic = topic
+        self.group = group
+        self.limits = limits
+        self.parts: dict[int, PartState] = {}
+        self.consumers: dict[int, Consumer] = {}
+        self._rr: deque[int] = deque()  # consumers in round-robin order
+        self.available: deque[Entry] = deque()
+        self._delayed: list[tuple[float, int, Entry]] = []  # (not_before, seq, entry)
+        self._locks: list[tuple[float, int, Entry]] = []  # (deadline, seq, entry), lazy
+        self._seq = 0
+        self.tracked = 0  # entries in every PartState.entries and .replayed
+        self._exhausted: list[Finished] = []  # died in dispatch (recovered at the limit)
+        self.dead: OrderedDict[tuple[int, int], DeadLetter] = OrderedDict()
+        self.dead_dropped = 0
+        self.delivered = 0
+        self.redelivered = 0
+        self.refused_acks = 0
+
+    # ------------------------------------------------------------------ partitions
+
+    def add_partition(self, partition: int, start: int) -> None:
+        """Track ``partition`` from offset ``start`` (a new group or a new partition)."""
+        if partition not in self.parts:
+            self.parts[partition] = PartState(start)
+
+    def restore(
+        self,
+        partition: int,
+        low_water: int,
+        finished: list[tuple[int, int, MsgState, int]],
+    ) -> None:
+        """Recovery: ``partition`` resumes at ``low_water``; ``finished`` holds
+        ``(offset, next_offset, state, count)`` of finished messages above it (those below
+        are ignored: replayed log records older than the checkpoint are idempotent)."""
+        ps = self.parts.get(partition)
+        if ps is None:
+            ps = self.parts[partition] = PartState(low_water)
+        elif low_water > ps.frontier:
+            ps.frontier = low_water
+        for off, nxt, state, count in finished:
+            if off >= ps.frontier:
+                ps.skip[off] = (nxt, state, count)
+        self._skip_finished(ps)
+
+    @staticmethod
+    def _skip_finished(ps: PartState) -> None:
+        """Advance an idle partition's frontier over recovered finished messages."""
+        while not ps.entries and ps.frontier in ps.skip:
+            ps.frontier = ps.skip.pop(ps.frontier)[0]
+
+    def room(self) -> int:
+        """How many more messages the group may track (``max_in_flight`` window)."""
+        return max(0, self.limits.max_in_flight - self.tracked)
+
+    def free_credit(self) -> int:
+        """Deliveries the live consumers could take now."""
+        return sum(max(0, c.credit - len(c.held)) for c in self.consumers.values())
+
+    def wants_records(self) -> bool:
+        """True when reading more of the store would let a delivery happen."""
+        return bool(self.consumers) and not self.available and self.room() > 0 and (
+            self.free_credit() > 0
+        )
+
+    def add_records(self, partition: int, recs: list[tuple[int, int]]) -> int:
+        """Records read from the store at the partition's frontier, ``(offset, length)`` in
+        order; takes as many as the window has room for and returns how many it took."""
+        ps = self.parts[partition]
+        taken = 0
+        for off, length in recs:
+            if off != ps.frontier:
+                raise QueueError(f"record at {off} is not at the frontier {ps.frontier}")
+            if self.tracked >= self.limits.max_in_flight:
+                break
+            skipped = ps.skip.pop(off, None)
+            if skipped is not None:  # finished before a restart: not delivered again
+                ps.frontier = off + length
+                taken += 1
+                if ps.entries:  # behind an unfinished message: keep it as an exception
+                    e = Entry(partition, off, length, skipped[1], skipped[2])
+                    ps.entries[off] = e
+                    self.tracked += 1
+                continue
+            e = Entry(partition, off, length, S.AVAILABLE, ps.counts.pop(off, 0))
+            ps.entries[off] = e
+            ps.frontier = off + length
+            self.tracked += 1
+            self.available.append(e)
+            taken += 1
+        return taken
+
+    def skip_to(self, partition: int, offset: int) -> int:
+        """The store no longer holds what lies below ``offset`` (retention): move an idle
+        frontier there; returns how many bytes were skipped."""
+        ps = self.parts[partition]
+        if offset <= ps.frontier or ps.entries:
+            return 0
+        gap = offset - ps.frontier
+        ps.frontier = offset
+        ps.skip = {o: v for o, v in ps.skip.items() if o >= offset}
+        ps.counts = {o: c for o, c in ps.counts.items() if o >= offset}
+        return gap
+
+    # ------------------------------------------------------------------ consumers
+
+    def add_consumer(self, cid: int, credit: int) -> int:
+        """A live consumer with ``credit`` (clamped to 1..max_credit); returns the credit
+        granted."""
+        granted = max(1, min(credit, self.limits.max_credit))
+        if cid in self.consumers:
+            self.consumers[cid].credit = granted
+        else:
+            self.consumers[cid] = Consumer(granted)
+            self._rr.append(cid)
+        return granted
+
+    def remove_consumer(self, cid: int, now_ms: float) -> list[Finished]:
+        """The consumer is gone: what it held returns to available at once (or dies at the
+        delivery limit). Returns the finished items to log."""
+        c = self.consumers.pop(cid, None)
+        if c is None:
+            return []
+        if cid in self._rr:
+            self._rr.remove(cid)
+        out: list[Finished] = []
+        for key in sorted(c.held):
+            e = self._entry(*key)
+            if e is not None and e.state is S.ACQUIRED and e.consumer == cid:
+                f = self._return(e, E.CONSUMER_GONE, now_ms, 0)
+                if f is not None:
+                    out.append(f)
+        c.held.clear()
+        return out
+
+    # ------------------------------------------------------------------ delivery
+
+    def dispatch(self, now_ms: float) -> list[Delivery]:
+        """Acquire available messages for consumers with free credit, round robin."""
+        out: list[Delivery] = []
+        self._wake_delayed(now_ms)
+        rr = self._rr
+        avail = self.available
+        lock = self.limits.lock_ms
+        while avail and rr:
+            progressed = False
+            for _ in range(len(rr)):
+                if not avail:
+                    break
+                cid = rr[0]
+                rr.rotate(-1)
+                c = self.consumers[cid]
+                if len(c.held) >= c.credit:
+                    continue
+                e = avail.popleft()
+                if e.state is not S.AVAILABLE:  # replayed twice, or already finished
+                    continue
+                if e.count >= self.limits.max_deliveries:  # delivered up to the limit
+                    self._exhausted.append(self._finish(e, E.EXHAUSTED, now_ms))  # pre-crash
+                    progressed = True
+                    continue
+                e.state = next_state(e.state, E.ACQUIRE)
+                e.count += 1
+                e.consumer = cid
+                e.deadline = now_ms + lock
+                c.held.add((e.partition, e.offset))
+                self._seq += 1
+                heapq.heappush(self._locks, (e.deadline, self._seq, e))
+                if e.count > 1:
+                    self.redelivered += 1
+                self.delivered += 1
+                out.append(Delivery(cid, e.partition, e.offset, e.length, e.count))
+                progressed = True
+            if not progressed:
+                break
+        return out
+
+    def take_exhausted(self) -> list[Finished]:
+        """Messages :meth:`dispatch` found at the delivery limit (counts recovered from the
+        log: deliveries before a crash) and killed instead of delivering: log them."""
+        out, self._exhausted = self._exhausted, []
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """Earliest lock deadline or delayed release (ms), or None."""
+        times = []
+        while self._locks and not self._lock_live(self._locks[0]):
+            heapq.heappop(self._locks)
+        if self._locks:
+            times.append(self._locks[0][0])
+        if self._delayed:
+            times.append(self._delayed[0][0])
+        return min(times) if times else None
+
+    @staticmethod
+    def _lock_live(item: tuple[float, int, Entry]) -> bool:
+        e = item[2]
+        return e.state is S.ACQUIRED and e.deadline == item[0]
+
+    def expire(self, now_ms: float) -> list[Finished]:
+        """Locks past their deadline return to available (or die at the limit)."""
+        out: list[Finished] = []
+        locks = self._locks
+        while locks and locks[0][0] <= now_ms:
+            item = heapq.heappop(locks)
+            if not self._lock_live(item):
+                continue
+            e = item[2]
+            c = self.consumers.get(e.consumer)
+            if c is not None:
+                c.held.discard((e.partition, e.offset))
+            f = self._return(e, E.LOCK_EXPIRED, now_ms, 0)
+            if f is not None:
+                out.append(f)
+        self._wake_delayed(now_ms)
+        return out
+
+    def _wake_delayed(self, now_ms: float) -> None:
+        d = self._delayed
+        while d and d[0][0] <= now_ms:
+            at, _, e = heapq.heappop(d)
+            if e.state is S.AVAILABLE and e.deadline == at:
+                self.available.append(e)
+
+    def _return(
+        self, e: Entry, event: MsgEvent, now_ms: float, delay_ms: int
+    ) -> Finished | None:
+        """An acquired message comes back (release, expiry, departure)."""
+        if e.count >= self.limits.max_deliveries:
+            return self._finish(e, E.EXHAUSTED, now_ms)
+        e.state = next_state(e.state, event)
+        e.consumer = 0
+        if delay_ms > 0:
+            e.deadline = now_ms + delay_ms
+            self._seq += 1
+            heapq.heappush(self._delayed, (e.deadline, self._seq, e))
+        else:
+            e.deadline = 0.0
+            self.available.appendleft(e)  # redeliveries go first
+        return None
+
+    def _finish(self, e: Entry, event: MsgEvent, now_ms: float) -> Finished:
+        e.state = next_state(e.state, event)
+        e.consumer = 0
+        if e.state is not S.ACKNOWLEDGED:
+            self._add_dead(DeadLetter(e.partition, e.offset, e.length, e.count, e.state,
+                                      int(now_ms)))
+        f = Finished(e.partition, e.offset, e.next_offset, e.state, e.count)
+        ps = self.parts[e.partition]
+        if ps.replayed.pop(e.offset, None) is not None:
+            self.tracked -= 1
+        self._advance(ps)
+        return f
+
+    def _add_dead(self, d: DeadLetter) -> None:
+        self.dead[(d.partition, d.offset)] = d
+        self.dead.move_to_end((d.partition, d.offset))
+        while len(self.dead) > self.limits.max_dead_letters:
+            self.dead.popitem(last=False)
+            self.dead_dropped += 1
+
+    def _advance(self, ps: PartState) -> None:
+        """Drop finished messages at the low-water offset (the window shrinks)."""
+        entries = ps.entries
+        while entries:
+            off = next(iter(entries))
+            if entries[off].state not in FINISHED:
+                break
+            del entries[off]
+            self.tracked -= 1
+        self._skip_finished(ps)
+
+    def _entry(self, partition: int, offset: int) -> Entry | None:
+        ps = self.parts.get(partition)
+        if ps is None:
+            return None
+        return ps.entries.get(offset) or ps.replayed.get(offset)
+
+    # ------------------------------------------------------------------ acknowledgements
+
+    def ack(
+        self, cid: int, kind: str, partition: int, offset: int, delay_ms: int, now_ms: float
+    ) -> AckResult:
+        """Apply one acknowledgement item from consumer ``cid``. Only the consumer holding
+        the message's lock may acknowledge it; anything else is refused (and counted)."""
+        event = ACK_EVENTS.get(kind)
+        if event is None:
+            return self._refuse(f"unknown acknowledgement kind {kind!r}")
+        e = self._entry(partition, offset)
+        c = self.consumers.get(cid)
+        if e is None or c is None or e.state is not S.ACQUIRED or e.consumer != cid:
+            return self._refuse(f"{partition}:{offset} is not held by this consumer")
+        if event is E.RENEW:
+            e.state = next_state(e.state, E.RENEW)
+            e.deadline = now_ms + self.limits.lock_ms
+            self._seq += 1
+            heapq.heappush(self._locks, (e.deadline, self._seq, e))
+            return AckResult(True)
+        if event is E.RELEASE and not 0 <= delay_ms <= self.limits.max_release_delay_ms:
+            return self._refuse(
+                f"release delay {delay_ms} outside 0..{self.limits.max_release_delay_ms} ms"
+            )
+        c.held.discard((partition, offset))
+        if event is E.RELEASE:
+            return AckResult(True, finished=self._return(e, E.RELEASE, now_ms, delay_ms))
+        return AckResult(True, finished=self._finish(e, event, now_ms))
+
+    def _refuse(self, why: str) -> AckResult:
+        self.refused_acks += 1
+        return AckResult(False, why)
+
+    # ------------------------------------------------------------------ dead letters
+
+    def replay(self, partition: int, offset: int) -> bool:
+        """Move a dead letter back to available (an admin's replay); False if unknown."""
+        d = self.dead.pop((partition, offset), None)
+        if d is None:
+            return False
+        ps = self.parts.get(partition)
+        if ps is None:
+            return False
+        e = ps.entries.get(offset)
+        if e is None and offset >= ps.frontier:  # recovered, not read again yet
+            ps.skip.pop(offset, None)
+            ps.counts.pop(offset, None)
+            return True
+        if e is None:
+            e = Entry(partition, offset, d.length, d.reason, 0)
+            ps.replayed[offset] = e
+            self.tracked += 1
+        e.state = next_state(e.state, E.REPLAY)
+        e.count = 0
+        self.available.append(e)
+        return True
+
+    # ------------------------------------------------------------------ compact form
+
+    def note_finished(
+        self, partition: int, offset: int, next_offset: int, state: MsgState, count: int,
+        at_ms: int,
+    ) -> None:
+        """Recovery: a logged finished message (idempotent; below the low-water offset it
+        changes nothing but the dead-letter queue)."""
+        key = (partition, offset)
+        if state is S.ACKNOWLEDGED:
+            self.dead.pop(key, None)
+        else:
+            self._add_dead(DeadLetter(partition, offset, next_offset - offset, count, state,
+                                      at_ms))
+        ps = self.parts.get(partition)
+        if ps is None:
+            return
+        ps.counts.pop(offset, None)
+        replayed = ps.replayed.pop(offset, None)
+        if replayed is not None:
+            replayed.state = state
+            self.tracked -= 1
+        if offset >= ps.frontier:
+            ps.skip[offset] = (next_offset, state, count)
+            self._skip_finished(ps)
+
+    def restore_replayed(self, partition: int, offset: int, length: int) -> None:
+        """Recovery: a dead letter an admin replayed is available again."""
+        self.dead.pop((partition, offset), None)
+        ps = self.parts.get(partition)
+        if ps is None:
+            return
+        if offset >= ps.frontier:
+            ps.skip.pop(offset, None)  # read and delivered again
+            ps.counts.pop(offset, None)  # from delivery count 0
+            return
+        if offset in ps.replayed:
+            return
+        e = Entry(partition, offset, length, S.AVAILABLE, 0)
+        ps.replayed[offset] = e
+        self.tracked += 1
+        self.available.append(e)
+
+    def restore_count(self, partition: int, offset: int, count: int) -> None:
+        """Recovery: message ``(partition, offset)`` was delivered ``count`` times (a logged
+        delivery). Finished messages ignore it; the count of a message not read yet waits
+        for the read (:meth:`add_records`)."""
+        ps = self.parts.get(partition)
+        if ps is None:
+            return
+        e = ps.replayed.get(offset) or ps.entries.get(offset)
+        if e is not None:
+            if e.state not in FINISHED:
+                e.count = max(e.count, count)
+        elif offset >= ps.frontier and offset not in ps.skip:
+            ps.counts[offset] = max(ps.counts.get(offset, 0), count)
+
+    def delivery_counts(self) -> list[tuple[int, int, int]]:
+        """``(partition, offset, count)`` of unfinished messages delivered at least once
+        (what a checkpoint keeps so that counts survive a restart)."""
+        out = []
+        for p, ps in self.parts.items():
+            for e in (*ps.entries.values(), *ps.replayed.values()):
+                if e.count and e.state not in FINISHED:
+                    out.append((p, e.offset, e.count))
+            out += [(p, o, c) for o, c in ps.counts.items()]
+        return out
+
+    def replayed_entries(self) -> list[tuple[int, int, int]]:
+        """Replayed dead letters below the low-water offsets not finished yet."""
+        return [
+            (p, e.offset, e.length)
+            for p, ps in self.parts.items()
+            for e in ps.replayed.values()
+        ]
+
+    def compact(self) -> dict[int, tuple[int, list[tuple[int, int, MsgState, int]]]]:
+        """Per partition: (low-water offset, finished messages above it)."""
+        out = {}
+        for p, ps in self.parts.items():
+            fin = [
+                (e.offset, e.next_offset, e.state, e.count)
+                for e in ps.entries.values()
+                if e.state in FINISHED
+            ]
+            fin += [(o, v[0], v[1], v[2]) for o, v in ps.skip.items()]
+            out[p] = (ps.low_water, fin)
+        return out
+
+    def held_by(self, cid: int) -> int:
+        c = self.consumers.get(cid)
+        return len(c.held) if c is not None else 0
+
+    def counts(self) -> dict[str, int]:
+        """Figures for ``stats``."""
+        acquired = sum(len(c.held) for c in self.consumers.values())
+        return {
+            "consumers": len(self.consumers),
+            "tracked": self.tracked,
+            "available": len(self.available),
+            "acquired": acquired,
+            "dead_letters": len(self.dead),
+            "dead_dropped": self.dead_dropped,
+            "delivered": self.delivered,
+            "redelivered": self.redelivered,
+            "refused_acks": self.refused_acks,
+        }

@@ -1,0 +1,209 @@
+"""Queue subscriptions against real broker processes: sharing beyond the partition count,
+redelivery, dead letters, departure, SIGKILL durability and hostile clients."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+from notify.client import AsyncMessageSessionFactory, QueueMessage, connect
+from notify.protocol.frames import Response
+from notify.testing import BrokerProcess
+from tests.wireclient import WireClient
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _publish(addr: str, topic: str, n: int, parts: int, prefix: bytes = b"m") -> None:
+    with WireClient(addr) as c:
+        c.send(b"".join(
+            b"put %s %d %d 0 %d\r\n%s" % (topic.encode(), i % parts, len(prefix) + len(b"%d" % i),
+                                          i + 1, prefix + b"%d" % i)
+            for i in range(n)
+        ))
+        assert all(r.code == 200 for r in c.replies(n))
+
+
+def _stats(addr: str) -> dict[str, dict[str, str]]:
+    with WireClient(addr) as c:
+        body = c.call(b"stats queues 3\r\n").body.decode()
+    out = {}
+    for line in body.splitlines():
+        if "/" in line.split(" ", 1)[0]:
+            name, rest = line.split(" ", 1)
+            out[name] = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
+    return out
+
+
+def _pushes(c: WireClient, n: int) -> list[Response]:
+    got = c.replies(n)
+    assert all(r.kind == "qmsg" for r in got), got
+    return got
+
+
+def test_competing_consumers_beyond_partitions_share_the_work(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path, topics={"work": 2}) as b:
+        _publish(b.addr, "work", 300, 2)
+
+        async def main() -> dict[int, list[bytes]]:
+            seen: dict[int, list[bytes]] = {}
+            async with AsyncMessageSessionFactory([b.addr]) as s:
+                done = asyncio.Event()
+                total = [0]
+
+                def make(i: int):  # one listener per consumer: who got what
+                    async def listener(msg: QueueMessage) -> None:
+                        seen.setdefault(i, []).append(msg.data)
+                        await asyncio.sleep(0.002)  # a slow listener: parallelism matters
+                        total[0] += 1
+                        if total[0] >= 300:
+                            done.set()
+                    return listener
+
+                for i in range(6):  # 6 consumers, 2 partitions
+                    await s.create_queue_consumer("work", "jobs", credit=4, listener=make(i))
+                await asyncio.wait_for(done.wait(), 30)
+                await asyncio.sleep(0.2)
+            return seen
+
+        seen = asyncio.run(main())
+        assert len(seen) == 6, {k: len(v) for k, v in seen.items()}  # every consumer worked
+        everything = [d for v in seen.values() for d in v]
+        assert sorted(everything) == sorted(b"m%d" % i for i in range(300))  # once each
+        st = _stats(b.addr)["work/jobs"]
+        assert st["redelivered"] == "0" and st["tracked"] == "0"
+
+
+def test_poison_message_is_dead_lettered_while_the_rest_flow(tmp_path: Path) -> None:
+    sysc = {"queueLockTimeout": 300, "queueMaxDeliveries": 3}
+    with BrokerProcess(tmp_path, topics={"work": 1}, system=sysc) as b:
+        _publish(b.addr, "work", 50, 1)
+        with connect([b.addr]) as s:
+            ok: list[bytes] = []
+            attempts: list[int] = []
+
+            def listener(msg: QueueMessage) -> None:
+                if msg.data == b"m7":
+                    attempts.append(msg.delivery_count)
+                    raise RuntimeError("poison")
+                ok.append(msg.data)
+
+            s.create_queue_consumer("work", "g", credit=8, listener=listener)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and (len(ok) < 49 or len(attempts) < 3):
+                time.sleep(0.05)
+            time.sleep(0.3)
+        assert sorted(ok) == sorted(b"m%d" % i for i in range(50) if i != 7)
+        assert attempts == [1, 2, 3]
+        st = _stats(b.addr)["work/g"]
+        assert st["dead_letters"] == "1", st
+
+
+def test_dropped_consumer_messages_go_to_another_at_once(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path, topics={"work": 3}, system={"queueLockTimeout": 60000}) as b:
+        _publish(b.addr, "work", 6, 3)
+        a = WireClient(b.addr)
+        assert a.call(b"qsub work g 4 earliest 1\r\n").body == b"4"
+        held = _pushes(a, 4)
+        other = WireClient(b.addr)
+        assert other.call(b"qsub work g 10 earliest 2\r\n").code == 200
+        first = _pushes(other, 2)  # the two a had no credit for
+        t0 = time.monotonic()
+        a.close()  # gone with 4 acquired messages: they return at once (not after 60 s)
+        again = _pushes(other, 4)
+        assert time.monotonic() - t0 < 5
+        assert {(r.partition, r.offset) for r in again} == {(r.partition, r.offset) for r in held}
+        assert all(r.code == 2 for r in again)  # second delivery
+        assert len({(r.partition, r.offset) for r in first + again}) == 6
+        other.close()
+
+
+def test_hostile_clients_bogus_acks_never_acking_and_huge_credit(tmp_path: Path) -> None:
+    sysc = {"queueMaxCredit": 50, "queueMaxInFlight": 100}
+    with BrokerProcess(tmp_path, topics={"work": 2}, system=sysc) as b:
+        _publish(b.addr, "work", 400, 2)
+        greedy = WireClient(b.addr)
+        r = greedy.call(b"qsub work g 2000000000 earliest 1\r\n")
+        assert r.body == b"50"  # clamped to queueMaxCredit
+        got = _pushes(greedy, 50)
+        # the never-acking consumer holds 50; the window holds at most 100 messages
+        st = _stats(b.addr)["work/g"]
+        assert int(st["tracked"]) <= 100 and st["acquired"] == "50", st
+        # bogus acks: offsets it does not hold, another group's, garbage; nothing changes
+        liar = WireClient(b.addr)
+        assert liar.call(b"qsub work g 1 earliest 2\r\n").code == 200
+        liar_msg = _pushes(liar, 1)[0]
+        items = b"".join(b"A %d %d\n" % (m.partition, m.offset) for m in got[:5])
+        items += b"A 0 999999\nX 9 0\nR 0 0 -5\nQ 1 1\nnonsense\n"
+        rep = liar.call(b"qack work g %d 3\r\n" % len(items) + items)
+        assert rep.code == 200 and rep.body.split(b"\n")[0] == b"0 10", rep
+        assert liar.call(b"qack work other 8 4\r\nA 0 0\n\n\n").code == 404  # not subscribed
+        # the real holder still holds them: its accept works
+        items = b"".join(b"A %d %d\n" % (m.partition, m.offset) for m in got[:5])
+        greedy.send(b"qack work g %d 5\r\n" % len(items) + items)
+        out = greedy.replies(6)  # the answer (after the fsync) and 5 pushes: credit came back
+        (rep,) = [r for r in out if r.kind == "result"]
+        assert rep.body.split(b"\n")[0] == b"5 0"
+        assert sum(r.kind == "qmsg" for r in out) == 5
+        st = _stats(b.addr)["work/g"]
+        assert st["refused_acks"] == "10" and int(st["tracked"]) <= 100, st
+        assert liar_msg.kind == "qmsg"
+        # bad verbs keep the connection
+        assert liar.call(b"qsub work g 0 earliest 6\r\n").code == 400
+        assert liar.call(b"qsub work g 1 sideways 7\r\n").code == 400
+        assert liar.call(b"qsub nope g 1 earliest 8\r\n").code == 404
+        assert liar.call(b"qsub __delay g 1 earliest 9\r\n").code == 403
+        assert liar.call(b"version 10\r\n").code == 200
+        greedy.close()
+        liar.close()
+
+
+def test_accepted_state_survives_sigkill(tmp_path: Path) -> None:
+    sysc = {"queueLockTimeout": 2000, "queueCheckpointInterval": 300}
+    with BrokerProcess(tmp_path, topics={"work": 2}, system=sysc) as b:
+        _publish(b.addr, "work", 200, 2)
+        c = WireClient(b.addr)
+        assert c.call(b"qsub work g 20 earliest 1\r\n").code == 200
+        accepted: set[tuple[int, int]] = set()
+        opaque = 10
+        msgs = _pushes(c, 20)
+        while len(accepted) < 120:
+            items = b"".join(b"A %d %d\n" % (m.partition, m.offset) for m in msgs)
+            opaque += 1
+            c.send(b"qack work g %d %d\r\n" % (len(items), opaque) + items)
+            out = c.replies(21)  # the answer (once durable) and 20 new pushes
+            (rep,) = [r for r in out if r.kind == "result"]
+            assert rep.body.split(b"\n")[0] == b"20 0", rep
+            accepted |= {(m.partition, m.offset) for m in msgs}
+            msgs = [r for r in out if r.kind == "qmsg"]
+            if len(accepted) == 60:
+                time.sleep(0.6)  # let a checkpoint happen: recovery = checkpoint + records
+        # 20 more acquired, not accepted, when the broker dies
+        held = {(m.partition, m.offset) for m in msgs}
+        b.kill()
+        c.close()
+        b.start()
+        c2 = WireClient(b.addr)
+        assert c2.call(b"qsub work g 100 earliest 1\r\n").code == 200
+        rest = _pushes(c2, 80)
+        got = {(m.partition, m.offset) for m in rest}
+        assert not got & accepted  # no accepted message is delivered again
+        assert held <= got  # the ones in flight at the crash come back
+        assert len(got | accepted) == 200  # none lost
+        c2.close()
+
+
+def test_readme_queue_example_runs(tmp_path: Path) -> None:
+    text = README.read_text()
+    section = text.split("## Queues", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    with BrokerProcess(tmp_path, topics={"jobs": 2}) as b:
+        src = code.group(1).replace("127.0.0.1:8123", b.addr)
+        ns: dict[str, object] = {}
+        exec(compile(src, "README.md#queues", "exec"), ns)
+        handled = ns["handled"]
+        assert isinstance(handled, list)
+        assert sorted(handled) == [b"job 0", b"job 1", b"job 2"]

@@ -54,7 +54,7 @@ from ._errors import (
     XAError,
 )
 from ._fetchsize import FetchSizer
-from ._message import Message, SendResult
+from ._message import BatchSendResult, Message, SendResult
 from ._producer import AsyncProducer
 from ._recover import (
     RecoverStore,
@@ -95,6 +95,7 @@ __all__ = [
     "AsyncMessageSessionFactory",
     "AsyncProducer",
     "AsyncTransaction",
+    "BatchSendResult",
     "BrokerDirectory",
     "ClientConfig",
     "ClientTransactionError",

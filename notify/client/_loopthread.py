@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -27,6 +29,15 @@ def new_event_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def _chain_result(out: concurrent.futures.Future[T], f: asyncio.Future[T]) -> None:
+    if f.cancelled():
+        out.cancel()
+    elif (exc := f.exception()) is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(f.result())
+
+
 class LoopThread:
     """Runs an event loop forever in a daemon thread until :meth:`stop`."""
 
@@ -34,6 +45,10 @@ class LoopThread:
         self.loop = new_event_loop(use_uvloop)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._started = threading.Event()
+        self._calls: collections.deque[
+            tuple[Callable[[], asyncio.Future[Any]], concurrent.futures.Future[Any]]
+        ] = collections.deque()
+        self._wake_pending = False
         self._thread.start()
         self._started.wait()
 
@@ -69,30 +84,37 @@ class LoopThread:
             raise
 
     def call(self, fn: Callable[[], asyncio.Future[T]]) -> concurrent.futures.Future[T]:
-        """Call ``fn`` on the loop (FIFO with other calls) and chain the future it returns."""
-        out: concurrent.futures.Future[T] = concurrent.futures.Future()
+        """Call ``fn`` on the loop (FIFO with other calls) and chain the future it returns.
 
-        def _chain() -> None:
+        Calls from other threads go through one queue: a burst of calls costs one wake-up
+        of the loop (one ``call_soon_threadsafe``), not one each. Every call queued before
+        a later ``submit``/``run`` still runs before it."""
+        out: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self.loop.is_closed():
+            raise ClientError("session is closed")
+        self._calls.append((fn, out))
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                self.loop.call_soon_threadsafe(self._run_calls)
+            except RuntimeError:  # closed meanwhile
+                self._wake_pending = False
+                raise ClientError("session is closed") from None
+        return out
+
+    def _run_calls(self) -> None:
+        # Clear the flag first: a call queued after the last popleft below then wakes us
+        # again, one queued before it is run here.
+        self._wake_pending = False
+        calls = self._calls
+        while calls:
+            fn, out = calls.popleft()
             try:
                 inner = fn()
             except BaseException as e:
                 out.set_exception(e)
-                return
-
-            def _done(f: asyncio.Future[T]) -> None:
-                if f.cancelled():
-                    out.cancel()
-                elif (exc := f.exception()) is not None:
-                    out.set_exception(exc)
-                else:
-                    out.set_result(f.result())
-
-            inner.add_done_callback(_done)
-
-        if self.loop.is_closed():
-            raise ClientError("session is closed")
-        self.loop.call_soon_threadsafe(_chain)
-        return out
+                continue
+            inner.add_done_callback(functools.partial(_chain_result, out))
 
     def stop(self) -> None:
         """Cancel what still runs, stop the loop, join the thread and close the loop."""
@@ -115,3 +137,7 @@ class LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
+        while self._calls:  # queued after the loop stopped: never ran
+            _fn, out = self._calls.popleft()
+            if not out.done():
+                out.set_exception(ClientError("session is closed"))

@@ -265,6 +265,7 @@ class AsyncTransaction:
         self._worker: asyncio.Task[None] | None = None
         self._pending: list[asyncio.Future[SendResult]] = []
         self._failure: Exception | None = None
+        self._written = 0  # put frames written (COMMIT's msgs=<n>)
 
     def __repr__(self) -> str:
         return f"<AsyncTransaction {self.key} {self._status} broker={self.broker}>"
@@ -473,6 +474,7 @@ class AsyncTransaction:
             for it, part in puts:
                 self._fail(it, part, lost)
             return
+        self._written += len(puts)
         if len(frames) > len(puts):  # BEGIN went first
             self._begin = futs[0]
             self._begin.add_done_callback(_retrieve)
@@ -554,18 +556,24 @@ class AsyncTransaction:
 
     # -- end
 
-    async def _command(self, verb: str) -> Response:
+    async def _command(
+        self, verb: str, sent: tuple[asyncio.Future[Response], int] | None = None
+    ) -> Response:
+        """Send ``verb`` and wait for its reply (``sent``: already written, just wait)."""
         conn = self._conn
         assert conn is not None
         committing = verb.startswith("COMMIT")
-        if not conn.is_open:
+        if sent is None and not conn.is_open:
             raise self._lost()
         p = self._p
         try:
-            r = await conn.request(
-                lambda o: encode_line("transaction", self.key, p.session_id, verb, o),
-                p.client_config.request_timeout_s,
-            )
+            if sent is None:
+                r = await conn.request(
+                    lambda o: encode_line("transaction", self.key, p.session_id, verb, o),
+                    p.client_config.request_timeout_s,
+                )
+            else:
+                r = await conn.wait(sent[0], sent[1], p.client_config.request_timeout_s)
         except (ConnectionLostError, RequestTimeoutError) as e:
             if committing:
                 raise TransactionOutcomeUnknownError(
@@ -581,7 +589,13 @@ class AsyncTransaction:
         return r
 
     async def commit(self) -> None:
-        """Commit: wait for every send's acknowledgement, then COMMIT_ONE_PHASE.
+        """Commit: COMMIT_ONE_PHASE right behind the puts (one round trip in all).
+
+        The COMMIT is written as soon as every queued send is written, without waiting
+        for their acknowledgements; it carries the number of messages written
+        (``msgs=<n>``), so the broker rolls the transaction back when a put was refused
+        (``ProducerConfig.pipeline_commit=False``: wait for the acks first, for brokers
+        without this extension).
 
         Raises :class:`TransactionAbortedError` (rolled back because a send failed),
         :class:`TransactionTimeoutError` (the broker timed it out: rolled back),
@@ -595,7 +609,12 @@ class AsyncTransaction:
             )
         self._status = COMMITTING
         try:
+            while self._worker is not None and not self._worker.done():
+                await asyncio.shield(self._worker)  # every queued put written
+            sent = self._write_commit()
             await self._settle()
+            if sent is not None:
+                return await self._finish_pipelined(sent)
             failure = self._failure
             if failure is not None:
                 await self._send_rollback()
@@ -622,6 +641,59 @@ class AsyncTransaction:
             if self._status == COMMITTING:
                 self._status = FAILED
             self._p._tx_ended(self)
+
+    def _write_commit(self) -> tuple[asyncio.Future[Response], int] | None:
+        """Write COMMIT_ONE_PHASE msgs=<n> behind the puts when that is safe and allowed."""
+        conn = self._conn
+        if (
+            conn is None
+            or not conn.is_open
+            or self._failure is not None
+            or not self._p.config.pipeline_commit
+        ):
+            return None
+        o = conn.next_opaque()
+        sid = self._p.session_id
+        line = encode_line(
+            "transaction", self.key, sid, "COMMIT_ONE_PHASE", f"msgs={self._written}", o
+        )
+        try:
+            return conn.send(line, o), o
+        except ConnectionLostError:
+            return None  # the puts' replies will say so: rolled back
+
+    async def _finish_pipelined(self, sent: tuple[asyncio.Future[Response], int]) -> None:
+        """The outcome of a pipelined COMMIT (the puts' replies are in)."""
+        failure = self._failure
+        try:
+            await self._command("COMMIT_ONE_PHASE", sent)
+        except (TransactionTimeoutError, TransactionConnectionError) as e:
+            unknown = isinstance(e, TransactionOutcomeUnknownError)
+            self._status = FAILED if unknown else ROLLED_BACK
+            raise
+        except XAError:
+            if failure is None:
+                raise
+            # a put was refused (or BEGIN was): the broker rolled the transaction back
+            # (XA_RBROLLBACK) or never had it; ROLLBACK as the unpipelined path does
+            await self._send_rollback()
+            self._status = ROLLED_BACK
+            if isinstance(failure, XAError | TransactionConnectionError):
+                raise failure.with_traceback(None) from None
+            raise TransactionAbortedError(
+                f"transaction {self.key} rolled back instead of committed: a send failed "
+                f"({failure})",
+                self.key,
+                failure,
+            ) from failure
+        self._status = COMMITTED
+        if failure is not None:  # a broker that ignored msgs=<n>: say it loudly
+            log.error(
+                "transaction %s committed although a send failed (%s): the broker does not "
+                "check msgs=<n>; set ProducerConfig.pipeline_commit=False for it",
+                self.key,
+                failure,
+            )
 
     async def rollback(self) -> None:
         """Roll back (ROLLBACK): sends not yet written are dropped, none becomes visible.

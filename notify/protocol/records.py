@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from itertools import accumulate
 from operator import add
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 HEADER = struct.Struct(">iiqi")
 HEADER_SIZE = HEADER.size  # 20
@@ -186,6 +186,45 @@ def decode_all(
                 f"checksum mismatch in record at offset {base_offset + pos}", base_offset + pos
             )
         append(new(Record, (base_offset + pos, mid, flag, payload)))
+        pos = end
+    return out, pos
+
+
+_T = TypeVar("_T", bound=tuple[object, ...])
+
+
+def decode_as(
+    buf: bytes | bytearray | memoryview,
+    base_offset: int,
+    cls: type[_T],
+    first: object,
+    second: object,
+) -> tuple[list[_T], int]:
+    """:func:`decode_all` (checksums verified) straight into ``cls`` tuples of
+    ``(first, second, offset, msg_id, flag, payload)`` (e.g. a consumer's message with its
+    topic and partition): one object per record instead of a Record and a copy."""
+    data = bytes(buf) if not isinstance(buf, bytes) else buf
+    n = len(data)
+    pos = 0
+    out: list[_T] = []
+    append = out.append
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    new = tuple.__new__
+    while n - pos >= HEADER_SIZE:
+        length, crc, mid, flag = unpack(data, pos)
+        if length < 0:
+            raise CorruptRecordError(f"negative record length {length}", base_offset + pos)
+        start = pos + HEADER_SIZE
+        end = start + length
+        if end > n:
+            break
+        payload = data[start:end]
+        if crc32(payload) & _CRC_MASK != crc:
+            raise CorruptRecordError(
+                f"checksum mismatch in record at offset {base_offset + pos}", base_offset + pos
+            )
+        append(new(cls, (first, second, base_offset + pos, mid, flag, payload)))
         pos = end
     return out, pos
 

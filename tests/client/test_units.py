@@ -310,6 +310,22 @@ def test_encode_batch_matches_record_encoding() -> None:
     assert records.record_offsets(0, []) == []
 
 
+def test_decode_as_builds_messages_and_checks_every_crc() -> None:
+    part = PARTS[1]
+    buf = records.encode(5, 0, b"one") + records.encode(6, 1, b"\x00\x00\x00\x01atwo")
+    msgs, used = records.decode_as(buf + b"\x00\x00", 100, Message, "t", part)
+    assert used == len(buf) and msgs == [
+        Message("t", part, 100, 5, 0, b"one"),
+        Message("t", part, 123, 6, 1, b"\x00\x00\x00\x01atwo"),
+    ]
+    assert msgs[1].attribute == "a" and msgs[1].data == b"two"
+    bad = bytearray(buf)
+    bad[-1] ^= 1
+    with pytest.raises(records.CorruptRecordError) as ei:
+        records.decode_as(bytes(bad), 100, Message, "t", part)
+    assert ei.value.position == 123
+
+
 def test_spool_append_peek_advance_and_torn_tail(tmp_path: Path) -> None:
     path = tmp_path / "t" / "0-1.spool"
     sp = Spool(path)

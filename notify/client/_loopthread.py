@@ -30,6 +30,8 @@ def new_event_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
 
 
 def _chain_result(out: concurrent.futures.Future[T], f: asyncio.Future[T]) -> None:
+    if out.done():  # cancelled by the caller (a timeout)
+        return
     if f.cancelled():
         out.cancel()
     elif (exc := f.exception()) is not None:
@@ -83,6 +85,21 @@ class LoopThread:
             fut.cancel()
             raise
 
+    def run_call(self, fn: Callable[[], asyncio.Future[T]], timeout_s: float | None = None) -> T:
+        """:meth:`call` and wait for the result (not from the loop thread); on timeout the
+        future ``fn`` returned is cancelled."""
+        if self.in_loop_thread:
+            raise ClientError(
+                "blocking client call from the client's own event loop thread "
+                "(a listener running inline?): use the asyncio API there"
+            )
+        fut = self.call(fn)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise
+
     def call(self, fn: Callable[[], asyncio.Future[T]]) -> concurrent.futures.Future[T]:
         """Call ``fn`` on the loop (FIFO with other calls) and chain the future it returns.
 
@@ -115,6 +132,14 @@ class LoopThread:
                 out.set_exception(e)
                 continue
             inner.add_done_callback(functools.partial(_chain_result, out))
+            out.add_done_callback(functools.partial(self._cancel_inner, inner))
+
+    def _cancel_inner(
+        self, inner: asyncio.Future[Any], out: concurrent.futures.Future[Any]
+    ) -> None:
+        """The caller cancelled the thread-safe future: cancel the loop's one too."""
+        if out.cancelled() and not inner.done() and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(inner.cancel)
 
     def stop(self) -> None:
         """Cancel what still runs, stop the loop, join the thread and close the loop."""

@@ -266,6 +266,7 @@ class AsyncTransaction:
         self._pending: list[asyncio.Future[SendResult]] = []
         self._failure: Exception | None = None
         self._written = 0  # put frames written (COMMIT's msgs=<n>)
+        self._commit_sent: tuple[asyncio.Future[Response], int] | None = None
 
     def __repr__(self) -> str:
         return f"<AsyncTransaction {self.key} {self._status} broker={self.broker}>"
@@ -381,7 +382,10 @@ class AsyncTransaction:
                 frames.append(self._put_frame(it, part))
                 puts.append((it, part))
             if frames:
-                await self._flush(frames, puts)
+                # commit() already started and nothing else is queued: COMMIT joins this
+                # write (BEGIN, puts and COMMIT in one segment, one round trip)
+                commit = not self._queue and self._pipelining_commit()
+                await self._flush(frames, puts, commit)
 
     def _refusal(self) -> ClientTransactionError | None:
         """Why a queued send must not be written any more (None: write it)."""
@@ -460,11 +464,17 @@ class AsyncTransaction:
         return frame, opaque
 
     async def _flush(
-        self, frames: list[tuple[bytes, int]], puts: list[tuple[_TxSend, Partition]]
+        self,
+        frames: list[tuple[bytes, int]],
+        puts: list[tuple[_TxSend, Partition]],
+        commit: bool = False,
     ) -> None:
         conn = self._conn
         assert conn is not None
         timeout = self._p.client_config.request_timeout_s
+        has_begin = len(frames) > len(puts)
+        if commit:
+            frames.append(self._commit_frame(conn, self._written + len(puts)))
         try:
             futs = conn.send_many(frames, timeout)
         except ConnectionLostError:
@@ -475,7 +485,11 @@ class AsyncTransaction:
                 self._fail(it, part, lost)
             return
         self._written += len(puts)
-        if len(frames) > len(puts):  # BEGIN went first
+        if commit:
+            self._commit_sent = (futs[-1], frames[-1][1])
+            futs[-1].add_done_callback(_retrieve)
+            del futs[-1]
+        if has_begin:  # BEGIN went first
             self._begin = futs[0]
             self._begin.add_done_callback(_retrieve)
         for (it, part), fut in zip(puts, futs[len(futs) - len(puts) :], strict=True):
@@ -603,15 +617,28 @@ class AsyncTransaction:
         :class:`TransactionOutcomeUnknownError` (no reply to COMMIT) or :class:`XAError`.
         A transaction without messages commits without talking to the broker.
         """
+        self._start_commit()
+        await self._commit_started()
+
+    def _start_commit(self) -> None:
+        """The synchronous start of :meth:`commit` (no more sends from here on)."""
         if not self.active:
             raise ClientTransactionError(
                 f"cannot commit transaction {self.key}: it is {self._status}", self.key
             )
         self._status = COMMITTING
+
+    def _commit_soon(self) -> asyncio.Future[None]:
+        """Start committing now (on the loop), finish in a task: for the blocking API, so a
+        COMMIT queued with the sends joins their write."""
+        self._start_commit()
+        return asyncio.ensure_future(self._commit_started())
+
+    async def _commit_started(self) -> None:
         try:
             while self._worker is not None and not self._worker.done():
                 await asyncio.shield(self._worker)  # every queued put written
-            sent = self._write_commit()
+            sent = self._commit_sent or self._write_commit()
             await self._settle()
             if sent is not None:
                 return await self._finish_pipelined(sent)
@@ -642,25 +669,32 @@ class AsyncTransaction:
                 self._status = FAILED
             self._p._tx_ended(self)
 
+    def _pipelining_commit(self) -> bool:
+        """True when commit() has started and COMMIT may go behind the puts unacknowledged."""
+        return (
+            self._status == COMMITTING
+            and self._commit_sent is None
+            and self._failure is None
+            and self._p.config.pipeline_commit
+        )
+
+    def _commit_frame(self, conn: AsyncConnection, written: int) -> tuple[bytes, int]:
+        o = conn.next_opaque()
+        sid = self._p.session_id
+        verb = "COMMIT_ONE_PHASE"
+        return encode_line("transaction", self.key, sid, verb, f"msgs={written}", o), o
+
     def _write_commit(self) -> tuple[asyncio.Future[Response], int] | None:
         """Write COMMIT_ONE_PHASE msgs=<n> behind the puts when that is safe and allowed."""
         conn = self._conn
-        if (
-            conn is None
-            or not conn.is_open
-            or self._failure is not None
-            or not self._p.config.pipeline_commit
-        ):
+        if conn is None or not conn.is_open or not self._pipelining_commit():
             return None
-        o = conn.next_opaque()
-        sid = self._p.session_id
-        line = encode_line(
-            "transaction", self.key, sid, "COMMIT_ONE_PHASE", f"msgs={self._written}", o
-        )
+        line, o = self._commit_frame(conn, self._written)
         try:
-            return conn.send(line, o), o
+            self._commit_sent = conn.send(line, o), o
         except ConnectionLostError:
             return None  # the puts' replies will say so: rolled back
+        return self._commit_sent
 
     async def _finish_pipelined(self, sent: tuple[asyncio.Future[Response], int]) -> None:
         """The outcome of a pipelined COMMIT (the puts' replies are in)."""
@@ -827,7 +861,7 @@ class Transaction:
     def commit(self, timeout_s: float | None = None) -> None:
         """See :meth:`AsyncTransaction.commit`."""
         try:
-            self._lt.run(self.core.commit(), timeout_s)
+            self._lt.run_call(self.core._commit_soon, timeout_s)
         finally:
             self._ended()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import socket
 import struct
 import subprocess
 import sys
@@ -130,6 +131,21 @@ def produce_sync(addr: str, count: int, size: int, mode: str, batch: int) -> tup
                 failed += not p.send(TOPIC, body).success
         elapsed = time.perf_counter() - t0
     return elapsed, failed
+
+
+def raw_put_round_trips(addr: str, count: int, size: int) -> float:
+    """The limit for ``send()`` one at a time: a blocking socket writing one ``put`` and
+    reading its reply, ``count`` times (no client library); seconds."""
+    host, port = addr.rsplit(":", 1)
+    body = b"x" * size
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t0 = time.perf_counter()
+        for i in range(count):
+            sock.sendall(b"put %s 0 %d 0 %d\r\n%b" % (TOPIC.encode(), size, i + 1, body))
+            if not sock.recv(4096):
+                raise RuntimeError("broker closed the connection")
+        return time.perf_counter() - t0
 
 
 async def consume(addr: str, count: int, data_dir: Path) -> float:
@@ -282,6 +298,8 @@ def main() -> None:
             ):
                 m_s, m_failed = produce_sync(broker.addr, n, args.size, mode, args.batch)
                 extra.append((label, n, m_s, m_failed))
+            raw_s = raw_put_round_trips(broker.addr, args.one_count, args.size)
+            extra.append(("limit: raw put round trip, one at a time", args.one_count, raw_s, 0))
             console.print("produce variants done")
             c_s = uvloop.run(consume(broker.addr, args.count, work / "c1"))
             console.print(f"consume: {c_s:.2f}s")

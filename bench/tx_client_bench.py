@@ -18,6 +18,7 @@ COMMIT waits for the puts' acks: two round trips per transaction).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -47,6 +48,8 @@ class Row:
     errors: int
     latencies_ms: list[float] = field(default_factory=list)
     pipelined: bool = True
+    client_cpu_s: float = 0.0  # this process (all threads) during the scenario
+    broker_cpu_s: float = 0.0  # the broker process during the scenario
 
     def pct(self, q: float) -> float:
         if not self.latencies_ms:
@@ -87,6 +90,15 @@ def run(producer: Producer, threads: int, per_tx: int, seconds: float) -> Row:
         t.join()
     dt = time.perf_counter() - t0
     return Row(0, per_tx, threads, sum(counts), dt, sum(errors), [x for ls in lats for x in ls])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from /proc (0 where /proc is missing)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def visible(b: BrokerProcess) -> int:
@@ -142,7 +154,10 @@ def run_all(tmp: Path, seconds: float, compare: bool = False) -> list[Row]:
                 if compare:
                     shapes[2:2] = [(plain, 1, 1), (plain, 1, 8)]
                 for prod, per_tx, threads in shapes:
+                    c0, b0 = time.process_time(), cpu_seconds(b.pid)
                     r = run(prod, threads, per_tx, seconds)
+                    r.client_cpu_s = time.process_time() - c0
+                    r.broker_cpu_s = cpu_seconds(b.pid) - b0
                     r.flush = flush
                     r.pipelined = prod is p
                     rows.append(r)
@@ -170,11 +185,11 @@ def print_table(rows: list[Row], raw: tuple[float, float]) -> None:
     print(
         f"| {'flushTxLogAtCommit':>18} | {'msgs/tx':>7} | {'threads':>7} | {'commit':>9} "
         f"| {'tx/s':>8} | {'msgs/s':>8} | {'p50 ms':>7} | {'p99 ms':>7} | {'/ fsync':>7} "
-        "| errors |"
+        f"| {'client CPU us/tx':>16} | {'broker CPU us/tx':>16} | errors |"
     )
     print(
         f"|{'-' * 20}|{'-' * 9}|{'-' * 9}|{'-' * 11}|{'-' * 10}|{'-' * 10}|{'-' * 9}"
-        f"|{'-' * 9}|{'-' * 9}|--------|"
+        f"|{'-' * 9}|{'-' * 9}|{'-' * 18}|{'-' * 18}|--------|"
     )
     for r in rows:
         tps = r.txs / r.seconds
@@ -183,7 +198,8 @@ def print_table(rows: list[Row], raw: tuple[float, float]) -> None:
         print(
             f"| {r.flush:>18} | {r.per_tx:>7} | {r.threads:>7} | {mode:>9} | {tps:>8,.0f} "
             f"| {tps * r.per_tx:>8,.0f} | {r.pct(0.5):>7.2f} | {r.pct(0.99):>7.2f} "
-            f"| {ratio:>7} | {r.errors:>6} |"
+            f"| {ratio:>7} | {r.client_cpu_s / max(1, r.txs) * 1e6:>16,.0f} "
+            f"| {r.broker_cpu_s / max(1, r.txs) * 1e6:>16,.0f} | {r.errors:>6} |"
         )
     all_lat = [x for r in rows for x in r.latencies_ms]
     if all_lat:

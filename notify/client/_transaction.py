@@ -70,8 +70,8 @@ from notify.errors import (
     RequestTimeoutError,
 )
 from notify.protocol import records as rec
-from notify.protocol.frames import Response, encode_line, encode_put
-from notify.protocol.replies import XAFailure, put_ack_msg_id
+from notify.protocol.frames import Response, encode_line, encode_mput, encode_put
+from notify.protocol.replies import MultiPutAck, XAFailure, put_ack_msg_id
 from notify.transport import AsyncConnection
 
 from ._config import ClientConfig, ProducerConfig
@@ -126,6 +126,8 @@ class TxProducer(Protocol):
     selector: PartitionSelector
     session_id: str
     checker: TransactionChecker | None
+    #: brokers that answered ``mput`` with "unknown command"
+    _no_mput: set[str]
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -359,7 +361,7 @@ class AsyncTransaction:
                 try:
                     part = self._route_now(it)
                     if part is None:
-                        if frames:
+                        if frames or puts:
                             break  # write what is ready before waiting
                         part = await self._route_slow(it, frames)
                         if part is None:
@@ -379,9 +381,8 @@ class AsyncTransaction:
                     self._fail(it, None, e)
                     continue
                 self._queue.popleft()
-                frames.append(self._put_frame(it, part))
                 puts.append((it, part))
-            if frames:
+            if frames or puts:
                 # commit() already started and nothing else is queued: COMMIT joins this
                 # write (BEGIN, puts and COMMIT in one segment, one round trip)
                 commit = not self._queue and self._pipelining_commit()
@@ -463,6 +464,35 @@ class AsyncTransaction:
         )
         return frame, opaque
 
+    def _put_frames(
+        self, puts: list[tuple[_TxSend, Partition]]
+    ) -> list[tuple[tuple[bytes, int], list[tuple[_TxSend, Partition]]]]:
+        """The frames for ``puts``: several messages for one partition go as one ``mput``
+        (records in their on-disk layout; the transaction keeps each partition's order),
+        a lone one as a ``put``. ``mput`` only to brokers that know it (with
+        ``use_mput`` and ``pipeline_commit``, both notify extensions)."""
+        conn = self._conn
+        assert conn is not None
+        p = self._p
+        if (
+            len(puts) < 2
+            or not (p.config.use_mput and p.config.pipeline_commit)
+            or conn.address in p._no_mput
+        ):
+            return [(self._put_frame(it, part), [(it, part)]) for it, part in puts]
+        groups: dict[tuple[str, int], list[tuple[_TxSend, Partition]]] = {}
+        for it, part in puts:
+            groups.setdefault((it.topic, part.partition), []).append((it, part))
+        out: list[tuple[tuple[bytes, int], list[tuple[_TxSend, Partition]]]] = []
+        for (topic, partition), group in groups.items():
+            if len(group) == 1:
+                out.append((self._put_frame(*group[0]), group))
+                continue
+            body = b"".join([rec.encode(0, it.flag, it.payload) for it, _ in group])
+            o = conn.next_opaque()
+            out.append(((encode_mput(topic, partition, body, len(group), o, self.key), o), group))
+        return out
+
     async def _flush(
         self,
         frames: list[tuple[bytes, int]],
@@ -472,14 +502,16 @@ class AsyncTransaction:
         conn = self._conn
         assert conn is not None
         timeout = self._p.client_config.request_timeout_s
-        has_begin = len(frames) > len(puts)
+        has_begin = bool(frames)  # BEGIN goes first
+        groups = self._put_frames(puts)
+        frames.extend(f for f, _ in groups)
         if commit:
             frames.append(self._commit_frame(conn, self._written + len(puts)))
         try:
             futs = conn.send_many(frames, timeout)
         except ConnectionLostError:
             lost = self._lost()
-            if self._begin is None and len(frames) > len(puts):
+            if self._begin is None and has_begin:
                 self._begin_lost = lost
             for it, part in puts:
                 self._fail(it, part, lost)
@@ -489,13 +521,56 @@ class AsyncTransaction:
             self._commit_sent = (futs[-1], frames[-1][1])
             futs[-1].add_done_callback(_retrieve)
             del futs[-1]
-        if has_begin:  # BEGIN went first
+        if has_begin:
             self._begin = futs[0]
             self._begin.add_done_callback(_retrieve)
-        for (it, part), fut in zip(puts, futs[len(futs) - len(puts) :], strict=True):
-            self._pending.append(it.future)
-            fut.add_done_callback(functools.partial(self._on_put_reply, it, part))
+        for (_, group), fut in zip(groups, futs[len(futs) - len(groups) :], strict=True):
+            for it, _part in group:
+                self._pending.append(it.future)
+            if len(group) == 1:
+                it, part = group[0]
+                fut.add_done_callback(functools.partial(self._on_put_reply, it, part))
+            else:
+                fut.add_done_callback(functools.partial(self._on_mput_reply, group))
         await conn.drain()
+
+    def _on_mput_reply(
+        self, group: list[tuple[_TxSend, Partition]], fut: asyncio.Future[Response]
+    ) -> None:
+        """The reply to one transactional ``mput``: ids ``first..first+n-1`` in order."""
+        exc = None if fut.cancelled() else fut.exception()
+        part = group[0][1]
+        err: Exception | None = self._begin_failure()
+        first = -1
+        if err is None:
+            if fut.cancelled():
+                err = ClientTransactionError(f"send of transaction {self.key} cancelled")
+            elif isinstance(exc, ConnectionLostError):
+                err = self._lost()
+            elif exc is not None:
+                err = exc if isinstance(exc, Exception) else ClientError(str(exc))
+            else:
+                r = fut.result()
+                try:
+                    if r.code == 400 and b"unknown command" in r.body.lower():
+                        self._p._no_mput.add(part.address)  # later transactions: put
+                    if r.code != 200:
+                        raise reply_error(r, self.key)
+                    ack = MultiPutAck.parse(r.body)
+                    if ack.count != len(group):
+                        raise ClientError(
+                            f"mput reply acknowledges {ack.count} of {len(group)} messages"
+                        )
+                    first = ack.first_msg_id
+                except ProtocolError as e:
+                    err = ClientError(str(e))
+                except ClientError as e:
+                    err = e
+        for i, (it, p) in enumerate(group):
+            if err is not None:
+                self._fail(it, p, err)
+            elif not it.future.done():
+                it.future.set_result(SendResult(True, p, -1, first + i))
 
     def _begin_failure(self) -> ClientError | None:
         """BEGIN's error once its reply is in (None: it succeeded or is still pending)."""

@@ -51,6 +51,7 @@ class LoopThread:
             tuple[Callable[[], asyncio.Future[Any]], concurrent.futures.Future[Any]]
         ] = collections.deque()
         self._wake_pending = False
+        self._calls_lock = threading.Lock()
         self._thread.start()
         self._started.wait()
 
@@ -109,20 +110,24 @@ class LoopThread:
         out: concurrent.futures.Future[T] = concurrent.futures.Future()
         if self.loop.is_closed():
             raise ClientError("session is closed")
-        self._calls.append((fn, out))
-        if not self._wake_pending:
-            self._wake_pending = True
-            try:
-                self.loop.call_soon_threadsafe(self._run_calls)
-            except RuntimeError:  # closed meanwhile
-                self._wake_pending = False
-                raise ClientError("session is closed") from None
+        # Under the lock: a thread that sees a wake-up pending knows it is already scheduled,
+        # so its later submit()/run() goes behind it (FIFO per thread).
+        with self._calls_lock:
+            self._calls.append((fn, out))
+            if not self._wake_pending:
+                try:
+                    self.loop.call_soon_threadsafe(self._run_calls)
+                except RuntimeError:  # closed meanwhile
+                    self._calls.pop()
+                    raise ClientError("session is closed") from None
+                self._wake_pending = True
         return out
 
     def _run_calls(self) -> None:
         # Clear the flag first: a call queued after the last popleft below then wakes us
         # again, one queued before it is run here.
-        self._wake_pending = False
+        with self._calls_lock:
+            self._wake_pending = False
         calls = self._calls
         while calls:
             fn, out = calls.popleft()

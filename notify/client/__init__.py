@@ -54,7 +54,7 @@ from ._errors import (
     XAError,
 )
 from ._fetchsize import FetchSizer
-from ._message import Message, SendResult
+from ._message import BatchSendResult, Message, SendResult
 from ._producer import AsyncProducer
 from ._queue import AsyncQueueConsumer, QueueConsumer, QueueMessage, SyncQueueMessage
 from ._recover import (
@@ -97,6 +97,7 @@ __all__ = [
     "AsyncProducer",
     "AsyncQueueConsumer",
     "AsyncTransaction",
+    "BatchSendResult",
     "BrokerDirectory",
     "ClientConfig",
     "ClientTransactionError",

@@ -7,7 +7,9 @@ Starts a broker child process (``python -m notify broker start -c <ini>`` via
 notify.testing.BrokerProcess) on 127.0.0.1 with its data in a temp directory, then:
 
 1. produce: ``--count`` messages of ``--size`` bytes with the asyncio API
-   (``send_nowait``, at most ``--window`` unacknowledged, mput batches), msg/s;
+   (``send_nowait``, at most ``--window`` unacknowledged, mput batches), msg/s; then
+   ``send_batch_nowait`` (``--batch`` messages per call), and the synchronous API:
+   ``send_batch_future``, ``send_future`` per message, ``send()`` one at a time;
 2. consume: the same messages from the earliest offset with an async listener, msg/s;
 3. latency: a fixed rate (``--rate``, default 10,000 msg/s for ``--seconds``) from this
    process while a consumer in a child process (synchronous session, inline listener,
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import socket
 import struct
 import subprocess
 import sys
@@ -39,9 +43,11 @@ from rich.table import Table
 
 from notify.client import (
     AsyncMessageSessionFactory,
+    BatchSendResult,
     ConsumerConfig,
     Message,
     MessageSessionFactory,
+    SendResult,
 )
 from notify.testing import BrokerProcess
 
@@ -71,6 +77,75 @@ async def produce(addr: str, count: int, size: int, window: int) -> tuple[float,
         for c in chunks:
             failed += sum(not f.result().success for f in c)  # type: ignore[attr-defined]
     return elapsed, failed
+
+
+async def produce_batches(addr: str, count: int, size: int, batch: int) -> tuple[float, int]:
+    """``send_batch_nowait`` of ``batch`` messages at a time, at most 64 batches pending."""
+    body = b"x" * size
+    failed = 0
+    async with AsyncMessageSessionFactory([addr]) as s:
+        p = s.create_producer()
+        await p.publish(TOPIC)
+        pending: list[asyncio.Future[BatchSendResult]] = []
+        t0 = time.perf_counter()
+        sent = 0
+        while sent < count:
+            n = min(batch, count - sent)
+            pending.append(p.send_batch_nowait(TOPIC, [body] * n))
+            sent += n
+            if len(pending) >= 64:
+                r = await pending.pop(0)
+                failed += 0 if r.success else len(r.msg_ids) or 1
+        for r in await asyncio.gather(*pending):
+            failed += 0 if r.success else 1
+        elapsed = time.perf_counter() - t0
+    return elapsed, failed
+
+
+def produce_sync(addr: str, count: int, size: int, mode: str, batch: int) -> tuple[float, int]:
+    """The synchronous API: ``send_batch`` (blocking per ``batch``), ``send_future`` (one
+    future per message) or ``send`` (one at a time, waiting for each ack)."""
+    body = b"x" * size
+    failed = 0
+    with MessageSessionFactory([addr]) as s:
+        p = s.create_producer()
+        p.publish(TOPIC)
+        t0 = time.perf_counter()
+        if mode == "batch":
+            futs = []
+            for i in range(0, count, batch):
+                futs.append(p.send_batch_future(TOPIC, [body] * min(batch, count - i)))
+                if len(futs) >= 64:
+                    failed += not futs.pop(0).result().success
+            failed += sum(not f.result().success for f in futs)
+        elif mode == "future":
+            pending: list[concurrent.futures.Future[SendResult]] = []
+            for _i in range(count):
+                pending.append(p.send_future(TOPIC, body))
+                if len(pending) >= 50_000:
+                    failed += sum(not f.result().success for f in pending)
+                    pending = []
+            failed += sum(not f.result().success for f in pending)
+        else:
+            for _i in range(count):
+                failed += not p.send(TOPIC, body).success
+        elapsed = time.perf_counter() - t0
+    return elapsed, failed
+
+
+def raw_put_round_trips(addr: str, count: int, size: int) -> float:
+    """The limit for ``send()`` one at a time: a blocking socket writing one ``put`` and
+    reading its reply, ``count`` times (no client library); seconds."""
+    host, port = addr.rsplit(":", 1)
+    body = b"x" * size
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t0 = time.perf_counter()
+        for i in range(count):
+            sock.sendall(b"put %s 0 %d 0 %d\r\n%b" % (TOPIC.encode(), size, i + 1, body))
+            if not sock.recv(4096):
+                raise RuntimeError("broker closed the connection")
+        return time.perf_counter() - t0
 
 
 async def consume(addr: str, count: int, data_dir: Path) -> float:
@@ -191,6 +266,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--window", type=int, default=50_000, help="max unacknowledged sends")
+    ap.add_argument("--batch", type=int, default=1000, help="messages per send_batch")
+    ap.add_argument("--one-count", type=int, default=20_000, help="messages sent one at a time")
     ap.add_argument("--rate", type=int, default=10_000, help="latency phase msg/s")
     ap.add_argument("--seconds", type=float, default=5.0, help="latency phase duration")
     ap.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
@@ -209,6 +286,21 @@ def main() -> None:
             )
             p_s, failed = uvloop.run(produce(broker.addr, args.count, args.size, args.window))
             console.print(f"produce: {p_s:.2f}s, failed {failed}")
+            extra: list[tuple[str, int, float, int]] = []
+            b_s, b_failed = uvloop.run(
+                produce_batches(broker.addr, args.count, args.size, args.batch)
+            )
+            extra.append((f"produce (async, send_batch x{args.batch})", args.count, b_s, b_failed))
+            for mode, n, label in (
+                ("batch", args.count, f"produce (sync, send_batch x{args.batch})"),
+                ("future", args.count // 2, "produce (sync, send_future)"),
+                ("one", args.one_count, "produce (sync, send() one at a time)"),
+            ):
+                m_s, m_failed = produce_sync(broker.addr, n, args.size, mode, args.batch)
+                extra.append((label, n, m_s, m_failed))
+            raw_s = raw_put_round_trips(broker.addr, args.one_count, args.size)
+            extra.append(("limit: raw put round trip, one at a time", args.one_count, raw_s, 0))
+            console.print("produce variants done")
             c_s = uvloop.run(consume(broker.addr, args.count, work / "c1"))
             console.print(f"consume: {c_s:.2f}s")
             lats = {
@@ -234,6 +326,15 @@ def main() -> None:
         f"{args.count * mb / p_s:.1f}",
         f"failed={failed}",
     )
+    for label, n, secs, nfail in extra:
+        t.add_row(
+            label,
+            f"{n:,}",
+            f"{secs:.2f}",
+            f"{n / secs:,.0f}",
+            f"{n * mb / secs:.1f}",
+            f"failed={nfail}",
+        )
     t.add_row(
         "consume (async listener)",
         f"{args.count:,}",

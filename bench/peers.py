@@ -1,4 +1,5 @@
-"""notify against real peers: RabbitMQ (pika) and Redis Streams (redis-py), one table.
+"""notify against real peers: RabbitMQ (pika), Redis Streams (redis-py) and NATS JetStream
+(nats-py), one table.
 
     bash scripts/peers.sh install                # redis-server, rabbitmq-server, the extra
     .venv/bin/python bench/peers.py              # full run (~4-5 minutes)
@@ -39,7 +40,7 @@ from bench.peers.report import (  # noqa: E402
 )
 from notify.version import __version__  # noqa: E402
 
-SYSTEMS = ("notify", "redis", "rabbitmq")
+SYSTEMS = ("notify", "redis", "rabbitmq", "nats")
 #: the last run's figures (bench/results/ is gitignored)
 RESULTS = ROOT / "bench" / "results" / "peers.json"
 
@@ -104,6 +105,16 @@ def main() -> int:
                 got, peak, versions["RabbitMQ"] = rabbit_side.run(tmp, budget)
                 rows += got
                 peaks["RabbitMQ (beam.smp)"] = peak
+        if "nats" in only:
+            print("NATS JetStream ...", flush=True)
+            if not servers.have_nats():
+                print("  nats-server missing: run `bash scripts/peers.sh install`; skipped")
+            else:
+                from bench.peers import nats_side
+
+                got, peak, versions["NATS"] = nats_side.run(tmp, budget)
+                rows += got
+                peaks["nats-server"] = peak
         raw.fsync_end_per_s = raw_fsync_rate(tmp, 1.0).rate
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the servers", file=sys.stderr)

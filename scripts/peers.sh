@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Peer servers for bench/peers.py (Redis 7 and RabbitMQ 3.10 from Debian) and its Python extra.
+# Peer servers for bench/peers.py (Redis 7, RabbitMQ 3.10 and NATS 2.9 from Debian) and its
+# Python extra.
 #
 #   bash scripts/peers.sh install   # idempotent: apt-get installs what is missing, pip the extra
 #   bash scripts/peers.sh check     # list which peers are present (exit 1 when one is missing)
@@ -12,25 +13,28 @@ cd "$(dirname "$0")/.."
 
 have_redis() { command -v redis-server >/dev/null 2>&1; }
 have_rabbitmq() { [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; }
+have_nats() { command -v nats-server >/dev/null 2>&1; }
 
 check() {
   local rc=0
   if have_redis; then echo "redis-server: ok ($(redis-server --version | awk '{print $3}'))"
   else echo "redis-server: missing"; rc=1; fi
   if have_rabbitmq; then echo "rabbitmq-server: ok"; else echo "rabbitmq-server: missing"; rc=1; fi
+  if have_nats; then echo "nats-server: ok ($(nats-server --version | awk '{print $2}'))"
+  else echo "nats-server: missing"; rc=1; fi
   return $rc
 }
 
 warn() { echo "peers.sh: warning: $*" >&2; }
 
 install_python() {
-  # the optional extra `bench` (pika, redis, matplotlib) into the project venv
+  # the optional extra `bench` (pika, redis, nats-py, matplotlib) into the project venv
   [ -x .venv/bin/python ] || bash scripts/setup.sh
   local pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
   if grep -Eq '^bench *= *\[' pyproject.toml; then
     "${pip[@]}" -e ".[bench]"
   else
-    "${pip[@]}" "pika>=1.3" "redis>=5" "matplotlib>=3.8"
+    "${pip[@]}" "pika>=1.3" "redis>=5" "nats-py>=2.6" "matplotlib>=3.8"
   fi
 }
 
@@ -38,8 +42,9 @@ install() {
   local pkgs=()
   have_redis || pkgs+=(redis-server)
   have_rabbitmq || pkgs+=(rabbitmq-server)
+  have_nats || pkgs+=(nats-server)
   if [ ${#pkgs[@]} -eq 0 ]; then
-    echo "peers.sh: redis-server, rabbitmq-server already installed"
+    echo "peers.sh: redis-server, rabbitmq-server, nats-server already installed"
     install_python
     return 0
   fi

@@ -188,6 +188,13 @@ async def _lib_burst(p: AsyncProducer) -> int:
     return 100
 
 
+async def _lib_batch(p: AsyncProducer) -> int:
+    r = await p.send_batch("bench", [BODY] * 100)
+    if not r.success:
+        raise RuntimeError(f"send_batch failed: {r.error}")
+    return 100
+
+
 def _lib_tx(per_tx: int) -> Callable[[AsyncProducer], Coroutine[Any, Any, int]]:
     async def op(p: AsyncProducer) -> int:
         async with p.transaction(timeout=30):
@@ -294,6 +301,14 @@ class NotifyRunner:
             dur,
             BATCH,
             _lib_clients(addr, 1, s, _lib_burst),
+            lib=True,
+        )
+        self._run(
+            b,
+            f"{lib}: send_batch of 100",
+            dur,
+            BATCH,
+            _lib_clients(addr, 1, s, _lib_batch),
             lib=True,
         )
         self._run(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -245,6 +246,27 @@ class RabbitServer(PeerServer):
             self.epmd_port = 0
 
 
+class NatsServer(PeerServer):
+    """nats-server with JetStream (file storage under the work dir)."""
+
+    name = "nats"
+
+    def start(self, timeout: float = 20) -> NatsServer:
+        self.port = free_port()
+        conf = self.workdir / "nats.conf"
+        conf.write_text(
+            f"listen: 127.0.0.1:{self.port}\n"
+            f"jetstream {{ store_dir: {json.dumps(str(self.workdir / 'js'))} }}\n"
+        )
+        self._spawn([shutil.which("nats-server") or "nats-server", "-c", str(conf)])
+        assert self.proc is not None
+        _wait_port(self.port, self.proc, timeout, self.workdir / "server.out")
+        return self
+
+    def stop(self) -> None:
+        self._kill_pid(10)  # SIGTERM by PID: a clean shutdown
+
+
 def cleanup_all() -> None:
     for s in list(_LIVE):
         with contextlib.suppress(Exception):
@@ -265,6 +287,10 @@ def install_cleanup() -> None:
 
 def have_redis() -> bool:
     return shutil.which("redis-server") is not None
+
+
+def have_nats() -> bool:
+    return shutil.which("nats-server") is not None
 
 
 def have_rabbitmq() -> bool:

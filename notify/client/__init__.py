@@ -63,7 +63,7 @@ from ._errors import (
     XAError,
 )
 from ._fetchsize import FetchSizer
-from ._message import Headers, Message, SendResult
+from ._message import BatchSendResult, Headers, Message, SendResult
 from ._producer import AsyncProducer
 from ._queue import AsyncQueueConsumer, QueueConsumer, QueueMessage, SyncQueueMessage
 from ._recover import (
@@ -106,6 +106,7 @@ __all__ = [
     "AsyncProducer",
     "AsyncQueueConsumer",
     "AsyncTransaction",
+    "BatchSendResult",
     "BrokerDirectory",
     "ClientConfig",
     "ClientTransactionError",

@@ -133,6 +133,9 @@ class ProducerConfig:
     use_mput: bool = True
     #: Send a checksum with every ``put`` (7-token form).
     send_checksum: bool = True
+    #: Write a local transaction's COMMIT right behind its puts (``msgs=<n>``, a notify
+    #: extension): one round trip per transaction. False: wait for the puts' acks first.
+    pipeline_commit: bool = True
     ordered: bool = False
     spool_dir: Path | None = None
     spool_replay_interval_s: float = DEFAULT_SPOOL_REPLAY_INTERVAL_S

@@ -62,7 +62,13 @@ from configserver import ConfigServer, GroupMember, PartitionInfo
 from notify.broker.idgen import split_id
 from notify.errors import BrokerError, ClientError, ConnectionLostError, NotifyError, ProtocolError
 from notify.protocol.frames import Response, encode_get, encode_offset
-from notify.protocol.records import CorruptRecordError, Record, decode_all, first_record_size
+from notify.protocol.records import (
+    CorruptRecordError,
+    Record,
+    decode_all,
+    decode_as,
+    first_record_size,
+)
 from notify.protocol.replies import parse_offset
 from notify.transport import AsyncConnection
 
@@ -1055,12 +1061,13 @@ class AsyncConsumer:
         if not body:
             self._stats.empty_fetches += 1
             return []
+        topic, part = cur.topic, cur.partition
         try:
-            recs, _ = decode_all(body, offset)
+            recs, _ = decode_as(body, offset, Message, topic, part)
             cur.corrupt = 0
         except CorruptRecordError as e:
             good = e.position - offset
-            recs, _ = decode_all(memoryview(body)[:good], offset)
+            recs, _ = decode_as(memoryview(body)[:good], offset, Message, topic, part)
             if not recs:
                 cur.corrupt += 1
                 if cur.corrupt < _CORRUPT_REFETCHES:
@@ -1091,8 +1098,7 @@ class AsyncConsumer:
             self._stats.fetch_growths += 1
             return None
         cur.sizer.got_records()
-        topic, part = cur.topic, cur.partition
-        return [Message(topic, part, x.offset, x.msg_id, x.flag, x.payload) for x in recs]
+        return recs
 
     async def _fetch_window(self, cur: _Cursor) -> list[Message]:
         """Fetch at ``cur.position`` until messages, 404 or an error (manual API)."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -27,6 +29,17 @@ def new_event_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def _chain_result(out: concurrent.futures.Future[T], f: asyncio.Future[T]) -> None:
+    if out.done():  # cancelled by the caller (a timeout)
+        return
+    if f.cancelled():
+        out.cancel()
+    elif (exc := f.exception()) is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(f.result())
+
+
 class LoopThread:
     """Runs an event loop forever in a daemon thread until :meth:`stop`."""
 
@@ -34,6 +47,11 @@ class LoopThread:
         self.loop = new_event_loop(use_uvloop)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._started = threading.Event()
+        self._calls: collections.deque[
+            tuple[Callable[[], asyncio.Future[Any]], concurrent.futures.Future[Any]]
+        ] = collections.deque()
+        self._wake_pending = False
+        self._calls_lock = threading.Lock()
         self._thread.start()
         self._started.wait()
 
@@ -68,31 +86,65 @@ class LoopThread:
             fut.cancel()
             raise
 
-    def call(self, fn: Callable[[], asyncio.Future[T]]) -> concurrent.futures.Future[T]:
-        """Call ``fn`` on the loop (FIFO with other calls) and chain the future it returns."""
-        out: concurrent.futures.Future[T] = concurrent.futures.Future()
+    def run_call(self, fn: Callable[[], asyncio.Future[T]], timeout_s: float | None = None) -> T:
+        """:meth:`call` and wait for the result (not from the loop thread); on timeout the
+        future ``fn`` returned is cancelled."""
+        if self.in_loop_thread:
+            raise ClientError(
+                "blocking client call from the client's own event loop thread "
+                "(a listener running inline?): use the asyncio API there"
+            )
+        fut = self.call(fn)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise
 
-        def _chain() -> None:
+    def call(self, fn: Callable[[], asyncio.Future[T]]) -> concurrent.futures.Future[T]:
+        """Call ``fn`` on the loop (FIFO with other calls) and chain the future it returns.
+
+        Calls from other threads go through one queue: a burst of calls costs one wake-up
+        of the loop (one ``call_soon_threadsafe``), not one each. Every call queued before
+        a later ``submit``/``run`` still runs before it."""
+        out: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self.loop.is_closed():
+            raise ClientError("session is closed")
+        # Under the lock: a thread that sees a wake-up pending knows it is already scheduled,
+        # so its later submit()/run() goes behind it (FIFO per thread).
+        with self._calls_lock:
+            self._calls.append((fn, out))
+            if not self._wake_pending:
+                try:
+                    self.loop.call_soon_threadsafe(self._run_calls)
+                except RuntimeError:  # closed meanwhile
+                    self._calls.pop()
+                    raise ClientError("session is closed") from None
+                self._wake_pending = True
+        return out
+
+    def _run_calls(self) -> None:
+        # Clear the flag first: a call queued after the last popleft below then wakes us
+        # again, one queued before it is run here.
+        with self._calls_lock:
+            self._wake_pending = False
+        calls = self._calls
+        while calls:
+            fn, out = calls.popleft()
             try:
                 inner = fn()
             except BaseException as e:
                 out.set_exception(e)
-                return
+                continue
+            inner.add_done_callback(functools.partial(_chain_result, out))
+            out.add_done_callback(functools.partial(self._cancel_inner, inner))
 
-            def _done(f: asyncio.Future[T]) -> None:
-                if f.cancelled():
-                    out.cancel()
-                elif (exc := f.exception()) is not None:
-                    out.set_exception(exc)
-                else:
-                    out.set_result(f.result())
-
-            inner.add_done_callback(_done)
-
-        if self.loop.is_closed():
-            raise ClientError("session is closed")
-        self.loop.call_soon_threadsafe(_chain)
-        return out
+    def _cancel_inner(
+        self, inner: asyncio.Future[Any], out: concurrent.futures.Future[Any]
+    ) -> None:
+        """The caller cancelled the thread-safe future: cancel the loop's one too."""
+        if out.cancelled() and not inner.done() and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(inner.cancel)
 
     def stop(self) -> None:
         """Cancel what still runs, stop the loop, join the thread and close the loop."""
@@ -115,3 +167,7 @@ class LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
+        while self._calls:  # queued after the loop stopped: never ran
+            _fn, out = self._calls.popleft()
+            if not out.done():
+                out.set_exception(ClientError("session is closed"))

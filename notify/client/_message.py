@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -72,6 +72,44 @@ class SendResult:
         if not self.success and self.error is not None:
             raise self.error
         return self
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSendResult:
+    """Outcome of one :meth:`~notify.client.AsyncProducer.send_batch` (one object per batch,
+    not per message).
+
+    ``success`` True: every message is stored, ``msg_ids[i]`` and ``offsets[i]`` belong to
+    the i-th message (offsets -1 when the broker does not report them, e.g. spooled).
+    ``success`` False carries the ``error``; a batch larger than one ``mput`` frame goes as
+    several frames, and ``msg_ids``/``offsets`` then list the messages of the frames that
+    were stored (the error says how many), not aligned with the input.
+    """
+
+    success: bool
+    partition: Partition | None
+    msg_ids: Sequence[int] = ()
+    offsets: Sequence[int] = ()
+    error: Exception | None = None
+    spooled: bool = False
+
+    def __len__(self) -> int:
+        return len(self.msg_ids)
+
+    def raise_for_error(self) -> BatchSendResult:
+        """Raise ``error`` when the batch failed; return self otherwise."""
+        if not self.success and self.error is not None:
+            raise self.error
+        return self
+
+    def results(self) -> list[SendResult]:
+        """One :class:`SendResult` per stored message (convenience; costs an object each)."""
+        if not self.success:
+            return [SendResult(False, self.partition, error=self.error)]
+        return [
+            SendResult(True, self.partition, off, mid, spooled=self.spooled)
+            for mid, off in zip(self.msg_ids, self.offsets, strict=True)
+        ]
 
 
 class Message(NamedTuple):

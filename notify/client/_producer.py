@@ -52,7 +52,7 @@ from notify.transport import AsyncConnection
 from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._errors import ClientTransactionError, TransactionConnectionError
-from ._message import Headers, Message, SendResult, build_payload
+from ._message import BatchSendResult, Headers, Message, SendResult, build_payload
 from ._routing import Partition, TopicRouter
 from ._selectors import KeyHashSelector, PartitionSelector
 from ._spool import Spool, existing_spools
@@ -75,12 +75,73 @@ _Ack = tuple[int, int]  # (msg_id, offset)
 
 
 class _Item:
-    __slots__ = ("flag", "future", "payload")
+    """One queued message (``send_nowait``)."""
+
+    __slots__ = ("flag", "future", "nbytes", "payload")
+    count = 1
 
     def __init__(self, payload: bytes, flag: int, future: asyncio.Future[SendResult]):
         self.payload = payload
         self.flag = flag
         self.future = future
+        self.nbytes = len(payload) + rec.HEADER_SIZE
+
+    def records(self) -> list[tuple[int, bytes]]:
+        return [(self.flag, self.payload)]
+
+    def acked(self, part: Partition, mid: int, off: int) -> SendResult:
+        return SendResult(True, part, off, mid)
+
+    def acked_each(self, part: Partition, acks: Sequence[_Ack]) -> SendResult:
+        return SendResult(True, part, acks[0][1], acks[0][0])
+
+    def failed(self, part: Partition | None, err: Exception) -> SendResult:
+        return SendResult(False, part, error=err)
+
+    def spooled(self, part: Partition) -> SendResult:
+        return SendResult(True, part, spooled=True)
+
+
+class _BatchItem:
+    """Queued messages of one ``send_batch`` chunk: one object and one future for all
+    (they share a partition and a flag, and go in one ``mput``)."""
+
+    __slots__ = ("count", "flag", "future", "nbytes", "payloads")
+
+    def __init__(
+        self, payloads: list[bytes], flag: int, future: asyncio.Future[BatchSendResult]
+    ):
+        self.payloads = payloads
+        self.flag = flag
+        self.future = future
+        self.count = len(payloads)
+        self.nbytes = sum(map(len, payloads)) + rec.HEADER_SIZE * len(payloads)
+
+    @property
+    def payload(self) -> bytes:  # what a selector sees of the batch
+        return self.payloads[0] if self.payloads else b""
+
+    def records(self) -> list[tuple[int, bytes]]:
+        flag = self.flag
+        return [(flag, p) for p in self.payloads]
+
+    def acked(self, part: Partition, mid: int, off: int) -> BatchSendResult:
+        n = len(self.payloads)
+        offs = rec.record_offsets(off, self.payloads) if off >= 0 else [-1] * n
+        return BatchSendResult(True, part, range(mid, mid + n), offs)
+
+    def acked_each(self, part: Partition, acks: Sequence[_Ack]) -> BatchSendResult:
+        return BatchSendResult(True, part, [a[0] for a in acks], [a[1] for a in acks])
+
+    def failed(self, part: Partition | None, err: Exception) -> BatchSendResult:
+        return BatchSendResult(False, part, error=err)
+
+    def spooled(self, part: Partition) -> BatchSendResult:
+        n = len(self.payloads)
+        return BatchSendResult(True, part, [-1] * n, [-1] * n, spooled=True)
+
+
+_Queued = _Item | _BatchItem
 
 
 def _retriable(e: BaseException) -> bool:
@@ -97,11 +158,37 @@ def _parse_put_reply(r: Response) -> _Ack:
     return ack.msg_id, ack.offset
 
 
-def _parse_mput_reply(r: Response, items: Sequence[_Item]) -> list[_Ack]:
+def _parse_mput_reply(r: Response, count: int) -> MultiPutAck:
     try:
-        return MultiPutAck.parse(r.body).expand([len(it.payload) for it in items])
+        ack = MultiPutAck.parse(r.body)
     except ProtocolError as e:
         raise ClientError(str(e)) from None
+    if ack.count != count:
+        raise ClientError(f"mput reply acknowledges {ack.count} of {count} messages")
+    return ack
+
+
+def _mput_body(items: Sequence[_Queued]) -> bytes:
+    """The records of ``items`` back to back (runs of one flag encoded in one go)."""
+    out: list[bytes] = []
+    run: list[bytes] = []
+    run_flag = 0
+    encode_batch = rec.encode_batch
+    for it in items:
+        if isinstance(it, _BatchItem):
+            if run:
+                out.append(encode_batch(run, run_flag))
+                run = []
+            out.append(encode_batch(it.payloads, it.flag))
+            continue
+        if it.flag != run_flag and run:
+            out.append(encode_batch(run, run_flag))
+            run = []
+        run_flag = it.flag
+        run.append(it.payload)
+    if run:
+        out.append(encode_batch(run, run_flag))
+    return out[0] if len(out) == 1 else b"".join(out)
 
 
 def _unknown_command(r: Response) -> bool:
@@ -115,13 +202,13 @@ class _PartitionSender:
         self.p = producer
         self.topic = topic
         self.partition = partition
-        self.queue: deque[_Item] = deque()
+        self.queue: deque[_Queued] = deque()
         self.in_flight = 0
         self.scheduled = False
         self.spool: Spool | None = None
         self.replay_task: asyncio.Task[None] | None = None
 
-    def add(self, item: _Item) -> None:
+    def add(self, item: _Queued) -> None:
         self.queue.append(item)
         if not self.scheduled and self.in_flight < self.p.config.max_in_flight_per_partition:
             self.scheduled = True
@@ -133,19 +220,24 @@ class _PartitionSender:
         if self.spool is not None and not self.spool.empty:
             self._spool_queue()
             return
-        while self.queue and self.in_flight < cfg.max_in_flight_per_partition:
-            batch: list[_Item] = []
+        queue = self.queue
+        max_count = cfg.batch_max_count
+        max_bytes = cfg.batch_max_bytes
+        while queue and self.in_flight < cfg.max_in_flight_per_partition:
+            batch: list[_Queued] = []
             size = 0
-            while self.queue and len(batch) < cfg.batch_max_count:
-                it = self.queue[0]
-                if batch and size + len(it.payload) + rec.HEADER_SIZE > cfg.batch_max_bytes:
+            count = 0
+            while queue and count < max_count:
+                it = queue[0]
+                if batch and (size + it.nbytes > max_bytes or count + it.count > max_count):
                     break
-                batch.append(self.queue.popleft())
-                size += len(it.payload) + rec.HEADER_SIZE
+                batch.append(queue.popleft())
+                size += it.nbytes
+                count += it.count
             self.in_flight += 1
             self.p._spawn(self._send_batch(batch))
 
-    async def _send_batch(self, batch: list[_Item]) -> None:
+    async def _send_batch(self, batch: list[_Queued]) -> None:
         try:
             await self._send_with_retries(batch)
         finally:
@@ -154,32 +246,54 @@ class _PartitionSender:
                 self.pump()
             self.p._maybe_idle()
 
-    async def _send_with_retries(self, batch: list[_Item]) -> None:
+    async def _send_with_retries(self, batch: list[_Queued]) -> None:
         cfg = self.p.config
         todo = batch
         last: BaseException | None = None
+        part = self.partition
         for attempt in range(cfg.retries + 1):
             if attempt:
                 await asyncio.sleep(min(5.0, cfg.retry_backoff_s * (2 ** (attempt - 1))))
+            results: MultiPutAck | list[_Ack | Exception] | Exception
             try:
-                results = await self.p._transmit(self.topic, self.partition, todo)
+                results = await self.p._transmit(self.topic, part, todo)
             except BaseException as e:  # translated per batch below
                 if isinstance(e, asyncio.CancelledError):
                     self._fail(todo, ConnectionLostError("producer closed"))
                     raise
-                results = [e if isinstance(e, Exception) else ClientError(str(e))] * len(todo)
-            retry: list[_Item] = []
-            for it, res in zip(todo, results, strict=True):
-                if isinstance(res, tuple):
-                    self.p._resolve(it, SendResult(True, self.partition, res[1], res[0]))
-                elif _retriable(res):
+                results = e if isinstance(e, Exception) else ClientError(str(e))
+            if isinstance(results, MultiPutAck):  # one ack for all: ids and offsets follow
+                resolve = self.p._resolve
+                mid = results.first_msg_id
+                off = results.first_offset
+                for it in todo:
+                    resolve(it, it.acked(part, mid, off))
+                    mid += it.count
+                    if off >= 0:
+                        off += it.nbytes
+                return
+            retry: list[_Queued] = []
+            i = 0
+            for it in todo:
+                if isinstance(results, Exception):
+                    res = results
+                else:
+                    mine = results[i : i + it.count]
+                    i += it.count
+                    bad = [r for r in mine if not isinstance(r, tuple)]
+                    if not bad:
+                        acks = [r for r in mine if isinstance(r, tuple)]
+                        self.p._resolve(it, it.acked_each(part, acks))
+                        continue
+                    res = bad[0]
+                if _retriable(res):
                     last = res
                     retry.append(it)
                 else:
                     if isinstance(res, BrokerError) and res.code == 404:
                         self.p.router.invalidate(self.topic)
                     err = res if isinstance(res, ClientError) else ClientError(str(res))
-                    self.p._resolve(it, SendResult(False, self.partition, error=err))
+                    self.p._resolve(it, it.failed(part, err))
             if not retry:
                 return
             todo = retry
@@ -197,9 +311,9 @@ class _PartitionSender:
         err = last if isinstance(last, ClientError) else ClientError(str(last))
         self._fail(todo, err)
 
-    def _fail(self, items: Sequence[_Item], err: Exception) -> None:
+    def _fail(self, items: Sequence[_Queued], err: Exception) -> None:
         for it in items:
-            self.p._resolve(it, SendResult(False, self.partition, error=err))
+            self.p._resolve(it, it.failed(self.partition, err))
 
     # -- ordered mode spool
 
@@ -210,15 +324,15 @@ class _PartitionSender:
             self.spool = Spool(path)
         return self.spool
 
-    def _to_spool(self, items: Sequence[_Item]) -> None:
+    def _to_spool(self, items: Sequence[_Queued]) -> None:
         spool = self._spool_obj()
         try:
-            spool.append([(it.flag, it.payload) for it in items])
+            spool.append([r for it in items for r in it.records()])
         except ClientError as e:
             self._fail(items, e)
             return
         for it in items:
-            self.p._resolve(it, SendResult(True, self.partition, spooled=True))
+            self.p._resolve(it, it.spooled(self.partition))
         self._start_replay()
 
     def _spool_queue(self) -> None:
@@ -253,16 +367,21 @@ class _PartitionSender:
         while not spool.empty and not self.p._closing_hard:
             msgs, end = spool.peek(cfg.batch_max_count, cfg.batch_max_bytes)
             loop = self.p.loop
-            items = [_Item(payload, flag, loop.create_future()) for flag, payload in msgs]
+            items: list[_Queued] = [
+                _Item(payload, flag, loop.create_future()) for flag, payload in msgs
+            ]
             try:
                 results = await self.p._transmit(self.topic, self.partition, items)
             except (ClientError, OSError) as e:
                 results = [e] * len(items)
             ok = 0
-            for res in results:
-                if not isinstance(res, tuple):
-                    break
-                ok += 1
+            if isinstance(results, MultiPutAck):
+                ok = len(items)
+            else:
+                for res in results:
+                    if not isinstance(res, tuple):
+                        break
+                    ok += 1
             if ok == len(items):
                 spool.advance(end)
                 self.p.stats_spool_replayed += ok
@@ -304,12 +423,14 @@ class AsyncProducer:
         self.config = config
         if (config.ordered or config.idempotent) and config.max_in_flight_per_partition != 1:
             config.max_in_flight_per_partition = 1
+        self._raise_on_error = config.raise_on_error
         #: Idempotent mode: this producer's id and next sequence number per partition.
         self.producer_id: str | None = uuid.uuid4().hex[:16] if config.idempotent else None
         self._sequences: dict[tuple[str, Partition], int] = {}
         self.selector: PartitionSelector = selector or KeyHashSelector()
         self._senders: dict[tuple[str, Partition], _PartitionSender] = {}
-        self._unrouted: dict[str, deque[tuple[_Item, bytes | str | None, bytes]]] = {}
+        self._sender_by_id: dict[tuple[str, int], tuple[Partition, _PartitionSender]] = {}
+        self._unrouted: dict[str, deque[tuple[_Queued, bytes | str | None, bytes]]] = {}
         self._no_mput: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._outstanding = 0
@@ -388,11 +509,15 @@ class AsyncProducer:
             return tx.send_nowait(topic, data, attribute, key, headers=headers)
         if self._closed:
             raise ClientError("producer is closed")
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise ClientError(f"message data must be bytes, not {type(data).__name__}")
-        payload, flag = build_payload(data, attribute, key, headers)
-        loop = self.loop
-        fut: asyncio.Future[SendResult] = loop.create_future()
+        if type(data) is not bytes:
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise ClientError(f"message data must be bytes, not {type(data).__name__}")
+            data = bytes(data)
+        if attribute is None and key is None and not headers:
+            payload, flag = data, 0
+        else:  # the key and headers stay on the message (attribute block)
+            payload, flag = build_payload(data, attribute, key, headers)
+        fut: asyncio.Future[SendResult] = (self._loop or self.loop).create_future()
         item = _Item(payload, flag, fut)
         self._outstanding += 1
         if not self._spools_restored:
@@ -407,6 +532,149 @@ class AsyncProducer:
             return fut
         self._dispatch(topic, parts, item, key, payload)
         return fut
+
+    async def send_batch(
+        self,
+        topic: str,
+        datas: Sequence[bytes],
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+    ) -> BatchSendResult:
+        """Send many messages to one partition and wait for one :class:`BatchSendResult`.
+
+        See :meth:`send_batch_nowait`."""
+        return await self.send_batch_nowait(topic, datas, attribute, key)
+
+    def send_batch_nowait(
+        self,
+        topic: str,
+        datas: Sequence[bytes],
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+    ) -> asyncio.Future[BatchSendResult]:
+        """Queue many messages (same ``attribute``) for one partition (chosen once, by
+        ``key`` or round robin); one future resolves to their :class:`BatchSendResult`.
+
+        The fast way to produce: the records are encoded in bulk into ``mput`` frames of
+        at most ``batch_max_count`` messages / ``batch_max_bytes``, no object per message.
+        Order is kept with other sends to the same partition. Inside a transaction of the
+        current context the messages join it one by one. Raises :class:`ClientError` when
+        the producer is closed or an element is not bytes.
+        """
+        tx = self._tx_var.get()
+        if tx is not None and not tx.finished:
+            futs = [tx.send_nowait(topic, d, attribute, key) for d in datas]
+            return self._gather_batch(futs)
+        if self._closed:
+            raise ClientError("producer is closed")
+        payloads = list(datas)
+        if not all(type(d) is bytes for d in payloads):
+            if not all(isinstance(d, bytes | bytearray | memoryview) for d in payloads):
+                raise ClientError("message data must be bytes")
+            payloads = [bytes(d) for d in payloads]
+        flag = 0
+        if attribute is not None:
+            flag = rec.make_payload(b"", attribute)[1]
+            payloads = [rec.make_payload(d, attribute)[0] for d in payloads]
+        loop = self.loop
+        if not payloads:
+            done: asyncio.Future[BatchSendResult] = loop.create_future()
+            done.set_result(BatchSendResult(True, None))
+            return done
+        chunks = self._chunks(payloads)
+        futs2: list[asyncio.Future[BatchSendResult]] = []
+        items = []
+        for chunk in chunks:
+            f: asyncio.Future[BatchSendResult] = loop.create_future()
+            futs2.append(f)
+            items.append(_BatchItem(chunk, flag, f))
+            self._outstanding += len(chunk)
+        if not self._spools_restored:
+            self._restore_spools()
+        waiting = self._unrouted.get(topic)
+        parts = None if waiting is not None else self.router.cached(topic)
+        if parts is None:
+            if waiting is None:
+                waiting = self._unrouted[topic] = deque()
+                self._spawn(self._route_later(topic))
+            for it in items:
+                waiting.append((it, key, payloads[0]))
+        else:
+            try:
+                part = self.selector(topic, parts, key, payloads[0])
+            except ClientError as e:
+                for it in items:
+                    self._resolve(it, it.failed(None, e))
+            except Exception as e:  # a bug in the selector: raised, not a result
+                for it in items:
+                    self._fail_hard(it, e)
+            else:
+                sender = self._sender(topic, part)
+                for it in items:
+                    if self.producer_id is not None:
+                        self._stamp(topic, part, it)
+                    sender.add(it)
+        return futs2[0] if len(futs2) == 1 else self._merge_batches(futs2, len(payloads))
+
+    def _chunks(self, payloads: list[bytes]) -> list[list[bytes]]:
+        """``payloads`` cut into pieces that each fit one mput frame."""
+        cfg = self.config
+        max_count = cfg.batch_max_count
+        max_bytes = cfg.batch_max_bytes
+        if len(payloads) <= max_count and (
+            sum(map(len, payloads)) + rec.HEADER_SIZE * len(payloads) <= max_bytes
+        ):
+            return [payloads]
+        out: list[list[bytes]] = []
+        cur: list[bytes] = []
+        size = 0
+        for p in payloads:
+            n = len(p) + rec.HEADER_SIZE
+            if cur and (size + n > max_bytes or len(cur) >= max_count):
+                out.append(cur)
+                cur = []
+                size = 0
+            cur.append(p)
+            size += n
+        out.append(cur)
+        return out
+
+    def _merge_batches(
+        self, futs: list[asyncio.Future[BatchSendResult]], total: int
+    ) -> asyncio.Future[BatchSendResult]:
+        """One result for a batch that went as several frames."""
+
+        async def merge() -> BatchSendResult:
+            results = await asyncio.gather(*futs)
+            ids = [m for r in results for m in r.msg_ids]
+            offs = [o for r in results for o in r.offsets]
+            errs = [r.error for r in results if not r.success]
+            part = next((r.partition for r in results if r.partition is not None), None)
+            if not errs:
+                return BatchSendResult(True, part, ids, offs, spooled=results[0].spooled)
+            e = errs[0]
+            err = ClientError(f"{len(ids)} of {total} messages stored; first error: {e}")
+            return BatchSendResult(False, part, ids, offs, error=err)
+
+        return asyncio.ensure_future(merge(), loop=self.loop)
+
+    def _gather_batch(
+        self, futs: list[asyncio.Future[SendResult]]
+    ) -> asyncio.Future[BatchSendResult]:
+        """One batch result for messages sent one by one (inside a transaction)."""
+
+        async def merge() -> BatchSendResult:
+            results = await asyncio.gather(*futs)
+            ok = [r for r in results if r.success]
+            part = results[0].partition if results else None
+            ids = [r.msg_id for r in ok]
+            offs = [r.offset for r in ok]
+            bad = next((r.error for r in results if not r.success), None)
+            if bad is None:
+                return BatchSendResult(True, part, ids, offs)
+            return BatchSendResult(False, part, ids, offs, error=bad)
+
+        return asyncio.ensure_future(merge(), loop=self.loop)
 
     async def send_delayed(
         self,
@@ -729,21 +997,22 @@ class AsyncProducer:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _resolve(self, item: _Item, result: SendResult) -> None:
-        if not item.future.done():
-            if not result.success and self.config.raise_on_error and result.error is not None:
-                item.future.set_exception(result.error)
+    def _resolve(self, item: _Queued, result: Any) -> None:
+        fut = item.future
+        if not fut.done():
+            if self._raise_on_error and not result.success and result.error is not None:
+                fut.set_exception(result.error)
             else:
-                item.future.set_result(result)
-        self._outstanding -= 1
+                fut.set_result(result)
+        self._outstanding -= item.count
         if not self._outstanding and self._idle is not None:
             self._idle.set()
 
-    def _fail_hard(self, item: _Item, error: Exception) -> None:
+    def _fail_hard(self, item: _Queued, error: Exception) -> None:
         """Fail ``item`` with ``error`` itself (programming errors always raise)."""
         if not item.future.done():
             item.future.set_exception(error)
-        self._outstanding -= 1
+        self._outstanding -= item.count
         if not self._outstanding and self._idle is not None:
             self._idle.set()
 
@@ -755,14 +1024,14 @@ class AsyncProducer:
         self,
         topic: str,
         parts: Sequence[Partition],
-        item: _Item,
+        item: _Queued,
         key: bytes | str | None,
         data: bytes,
     ) -> None:
         try:
             part = self.selector(topic, parts, key, data)
         except ClientError as e:
-            self._resolve(item, SendResult(False, None, error=e))
+            self._resolve(item, item.failed(None, e))
             return
         except Exception as e:  # a bug in the selector: raised by send(), not a result
             self._fail_hard(item, e)
@@ -771,23 +1040,41 @@ class AsyncProducer:
             self._stamp(topic, part, item)
         self._sender(topic, part).add(item)
 
-    def _stamp(self, topic: str, part: Partition, item: _Item) -> None:
-        """Idempotent mode: give ``item`` the producer id and the partition's next sequence
-        (in its attribute block; retries resend these very bytes)."""
+    def _stamp(self, topic: str, part: Partition, item: _Queued) -> None:
+        """Idempotent mode: give ``item``'s messages the producer id and the partition's
+        next sequences (in their attribute blocks; retries resend these very bytes)."""
         seq = self._sequences.get((topic, part), 0)
-        self._sequences[(topic, part)] = seq + 1
-        text, body = rec.split_payload(item.payload, item.flag)
-        props = decode_attribute(text, item.flag)
-        item.payload, item.flag = build_payload(
-            body, props.attribute, props.key, props.headers, self.producer_id, seq
-        )
+        self._sequences[(topic, part)] = seq + item.count
+        stamped: list[bytes] = []
+        flag = item.flag
+        for i, (f, payload) in enumerate(item.records()):
+            text, body = rec.split_payload(payload, f)
+            props = decode_attribute(text, f)
+            new, flag = build_payload(
+                body, props.attribute, props.key, props.headers, self.producer_id, seq + i
+            )
+            stamped.append(new)
+        if isinstance(item, _BatchItem):
+            item.payloads = stamped
+        else:
+            item.payload = stamped[0]
+        item.flag = flag
+        item.nbytes = sum(map(len, stamped)) + rec.HEADER_SIZE * len(stamped)
 
     def _sender(self, topic: str, part: Partition) -> _PartitionSender:
+        # Partition's dataclass __hash__ runs in Python: look the routed partition object
+        # up by identity first (the router hands out the same objects while cached).
+        hit = self._sender_by_id.get((topic, id(part)))
+        if hit is not None and hit[0] is part:
+            return hit[1]
         s = self._senders.get((topic, part))
         if s is None:
             s = self._senders[(topic, part)] = _PartitionSender(self, topic, part)
         elif not s.partition.address and part.address:
             s.partition = part  # a restored spool's partition, now routed
+        if len(self._sender_by_id) > 4 * len(self._senders) + 64:
+            self._sender_by_id.clear()  # old partition lists: bounded
+        self._sender_by_id[(topic, id(part))] = (part, s)
         return s
 
     async def _route_later(self, topic: str) -> None:
@@ -805,7 +1092,7 @@ class AsyncProducer:
             err = e if isinstance(e, ClientError) else ClientError(str(e))
             waiting = self._unrouted.pop(topic, deque())
             for item, _key, _data in waiting:
-                self._resolve(item, SendResult(False, None, error=err))
+                self._resolve(item, item.failed(None, err))
             return
         waiting = self._unrouted.pop(topic, deque())
         for item, key, data in waiting:
@@ -833,19 +1120,24 @@ class AsyncProducer:
                 s._start_replay()
 
     async def _transmit(
-        self, topic: str, part: Partition, items: Sequence[_Item]
-    ) -> list[_Ack | Exception]:
-        """Send ``items`` to ``part`` once; one ack or exception per item."""
+        self, topic: str, part: Partition, items: Sequence[_Queued]
+    ) -> MultiPutAck | list[_Ack | Exception]:
+        """Send ``items`` to ``part`` once: the mput ack covering all their messages, or
+        one ack or exception per message (in order)."""
         timeout = self.client_config.request_timeout_s
         conn = await self.pool.get(part.address)
+        count = sum(it.count for it in items)
         try:
-            if len(items) > 1 and self.config.use_mput and part.address not in self._no_mput:
+            if count > 1 and self.config.use_mput and part.address not in self._no_mput:
                 r = await self._request_mput(conn, topic, part.partition, items, timeout)
                 if not _unknown_command(r):
                     if r.code != 200:
                         err = BrokerError(r.code, r.body.decode("utf-8", "replace"))
-                        return [err] * len(items)
-                    return list(_parse_mput_reply(r, items))
+                        return [err] * count
+                    try:
+                        return _parse_mput_reply(r, count)
+                    except ClientError as e:
+                        return [e] * count
                 log.info("broker %s does not know mput: pipelining put", part.address)
                 self._no_mput.add(part.address)
             return await self._pipelined_puts(conn, topic, part.partition, items, timeout)
@@ -858,31 +1150,29 @@ class AsyncProducer:
         conn: AsyncConnection,
         topic: str,
         partition: int,
-        items: Sequence[_Item],
+        items: Sequence[_Queued],
         timeout: float,
     ) -> Response:
-        encode = rec.encode
-        body = b"".join([encode(0, it.flag, it.payload) for it in items])
-        return await conn.request(
-            lambda o: encode_mput(topic, partition, body, len(items), o), timeout
-        )
+        body = _mput_body(items)
+        count = sum(it.count for it in items)
+        return await conn.request(lambda o: encode_mput(topic, partition, body, count, o), timeout)
 
     async def _pipelined_puts(
         self,
         conn: AsyncConnection,
         topic: str,
         partition: int,
-        items: Sequence[_Item],
+        items: Sequence[_Queued],
         timeout: float,
     ) -> list[_Ack | Exception]:
         checksum: Callable[[bytes], int] | None = (
             rec.checksum if self.config.send_checksum else None
         )
         sent: list[tuple[int, asyncio.Future[Response]]] = []
-        for it in items:
+        for flag, payload in [r for it in items for r in it.records()]:
             opaque = conn.next_opaque()
-            cs = checksum(it.payload) if checksum is not None else None
-            frame = encode_put(topic, partition, it.payload, it.flag, opaque, checksum=cs)
+            cs = checksum(payload) if checksum is not None else None
+            frame = encode_put(topic, partition, payload, flag, opaque, checksum=cs)
             sent.append((opaque, conn.send(frame, opaque)))
         await conn.drain()
         out: list[_Ack | Exception] = []

@@ -242,11 +242,22 @@ class TopicRouter:
         self._ttl_s = ttl_s
         self._cache: dict[str, tuple[float, list[Partition]]] = {}
         self._inflight: dict[str, asyncio.Future[list[Partition]]] = {}
+        self._live_of: tuple[BrokerDirectory, LiveBrokerDirectory | None] | None = None
+
+    def _live(self) -> LiveBrokerDirectory | None:
+        """The directory when it is live; the (slow, Protocol) isinstance check once per
+        directory object, not once per message."""
+        d = self.directory
+        lo = self._live_of
+        if lo is None or lo[0] is not d:
+            lo = self._live_of = (d, d if isinstance(d, LiveBrokerDirectory) else None)
+        return lo[1]
 
     def cached(self, topic: str) -> list[Partition] | None:
         """The cached partition list when still fresh (no I/O)."""
-        if isinstance(self.directory, LiveBrokerDirectory):  # configserver (issue #7)
-            live = self.directory.current(topic)
+        live_dir = self._live()
+        if live_dir is not None:  # configserver (issue #7)
+            live = live_dir.current(topic)
             if live is not None:
                 return live or None
         hit = self._cache.get(topic)

@@ -39,7 +39,7 @@ from ._consumer import (
 )
 from ._errors import ClientTransactionError
 from ._loopthread import LoopThread
-from ._message import Headers, Message, SendResult
+from ._message import BatchSendResult, Headers, Message, SendResult
 from ._producer import AsyncProducer
 from ._queue import AsyncQueueConsumer, QueueConsumer, QueueListener
 from ._routing import (
@@ -269,6 +269,38 @@ class AsyncMessageSessionFactory:
         await self.close()
 
 
+def _gather_sync(
+    futs: list[concurrent.futures.Future[SendResult]],
+) -> concurrent.futures.Future[BatchSendResult]:
+    """One batch result for messages sent one by one (inside a transaction)."""
+    out: concurrent.futures.Future[BatchSendResult] = concurrent.futures.Future()
+    left = [len(futs)]
+    lock = threading.Lock()
+
+    def done(_f: concurrent.futures.Future[SendResult]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            results = [f.result() for f in futs]
+        except BaseException as e:
+            out.set_exception(e)
+            return
+        ok = [r for r in results if r.success]
+        bad = next((r.error for r in results if not r.success), None)
+        part = results[0].partition if results else None
+        ids = [r.msg_id for r in ok]
+        offs = [r.offset for r in ok]
+        out.set_result(BatchSendResult(bad is None, part, ids, offs, error=bad))
+
+    if not futs:
+        out.set_result(BatchSendResult(True, None))
+    for f in futs:
+        f.add_done_callback(done)
+    return out
+
+
 class Producer:
     """Synchronous producer over the asyncio core (thread-safe).
 
@@ -332,6 +364,36 @@ class Producer:
             return tx.send_future(topic, data, attribute, key, headers=headers)
         core = self.core
         return self._lt.call(lambda: core.send_nowait(topic, data, attribute, key, headers=headers))
+
+    def send_batch(
+        self,
+        topic: str,
+        datas: Sequence[bytes],
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        timeout_s: float | None = None,
+    ) -> BatchSendResult:
+        """Send many messages to one partition and wait for their one
+        :class:`BatchSendResult` (see :meth:`AsyncProducer.send_batch_nowait`)."""
+        return self.send_batch_future(topic, datas, attribute, key).result(timeout_s)
+
+    def send_batch_future(
+        self,
+        topic: str,
+        datas: Sequence[bytes],
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+    ) -> concurrent.futures.Future[BatchSendResult]:
+        """Queue many messages for one partition; one future for all of them.
+
+        One hop to the client's loop thread for the whole batch. Joins this thread's
+        transaction when one is open (the messages then go one by one)."""
+        tx = self.current_transaction()
+        if tx is not None:
+            futs = [tx.send_future(topic, d, attribute, key) for d in datas]
+            return _gather_sync(futs)
+        core = self.core
+        return self._lt.call(lambda: core.send_batch_nowait(topic, datas, attribute, key))
 
     @property
     def session_id(self) -> str:

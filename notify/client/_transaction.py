@@ -70,8 +70,8 @@ from notify.errors import (
     RequestTimeoutError,
 )
 from notify.protocol import records as rec
-from notify.protocol.frames import Response, encode_line, encode_put
-from notify.protocol.replies import XAFailure, put_ack_msg_id
+from notify.protocol.frames import Response, encode_line, encode_mput, encode_put
+from notify.protocol.replies import MultiPutAck, XAFailure, put_ack_msg_id
 from notify.protocol.xa import XA_RBROLLBACK, XA_RBTIMEOUT, XAER_NOTA
 from notify.transport import AsyncConnection
 
@@ -124,6 +124,8 @@ class TxProducer(Protocol):
     selector: PartitionSelector
     session_id: str
     checker: TransactionChecker | None
+    #: brokers that answered ``mput`` with "unknown command"
+    _no_mput: set[str]
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -263,6 +265,8 @@ class AsyncTransaction:
         self._worker: asyncio.Task[None] | None = None
         self._pending: list[asyncio.Future[SendResult]] = []
         self._failure: Exception | None = None
+        self._written = 0  # put frames written (COMMIT's msgs=<n>)
+        self._commit_sent: tuple[asyncio.Future[Response], int] | None = None
 
     def __repr__(self) -> str:
         return f"<AsyncTransaction {self.key} {self._status} broker={self.broker}>"
@@ -359,7 +363,7 @@ class AsyncTransaction:
                 try:
                     part = self._route_now(it)
                     if part is None:
-                        if frames:
+                        if frames or puts:
                             break  # write what is ready before waiting
                         part = await self._route_slow(it, frames)
                         if part is None:
@@ -379,10 +383,12 @@ class AsyncTransaction:
                     self._fail(it, None, e)
                     continue
                 self._queue.popleft()
-                frames.append(self._put_frame(it, part))
                 puts.append((it, part))
-            if frames:
-                await self._flush(frames, puts)
+            if frames or puts:
+                # commit() already started and nothing else is queued: COMMIT joins this
+                # write (BEGIN, puts and COMMIT in one segment, one round trip)
+                commit = not self._queue and self._pipelining_commit()
+                await self._flush(frames, puts, commit)
 
     def _refusal(self) -> ClientTransactionError | None:
         """Why a queued send must not be written any more (None: write it)."""
@@ -460,28 +466,113 @@ class AsyncTransaction:
         )
         return frame, opaque
 
+    def _put_frames(
+        self, puts: list[tuple[_TxSend, Partition]]
+    ) -> list[tuple[tuple[bytes, int], list[tuple[_TxSend, Partition]]]]:
+        """The frames for ``puts``: several messages for one partition go as one ``mput``
+        (records in their on-disk layout; the transaction keeps each partition's order),
+        a lone one as a ``put``. ``mput`` only to brokers that know it (with
+        ``use_mput`` and ``pipeline_commit``, both notify extensions)."""
+        conn = self._conn
+        assert conn is not None
+        p = self._p
+        if (
+            len(puts) < 2
+            or not (p.config.use_mput and p.config.pipeline_commit)
+            or conn.address in p._no_mput
+        ):
+            return [(self._put_frame(it, part), [(it, part)]) for it, part in puts]
+        groups: dict[tuple[str, int], list[tuple[_TxSend, Partition]]] = {}
+        for it, part in puts:
+            groups.setdefault((it.topic, part.partition), []).append((it, part))
+        out: list[tuple[tuple[bytes, int], list[tuple[_TxSend, Partition]]]] = []
+        for (topic, partition), group in groups.items():
+            if len(group) == 1:
+                out.append((self._put_frame(*group[0]), group))
+                continue
+            body = b"".join([rec.encode(0, it.flag, it.payload) for it, _ in group])
+            o = conn.next_opaque()
+            out.append(((encode_mput(topic, partition, body, len(group), o, self.key), o), group))
+        return out
+
     async def _flush(
-        self, frames: list[tuple[bytes, int]], puts: list[tuple[_TxSend, Partition]]
+        self,
+        frames: list[tuple[bytes, int]],
+        puts: list[tuple[_TxSend, Partition]],
+        commit: bool = False,
     ) -> None:
         conn = self._conn
         assert conn is not None
         timeout = self._p.client_config.request_timeout_s
+        has_begin = bool(frames)  # BEGIN goes first
+        groups = self._put_frames(puts)
+        frames.extend(f for f, _ in groups)
+        if commit:
+            frames.append(self._commit_frame(conn, self._written + len(puts)))
         try:
             futs = conn.send_many(frames, timeout)
         except ConnectionLostError:
             lost = self._lost()
-            if self._begin is None and len(frames) > len(puts):
+            if self._begin is None and has_begin:
                 self._begin_lost = lost
             for it, part in puts:
                 self._fail(it, part, lost)
             return
-        if len(frames) > len(puts):  # BEGIN went first
+        self._written += len(puts)
+        if commit:
+            self._commit_sent = (futs[-1], frames[-1][1])
+            futs[-1].add_done_callback(_retrieve)
+            del futs[-1]
+        if has_begin:
             self._begin = futs[0]
             self._begin.add_done_callback(_retrieve)
-        for (it, part), fut in zip(puts, futs[len(futs) - len(puts) :], strict=True):
-            self._pending.append(it.future)
-            fut.add_done_callback(functools.partial(self._on_put_reply, it, part))
+        for (_, group), fut in zip(groups, futs[len(futs) - len(groups) :], strict=True):
+            for it, _part in group:
+                self._pending.append(it.future)
+            if len(group) == 1:
+                it, part = group[0]
+                fut.add_done_callback(functools.partial(self._on_put_reply, it, part))
+            else:
+                fut.add_done_callback(functools.partial(self._on_mput_reply, group))
         await conn.drain()
+
+    def _on_mput_reply(
+        self, group: list[tuple[_TxSend, Partition]], fut: asyncio.Future[Response]
+    ) -> None:
+        """The reply to one transactional ``mput``: ids ``first..first+n-1`` in order."""
+        exc = None if fut.cancelled() else fut.exception()
+        part = group[0][1]
+        err: Exception | None = self._begin_failure()
+        first = -1
+        if err is None:
+            if fut.cancelled():
+                err = ClientTransactionError(f"send of transaction {self.key} cancelled")
+            elif isinstance(exc, ConnectionLostError):
+                err = self._lost()
+            elif exc is not None:
+                err = exc if isinstance(exc, Exception) else ClientError(str(exc))
+            else:
+                r = fut.result()
+                try:
+                    if r.code == 400 and b"unknown command" in r.body.lower():
+                        self._p._no_mput.add(part.address)  # later transactions: put
+                    if r.code != 200:
+                        raise reply_error(r, self.key)
+                    ack = MultiPutAck.parse(r.body)
+                    if ack.count != len(group):
+                        raise ClientError(
+                            f"mput reply acknowledges {ack.count} of {len(group)} messages"
+                        )
+                    first = ack.first_msg_id
+                except ProtocolError as e:
+                    err = ClientError(str(e))
+                except ClientError as e:
+                    err = e
+        for i, (it, p) in enumerate(group):
+            if err is not None:
+                self._fail(it, p, err)
+            elif not it.future.done():
+                it.future.set_result(SendResult(True, p, -1, first + i))
 
     def _begin_failure(self) -> ClientError | None:
         """BEGIN's error once its reply is in (None: it succeeded or is still pending)."""
@@ -556,18 +647,24 @@ class AsyncTransaction:
 
     # -- end
 
-    async def _command(self, verb: str) -> Response:
+    async def _command(
+        self, verb: str, sent: tuple[asyncio.Future[Response], int] | None = None
+    ) -> Response:
+        """Send ``verb`` and wait for its reply (``sent``: already written, just wait)."""
         conn = self._conn
         assert conn is not None
         committing = verb.startswith("COMMIT")
-        if not conn.is_open:
+        if sent is None and not conn.is_open:
             raise self._lost()
         p = self._p
         try:
-            r = await conn.request(
-                lambda o: encode_line("transaction", self.key, p.session_id, verb, o),
-                p.client_config.request_timeout_s,
-            )
+            if sent is None:
+                r = await conn.request(
+                    lambda o: encode_line("transaction", self.key, p.session_id, verb, o),
+                    p.client_config.request_timeout_s,
+                )
+            else:
+                r = await conn.wait(sent[0], sent[1], p.client_config.request_timeout_s)
         except (ConnectionLostError, RequestTimeoutError) as e:
             if committing:
                 raise TransactionOutcomeUnknownError(
@@ -583,7 +680,13 @@ class AsyncTransaction:
         return r
 
     async def commit(self) -> None:
-        """Commit: wait for every send's acknowledgement, then COMMIT_ONE_PHASE.
+        """Commit: COMMIT_ONE_PHASE right behind the puts (one round trip in all).
+
+        The COMMIT is written as soon as every queued send is written, without waiting
+        for their acknowledgements; it carries the number of messages written
+        (``msgs=<n>``), so the broker rolls the transaction back when a put was refused
+        (``ProducerConfig.pipeline_commit=False``: wait for the acks first, for brokers
+        without this extension).
 
         Raises :class:`TransactionAbortedError` (rolled back because a send failed),
         :class:`TransactionTimeoutError` (the broker timed it out: rolled back),
@@ -591,13 +694,31 @@ class AsyncTransaction:
         :class:`TransactionOutcomeUnknownError` (no reply to COMMIT) or :class:`XAError`.
         A transaction without messages commits without talking to the broker.
         """
+        self._start_commit()
+        await self._commit_started()
+
+    def _start_commit(self) -> None:
+        """The synchronous start of :meth:`commit` (no more sends from here on)."""
         if not self.active:
             raise ClientTransactionError(
                 f"cannot commit transaction {self.key}: it is {self._status}", self.key
             )
         self._status = COMMITTING
+
+    def _commit_soon(self) -> asyncio.Future[None]:
+        """Start committing now (on the loop), finish in a task: for the blocking API, so a
+        COMMIT queued with the sends joins their write."""
+        self._start_commit()
+        return asyncio.ensure_future(self._commit_started())
+
+    async def _commit_started(self) -> None:
         try:
+            while self._worker is not None and not self._worker.done():
+                await asyncio.shield(self._worker)  # every queued put written
+            sent = self._commit_sent or self._write_commit()
             await self._settle()
+            if sent is not None:
+                return await self._finish_pipelined(sent)
             failure = self._failure
             if failure is not None:
                 await self._send_rollback()
@@ -624,6 +745,66 @@ class AsyncTransaction:
             if self._status == COMMITTING:
                 self._status = FAILED
             self._p._tx_ended(self)
+
+    def _pipelining_commit(self) -> bool:
+        """True when commit() has started and COMMIT may go behind the puts unacknowledged."""
+        return (
+            self._status == COMMITTING
+            and self._commit_sent is None
+            and self._failure is None
+            and self._p.config.pipeline_commit
+        )
+
+    def _commit_frame(self, conn: AsyncConnection, written: int) -> tuple[bytes, int]:
+        o = conn.next_opaque()
+        sid = self._p.session_id
+        verb = "COMMIT_ONE_PHASE"
+        return encode_line("transaction", self.key, sid, verb, f"msgs={written}", o), o
+
+    def _write_commit(self) -> tuple[asyncio.Future[Response], int] | None:
+        """Write COMMIT_ONE_PHASE msgs=<n> behind the puts when that is safe and allowed."""
+        conn = self._conn
+        if conn is None or not conn.is_open or not self._pipelining_commit():
+            return None
+        line, o = self._commit_frame(conn, self._written)
+        try:
+            self._commit_sent = conn.send(line, o), o
+        except ConnectionLostError:
+            return None  # the puts' replies will say so: rolled back
+        return self._commit_sent
+
+    async def _finish_pipelined(self, sent: tuple[asyncio.Future[Response], int]) -> None:
+        """The outcome of a pipelined COMMIT (the puts' replies are in)."""
+        failure = self._failure
+        try:
+            await self._command("COMMIT_ONE_PHASE", sent)
+        except (TransactionTimeoutError, TransactionConnectionError) as e:
+            unknown = isinstance(e, TransactionOutcomeUnknownError)
+            self._status = FAILED if unknown else ROLLED_BACK
+            raise
+        except XAError:
+            if failure is None:
+                raise
+            # a put was refused (or BEGIN was): the broker rolled the transaction back
+            # (XA_RBROLLBACK) or never had it; ROLLBACK as the unpipelined path does
+            await self._send_rollback()
+            self._status = ROLLED_BACK
+            if isinstance(failure, XAError | TransactionConnectionError):
+                raise failure.with_traceback(None) from None
+            raise TransactionAbortedError(
+                f"transaction {self.key} rolled back instead of committed: a send failed "
+                f"({failure})",
+                self.key,
+                failure,
+            ) from failure
+        self._status = COMMITTED
+        if failure is not None:  # a broker that ignored msgs=<n>: say it loudly
+            log.error(
+                "transaction %s committed although a send failed (%s): the broker does not "
+                "check msgs=<n>; set ProducerConfig.pipeline_commit=False for it",
+                self.key,
+                failure,
+            )
 
     async def rollback(self) -> None:
         """Roll back (ROLLBACK): sends not yet written are dropped, none becomes visible.
@@ -761,7 +942,7 @@ class Transaction:
     def commit(self, timeout_s: float | None = None) -> None:
         """See :meth:`AsyncTransaction.commit`."""
         try:
-            self._lt.run(self.core.commit(), timeout_s)
+            self._lt.run_call(self.core._commit_soon, timeout_s)
         finally:
             self._ended()
 

@@ -445,6 +445,7 @@ class TxEngine:
                 self._reply(owner, r.opaque, 200)
             elif t == "PREPARE":
                 self._check(tx, TxEvent.PREPARE, owner)
+                self._check_count(tx, r.expect_messages)
                 self._step(owner, r.opaque, lambda: self._prepare(tx, owner))
             elif t in ("COMMIT_ONE_PHASE", "COMMIT_TWO_PHASE"):
                 ev = (
@@ -453,6 +454,8 @@ class TxEngine:
                     else TxEvent.COMMIT_TWO_PHASE
                 )
                 self._check(tx, ev, owner)
+                if ev is TxEvent.COMMIT_ONE_PHASE:
+                    self._check_count(tx, r.expect_messages)
                 self._step(owner, r.opaque, lambda: self._commit(tx, ev))
             elif t == "ROLLBACK":
                 self._check(tx, TxEvent.ROLLBACK, owner)
@@ -466,6 +469,21 @@ class TxEngine:
                 self._reply(owner, r.opaque, 200)
         except TxFailure as e:
             self._fail(owner, r.opaque, e)
+
+    def _check_count(self, tx: BrokerTx, expected: int | None) -> None:
+        """``msgs=<n>`` on COMMIT_ONE_PHASE/PREPARE: fewer (or more) messages recorded than
+        the client wrote means a put was refused before it reached the transaction (unknown
+        partition, bad checksum, too large...): the transaction becomes rollback-only, so
+        the commit or prepare that follows rolls it back."""
+        if expected is None or tx.message_count == expected:
+            return
+        if not tx.failure:
+            tx.failure = (
+                f"the client wrote {expected} messages, {tx.message_count} were recorded "
+                "(a put was refused)"
+            )
+        if allowed(tx.state, TxEvent.FAILED):
+            self._to(tx, TxEvent.FAILED)
 
     def _require_resolver(self, owner: Any, tx: BrokerTx, ttype: str) -> None:
         """Without the admin role (``adminSecret`` set, ``auth`` with ``authSecret``) an owner

@@ -224,6 +224,10 @@ class Transaction:
     timeout: int | None
     unique_qualifier: str | None
     opaque: int
+    #: ``msgs=<n>`` (notify extension, COMMIT_ONE_PHASE and PREPARE): the number of
+    #: messages the client wrote in the transaction; the broker rolls back on a mismatch,
+    #: so a COMMIT pipelined behind the puts never commits without a refused one.
+    expect_messages: int | None = None
 
 
 @dataclass(slots=True)
@@ -747,16 +751,23 @@ class RequestParser:
             raise ProtocolError(f"transaction: unknown type {ttype[:40]!r}", 400, opaque)
         timeout: int | None = None
         uq: str | None = None
+        expect: int | None = None
         if n == 6:
             slot = t[4]
             if ttype == "BEGIN" and slot.isdigit() and not _is_key_qualifier(key, slot):
                 timeout = _int(slot, "timeout", opaque)
+            elif ttype in ("COMMIT_ONE_PHASE", "PREPARE") and slot.startswith(b"msgs="):
+                expect = _int(slot[5:], "msgs", opaque)
+                if expect < 0:
+                    raise ProtocolError(f"transaction: msgs={expect} is negative", 400, opaque)
             else:
                 uq = _text(slot, "uniqueQualifier", opaque)
         elif n == 7:
             timeout = _int(t[4], "timeout", opaque)
             uq = _text(t[5], "uniqueQualifier", opaque)
-        return Transaction(None if key == "null" else key, session, ttype, timeout, uq, opaque)
+        return Transaction(
+            None if key == "null" else key, session, ttype, timeout, uq, opaque, expect
+        )
 
 
 def _decode_queue_line(cmd: bytes, t: list[bytes]) -> Request:

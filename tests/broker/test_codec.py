@@ -96,6 +96,11 @@ def test_transaction_optional_slot_decided_by_type() -> None:
     assert isinstance(t, Transaction) and (t.timeout, t.unique_qualifier) == (30, None)
     (neg,) = parse(b"transaction TX:s:2 s BEGIN -5 8\r\n")
     assert isinstance(neg, Transaction) and (neg.timeout, neg.unique_qualifier) == (None, "-5")
+    # msgs=<n> on a one-phase commit / prepare: the count the client wrote (notify extension)
+    (m,) = parse(b"transaction TX:s:2 s COMMIT_ONE_PHASE msgs=3 9\r\n")
+    assert m == Transaction("TX:s:2", "s", "COMMIT_ONE_PHASE", None, None, 9, 3)
+    (bad_m,) = parse(b"transaction TX:s:2 s PREPARE msgs=x 9\r\n")
+    assert isinstance(bad_m, ProtocolError) and bad_m.opaque == 9
 
 
 def test_sync_with_and_without_checksum() -> None:

@@ -173,9 +173,16 @@ def test_lost_ack_retried_by_the_client(
         futs = [p.send_future("single", b"batch%d" % i) for i in range(50)]
         dropper.armed = 1
         assert all(f.result(30).success for f in futs)
-    assert dropper.dropped >= 6
+        dropper.armed = 1
+        assert p.send_batch("single", [b"bulk%d" % i for i in range(20)]).success
+    assert dropper.dropped >= 7
     got = _consume_all(broker.addr, tmp_path, "single")
-    expected = [b"warm-up"] + [b"m%d" % i for i in range(5)] + [b"batch%d" % i for i in range(50)]
+    expected = (
+        [b"warm-up"]
+        + [b"m%d" % i for i in range(5)]
+        + [b"batch%d" % i for i in range(50)]
+        + [b"bulk%d" % i for i in range(20)]
+    )
     if idempotent:
         assert got == expected
     else:  # what happens without: the retries are stored again

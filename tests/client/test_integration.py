@@ -69,6 +69,45 @@ def test_send_and_consume_roundtrip(broker: BrokerProcess, tmp_path: Path) -> No
     assert total == sum(20 + len(m.payload) for m in got)
 
 
+def test_send_batch_async_and_sync(broker: BrokerProcess, tmp_path: Path) -> None:
+    """send_batch: one result per batch, ids and offsets per message as stored; a batch
+    larger than one mput frame goes as several, in order, to one partition."""
+
+    async def produce() -> list[Any]:
+        async with AsyncMessageSessionFactory([broker.addr], config=FAST) as s:
+            p = s.create_producer(ProducerConfig(batch_max_count=64))
+            one = await p.send_batch("test", [b"a%d" % i for i in range(10)], key="k")
+            big = p.send_batch_nowait("test", [b"b%d" % i for i in range(300)], key="k")
+            single = p.send_nowait("test", b"after", key="k")  # queued behind the batch
+            empty = await p.send_batch("test", [])
+            with pytest.raises(ClientError):
+                p.send_batch_nowait("test", ["text"])  # type: ignore[list-item]
+            return [one, await big, await single, empty]
+
+    one, big, single, empty = asyncio.run(produce())
+    assert one.success and len(one) == 10 and big.success and len(big) == 300
+    assert empty.success and len(empty) == 0
+    assert one.partition == big.partition == single.partition
+    assert list(big.msg_ids) == sorted(big.msg_ids) and big.offsets[0] > one.offsets[-1]
+    assert single.offset > big.offsets[-1]
+    with connect([broker.addr], config=FAST) as s:
+        p = s.create_producer()
+        sb = p.send_batch("test", [b"s%d" % i for i in range(50)], attribute="tag", key="k")
+        assert sb.success and len(sb.results()) == 50
+        got: list[Message] = []
+        c = s.create_consumer(cconf(tmp_path))
+        c.subscribe("test", got.append).complete_subscribe()
+        wait_until(lambda: len(got) == 10 + 300 + 1 + 50)
+        c.shutdown()
+    by_off = {m.offset: m for m in got}
+    a_s, b_s = [b"a%d" % i for i in range(10)], [b"b%d" % i for i in range(300)]
+    for res, want in ((one, a_s), (big, b_s)):
+        ms = [by_off[o] for o in res.offsets]
+        assert [m.data for m in ms] == want and [m.msg_id for m in ms] == list(res.msg_ids)
+    tagged = [by_off[o] for o in sb.offsets]
+    assert {m.attribute for m in tagged} == {"tag"} and tagged[0].data == b"s0"
+
+
 def test_unknown_topic_is_a_failed_send(broker: BrokerProcess) -> None:
     with connect([broker.addr], config=FAST) as s:
         r = s.create_producer().send("nope", b"x")

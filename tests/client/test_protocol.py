@@ -136,3 +136,17 @@ def test_consumer_follows_301_and_grows_the_fetch_window(fake: FakeBroker, tmp_p
             assert c.stats.redirects == 1 and cur.position == len(fake.data[("single", 0)])
 
     asyncio.run(main())
+
+
+def test_send_batch_falls_back_to_pipelined_put(fake: FakeBroker) -> None:
+    fake.knobs.mput_supported = False
+
+    async def main() -> None:
+        async with AsyncMessageSessionFactory([fake.addr], config=FAST) as s:
+            p = s.create_producer()
+            r = await p.send_batch("single", [b"b%d" % i for i in range(30)], attribute="t")
+        assert r.success and len(r) == 30 and len(set(r.msg_ids)) == 30
+        assert list(r.offsets) == sorted(r.offsets) and r.offsets[0] == 0
+
+    asyncio.run(main())
+    assert fake.knobs.mputs == 0 and fake.knobs.puts == 30

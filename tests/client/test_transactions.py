@@ -22,6 +22,7 @@ from notify.client import (
     ClientTransactionError,
     LocalTxState,
     Message,
+    ProducerConfig,
     TransactionAbortedError,
     TransactionConnectionError,
     TransactionOutcomeUnknownError,
@@ -220,6 +221,43 @@ def test_one_broker_per_transaction(broker_factory: BrokerFactory) -> None:
                 p.send("onlya", b"bound-to-a")
                 p.send("onlyb", b"b")
         assert bodies(a.addr, "onlya", 1) == [b"a"] and bodies(b.addr, "onlyb", 1) == []
+
+
+def test_pipelined_commit_never_commits_without_a_refused_put(
+    broker_factory: BrokerFactory,
+) -> None:
+    """COMMIT goes right behind the puts (one round trip); a put the broker refuses before
+    the transaction sees it (here: over maxMessageSize) must roll the whole one back,
+    whether it went as a lone ``put`` or inside a transactional ``mput``."""
+    b = broker_factory(maxMessageSize=1000)
+    big = b"x" * 5000
+    with connect([b.addr], config=FAST) as s:
+        p = s.create_producer()
+        with pytest.raises(TransactionAbortedError, match="maxMessageSize") as ei:  # noqa: SIM117
+            with p.transaction() as tx:
+                p.send_future("test", b"before", key="k")  # a put to another partition
+                p.send_future("single", big)  # a lone put: refused
+        assert tx.status == "rolled_back" and isinstance(ei.value.__cause__, ClientError)
+        with pytest.raises(TransactionAbortedError, match="outside"):  # noqa: SIM117
+            with p.transaction():  # three for one partition: one mput, refused whole
+                for body in (b"before", big, b"after"):
+                    p.send_future("single", body)
+        assert bodies(b.addr, "single", 1) == [] and bodies(b.addr, "test", 4) == []
+        with p.transaction() as ok:  # the producer and its connection go on
+            rs = [p.send_future("single", b"m%d" % i) for i in range(3)]
+        assert ok.status == "committed"
+        assert len({f.result().msg_id for f in rs}) == 3
+        assert bodies(b.addr, "single", 1) == [b"m0", b"m1", b"m2"]
+    # the same without pipelining (ProducerConfig.pipeline_commit=False: puts only)
+    with connect([b.addr], config=FAST) as s:
+        p = s.create_producer(ProducerConfig(pipeline_commit=False))
+        with pytest.raises(TransactionAbortedError):  # noqa: SIM117
+            with p.transaction():
+                p.send_future("single", b"lost")
+                p.send_future("single", big)
+        with p.transaction():
+            p.send("single", b"m3")
+        assert bodies(b.addr, "single", 1) == [b"m0", b"m1", b"m2", b"m3"]
 
 
 def test_timeout_raises_and_rolls_back(broker_factory: BrokerFactory) -> None:

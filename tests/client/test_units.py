@@ -20,6 +20,7 @@ from notify.client import (
     Partition,
     RecoverStore,
     RoundRobinSelector,
+    SendResult,
     TopicPartitionOffset,
     list_dead_letters,
     list_pending_recovery,
@@ -27,7 +28,13 @@ from notify.client import (
     replay_dead_letters,
 )
 from notify.client._consumer import _make_filter, _share
-from notify.client._producer import _Item, _parse_mput_reply, _unknown_command
+from notify.client._producer import (
+    _BatchItem,
+    _Item,
+    _mput_body,
+    _parse_mput_reply,
+    _unknown_command,
+)
 from notify.client._spool import Spool, existing_spools
 from notify.errors import ClientError
 from notify.protocol import records
@@ -259,15 +266,64 @@ def test_make_filter() -> None:
 
 
 def test_mput_reply_offsets_follow_record_sizes() -> None:
-    loop_items = [_Item(b"a" * n, 0, None) for n in (10, 0, 30)]  # type: ignore[arg-type]
-    r = Response("result", 200, 1, b"500 2 1000 3")
-    assert _parse_mput_reply(r, loop_items) == [(500, 1000), (501, 1030), (502, 1050)]
+    part = PARTS[2]
+    items: list[_Item | _BatchItem] = [
+        _Item(b"a" * 10, 0, None),  # type: ignore[arg-type]
+        _BatchItem([b"", b"b" * 30, b"c"], 1, None),  # type: ignore[arg-type]
+        _Item(b"d" * 5, 0, None),  # type: ignore[arg-type]
+    ]
+    r = Response("result", 200, 1, b"500 2 1000 5")
+    ack = _parse_mput_reply(r, 5)
+    mid, off, got = ack.first_msg_id, ack.first_offset, []
+    for it in items:
+        got.append(it.acked(part, mid, off))
+        mid += it.count
+        off += it.nbytes
+    assert got[0] == SendResult(True, part, 1000, 500)
+    assert list(got[1].msg_ids) == [501, 502, 503]
+    assert list(got[1].offsets) == [1030, 1050, 1100]
+    assert got[2] == SendResult(True, part, 1121, 504)
+    # the records go out in one body, flags per run, ids 0 (the broker assigns them)
+    body = _mput_body(items)
+    recs, used = records.decode_all(body, 1000)
+    assert used == len(body) and [(x.offset, x.flag, x.payload) for x in recs] == [
+        (1000, 0, b"a" * 10),
+        (1030, 1, b""),
+        (1050, 1, b"b" * 30),
+        (1100, 1, b"c"),
+        (1121, 0, b"d" * 5),
+    ]
     with pytest.raises(ClientError):
-        _parse_mput_reply(Response("result", 200, 1, b"500 2 1000 2"), loop_items)
+        _parse_mput_reply(Response("result", 200, 1, b"500 2 1000 2"), 5)
     with pytest.raises(ClientError):
-        _parse_mput_reply(Response("result", 200, 1, b"garbage"), loop_items)
+        _parse_mput_reply(Response("result", 200, 1, b"garbage"), 5)
     assert _unknown_command(Response("result", 400, 1, b"unknown command 'mput'"))
     assert not _unknown_command(Response("result", 400, 1, b"checksum mismatch"))
+
+
+def test_encode_batch_matches_record_encoding() -> None:
+    payloads = [b"x" * n for n in (0, 1, 100, 7)]
+    assert records.encode_batch(payloads, 1) == b"".join(
+        records.encode(0, 1, p) for p in payloads
+    )
+    assert records.record_offsets(40, payloads) == [40, 60, 81, 201]
+    assert records.record_offsets(0, []) == []
+
+
+def test_decode_as_builds_messages_and_checks_every_crc() -> None:
+    part = PARTS[1]
+    buf = records.encode(5, 0, b"one") + records.encode(6, 1, b"\x00\x00\x00\x01atwo")
+    msgs, used = records.decode_as(buf + b"\x00\x00", 100, Message, "t", part)
+    assert used == len(buf) and msgs == [
+        Message("t", part, 100, 5, 0, b"one"),
+        Message("t", part, 123, 6, 1, b"\x00\x00\x00\x01atwo"),
+    ]
+    assert msgs[1].attribute == "a" and msgs[1].data == b"two"
+    bad = bytearray(buf)
+    bad[-1] ^= 1
+    with pytest.raises(records.CorruptRecordError) as ei:
+        records.decode_as(bytes(bad), 100, Message, "t", part)
+    assert ei.value.position == 123
 
 
 def test_spool_append_peek_advance_and_torn_tail(tmp_path: Path) -> None:

@@ -162,6 +162,31 @@ def test_failed_put_makes_commit_roll_back(tmp_path: Path) -> None:
     assert core.visible(0) == [] and "TX:s:1" not in core.engine.txs
 
 
+def test_commit_with_a_message_count_rolls_back_when_a_put_never_arrived(core: Core) -> None:
+    """A COMMIT pipelined behind its puts says how many the client wrote (``msgs=<n>``):
+    one refused before the engine saw it (bad checksum, unknown partition) must not
+    leave the others committed."""
+    o = Owner("c1")
+    core.cmd(o, "TX:s:1", "BEGIN")
+    core.put(o, "TX:s:1", b"m1")
+    core.engine.handle(o, Transaction("TX:s:1", "s", "COMMIT_ONE_PHASE", None, None, 7, 2))
+    code, body = replies(core.take())[0]
+    assert code == 500 and body.startswith(b"XAException:code=100") and b"wrote 2" in body
+    core.force_all()
+    assert core.visible(0) == [] and "TX:s:1" not in core.engine.txs
+    # the right count commits; so does PREPARE's
+    core.cmd(o, "TX:s:2", "BEGIN")
+    core.put(o, "TX:s:2", b"m2")
+    core.put(o, "TX:s:2", b"m3")
+    core.engine.handle(o, Transaction("TX:s:2", "s", "COMMIT_ONE_PHASE", None, None, 7, 2))
+    assert replies(core.force_all()) == [(200, b"")]
+    assert core.visible(0) == [b"m2", b"m3"]
+    core.cmd(o, "TX:s:3", "BEGIN")
+    core.engine.handle(o, Transaction("TX:s:3", "s", "PREPARE", None, None, 7, 1))
+    code, body = replies(core.take())[0]
+    assert code == 500 and body.startswith(b"XAException:code=100")
+
+
 def test_timeouts_and_orphaned_prepared_local_transactions(core: Core) -> None:
     o = Owner("c1")
     core.cmd(o, "TX:s:1", "BEGIN", timeout=5)

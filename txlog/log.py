@@ -408,11 +408,7 @@ class TxLog:
         """
         if self._closed:
             raise TxLogError("the transaction log is closed")
-        if self._broken is not None:
-            raise TxLogError(
-                f"the transaction log is unusable since {self._broken}; reopen it "
-                "(restart the broker) to recover from what is on disk"
-            )
+        self._refuse_if_failed()
         if self._size > 0 and self._size + len(data) > self._config.segment_bytes:
             self._roll()
         offset = self._size
@@ -557,11 +553,7 @@ class TxLog:
         Returns where the frames start and the end the fsync covered (see ``FlushFn``).
         """
         with self._wlock:
-            if self._broken is not None:  # an fsync now could "succeed" over a hole
-                raise TxLogError(
-                    f"the transaction log is unusable since {self._broken}; reopen it "
-                    "(restart the broker) to recover from what is on disk"
-                )
+            self._refuse_if_failed()  # an fsync now could "succeed" over a hole
             if frames:
                 start = self._write_locked(frames[0] if len(frames) == 1 else b"".join(frames))
             end = Position(self._file_no, self._size)
@@ -580,6 +572,13 @@ class TxLog:
         finally:
             self._fs.close(fd)
         return start, end
+
+    def _refuse_if_failed(self) -> None:
+        if self._broken is not None:
+            raise TxLogError(
+                f"the transaction log is unusable since {self._broken}; reopen it "
+                "(restart the broker) to recover from what is on disk"
+            )
 
     def _fail(self, what: str) -> None:
         """Stop accepting records: ``what`` may have left a hole in the unsynced tail."""

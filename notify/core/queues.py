@@ -43,6 +43,7 @@ from typing import Final
 
 from notify.errors import NotifyError
 from notify.protocol import queuelog
+from notify.transitions import TransitionTable
 
 
 class QueueError(NotifyError):
@@ -102,17 +103,11 @@ STATE_CODES: Final = {
 CODE_STATES: Final = {v: k for k, v in STATE_CODES.items()}
 
 
-def next_state(state: MsgState, event: MsgEvent) -> MsgState:
-    """The state after ``event``; :class:`QueueError` when the event is not allowed."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise QueueError(f"{event.value} is not allowed in state {state.value}") from None
-
-
-def allowed(state: MsgState, event: MsgEvent) -> bool:
-    """Whether ``event`` may happen in ``state``."""
-    return (state, event) in TRANSITIONS
+_TABLE: Final = TransitionTable(TRANSITIONS, QueueError)
+#: The state after ``event``; :class:`QueueError` when the event is not allowed.
+next_state = _TABLE.next_state
+#: Whether ``event`` may happen in ``state``.
+allowed = _TABLE.allowed
 
 
 #: acknowledgement kinds on the wire (``qack`` items) and the event each one is

@@ -33,6 +33,7 @@ from enum import Enum
 from typing import Final
 
 from notify.errors import TransactionError
+from notify.transitions import TransitionTable
 
 
 class TxState(Enum):
@@ -94,14 +95,8 @@ TRANSITIONS: Final[dict[tuple[TxState, TxEvent], TxState]] = {
 TERMINAL: Final = frozenset({S.COMMITTED, S.COMMIT_PENDING, S.ROLLED_BACK, S.IN_DOUBT, S.HEURISTIC})
 
 
-def next_state(state: TxState, event: TxEvent) -> TxState:
-    """The state after ``event``; :class:`~notify.errors.TransactionError` if not allowed."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise TransactionError(f"{event.value} is not allowed in state {state.value}") from None
-
-
-def allowed(state: TxState, event: TxEvent) -> bool:
-    """Whether ``event`` may happen in ``state``."""
-    return (state, event) in TRANSITIONS
+_TABLE: Final = TransitionTable(TRANSITIONS, TransactionError)
+#: The state after ``event``; :class:`TransactionError` when the event is not allowed.
+next_state = _TABLE.next_state
+#: Whether ``event`` may happen in ``state``.
+allowed = _TABLE.allowed

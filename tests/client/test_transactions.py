@@ -436,7 +436,9 @@ CHILD = textwrap.dedent(
     addr, marker = sys.argv[1], Path(sys.argv[2])
 
     def local_tx(msg):
-        marker.write_text(str(msg.msg_id))
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(str(msg.msg_id))
+        tmp.rename(marker)  # the test polls for the marker: it appears whole
         time.sleep(60)  # killed here: after PREPARE, before deciding
 
     s = connect([addr])

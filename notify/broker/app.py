@@ -165,6 +165,8 @@ class Broker:
         # configserver: register (ephemeral; ZooKeeper or embedded), find the master
         self.registrar = BrokerRegistrar(self.config)
         await self.registrar.start(self.host, self.port, self.store.topics)
+        if self.registrar.enabled and service.queues is not None:
+            service.queues.cluster = self.registrar.server  # ZooKeeper-driven removal
         pausepoint("broker.start.registered")
         self.config = await resolve_master(self.registrar, self.config)
         self._start_replication()

@@ -13,6 +13,11 @@ What it does with the wire verbs (``qsub``, ``qack``, ``qunsub``; README "Queues
   the group-committed fsync covering them, so an answered accept is never redelivered;
 * a closed connection or a ``qunsub`` returns what the consumer held at once; one timer
   per group fires at the earliest lock deadline or delayed release;
+* cluster mode (ZooKeeper): a ``qsub`` naming a consumer id is accepted only while the
+  consumer's node ``consumers/<group>/queue-ids/<topic>/<id>`` exists, and the broker
+  watches it: when it goes (the consumer's session ended: process frozen, network cut,
+  even with the TCP connection still open) the connection is closed at once, so what
+  the consumer held is available again;
 * every ``queueCheckpointInterval`` ms (when something was logged) the compact form of
   every group is written as the log's checkpoint and older log segments are deleted.
 
@@ -33,14 +38,17 @@ starts its queue groups from its own (empty) queue log.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import re
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from configserver import ConfigServer, ConfigServerError
 from notify.config import ServerConfig, SystemConfig
 from notify.core.queues import (
     CODE_STATES,
@@ -97,6 +105,9 @@ def limits_of(sysc: SystemConfig) -> QueueLimits:
 class _Sub:
     conn: Connection
     opaque: int
+    #: cluster mode: the consumer's ZooKeeper id and the watch on its node
+    zk_id: str = ""
+    watch: Callable[[], None] | None = None
 
 
 @dataclass(slots=True)
@@ -106,6 +117,8 @@ class _Group:
     timer: asyncio.TimerHandle | None = None
     timer_at: float = 0.0
     next_part: int = 0
+    #: consumers dropped because their ZooKeeper node went
+    zk_removed: int = 0
 
 
 class QueueManager:
@@ -131,6 +144,10 @@ class QueueManager:
         self._deliver_timer: asyncio.TimerHandle | None = None
         self.lost_to_retention = 0
         self.ack_frames = 0
+        #: cluster mode: consumers are checked against their ZooKeeper nodes (README "Queues")
+        self.cluster: ConfigServer | None = None
+        self.zk_removed = 0
+        self._zk_tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -192,6 +209,9 @@ class QueueManager:
 
     async def close(self) -> None:
         """Final checkpoint, then close the log."""
+        self.cluster = None
+        for t in list(self._zk_tasks):
+            t.cancel()
         if self._ckpt_timer is not None:
             self._ckpt_timer.cancel()
         if self._deliver_timer is not None:
@@ -355,6 +375,66 @@ class QueueManager:
             return _send(conn, 400, r.opaque, "invalid group name: [A-Za-z0-9._-]{1,249}")
         if r.credit < 1:
             return _send(conn, 400, r.opaque, f"credit {r.credit} must be >= 1")
+        if r.consumer_id and self.cluster is not None:
+            self._spawn(self._join_registered(conn, r))
+        else:
+            self._join(conn, r, None)
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        t = self.loop.create_task(coro)
+        self._zk_tasks.add(t)
+        t.add_done_callback(self._zk_tasks.discard)
+
+    async def _join_registered(self, conn: Connection, r: QueueSubscribe) -> None:
+        """Cluster mode: join only while the consumer's ZooKeeper node exists, and watch it.
+        A ZooKeeper outage does not refuse the consumer: the watch fires once the broker's
+        session is back and the node is checked then."""
+        assert self.cluster is not None
+        watch = functools.partial(self._zk_changed, conn, (r.topic, r.group), r.consumer_id)
+        try:
+            alive = await self.cluster.queue_consumer_alive(
+                r.group, r.topic, r.consumer_id, watch
+            )
+        except ConfigServerError as e:
+            log.warning("queue consumer %s: ZooKeeper check deferred: %s", r.consumer_id, e)
+            alive = True
+        if conn.closed:
+            self.cluster.forget_watch(watch)
+            return
+        if not alive:
+            self.cluster.forget_watch(watch)
+            path = self.cluster.layout.queue_consumer_node(r.group, r.topic, r.consumer_id)
+            return _send(conn, 409, r.opaque, f"queue consumer not registered at {path}")
+        self._join(conn, r, watch)
+
+    def _zk_changed(self, conn: Connection, key: tuple[str, str], zk_id: str) -> None:
+        """The watch on a consumer's node fired: check it again (on the loop)."""
+        self._spawn(self._zk_recheck(conn, key, zk_id))
+
+    async def _zk_recheck(self, conn: Connection, key: tuple[str, str], zk_id: str) -> None:
+        cid = self.by_conn.get(conn, {}).get(key)
+        g = self.groups.get(key)
+        sub = None if cid is None or g is None else g.subs.get(cid)
+        if sub is None or sub.zk_id != zk_id or sub.watch is None or self.cluster is None:
+            return  # gone or subscribed again under another id
+        try:
+            alive = await self.cluster.queue_consumer_alive(key[1], key[0], zk_id, sub.watch)
+        except ConfigServerError:
+            return  # the watch is armed: it fires again once the session is back
+        if alive or g is None or conn.closed or self.by_conn.get(conn, {}).get(key) != cid:
+            return
+        self.zk_removed += 1
+        g.zk_removed += 1
+        log.warning(
+            "queue group %s/%s: consumer %s removed (its ZooKeeper session ended); closing "
+            "its connection %s", key[0], key[1], zk_id, getattr(conn, "peer", "?"),
+        )
+        self.connection_closed(conn)  # what it held is available again at once
+        conn.hard_close(encode_result(410, sub.opaque, b"queue consumer's ZooKeeper node is gone"))
+
+    def _join(
+        self, conn: Connection, r: QueueSubscribe, watch: Callable[[], None] | None
+    ) -> None:
         key = (r.topic, r.group)
         g = self.groups.get(key)
         if g is None:
@@ -372,9 +452,12 @@ class QueueManager:
         if cid is None:
             self._cid += 1
             cid = subs[key] = self._cid
-            g.subs[cid] = _Sub(conn, r.opaque)
+            g.subs[cid] = _Sub(conn, r.opaque, r.consumer_id, watch)
         else:
-            g.subs[cid].opaque = r.opaque
+            sub = g.subs[cid]
+            if sub.watch is not None and sub.watch is not watch and self.cluster is not None:
+                self.cluster.forget_watch(sub.watch)
+            sub.opaque, sub.zk_id, sub.watch = r.opaque, r.consumer_id, watch
         granted = g.core.add_consumer(cid, r.credit)
         _send(conn, 200, r.opaque, str(granted))
         self.pump(g)
@@ -404,7 +487,9 @@ class QueueManager:
         g = self.groups.get(key)
         if g is None:
             return
-        g.subs.pop(cid, None)
+        sub = g.subs.pop(cid, None)
+        if sub is not None and sub.watch is not None and self.cluster is not None:
+            self.cluster.forget_watch(sub.watch)
         fins = g.core.remove_consumer(cid, self._now_ms())
         self._sync_later(self._log_finished(g.core, fins))
         self.pump(g)
@@ -659,7 +744,7 @@ class QueueManager:
         for (topic, group), g in sorted(self.groups.items()):
             c = g.core.counts()
             lows = " ".join(f"{p}:{ps.low_water}" for p, ps in sorted(g.core.parts.items()))
-            figures = " ".join(f"{k}={v}" for k, v in c.items())
+            figures = " ".join(f"{k}={v}" for k, v in [*c.items(), ("zk_removed", g.zk_removed)])
             out.append((f"{topic}/{group}", f"{figures} low_water={lows or '-'}"))
         return out
 

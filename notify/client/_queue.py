@@ -11,6 +11,11 @@ they are durable. Use ``async for msg in consumer`` and ``await msg.ack()`` /
 message (plain callables on a thread), its return accepts the message and an exception
 releases it (redelivered, dead-lettered after ``queueMaxDeliveries``).
 
+Cluster mode (``connect(zk=...)`` on ZooKeeper): before each subscription the consumer
+registers ``consumers/<group>/queue-ids/<topic>/<consumerId>`` (ephemeral) and names its id
+in ``qsub``; a broker drops a consumer whose node goes (its session ended) by closing the
+connection, and the consumer registers and subscribes again once it can.
+
 :class:`QueueConsumer` and :class:`SyncQueueMessage` are the synchronous wrappers.
 """
 
@@ -18,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+from configserver import ConfigServer, ConfigServerError, new_consumer_id
 from notify.errors import ClientError, ConnectionLostError
 from notify.protocol.frames import Response, encode_line, encode_qack
 from notify.protocol.records import HEADER, HEADER_SIZE, split_payload
@@ -116,6 +123,14 @@ class _Broker:
         backoff = RECONNECT_MIN_S
         o = self.owner
         while not o.closed:
+            if o.cluster is not None:
+                try:
+                    await o.cluster.register_queue_consumer(o.group, o.topic, o.consumer_id)
+                except ConfigServerError as e:
+                    log.info("queue consumer: cannot register in ZooKeeper: %s", e)
+                    await asyncio.sleep(backoff)
+                    backoff = min(RECONNECT_MAX_S, backoff * 2)
+                    continue
             try:
                 conn = await open_connection(self.address, o.options)
             except ClientError as e:
@@ -126,9 +141,12 @@ class _Broker:
             conn.push_handler = self._on_push
             self.conn = conn
             try:
-                r = await conn.request(
-                    lambda op: encode_line("qsub", o.topic, o.group, o.credit, o.start, op)
-                )
+                qsub: list[object] = ["qsub", o.topic, o.group, o.credit, o.start]
+                if o.cluster is not None:
+                    qsub.append(o.consumer_id)
+                r = await conn.request(functools.partial(_encode_qsub, qsub))
+                if r.code == 409:  # our ZooKeeper node went in the meantime: register again
+                    raise ConnectionLostError(r.body.decode(errors="replace"))
                 if r.code != 200:
                     text = r.body.decode(errors="replace")
                     raise ClientError(f"{self.address}: qsub refused ({r.code}): {text}")
@@ -196,6 +214,10 @@ class _Broker:
         fut.add_done_callback(lambda f: _resolve(f, waiters))
 
 
+def _encode_qsub(tokens: list[object], opaque: int) -> bytes:
+    return encode_line(*tokens, opaque)
+
+
 def _resolve(
     fut: asyncio.Future[Response], waiters: list[tuple[bytes, asyncio.Future[bool]]]
 ) -> None:
@@ -236,6 +258,7 @@ class AsyncQueueConsumer:
         credit: int = 100,
         listener: QueueListener | None = None,
         start: str = "earliest",
+        cluster: ConfigServer | None = None,
     ):
         if credit < 1:
             raise ClientError("credit must be >= 1")
@@ -248,6 +271,9 @@ class AsyncQueueConsumer:
         self.credit = credit
         self.start = start
         self.listener = listener
+        #: cluster mode (ZooKeeper): the registration brokers watch (README "Queues")
+        self.cluster = cluster
+        self.consumer_id = new_consumer_id(group)
         self.closed = False
         self.error: ClientError | None = None
         self._brokers: dict[str, _Broker] = {}
@@ -324,6 +350,11 @@ class AsyncQueueConsumer:
                 b.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await b.task
+        if self.cluster is not None:
+            with contextlib.suppress(ConfigServerError):
+                await self.cluster.unregister_queue_consumer(
+                    self.group, self.topic, self.consumer_id
+                )
 
     async def __aenter__(self) -> AsyncQueueConsumer:
         return self

@@ -615,14 +615,19 @@ class QueueManager:
             try:
                 sl = part.slice(ps.frontier, READ_WINDOW, 1 << 31)
             except OffsetOutOfRangeError as e:
-                if ps.frontier < e.nearest:
-                    self.lost_to_retention += 1
-                    log.warning(
-                        "queue group %s/%s: %s-%d below %d was deleted by retention unread",
-                        core.topic, core.group, core.topic, p, e.nearest,
-                    )
-                    core.skip_to(p, e.nearest)
-                continue
+                if ps.frontier >= e.nearest or ps.entries:
+                    continue
+                self.lost_to_retention += 1
+                core.retention_skipped_bytes += e.nearest - ps.frontier
+                log.warning(
+                    "queue group %s/%s: %s-%d below %d was deleted by retention unread",
+                    core.topic, core.group, core.topic, p, e.nearest,
+                )
+                core.skip_to(p, e.nearest)
+                try:  # read on at the store's first offset
+                    sl = part.slice(ps.frontier, READ_WINDOW, 1 << 31)
+                except OffsetOutOfRangeError:
+                    continue
             if sl is None:
                 continue
             data = sl.segment.read(sl.file_pos, sl.length)
@@ -631,6 +636,29 @@ class QueueManager:
             recs = _record_spans(data, ps.frontier, min(core.room(), share))
             if recs:
                 core.add_records(p, recs)
+
+    def retention_floor(self, topic: str, partition: int) -> int | None:
+        """The lowest offset of ``topic``-``partition`` a queue group may still read (what
+        retention holds for, up to ``queueRetentionHoldBytes``); None: no queue group."""
+        needs = [
+            n for g in self._by_topic.get(topic, ()) if (n := g.core.needed(partition)) is not None
+        ]
+        return min(needs) if needs else None
+
+    def retention_cut(self, topic: str, partition: int, min_offset: int) -> None:
+        """Retention deleted ``topic``-``partition`` below ``min_offset``: groups that still
+        needed some of it skip what they had not read and dead-letter what they tracked
+        (``stats queues``: retention_skipped_bytes, retention_dropped)."""
+        for g in self._by_topic.get(topic, ()):
+            need = g.core.needed(partition)
+            if need is not None and need < min_offset:
+                log.warning(
+                    "queue group %s/%s: retention deleted %s-%d below %d, the group was at %d",
+                    topic, g.core.group, topic, partition, min_offset, need,
+                )
+                g.core.set_floor(partition, min_offset)
+                self._dirty = True
+                self.pump(g)
 
     def _arm(self, g: _Group) -> None:
         """One timer per group at its earliest lock deadline or delayed release."""

@@ -240,6 +240,10 @@ class QueueGroup:
         self.delivered = 0
         self.redelivered = 0
         self.refused_acks = 0
+        #: retention deleted the store below these offsets (partition -> offset)
+        self._floors: dict[int, int] = {}
+        self.retention_dropped = 0  # tracked messages whose record retention deleted
+        self.retention_skipped_bytes = 0  # unread bytes retention deleted
 
     # ------------------------------------------------------------------ partitions
 
@@ -326,6 +330,30 @@ class QueueGroup:
         ps.counts = {o: c for o, c in ps.counts.items() if o >= offset}
         return gap
 
+    def needed(self, partition: int) -> int | None:
+        """The lowest offset of ``partition`` the group may still read (unfinished or
+        replayed messages, or its read frontier); None for an unknown partition."""
+        ps = self.parts.get(partition)
+        if ps is None:
+            return None
+        low = ps.low_water
+        return min(low, min(ps.replayed)) if ps.replayed else low
+
+    def set_floor(self, partition: int, offset: int) -> None:
+        """Retention deleted ``partition`` below ``offset``: unread messages there are
+        skipped (bytes counted); tracked unfinished ones are dead-lettered instead of
+        delivered when their turn comes (counted; their record is gone, a replay of them
+        answers unknown). Acquired ones may still be acknowledged."""
+        ps = self.parts.get(partition)
+        if ps is None or offset <= self._floors.get(partition, 0):
+            return
+        self._floors[partition] = offset
+        if not ps.entries and ps.frontier < offset:
+            self.retention_skipped_bytes += self.skip_to(partition, offset)
+
+    def _below_floor(self, e: Entry) -> bool:
+        return e.offset < self._floors.get(e.partition, 0)
+
     # ------------------------------------------------------------------ consumers
 
     def add_consumer(self, cid: int, credit: int) -> int:
@@ -379,8 +407,12 @@ class QueueGroup:
                 e = avail.popleft()
                 if e.state is not S.AVAILABLE:  # replayed twice, or already finished
                     continue
-                if e.count >= self.limits.max_deliveries:  # delivered up to the limit
-                    self._exhausted.append(self._finish(e, E.EXHAUSTED, now_ms))  # pre-crash
+                if e.count >= self.limits.max_deliveries or (
+                    self._floors and self._below_floor(e)
+                ):  # delivered up to the limit (before a crash), or its record is gone
+                    if e.count < self.limits.max_deliveries:
+                        self.retention_dropped += 1
+                    self._exhausted.append(self._finish(e, E.EXHAUSTED, now_ms))
                     progressed = True
                     continue
                 e.state = next_state(e.state, E.ACQUIRE)
@@ -663,4 +695,6 @@ class QueueGroup:
             "delivered": self.delivered,
             "redelivered": self.redelivered,
             "refused_acks": self.refused_acks,
+            "retention_dropped": self.retention_dropped,
+            "retention_skipped_bytes": self.retention_skipped_bytes,
         }

@@ -53,6 +53,7 @@ from notify.config import ServerConfig, SystemConfig
 from notify.core.queues import (
     CODE_STATES,
     STATE_CODES,
+    Delivery,
     Finished,
     MsgState,
     QueueGroup,
@@ -71,6 +72,7 @@ from notify.protocol.frames import (
     encode_result,
 )
 from notify.store.manager import MessageStore
+from notify.store.partition import Partition
 from txlog import Checkpoint, Position, TxLog, TxLogConfig
 
 if TYPE_CHECKING:
@@ -86,6 +88,8 @@ MAX_REFUSALS_SHOWN: Final = 16
 DELIVER_LOG_DELAY_S: Final = 0.005
 #: Largest checkpoint (compact form of every group) the queue log accepts.
 MAX_SNAPSHOT_BYTES: Final = 1 << 30
+#: ``qack`` item kinds as they come on the wire
+_ACK_KINDS: Final = {b"A": "A", b"R": "R", b"X": "X", b"N": "N"}
 GROUP_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
@@ -312,12 +316,11 @@ class QueueManager:
         if not fins:
             return None
         at = int(time.time() * 1000)
-        items = [
-            queuelog.DoneItem(f.partition, f.offset, f.next_offset, STATE_CODES[f.state],
-                              f.count, at)
-            for f in fins
-        ]
-        return self._append(queuelog.DONE, queuelog.encode_done(core.topic, core.group, items))
+        codes = STATE_CODES
+        rows = [(f.partition, f.offset, f.next_offset, codes[f.state], f.count, at) for f in fins]
+        return self._append(
+            queuelog.DONE, queuelog.encode_done_rows(core.topic, core.group, rows)
+        )
 
     def _sync_later(self, pos: object | None) -> None:
         """Make records durable soon when nobody waits for them (deliveries, expiries,
@@ -508,35 +511,28 @@ class QueueManager:
             return _send(conn, 404, r.opaque, f"not subscribed to queue group {r.group!r}")
         core = g.core
         now = self._now_ms()
-        applied = 0
         refused: list[str] = []
         nrefused = 0
-        fins: list[Finished] = []
+        kinds = _ACK_KINDS
+        items: list[tuple[str, int, int, int]] = []
         for line in r.items.split(b"\n"):
-            if not line.strip():
-                continue
             t = line.split()
+            if not t:
+                continue
             try:
-                if len(t) not in (3, 4) or (len(t) == 4 and t[0] != b"R"):
+                n = len(t)
+                if n != 3 and (n != 4 or t[0] != b"R"):
                     raise ValueError
-                kind = t[0].decode("ascii")
-                part, off = int(t[1]), int(t[2])
-                delay = int(t[3]) if len(t) == 4 else 0
+                kind = kinds.get(t[0]) or t[0].decode("ascii")
+                items.append((kind, int(t[1]), int(t[2]), int(t[3]) if n == 4 else 0))
             except (ValueError, UnicodeDecodeError):
                 nrefused += 1
                 core.refused_acks += 1
                 if len(refused) < MAX_REFUSALS_SHOWN:
                     refused.append(f"malformed item {line[:40].decode('latin-1')!r}")
-                continue
-            res = core.ack(cid, kind, part, off, delay, now)
-            if res.applied:
-                applied += 1
-                if res.finished is not None:
-                    fins.append(res.finished)
-            else:
-                nrefused += 1
-                if len(refused) < MAX_REFUSALS_SHOWN:
-                    refused.append(res.refused)
+        applied, why, fins = core.ack_many(cid, items, now)
+        nrefused += len(why)
+        refused += why[: max(0, MAX_REFUSALS_SHOWN - len(refused))]
         body = "\n".join([f"{applied} {nrefused}", *refused])
         pos = self._log_finished(core, fins)
         if pos is None:
@@ -571,9 +567,11 @@ class QueueManager:
         now = self._now_ms()
         fins = core.expire(now)
         counts: list[tuple[int, int, int]] = []
+        chunks: dict[int, tuple[int, memoryview]] = {}
         while True:
+            chunks.clear()
             if core.wants_records():
-                self._fill(g)
+                self._fill(g, chunks)
             deliveries = core.dispatch(now)
             dead = core.take_exhausted()
             fins += dead
@@ -582,21 +580,42 @@ class QueueManager:
                     continue
                 break
             counts += [(d.partition, d.offset, d.count) for d in deliveries]
-            for d in deliveries:
-                sub = g.subs[d.consumer]
-                part = self.store.get(core.topic, d.partition)
-                if part is None:  # cannot happen: partitions are never removed while running
-                    continue
-                data = part.read_raw(d.offset, d.length)
-                sub.conn.send(
-                    encode_qmsg(sub.opaque, d.partition, d.offset, d.count, len(data)) + data
-                )
+            self._push(g, deliveries, chunks)
         if counts:  # delivery counts survive a crash once logged and fsynced (README "Queues")
             self._note_deliveries(core, counts)
         self._sync_later(self._log_finished(core, fins))
         self._arm(g)
 
-    def _fill(self, g: _Group) -> None:
+    def _push(
+        self, g: _Group, deliveries: list[Delivery], chunks: dict[int, tuple[int, memoryview]]
+    ) -> None:
+        """One ``qmsg`` frame per delivery, one write per consumer; the records come from
+        what :meth:`_fill` just read when they are in it (one read for many), else from
+        the store (redeliveries)."""
+        frames: dict[int, list[bytes | memoryview]] = {}
+        parts: dict[int, Partition | None] = {}
+        topic = g.core.topic
+        subs = g.subs
+        for d in deliveries:
+            p, off, length = d.partition, d.offset, d.length
+            ch = chunks.get(p)
+            data: bytes | memoryview
+            if ch is not None and ch[0] <= off and off + length <= ch[0] + len(ch[1]):
+                data = ch[1][off - ch[0] : off - ch[0] + length]
+            else:
+                part = parts.get(p) if p in parts else parts.setdefault(p, self.store.get(topic, p))
+                if part is None:  # cannot happen: partitions are never removed while running
+                    continue
+                data = part.read_raw(off, length)
+            out = frames.get(d.consumer)
+            if out is None:
+                out = frames[d.consumer] = []
+            out.append(encode_qmsg(subs[d.consumer].opaque, p, off, d.count, len(data)))
+            out.append(data)
+        for cid, out in frames.items():
+            subs[cid].conn.send(b"".join(out))
+
+    def _fill(self, g: _Group, chunks: dict[int, tuple[int, memoryview]]) -> None:
         """Read records at the frontiers, partitions in turn, while the window has room."""
         core = g.core
         parts = sorted(core.parts)
@@ -635,6 +654,7 @@ class QueueManager:
             share = max(16, core.free_credit())
             recs = _record_spans(data, ps.frontier, min(core.room(), share))
             if recs:
+                chunks[p] = (ps.frontier, memoryview(data))  # pushed from here (_push)
                 core.add_records(p, recs)
 
     def retention_floor(self, topic: str, partition: int) -> int | None:

@@ -26,8 +26,8 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from typing import Any, cast
 
 from configserver import ConfigServer, ConfigServerError, new_consumer_id
 from notify.errors import ClientError, ConnectionLostError
@@ -179,18 +179,25 @@ class _Broker:
         self.owner.deliver(msg)
 
     def acknowledge(self, item: bytes) -> asyncio.Future[bool]:
-        """Queue one ``qack`` item; all items of this loop turn go in one frame."""
+        """Queue one ``qack`` item; all items of this loop turn go in one frame. The
+        future tells whether the broker applied it (durably)."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if not self.acknowledge_nowait(item):
+            fut.set_result(False)  # the broker released it when the connection dropped
+        else:
+            self._waiters.append((item, fut))
+        return fut
+
+    def acknowledge_nowait(self, item: bytes) -> bool:
+        """Queue one ``qack`` item nobody waits for; False when not connected."""
         conn = self.conn
         if conn is None or not conn.is_open:
-            fut.set_result(False)  # the broker released it when the connection dropped
-            return fut
+            return False
         self._items.append(item)
-        self._waiters.append((item, fut))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
-        return fut
+        return True
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -279,6 +286,7 @@ class AsyncQueueConsumer:
         self._brokers: dict[str, _Broker] = {}
         self._queue: asyncio.Queue[QueueMessage] = asyncio.Queue()
         self._listener_tasks: set[asyncio.Task[None]] = set()
+        self._async_listener = inspect.iscoroutinefunction(listener)
 
     async def start_consuming(self, timeout_s: float = 10.0) -> None:
         """Subscribe on every broker holding the topic (waits for the first answers)."""
@@ -300,19 +308,68 @@ class AsyncQueueConsumer:
         if self.listener is None:
             self._queue.put_nowait(msg)  # bounded by the credit granted per broker
             return
+        if self._async_listener:
+            self._start_async(msg)
+            return
         t = asyncio.get_running_loop().create_task(self._run_listener(msg))
         self._listener_tasks.add(t)
         t.add_done_callback(self._listener_tasks.discard)
 
+    def _start_async(self, msg: QueueMessage) -> None:
+        """Run an ``async def`` listener at once, in this loop turn: one that finishes
+        without suspending costs no task (most listeners of a fast consumer); one that
+        suspends goes on in a task from where it stopped (what 3.12's eager tasks do)."""
+        assert self.listener is not None
+        coro = cast(Coroutine[Any, Any, Any], self.listener(msg))
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            self._settle(msg, None)
+            return
+        except Exception as e:
+            self._settle(msg, e)
+            return
+        t = asyncio.get_running_loop().create_task(self._resume(coro, yielded, msg))
+        self._listener_tasks.add(t)
+        t.add_done_callback(self._listener_tasks.discard)
+
+    async def _resume(self, coro: Any, yielded: Any, msg: QueueMessage) -> None:
+        """Drive a listener coroutine :meth:`_start_async` started: wait for what it
+        waits for, then resume it, until it returns or raises."""
+        try:
+            while True:
+                if yielded is None:  # a bare yield (asyncio.sleep(0))
+                    await asyncio.sleep(0)
+                else:  # a future it awaits: wait for it as its task would have
+                    yielded._asyncio_future_blocking = False
+                    with contextlib.suppress(Exception):
+                        await yielded  # its outcome reaches the coroutine when resumed
+                yielded = coro.send(None)
+        except StopIteration:
+            self._settle(msg, None)
+        except asyncio.CancelledError:
+            coro.close()
+            raise
+        except Exception as e:
+            self._settle(msg, e)
+
+    def _settle(self, msg: QueueMessage, error: BaseException | None) -> None:
+        """A listener's outcome: accept on return, release on an exception. Not waited
+        for: the acknowledgement goes out with the others of this loop turn."""
+        if error is not None:
+            log.error("queue listener failed on %r: released for redelivery (%s: %s)",
+                      msg, type(error).__name__, error)
+            item = b"R %d %d 0" % (msg.partition, msg.offset)
+        else:
+            item = b"A %d %d" % (msg.partition, msg.offset)
+        msg._broker.acknowledge_nowait(item)
+
     async def _run_listener(self, msg: QueueMessage) -> None:
         assert self.listener is not None
         try:
-            if inspect.iscoroutinefunction(self.listener):
-                await self.listener(msg)
-            else:
-                res = await asyncio.get_running_loop().run_in_executor(None, self.listener, msg)
-                if inspect.isawaitable(res):
-                    await res
+            res = await asyncio.get_running_loop().run_in_executor(None, self.listener, msg)
+            if inspect.isawaitable(res):
+                await res
         except Exception:
             log.exception("queue listener failed on %r: released for redelivery", msg)
             await msg.release()

@@ -152,6 +152,7 @@ class QueueManager:
         self.cluster: ConfigServer | None = None
         self.zk_removed = 0
         self._zk_tasks: set[asyncio.Task[None]] = set()
+        self._zk_joining: dict[tuple[Connection, tuple[str, str], str], bool] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -394,6 +395,8 @@ class QueueManager:
         session is back and the node is checked then."""
         assert self.cluster is not None
         watch = functools.partial(self._zk_changed, conn, (r.topic, r.group), r.consumer_id)
+        token = (conn, (r.topic, r.group), r.consumer_id)
+        self._zk_joining[token] = False
         try:
             alive = await self.cluster.queue_consumer_alive(
                 r.group, r.topic, r.consumer_id, watch
@@ -401,6 +404,10 @@ class QueueManager:
         except ConfigServerError as e:
             log.warning("queue consumer %s: ZooKeeper check deferred: %s", r.consumer_id, e)
             alive = True
+        finally:
+            fired = self._zk_joining.pop(token, False)
+        if fired and alive and not conn.closed:  # the node changed before we joined
+            self._spawn(self._zk_recheck(conn, (r.topic, r.group), r.consumer_id))
         if conn.closed:
             self.cluster.forget_watch(watch)
             return
@@ -412,6 +419,8 @@ class QueueManager:
 
     def _zk_changed(self, conn: Connection, key: tuple[str, str], zk_id: str) -> None:
         """The watch on a consumer's node fired: check it again (on the loop)."""
+        if (conn, key, zk_id) in self._zk_joining:
+            self._zk_joining[(conn, key, zk_id)] = True  # checked again once joined
         self._spawn(self._zk_recheck(conn, key, zk_id))
 
     async def _zk_recheck(self, conn: Connection, key: tuple[str, str], zk_id: str) -> None:

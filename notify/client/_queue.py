@@ -316,42 +316,20 @@ class AsyncQueueConsumer:
         t.add_done_callback(self._listener_tasks.discard)
 
     def _start_async(self, msg: QueueMessage) -> None:
-        """Run an ``async def`` listener at once, in this loop turn: one that finishes
-        without suspending costs no task (most listeners of a fast consumer); one that
-        suspends goes on in a task from where it stopped (what 3.12's eager tasks do)."""
-        assert self.listener is not None
-        coro = cast(Coroutine[Any, Any, Any], self.listener(msg))
-        try:
-            yielded = coro.send(None)
-        except StopIteration:
-            self._settle(msg, None)
-            return
-        except Exception as e:
-            self._settle(msg, e)
-            return
-        t = asyncio.get_running_loop().create_task(self._resume(coro, yielded, msg))
+        """Run an ``async def`` listener in a task of its own (listeners run concurrently,
+        up to the credit)."""
+        t = asyncio.get_running_loop().create_task(self._run_async(msg))
         self._listener_tasks.add(t)
         t.add_done_callback(self._listener_tasks.discard)
 
-    async def _resume(self, coro: Any, yielded: Any, msg: QueueMessage) -> None:
-        """Drive a listener coroutine :meth:`_start_async` started: wait for what it
-        waits for, then resume it, until it returns or raises."""
+    async def _run_async(self, msg: QueueMessage) -> None:
+        assert self.listener is not None
         try:
-            while True:
-                if yielded is None:  # a bare yield (asyncio.sleep(0))
-                    await asyncio.sleep(0)
-                else:  # a future it awaits: wait for it as its task would have
-                    yielded._asyncio_future_blocking = False
-                    with contextlib.suppress(Exception):
-                        await yielded  # its outcome reaches the coroutine when resumed
-                yielded = coro.send(None)
-        except StopIteration:
-            self._settle(msg, None)
-        except asyncio.CancelledError:
-            coro.close()
-            raise
+            await cast(Coroutine[Any, Any, Any], self.listener(msg))
         except Exception as e:
             self._settle(msg, e)
+        else:
+            self._settle(msg, None)
 
     def _settle(self, msg: QueueMessage, error: BaseException | None) -> None:
         """A listener's outcome: accept on return, release on an exception. Not waited

@@ -13,6 +13,7 @@ Under the root (``zk.zkRoot``, default ``/meta``); parents are persistent, leave
     consumers/<group>/ids/<consumerId>            topic1,topic2                      ephemeral
     consumers/<group>/owners/<topic>/<id>-<part>  <consumerId>                       ephemeral
     consumers/<group>/offsets/<topic>/<id>-<part> <msgId>-<offset>   (notify.offsets.zookeeper)
+    consumers/<group>/queue-ids/<topic>/<consumerId>  <topic>  (notify queue consumer)  ephemeral
 
 ``topics-pub`` nodes exist only for topics with ``acceptPublish``, ``topics-sub`` nodes only
 with ``acceptSubscribe``; a slave never registers ``topics-pub``. Values are UTF-8 without a
@@ -218,6 +219,14 @@ class Layout:
 
     def owner_node(self, group: str, topic: str, partition: str) -> str:
         return f"{self.owners_dir(group, topic)}/{_name('partition', partition)}"
+
+    def queue_consumer_node(self, group: str, topic: str, consumer_id: str) -> str:
+        """A live consumer of queue group ``group`` of ``topic`` (notify's extension beside
+        MetaQ's ``ids``; brokers drop the consumer when this node goes, README "Queues")."""
+        return (
+            f"{self.group_dir(group)}/queue-ids/{_name('topic', topic)}/"
+            f"{_name('consumer id', consumer_id)}"
+        )
 
     def offset_node(self, group: str, topic: str, partition: str) -> str:
         """Where :class:`notify.offsets.ZooKeeperOffsetStore` keeps the group's offset."""

@@ -590,6 +590,34 @@ class ConfigServer:
             return
         await self._delete_mine(self.layout.consumer_node(group, consumer_id))
 
+    @property
+    def embedded_backend(self) -> bool:
+        """True for the in-process tree (other processes do not see its nodes)."""
+        return isinstance(self.store, MemoryNodeStore)
+
+    async def register_queue_consumer(self, group: str, topic: str, consumer_id: str) -> None:
+        """``consumers/<group>/queue-ids/<topic>/<consumerId>`` (ephemeral, this session).
+        Not re-created after LOST: the queue consumer registers again before it subscribes
+        again (the brokers drop it when the node goes)."""
+        try:
+            await self._ephemeral(
+                self.layout.queue_consumer_node(group, topic, consumer_id), topic.encode()
+            )
+        except ConfigServerError as e:
+            self._note_failure(e)
+            raise
+
+    async def unregister_queue_consumer(self, group: str, topic: str, consumer_id: str) -> None:
+        """Remove the queue consumer's node if this session holds it."""
+        await self._delete_mine(self.layout.queue_consumer_node(group, topic, consumer_id))
+
+    async def queue_consumer_alive(
+        self, group: str, topic: str, consumer_id: str, watch: WatchCallback | None = None
+    ) -> bool:
+        """Whether the queue consumer's node exists; ``watch`` fires when that may change."""
+        path = self.layout.queue_consumer_node(group, topic, consumer_id)
+        return await self.store.exists(path, self._arm(watch)) is not None
+
     async def group_members(
         self, group: str, watch: WatchCallback | None = None
     ) -> dict[str, tuple[str, ...]]:

@@ -226,6 +226,7 @@ class SystemConfig:
     queue_max_dead_letters: int = 10_000
     queue_max_release_delay_ms: int = 3_600_000
     queue_checkpoint_interval_ms: int = 10_000
+    queue_retention_hold_bytes: int = 1 << 30
 
     @property
     def tx_log_path(self) -> Path:
@@ -351,6 +352,7 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "queueMaxDeadLetters": ("queue_max_dead_letters", _int),
     "queueMaxReleaseDelay": ("queue_max_release_delay_ms", _int),
     "queueCheckpointInterval": ("queue_checkpoint_interval_ms", _int),
+    "queueRetentionHoldBytes": ("queue_retention_hold_bytes", _int),
 }
 _ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "zk.zkEnable": ("zk_enable", _bool),
@@ -473,6 +475,7 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "queueMaxDeadLetters": (0, 1_000_000),
     "queueMaxReleaseDelay": (0, 30 * _DAY_MS),
     "queueCheckpointInterval": (100, _DAY_MS),
+    "queueRetentionHoldBytes": (0, 1 << 50),
     "memoryMaxBytes": (4096, 1 << 40),
     "zk.zkSessionTimeoutMs": (1, _DAY_MS),
     "zk.zkConnectionTimeoutMs": (1, _DAY_MS),

@@ -39,6 +39,7 @@ from notify.store.manager import MessageStore
 from notify.store.retention import (
     LIVE_CONSUMER_S,
     RetentionResult,
+    hold_for_queues,
     plan_cut,
     quartz_trigger,
     remove_before,
@@ -166,6 +167,8 @@ class Broker:
         # configserver: register (ephemeral; ZooKeeper or embedded), find the master
         self.registrar = BrokerRegistrar(self.config)
         await self.registrar.start(self.host, self.port, self.store.topics)
+        if self.registrar.enabled and service.queues is not None:
+            service.queues.cluster = self.registrar.server  # ZooKeeper-driven removal
         pausepoint("broker.start.registered")
         self.config = await resolve_master(self.registrar, self.config)
         self._start_replication()
@@ -443,6 +446,15 @@ class Broker:
             seen = self.service.consumer_positions.get((topic, part.index), {})
             live = [off for off, t in seen.values() if now - t < LIVE_CONSUMER_S]
             cut, kept = plan_cut(part, tc.delete_policy, live, tc.retention_ignores_consumers)
+            queues = self.service.queues
+            if queues is not None and cut > part.min_offset:  # README "Queues": retention
+                floor = queues.retention_floor(topic, part.index)
+                hold = self.config.system.queue_retention_hold_bytes
+                held = hold_for_queues(part, cut, floor, hold)
+                if held < cut:
+                    log.debug("retention %s-%d: expired data kept for queue groups from %d",
+                             topic, part.index, held)
+                cut = held
             if cut <= part.min_offset:
                 if kept:
                     log.info(
@@ -453,6 +465,8 @@ class Broker:
                 paths = [s.path for s in part.segments[:-1] if s.end <= cut]
                 await loop.run_in_executor(None, zip_segments, paths)
             out.append(remove_before(part, cut, tc.delete_policy, kept))
+            if self.service.queues is not None:
+                self.service.queues.retention_cut(topic, part.index, part.min_offset)
         return out
 
 

@@ -293,6 +293,10 @@ class Connection(asyncio.Protocol):
             return
         self._arm()
 
+    def hard_close(self, last: bytes) -> None:
+        """Close now, with ``last`` as a last word if the client is reading."""
+        self._hard_close(last)
+
     def _hard_close(self, last: bytes) -> None:
         """Close now: a last word if the client is reading, abort if it is not."""
         t = self.transport

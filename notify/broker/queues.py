@@ -13,6 +13,11 @@ What it does with the wire verbs (``qsub``, ``qack``, ``qunsub``; README "Queues
   the group-committed fsync covering them, so an answered accept is never redelivered;
 * a closed connection or a ``qunsub`` returns what the consumer held at once; one timer
   per group fires at the earliest lock deadline or delayed release;
+* cluster mode (ZooKeeper): a ``qsub`` naming a consumer id is accepted only while the
+  consumer's node ``consumers/<group>/queue-ids/<topic>/<id>`` exists, and the broker
+  watches it: when it goes (the consumer's session ended: process frozen, network cut,
+  even with the TCP connection still open) the connection is closed at once, so what
+  the consumer held is available again;
 * every ``queueCheckpointInterval`` ms (when something was logged) the compact form of
   every group is written as the log's checkpoint and older log segments are deleted.
 
@@ -33,18 +38,22 @@ starts its queue groups from its own (empty) queue log.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import re
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from configserver import ConfigServer, ConfigServerError
 from notify.config import ServerConfig, SystemConfig
 from notify.core.queues import (
     CODE_STATES,
     STATE_CODES,
+    Delivery,
     Finished,
     MsgState,
     QueueGroup,
@@ -63,6 +72,7 @@ from notify.protocol.frames import (
     encode_result,
 )
 from notify.store.manager import MessageStore
+from notify.store.partition import Partition
 from txlog import Checkpoint, Position, TxLog, TxLogConfig
 
 if TYPE_CHECKING:
@@ -78,6 +88,8 @@ MAX_REFUSALS_SHOWN: Final = 16
 DELIVER_LOG_DELAY_S: Final = 0.005
 #: Largest checkpoint (compact form of every group) the queue log accepts.
 MAX_SNAPSHOT_BYTES: Final = 1 << 30
+#: ``qack`` item kinds as they come on the wire
+_ACK_KINDS: Final = {b"A": "A", b"R": "R", b"X": "X", b"N": "N"}
 GROUP_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
@@ -97,6 +109,9 @@ def limits_of(sysc: SystemConfig) -> QueueLimits:
 class _Sub:
     conn: Connection
     opaque: int
+    #: cluster mode: the consumer's ZooKeeper id and the watch on its node
+    zk_id: str = ""
+    watch: Callable[[], None] | None = None
 
 
 @dataclass(slots=True)
@@ -106,6 +121,8 @@ class _Group:
     timer: asyncio.TimerHandle | None = None
     timer_at: float = 0.0
     next_part: int = 0
+    #: consumers dropped because their ZooKeeper node went
+    zk_removed: int = 0
 
 
 class QueueManager:
@@ -131,6 +148,11 @@ class QueueManager:
         self._deliver_timer: asyncio.TimerHandle | None = None
         self.lost_to_retention = 0
         self.ack_frames = 0
+        #: cluster mode: consumers are checked against their ZooKeeper nodes (README "Queues")
+        self.cluster: ConfigServer | None = None
+        self.zk_removed = 0
+        self._zk_tasks: set[asyncio.Task[None]] = set()
+        self._zk_joining: dict[tuple[Connection, tuple[str, str], str], bool] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -192,6 +214,9 @@ class QueueManager:
 
     async def close(self) -> None:
         """Final checkpoint, then close the log."""
+        self.cluster = None
+        for t in list(self._zk_tasks):
+            t.cancel()
         if self._ckpt_timer is not None:
             self._ckpt_timer.cancel()
         if self._deliver_timer is not None:
@@ -292,12 +317,11 @@ class QueueManager:
         if not fins:
             return None
         at = int(time.time() * 1000)
-        items = [
-            queuelog.DoneItem(f.partition, f.offset, f.next_offset, STATE_CODES[f.state],
-                              f.count, at)
-            for f in fins
-        ]
-        return self._append(queuelog.DONE, queuelog.encode_done(core.topic, core.group, items))
+        codes = STATE_CODES
+        rows = [(f.partition, f.offset, f.next_offset, codes[f.state], f.count, at) for f in fins]
+        return self._append(
+            queuelog.DONE, queuelog.encode_done_rows(core.topic, core.group, rows)
+        )
 
     def _sync_later(self, pos: object | None) -> None:
         """Make records durable soon when nobody waits for them (deliveries, expiries,
@@ -355,6 +379,74 @@ class QueueManager:
             return _send(conn, 400, r.opaque, "invalid group name: [A-Za-z0-9._-]{1,249}")
         if r.credit < 1:
             return _send(conn, 400, r.opaque, f"credit {r.credit} must be >= 1")
+        if r.consumer_id and self.cluster is not None:
+            self._spawn(self._join_registered(conn, r))
+        else:
+            self._join(conn, r, None)
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        t = self.loop.create_task(coro)
+        self._zk_tasks.add(t)
+        t.add_done_callback(self._zk_tasks.discard)
+
+    async def _join_registered(self, conn: Connection, r: QueueSubscribe) -> None:
+        """Cluster mode: join only while the consumer's ZooKeeper node exists, and watch it.
+        A ZooKeeper outage does not refuse the consumer: the watch fires once the broker's
+        session is back and the node is checked then."""
+        assert self.cluster is not None
+        watch = functools.partial(self._zk_changed, conn, (r.topic, r.group), r.consumer_id)
+        token = (conn, (r.topic, r.group), r.consumer_id)
+        self._zk_joining[token] = False
+        try:
+            alive = await self.cluster.queue_consumer_alive(
+                r.group, r.topic, r.consumer_id, watch
+            )
+        except ConfigServerError as e:
+            log.warning("queue consumer %s: ZooKeeper check deferred: %s", r.consumer_id, e)
+            alive = True
+        finally:
+            fired = self._zk_joining.pop(token, False)
+        if fired and alive and not conn.closed:  # the node changed before we joined
+            self._spawn(self._zk_recheck(conn, (r.topic, r.group), r.consumer_id))
+        if conn.closed:
+            self.cluster.forget_watch(watch)
+            return
+        if not alive:
+            self.cluster.forget_watch(watch)
+            path = self.cluster.layout.queue_consumer_node(r.group, r.topic, r.consumer_id)
+            return _send(conn, 409, r.opaque, f"queue consumer not registered at {path}")
+        self._join(conn, r, watch)
+
+    def _zk_changed(self, conn: Connection, key: tuple[str, str], zk_id: str) -> None:
+        """The watch on a consumer's node fired: check it again (on the loop)."""
+        if (conn, key, zk_id) in self._zk_joining:
+            self._zk_joining[(conn, key, zk_id)] = True  # checked again once joined
+        self._spawn(self._zk_recheck(conn, key, zk_id))
+
+    async def _zk_recheck(self, conn: Connection, key: tuple[str, str], zk_id: str) -> None:
+        cid = self.by_conn.get(conn, {}).get(key)
+        g = self.groups.get(key)
+        sub = None if cid is None or g is None else g.subs.get(cid)
+        if sub is None or sub.zk_id != zk_id or sub.watch is None or self.cluster is None:
+            return  # gone or subscribed again under another id
+        try:
+            alive = await self.cluster.queue_consumer_alive(key[1], key[0], zk_id, sub.watch)
+        except ConfigServerError:
+            return  # the watch is armed: it fires again once the session is back
+        if alive or g is None or conn.closed or self.by_conn.get(conn, {}).get(key) != cid:
+            return
+        self.zk_removed += 1
+        g.zk_removed += 1
+        log.warning(
+            "queue group %s/%s: consumer %s removed (its ZooKeeper session ended); closing "
+            "its connection %s", key[0], key[1], zk_id, getattr(conn, "peer", "?"),
+        )
+        self.connection_closed(conn)  # what it held is available again at once
+        conn.hard_close(encode_result(410, sub.opaque, b"queue consumer's ZooKeeper node is gone"))
+
+    def _join(
+        self, conn: Connection, r: QueueSubscribe, watch: Callable[[], None] | None
+    ) -> None:
         key = (r.topic, r.group)
         g = self.groups.get(key)
         if g is None:
@@ -372,9 +464,12 @@ class QueueManager:
         if cid is None:
             self._cid += 1
             cid = subs[key] = self._cid
-            g.subs[cid] = _Sub(conn, r.opaque)
+            g.subs[cid] = _Sub(conn, r.opaque, r.consumer_id, watch)
         else:
-            g.subs[cid].opaque = r.opaque
+            sub = g.subs[cid]
+            if sub.watch is not None and sub.watch is not watch and self.cluster is not None:
+                self.cluster.forget_watch(sub.watch)
+            sub.opaque, sub.zk_id, sub.watch = r.opaque, r.consumer_id, watch
         granted = g.core.add_consumer(cid, r.credit)
         _send(conn, 200, r.opaque, str(granted))
         self.pump(g)
@@ -404,7 +499,9 @@ class QueueManager:
         g = self.groups.get(key)
         if g is None:
             return
-        g.subs.pop(cid, None)
+        sub = g.subs.pop(cid, None)
+        if sub is not None and sub.watch is not None and self.cluster is not None:
+            self.cluster.forget_watch(sub.watch)
         fins = g.core.remove_consumer(cid, self._now_ms())
         self._sync_later(self._log_finished(g.core, fins))
         self.pump(g)
@@ -423,35 +520,28 @@ class QueueManager:
             return _send(conn, 404, r.opaque, f"not subscribed to queue group {r.group!r}")
         core = g.core
         now = self._now_ms()
-        applied = 0
         refused: list[str] = []
         nrefused = 0
-        fins: list[Finished] = []
+        kinds = _ACK_KINDS
+        items: list[tuple[str, int, int, int]] = []
         for line in r.items.split(b"\n"):
-            if not line.strip():
-                continue
             t = line.split()
+            if not t:
+                continue
             try:
-                if len(t) not in (3, 4) or (len(t) == 4 and t[0] != b"R"):
+                n = len(t)
+                if n != 3 and (n != 4 or t[0] != b"R"):
                     raise ValueError
-                kind = t[0].decode("ascii")
-                part, off = int(t[1]), int(t[2])
-                delay = int(t[3]) if len(t) == 4 else 0
+                kind = kinds.get(t[0]) or t[0].decode("ascii")
+                items.append((kind, int(t[1]), int(t[2]), int(t[3]) if n == 4 else 0))
             except (ValueError, UnicodeDecodeError):
                 nrefused += 1
                 core.refused_acks += 1
                 if len(refused) < MAX_REFUSALS_SHOWN:
                     refused.append(f"malformed item {line[:40].decode('latin-1')!r}")
-                continue
-            res = core.ack(cid, kind, part, off, delay, now)
-            if res.applied:
-                applied += 1
-                if res.finished is not None:
-                    fins.append(res.finished)
-            else:
-                nrefused += 1
-                if len(refused) < MAX_REFUSALS_SHOWN:
-                    refused.append(res.refused)
+        applied, why, fins = core.ack_many(cid, items, now)
+        nrefused += len(why)
+        refused += why[: max(0, MAX_REFUSALS_SHOWN - len(refused))]
         body = "\n".join([f"{applied} {nrefused}", *refused])
         pos = self._log_finished(core, fins)
         if pos is None:
@@ -486,9 +576,11 @@ class QueueManager:
         now = self._now_ms()
         fins = core.expire(now)
         counts: list[tuple[int, int, int]] = []
+        chunks: dict[int, tuple[int, memoryview]] = {}
         while True:
+            chunks.clear()
             if core.wants_records():
-                self._fill(g)
+                self._fill(g, chunks)
             deliveries = core.dispatch(now)
             dead = core.take_exhausted()
             fins += dead
@@ -497,21 +589,42 @@ class QueueManager:
                     continue
                 break
             counts += [(d.partition, d.offset, d.count) for d in deliveries]
-            for d in deliveries:
-                sub = g.subs[d.consumer]
-                part = self.store.get(core.topic, d.partition)
-                if part is None:  # cannot happen: partitions are never removed while running
-                    continue
-                data = part.read_raw(d.offset, d.length)
-                sub.conn.send(
-                    encode_qmsg(sub.opaque, d.partition, d.offset, d.count, len(data)) + data
-                )
+            self._push(g, deliveries, chunks)
         if counts:  # delivery counts survive a crash once logged and fsynced (README "Queues")
             self._note_deliveries(core, counts)
         self._sync_later(self._log_finished(core, fins))
         self._arm(g)
 
-    def _fill(self, g: _Group) -> None:
+    def _push(
+        self, g: _Group, deliveries: list[Delivery], chunks: dict[int, tuple[int, memoryview]]
+    ) -> None:
+        """One ``qmsg`` frame per delivery, one write per consumer; the records come from
+        what :meth:`_fill` just read when they are in it (one read for many), else from
+        the store (redeliveries)."""
+        frames: dict[int, list[bytes | memoryview]] = {}
+        parts: dict[int, Partition | None] = {}
+        topic = g.core.topic
+        subs = g.subs
+        for d in deliveries:
+            p, off, length = d.partition, d.offset, d.length
+            ch = chunks.get(p)
+            data: bytes | memoryview
+            if ch is not None and ch[0] <= off and off + length <= ch[0] + len(ch[1]):
+                data = ch[1][off - ch[0] : off - ch[0] + length]
+            else:
+                part = parts.get(p) if p in parts else parts.setdefault(p, self.store.get(topic, p))
+                if part is None:  # cannot happen: partitions are never removed while running
+                    continue
+                data = part.read_raw(off, length)
+            out = frames.get(d.consumer)
+            if out is None:
+                out = frames[d.consumer] = []
+            out.append(encode_qmsg(subs[d.consumer].opaque, p, off, d.count, len(data)))
+            out.append(data)
+        for cid, out in frames.items():
+            subs[cid].conn.send(b"".join(out))
+
+    def _fill(self, g: _Group, chunks: dict[int, tuple[int, memoryview]]) -> None:
         """Read records at the frontiers, partitions in turn, while the window has room."""
         core = g.core
         parts = sorted(core.parts)
@@ -530,14 +643,19 @@ class QueueManager:
             try:
                 sl = part.slice(ps.frontier, READ_WINDOW, 1 << 31)
             except OffsetOutOfRangeError as e:
-                if ps.frontier < e.nearest:
-                    self.lost_to_retention += 1
-                    log.warning(
-                        "queue group %s/%s: %s-%d below %d was deleted by retention unread",
-                        core.topic, core.group, core.topic, p, e.nearest,
-                    )
-                    core.skip_to(p, e.nearest)
-                continue
+                if ps.frontier >= e.nearest or ps.entries:
+                    continue
+                self.lost_to_retention += 1
+                core.retention_skipped_bytes += e.nearest - ps.frontier
+                log.warning(
+                    "queue group %s/%s: %s-%d below %d was deleted by retention unread",
+                    core.topic, core.group, core.topic, p, e.nearest,
+                )
+                core.skip_to(p, e.nearest)
+                try:  # read on at the store's first offset
+                    sl = part.slice(ps.frontier, READ_WINDOW, 1 << 31)
+                except OffsetOutOfRangeError:
+                    continue
             if sl is None:
                 continue
             data = sl.segment.read(sl.file_pos, sl.length)
@@ -545,7 +663,31 @@ class QueueManager:
             share = max(16, core.free_credit())
             recs = _record_spans(data, ps.frontier, min(core.room(), share))
             if recs:
+                chunks[p] = (ps.frontier, memoryview(data))  # pushed from here (_push)
                 core.add_records(p, recs)
+
+    def retention_floor(self, topic: str, partition: int) -> int | None:
+        """The lowest offset of ``topic``-``partition`` a queue group may still read (what
+        retention holds for, up to ``queueRetentionHoldBytes``); None: no queue group."""
+        needs = [
+            n for g in self._by_topic.get(topic, ()) if (n := g.core.needed(partition)) is not None
+        ]
+        return min(needs) if needs else None
+
+    def retention_cut(self, topic: str, partition: int, min_offset: int) -> None:
+        """Retention deleted ``topic``-``partition`` below ``min_offset``: groups that still
+        needed some of it skip what they had not read and dead-letter what they tracked
+        (``stats queues``: retention_skipped_bytes, retention_dropped)."""
+        for g in self._by_topic.get(topic, ()):
+            need = g.core.needed(partition)
+            if need is not None and need < min_offset:
+                log.warning(
+                    "queue group %s/%s: retention deleted %s-%d below %d, the group was at %d",
+                    topic, g.core.group, topic, partition, min_offset, need,
+                )
+                g.core.set_floor(partition, min_offset)
+                self._dirty = True
+                self.pump(g)
 
     def _arm(self, g: _Group) -> None:
         """One timer per group at its earliest lock deadline or delayed release."""
@@ -659,7 +801,7 @@ class QueueManager:
         for (topic, group), g in sorted(self.groups.items()):
             c = g.core.counts()
             lows = " ".join(f"{p}:{ps.low_water}" for p, ps in sorted(g.core.parts.items()))
-            figures = " ".join(f"{k}={v}" for k, v in c.items())
+            figures = " ".join(f"{k}={v}" for k, v in [*c.items(), ("zk_removed", g.zk_removed)])
             out.append((f"{topic}/{group}", f"{figures} low_water={lows or '-'}"))
         return out
 

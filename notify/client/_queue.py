@@ -11,6 +11,11 @@ they are durable. Use ``async for msg in consumer`` and ``await msg.ack()`` /
 message (plain callables on a thread), its return accepts the message and an exception
 releases it (redelivered, dead-lettered after ``queueMaxDeliveries``).
 
+Cluster mode (``connect(zk=...)`` on ZooKeeper): before each subscription the consumer
+registers ``consumers/<group>/queue-ids/<topic>/<consumerId>`` (ephemeral) and names its id
+in ``qsub``; a broker drops a consumer whose node goes (its session ended) by closing the
+connection, and the consumer registers and subscribes again once it can.
+
 :class:`QueueConsumer` and :class:`SyncQueueMessage` are the synchronous wrappers.
 """
 
@@ -18,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from typing import Any, cast
 
+from configserver import ConfigServer, ConfigServerError, new_consumer_id
 from notify.errors import ClientError, ConnectionLostError
 from notify.protocol.frames import Response, encode_line, encode_qack
 from notify.protocol.records import HEADER, HEADER_SIZE, split_payload
@@ -116,6 +123,14 @@ class _Broker:
         backoff = RECONNECT_MIN_S
         o = self.owner
         while not o.closed:
+            if o.cluster is not None:
+                try:
+                    await o.cluster.register_queue_consumer(o.group, o.topic, o.consumer_id)
+                except ConfigServerError as e:
+                    log.info("queue consumer: cannot register in ZooKeeper: %s", e)
+                    await asyncio.sleep(backoff)
+                    backoff = min(RECONNECT_MAX_S, backoff * 2)
+                    continue
             try:
                 conn = await open_connection(self.address, o.options)
             except ClientError as e:
@@ -126,9 +141,12 @@ class _Broker:
             conn.push_handler = self._on_push
             self.conn = conn
             try:
-                r = await conn.request(
-                    lambda op: encode_line("qsub", o.topic, o.group, o.credit, o.start, op)
-                )
+                qsub: list[object] = ["qsub", o.topic, o.group, o.credit, o.start]
+                if o.cluster is not None:
+                    qsub.append(o.consumer_id)
+                r = await conn.request(functools.partial(_encode_qsub, qsub))
+                if r.code == 409:  # our ZooKeeper node went in the meantime: register again
+                    raise ConnectionLostError(r.body.decode(errors="replace"))
                 if r.code != 200:
                     text = r.body.decode(errors="replace")
                     raise ClientError(f"{self.address}: qsub refused ({r.code}): {text}")
@@ -161,18 +179,25 @@ class _Broker:
         self.owner.deliver(msg)
 
     def acknowledge(self, item: bytes) -> asyncio.Future[bool]:
-        """Queue one ``qack`` item; all items of this loop turn go in one frame."""
+        """Queue one ``qack`` item; all items of this loop turn go in one frame. The
+        future tells whether the broker applied it (durably)."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if not self.acknowledge_nowait(item):
+            fut.set_result(False)  # the broker released it when the connection dropped
+        else:
+            self._waiters.append((item, fut))
+        return fut
+
+    def acknowledge_nowait(self, item: bytes) -> bool:
+        """Queue one ``qack`` item nobody waits for; False when not connected."""
         conn = self.conn
         if conn is None or not conn.is_open:
-            fut.set_result(False)  # the broker released it when the connection dropped
-            return fut
+            return False
         self._items.append(item)
-        self._waiters.append((item, fut))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
-        return fut
+        return True
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -194,6 +219,10 @@ class _Broker:
                     f.set_result(False)
             return
         fut.add_done_callback(lambda f: _resolve(f, waiters))
+
+
+def _encode_qsub(tokens: list[object], opaque: int) -> bytes:
+    return encode_line(*tokens, opaque)
 
 
 def _resolve(
@@ -236,6 +265,7 @@ class AsyncQueueConsumer:
         credit: int = 100,
         listener: QueueListener | None = None,
         start: str = "earliest",
+        cluster: ConfigServer | None = None,
     ):
         if credit < 1:
             raise ClientError("credit must be >= 1")
@@ -248,11 +278,15 @@ class AsyncQueueConsumer:
         self.credit = credit
         self.start = start
         self.listener = listener
+        #: cluster mode (ZooKeeper): the registration brokers watch (README "Queues")
+        self.cluster = cluster
+        self.consumer_id = new_consumer_id(group)
         self.closed = False
         self.error: ClientError | None = None
         self._brokers: dict[str, _Broker] = {}
         self._queue: asyncio.Queue[QueueMessage] = asyncio.Queue()
         self._listener_tasks: set[asyncio.Task[None]] = set()
+        self._async_listener = inspect.iscoroutinefunction(listener)
 
     async def start_consuming(self, timeout_s: float = 10.0) -> None:
         """Subscribe on every broker holding the topic (waits for the first answers)."""
@@ -274,19 +308,46 @@ class AsyncQueueConsumer:
         if self.listener is None:
             self._queue.put_nowait(msg)  # bounded by the credit granted per broker
             return
+        if self._async_listener:
+            self._start_async(msg)
+            return
         t = asyncio.get_running_loop().create_task(self._run_listener(msg))
         self._listener_tasks.add(t)
         t.add_done_callback(self._listener_tasks.discard)
 
+    def _start_async(self, msg: QueueMessage) -> None:
+        """Run an ``async def`` listener in a task of its own (listeners run concurrently,
+        up to the credit)."""
+        t = asyncio.get_running_loop().create_task(self._run_async(msg))
+        self._listener_tasks.add(t)
+        t.add_done_callback(self._listener_tasks.discard)
+
+    async def _run_async(self, msg: QueueMessage) -> None:
+        assert self.listener is not None
+        try:
+            await cast(Coroutine[Any, Any, Any], self.listener(msg))
+        except Exception as e:
+            self._settle(msg, e)
+        else:
+            self._settle(msg, None)
+
+    def _settle(self, msg: QueueMessage, error: BaseException | None) -> None:
+        """A listener's outcome: accept on return, release on an exception. Not waited
+        for: the acknowledgement goes out with the others of this loop turn."""
+        if error is not None:
+            log.error("queue listener failed on %r: released for redelivery (%s: %s)",
+                      msg, type(error).__name__, error)
+            item = b"R %d %d 0" % (msg.partition, msg.offset)
+        else:
+            item = b"A %d %d" % (msg.partition, msg.offset)
+        msg._broker.acknowledge_nowait(item)
+
     async def _run_listener(self, msg: QueueMessage) -> None:
         assert self.listener is not None
         try:
-            if inspect.iscoroutinefunction(self.listener):
-                await self.listener(msg)
-            else:
-                res = await asyncio.get_running_loop().run_in_executor(None, self.listener, msg)
-                if inspect.isawaitable(res):
-                    await res
+            res = await asyncio.get_running_loop().run_in_executor(None, self.listener, msg)
+            if inspect.isawaitable(res):
+                await res
         except Exception:
             log.exception("queue listener failed on %r: released for redelivery", msg)
             await msg.release()
@@ -324,6 +385,11 @@ class AsyncQueueConsumer:
                 b.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await b.task
+        if self.cluster is not None:
+            with contextlib.suppress(ConfigServerError):
+                await self.cluster.unregister_queue_consumer(
+                    self.group, self.topic, self.consumer_id
+                )
 
     async def __aenter__(self) -> AsyncQueueConsumer:
         return self

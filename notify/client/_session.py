@@ -152,8 +152,13 @@ class AsyncMessageSessionFactory:
         the topic: the brokers push messages (at most ``credit`` unacknowledged per broker)
         and each is acknowledged (README "Queues"). ``start`` places a new group."""
         self._check_open()
+        cluster = self.cluster
+        if cluster is not None and cluster.embedded_backend:
+            cluster = None  # brokers in other processes cannot see an in-process tree
+        elif cluster is not None:
+            await self.start()
         c = AsyncQueueConsumer(
-            self.router, self.pool.options, topic, group, credit, listener, start
+            self.router, self.pool.options, topic, group, credit, listener, start, cluster
         )
         self._queue_consumers.append(c)
         await c.start_consuming(self.config.request_timeout_s)

@@ -59,6 +59,10 @@ class MsgState(Enum):
     REJECTED = "REJECTED"
     DEAD = "DEAD"
 
+    #: members are singletons: identity hash (C) instead of Enum's hash of the name, on
+    #: the per-message path (transition lookups, FINISHED membership)
+    __hash__ = object.__hash__
+
 
 class MsgEvent(Enum):
     """What can happen to a message of a queue group."""
@@ -72,6 +76,8 @@ class MsgEvent(Enum):
     CONSUMER_GONE = "consumer_gone"
     EXHAUSTED = "exhausted"
     REPLAY = "replay"
+
+    __hash__ = object.__hash__
 
 
 S, E = MsgState, MsgEvent
@@ -108,6 +114,8 @@ _TABLE: Final = TransitionTable(TRANSITIONS, QueueError)
 next_state = _TABLE.next_state
 #: Whether ``event`` may happen in ``state``.
 allowed = _TABLE.allowed
+#: The table's answer for the per-message push (looked up once, not per message).
+_ACQUIRED_FROM_AVAILABLE: Final = next_state(S.AVAILABLE, E.ACQUIRE)
 
 
 #: acknowledgement kinds on the wire (``qack`` items) and the event each one is
@@ -150,7 +158,7 @@ class Entry:
         return self.offset + self.length
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delivery:
     """Push message ``(partition, offset)`` (``length`` bytes) to ``consumer``."""
 
@@ -161,7 +169,7 @@ class Delivery:
     count: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Finished:
     """A message reached a finished state: log it (``state`` ACKNOWLEDGED/REJECTED/DEAD)."""
 
@@ -240,6 +248,10 @@ class QueueGroup:
         self.delivered = 0
         self.redelivered = 0
         self.refused_acks = 0
+        #: retention deleted the store below these offsets (partition -> offset)
+        self._floors: dict[int, int] = {}
+        self.retention_dropped = 0  # tracked messages whose record retention deleted
+        self.retention_skipped_bytes = 0  # unread bytes retention deleted
 
     # ------------------------------------------------------------------ partitions
 
@@ -291,6 +303,20 @@ class QueueGroup:
         """Records read from the store at the partition's frontier, ``(offset, length)`` in
         order; takes as many as the window has room for and returns how many it took."""
         ps = self.parts[partition]
+        room = self.limits.max_in_flight - self.tracked
+        if not ps.skip and not ps.counts and recs and recs[0][0] == ps.frontier:
+            # the usual case (nothing recovered to skip or count): records are contiguous
+            # (one read), so only the first needs checking against the frontier
+            entries, avail, available = ps.entries, self.available, S.AVAILABLE
+            take = recs[: max(0, room)]
+            for off, length in take:
+                e = Entry(partition, off, length, available, 0)
+                entries[off] = e
+                avail.append(e)
+            if take:
+                ps.frontier = take[-1][0] + take[-1][1]
+                self.tracked += len(take)
+            return len(take)
         taken = 0
         for off, length in recs:
             if off != ps.frontier:
@@ -325,6 +351,30 @@ class QueueGroup:
         ps.skip = {o: v for o, v in ps.skip.items() if o >= offset}
         ps.counts = {o: c for o, c in ps.counts.items() if o >= offset}
         return gap
+
+    def needed(self, partition: int) -> int | None:
+        """The lowest offset of ``partition`` the group may still read (unfinished or
+        replayed messages, or its read frontier); None for an unknown partition."""
+        ps = self.parts.get(partition)
+        if ps is None:
+            return None
+        low = ps.low_water
+        return min(low, min(ps.replayed)) if ps.replayed else low
+
+    def set_floor(self, partition: int, offset: int) -> None:
+        """Retention deleted ``partition`` below ``offset``: unread messages there are
+        skipped (bytes counted); tracked unfinished ones are dead-lettered instead of
+        delivered when their turn comes (counted; their record is gone, a replay of them
+        answers unknown). Acquired ones may still be acknowledged."""
+        ps = self.parts.get(partition)
+        if ps is None or offset <= self._floors.get(partition, 0):
+            return
+        self._floors[partition] = offset
+        if not ps.entries and ps.frontier < offset:
+            self.retention_skipped_bytes += self.skip_to(partition, offset)
+
+    def _below_floor(self, e: Entry) -> bool:
+        return e.offset < self._floors.get(e.partition, 0)
 
     # ------------------------------------------------------------------ consumers
 
@@ -366,6 +416,10 @@ class QueueGroup:
         rr = self._rr
         avail = self.available
         lock = self.limits.lock_ms
+        max_deliveries = self.limits.max_deliveries
+        locks = self._locks
+        acquired = _ACQUIRED_FROM_AVAILABLE
+        available = S.AVAILABLE
         while avail and rr:
             progressed = False
             for _ in range(len(rr)):
@@ -374,29 +428,41 @@ class QueueGroup:
                 cid = rr[0]
                 rr.rotate(-1)
                 c = self.consumers[cid]
-                if len(c.held) >= c.credit:
+                held = c.held
+                free = c.credit - len(held)
+                if free <= 0:
                     continue
-                e = avail.popleft()
-                if e.state is not S.AVAILABLE:  # replayed twice, or already finished
-                    continue
-                if e.count >= self.limits.max_deliveries:  # delivered up to the limit
-                    self._exhausted.append(self._finish(e, E.EXHAUSTED, now_ms))  # pre-crash
+                deadline = now_ms + lock
+                # up to a few messages for this consumer in a row (fewer rotations), still
+                # spread: at most a fair share of what is available
+                take = min(free, 1 + len(avail) // len(rr), 64)
+                while take > 0 and avail:
+                    e = avail.popleft()
+                    if e.state is not available:  # replayed twice, or already finished
+                        continue
+                    if e.count >= max_deliveries or (
+                        self._floors and self._below_floor(e)
+                    ):  # delivered up to the limit (before a crash), or its record is gone
+                        if e.count < max_deliveries:
+                            self.retention_dropped += 1
+                        self._exhausted.append(self._finish(e, E.EXHAUSTED, now_ms))
+                        progressed = True
+                        continue
+                    take -= 1
+                    e.state = acquired
+                    count = e.count = e.count + 1
+                    e.consumer = cid
+                    e.deadline = deadline
+                    held.add((e.partition, e.offset))
+                    self._seq += 1
+                    heapq.heappush(locks, (deadline, self._seq, e))
+                    if count > 1:
+                        self.redelivered += 1
+                    out.append(Delivery(cid, e.partition, e.offset, e.length, count))
                     progressed = True
-                    continue
-                e.state = next_state(e.state, E.ACQUIRE)
-                e.count += 1
-                e.consumer = cid
-                e.deadline = now_ms + lock
-                c.held.add((e.partition, e.offset))
-                self._seq += 1
-                heapq.heappush(self._locks, (e.deadline, self._seq, e))
-                if e.count > 1:
-                    self.redelivered += 1
-                self.delivered += 1
-                out.append(Delivery(cid, e.partition, e.offset, e.length, e.count))
-                progressed = True
             if not progressed:
                 break
+        self.delivered += len(out)
         return out
 
     def take_exhausted(self) -> list[Finished]:
@@ -463,7 +529,9 @@ class QueueGroup:
             self.available.appendleft(e)  # redeliveries go first
         return None
 
-    def _finish(self, e: Entry, event: MsgEvent, now_ms: float) -> Finished:
+    def _finish(
+        self, e: Entry, event: MsgEvent, now_ms: float, advance: bool = True
+    ) -> Finished:
         e.state = next_state(e.state, event)
         e.consumer = 0
         if e.state is not S.ACKNOWLEDGED:
@@ -471,9 +539,10 @@ class QueueGroup:
                                       int(now_ms)))
         f = Finished(e.partition, e.offset, e.next_offset, e.state, e.count)
         ps = self.parts[e.partition]
-        if ps.replayed.pop(e.offset, None) is not None:
+        if ps.replayed and ps.replayed.pop(e.offset, None) is not None:
             self.tracked -= 1
-        self._advance(ps)
+        if advance:
+            self._advance(ps)
         return f
 
     def _add_dead(self, d: DeadLetter) -> None:
@@ -486,13 +555,16 @@ class QueueGroup:
     def _advance(self, ps: PartState) -> None:
         """Drop finished messages at the low-water offset (the window shrinks)."""
         entries = ps.entries
-        while entries:
-            off = next(iter(entries))
-            if entries[off].state not in FINISHED:
+        gone = []
+        for off, e in entries.items():  # one pass, deletions after it
+            if e.state not in FINISHED:
                 break
+            gone.append(off)
+        for off in gone:
             del entries[off]
-            self.tracked -= 1
-        self._skip_finished(ps)
+        self.tracked -= len(gone)
+        if not entries:
+            self._skip_finished(ps)
 
     def _entry(self, partition: int, offset: int) -> Entry | None:
         ps = self.parts.get(partition)
@@ -528,6 +600,40 @@ class QueueGroup:
         if event is E.RELEASE:
             return AckResult(True, finished=self._return(e, E.RELEASE, now_ms, delay_ms))
         return AckResult(True, finished=self._finish(e, event, now_ms))
+
+    def ack_many(
+        self, cid: int, items: list[tuple[str, int, int, int]], now_ms: float
+    ) -> tuple[int, list[str], list[Finished]]:
+        """:meth:`ack` for the items of one ``qack`` frame, ``(kind, partition, offset,
+        delay_ms)``: ``(applied, refusal reasons, finished items to log)``. Accepts, the
+        bulk of them, take a short path; the low-water offsets advance once per frame."""
+        c = self.consumers.get(cid)
+        parts = self.parts
+        acquired = S.ACQUIRED
+        applied = 0
+        refused: list[str] = []
+        fins: list[Finished] = []
+        touched: set[int] = set()
+        for kind, p, off, delay in items:
+            if kind == "A" and c is not None:
+                ps = parts.get(p)
+                e = None if ps is None else ps.entries.get(off) or ps.replayed.get(off)
+                if e is not None and e.state is acquired and e.consumer == cid:
+                    c.held.discard((p, off))
+                    fins.append(self._finish(e, E.ACCEPT, now_ms, advance=False))
+                    touched.add(p)
+                    applied += 1
+                    continue
+            res = self.ack(cid, kind, p, off, delay, now_ms)
+            if res.applied:
+                applied += 1
+                if res.finished is not None:
+                    fins.append(res.finished)
+            else:
+                refused.append(res.refused)
+        for p in touched:
+            self._advance(parts[p])
+        return applied, refused, fins
 
     def _refuse(self, why: str) -> AckResult:
         self.refused_acks += 1
@@ -663,4 +769,6 @@ class QueueGroup:
             "delivered": self.delivered,
             "redelivered": self.redelivered,
             "refused_acks": self.refused_acks,
+            "retention_dropped": self.retention_dropped,
+            "retention_skipped_bytes": self.retention_skipped_bytes,
         }

@@ -59,9 +59,11 @@ notify extensions (old clients never send them; old brokers answer them with an 
 
 Queue subscriptions (Notify-style push with per-message acknowledgement; README "Queues")::
 
-    qsub <topic> <group> <credit> <start> <opaque>\\r\\n
+    qsub <topic> <group> <credit> <start> [<consumerId>] <opaque>\\r\\n
         join queue group <group> of <topic> on this connection; <start> (earliest|latest)
-        places a new group's partitions. Reply body: the credit granted. Messages then
+        places a new group's partitions; <consumerId> (cluster mode): the consumer's
+        ZooKeeper node (README "Queues"), 409 when it is not registered. Reply body: the
+        credit granted. Messages then
         arrive as ``qmsg`` frames carrying this opaque, at most <credit> unacknowledged
     qmsg <subOpaque> <partition> <offset> <deliveryCount> <len>\\r\\n<record>  (to the client)
     qack <topic> <group> <len> <opaque>\\r\\n<items>
@@ -296,6 +298,8 @@ class QueueSubscribe:
     credit: int
     start: str
     opaque: int
+    #: cluster mode: the consumer's id under ``consumers/<group>/queue-ids/<topic>/``
+    consumer_id: str = ""
 
 
 @dataclass(slots=True)
@@ -387,7 +391,7 @@ _LINE_COUNTS: Final = {
     b"transaction": (5, 7),
     b"auth": (3, 3),
     b"register": (3, 4),
-    b"qsub": (6, 6),
+    b"qsub": (6, 7),
     b"qunsub": (4, 4),
 }
 
@@ -772,9 +776,10 @@ class RequestParser:
 
 def _decode_queue_line(cmd: bytes, t: list[bytes]) -> Request:
     n = len(t)
-    want = _LINE_COUNTS[cmd][0]
+    least, most = _LINE_COUNTS[cmd]
     name = cmd.decode()
-    if n != want:
+    if not least <= n <= most:
+        want = str(least) if least == most else f"{least} or {most}"
         raise ProtocolError(f"{name}: expected {want} tokens, got {n}", 400, _opaque_of(t))
     opaque = _int(t[-1], "opaque", 0)
     topic = _text(t[1], "topic", opaque)
@@ -785,7 +790,8 @@ def _decode_queue_line(cmd: bytes, t: list[bytes]) -> Request:
     if start not in ("earliest", "latest"):
         raise ProtocolError(f"qsub: start must be earliest or latest, got {start[:20]!r}", 400,
                             opaque)
-    return QueueSubscribe(topic, group, _int(t[3], "credit", opaque), start, opaque)
+    consumer_id = _text(t[5], "consumerId", opaque) if n == 7 else ""
+    return QueueSubscribe(topic, group, _int(t[3], "credit", opaque), start, opaque, consumer_id)
 
 
 def _is_key_qualifier(key: str, slot: bytes) -> bool:

@@ -131,9 +131,21 @@ def decode_group(body: bytes) -> tuple[str, str, dict[int, int]]:
 
 
 def encode_done(topic: str, group: str, items: list[DoneItem]) -> bytes:
-    return _s(topic) + _s(group) + _U32.pack(len(items)) + b"".join(
-        _DONE.pack(i.partition, i.offset, i.next_offset, i.state, min(i.count, 65535), i.at_ms)
-        for i in items
+    return encode_done_rows(
+        topic,
+        group,
+        [(i.partition, i.offset, i.next_offset, i.state, i.count, i.at_ms) for i in items],
+    )
+
+
+def encode_done_rows(
+    topic: str, group: str, rows: list[tuple[int, int, int, int, int, int]]
+) -> bytes:
+    """DONE body from ``(partition, offset, next_offset, state, count, at_ms)`` rows (the
+    broker's per-acknowledgement path: no DoneItem per message)."""
+    pack = _DONE.pack
+    return _s(topic) + _s(group) + _U32.pack(len(rows)) + b"".join(
+        [pack(p, o, nx, st, c if c < 65535 else 65535, at) for p, o, nx, st, c, at in rows]
     )
 
 

@@ -6,6 +6,9 @@
 never touched. Unless the topic sets ``retentionIgnoresConsumers=true``, a segment holding an
 offset that a consumer fetched within the last ``LIVE_CONSUMER_S`` seconds, or any segment
 after it, is kept: a live consumer never loses messages it has not read yet.
+Queue groups (README "Queues") are held for too, bounded: :func:`hold_for_queues` keeps
+expired segments a queue group has not finished, at most ``queueRetentionHoldBytes`` per
+partition (0: not held).
 
 ``deleteWhen`` is Quartz cron (``sec min hour day-of-month month day-of-week [year]``,
 e.g. ``0 0 6,18 * * ?``), converted to an APScheduler CronTrigger by :func:`quartz_trigger`.
@@ -66,6 +69,22 @@ def plan_cut(
             break
         cut = seg.end
     return cut, kept
+
+
+def hold_for_queues(part: Partition, cut: int, floor: int | None, max_hold: int) -> int:
+    """The cut once expired segments a queue group still needs are kept: those ending
+    after ``floor`` (the lowest offset a queue group may still read; None: none), as long
+    as the expired bytes kept stay within ``max_hold`` (older ones go anyway)."""
+    if floor is None or floor >= cut or max_hold <= 0:
+        return cut
+    new = part.min_offset
+    for seg in part.segments[:-1]:
+        if seg.end > cut:
+            break
+        if seg.end > floor and cut - seg.start <= max_hold:
+            break  # this one and the younger ones are kept
+        new = seg.end
+    return new
 
 
 def zip_segments(paths: list[Path]) -> None:

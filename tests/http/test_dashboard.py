@@ -8,6 +8,8 @@ failed when ``CI`` is set. The screenshot is kept as ``tests/artifacts/dashboard
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import os
 import shutil
@@ -18,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from notify.testing import BrokerProcess
@@ -158,3 +161,99 @@ def test_dashboard_with_auth(
     assert 'data-ready="1"' in html and "secured" in html, html[:2000]
     assert "auth on" in html
     assert "metrics?token=dash-pw" in html  # links keep the token
+
+
+def _devtools_eval(browser: str, tmp: Path, url: str, expression: str) -> str:
+    """Open ``url`` in headless Chromium and evaluate ``expression`` (a promise) in the page
+    through the DevTools protocol (loopback); its string value."""
+    profile = tmp / f"profile-{time.monotonic_ns()}"
+    proc = subprocess.Popen(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", f"--user-data-dir={profile}",
+         "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", url],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+    async def run() -> str:
+        last: object = None
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not port_file.exists() or not port_file.read_text().strip():
+            assert time.monotonic() < deadline, "chromium did not open its DevTools port"
+            await asyncio.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        async with aiohttp.ClientSession() as s:
+            while True:
+                async with s.get(f"http://127.0.0.1:{port}/json/list") as r:
+                    pages = [t for t in await r.json() if t["type"] == "page"]
+                if pages:
+                    break
+                await asyncio.sleep(0.1)
+            async with s.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                for attempt in range(1, 50):  # the first ones may run before the page loaded
+                    await ws.send_json({"id": attempt, "method": "Runtime.evaluate", "params": {
+                        "expression": expression, "awaitPromise": True, "returnByValue": True}})
+                    async for m in ws:
+                        reply = json.loads(m.data)
+                        if reply.get("id") == attempt:
+                            break
+                    res = reply.get("result")
+                    if res is not None and "exceptionDetails" not in res:
+                        return str(res["result"]["value"])
+                    last = reply
+                    await asyncio.sleep(0.2)
+        raise AssertionError(f"no answer from the page: {last}")
+
+    try:
+        return asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_dashboard_queue_groups_and_dead_letter_replay(
+    browser: str, http_broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    b = http_broker_factory({"jobs": 1}, adminSecret="adm-pw")
+    with WireClient(b.addr) as c:  # three jobs: two rejected (dead letters), one accepted
+        c.send(b"".join(b"put jobs 0 4 0 %d\r\njob%d" % (i, i) for i in range(3)))
+        assert all(r.code == 200 for r in c.replies(3))
+        c.send(b"qsub jobs workers 10 earliest 9\r\n")
+        got = c.replies(4)
+        offs = [r.offset for r in got if r.kind == "qmsg"]
+        assert len(offs) == 3
+        items = b"X 0 %d\nX 0 %d\nA 0 %d\n" % tuple(offs)
+        r = c.call(b"qack jobs workers %d 10\r\n%s" % (len(items), items))
+        assert r.code == 200 and r.body.startswith(b"3 0"), r
+    h = Http(b.http_url, token="adm-pw")
+    # the group table and its dead letters, opened by the URL's #dlq=
+    dom = chromium(browser, tmp_path, b.http_url + "/?token=adm-pw#dlq=jobs/workers", "--dump-dom")
+    html = dom.stdout.decode()
+    assert 'data-queue="jobs/workers"' in html, html[-3000:]
+    assert "Dead letters of jobs/workers" in html
+    assert f'data-dead="0:{offs[0]}"' in html and f'data-dead="0:{offs[1]}"' in html
+    assert "job0" in html and "2 dead letter(s)" in html and ">Replay<" in html
+    # without the adminSecret the groups show, their dead letters are refused (and it says so)
+    html2 = chromium(browser, tmp_path, b.http_url + "/#dlq=jobs/workers", "--dump-dom")
+    text2 = html2.stdout.decode()
+    assert 'data-queue="jobs/workers"' in text2 and "dead letters are an admin view" in text2
+    assert 'data-dead="' not in text2
+    # a click on Replay: the page's POST passes the server's auth and cross-site checks
+    value = _devtools_eval(browser, tmp_path, b.http_url + "/?token=adm-pw#dlq=jobs/workers", f"""
+        new Promise((resolve, reject) => {{
+          const t0 = Date.now();
+          const tick = () => {{
+            const btn = document.querySelector('tr[data-dead="0:{offs[0]}"] button');
+            const h = document.getElementById("dlq-hint");  // null until the page loaded
+            const hint = h ? h.textContent : "";
+            if (hint.startsWith("replayed")) return resolve(hint);
+            if (btn && !btn.dataset.clicked) {{ btn.dataset.clicked = "1"; btn.click(); }}
+            if (Date.now() - t0 > 20000) return reject(new Error("no replay: " + hint));
+            setTimeout(tick, 100);
+          }};
+          tick();
+        }})""")
+    assert value == "replayed 1", value
+    dl = h.get("/api/queues/jobs/workers/dead-letters").json()
+    assert [d["offset"] for d in dl["dead_letters"]] == [offs[1]]

@@ -4,6 +4,7 @@ redelivery, dead letters, departure, SIGKILL durability and hostile clients."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import re
 import time
 from pathlib import Path
@@ -207,3 +208,35 @@ def test_readme_queue_example_runs(tmp_path: Path) -> None:
         handled = ns["handled"]
         assert isinstance(handled, list)
         assert sorted(handled) == [b"job 0", b"job 1", b"job 2"]
+
+
+def test_async_listener_runs_in_its_own_task(tmp_path: Path) -> None:
+    """An async listener is a task of its own: asyncio.timeout works in it and a context
+    variable it sets does not leak into the next message's listener."""
+    seen_var = contextvars.ContextVar("seen", default="")
+    with BrokerProcess(tmp_path, topics={"ctx": 1}) as b:
+        _publish(b.addr, "ctx", 5, 1)
+
+        async def main() -> list[str]:
+            leaks: list[str] = []
+            done = asyncio.Event()
+            count = [0]
+
+            async def listener(msg: QueueMessage) -> None:
+                leaks.append(seen_var.get())
+                seen_var.set(msg.data.decode())
+                async with asyncio.timeout(5):  # needs a current task
+                    await asyncio.sleep(0)
+                count[0] += 1
+                if count[0] == 5:
+                    done.set()
+
+            async with AsyncMessageSessionFactory([b.addr]) as s:
+                await s.create_queue_consumer("ctx", "w", credit=10, listener=listener)
+                await asyncio.wait_for(done.wait(), 20)
+                await asyncio.sleep(0.3)
+            return leaks
+
+        assert asyncio.run(main()) == [""] * 5
+        st = _stats(b.addr)["ctx/w"]
+        assert st["redelivered"] == "0" and st["tracked"] == "0", st

@@ -338,6 +338,148 @@ function renderConfig(d) {
   document.getElementById("config").replaceChildren(...items);
 }
 
+// ------------------------------------------------------------------ queue groups
+// api/queues every poll; the open group's dead letters (admin route: with adminSecret set
+// the page needs ?token=<adminSecret>) every DLQ_MS and after a replay. A replay is a POST
+// with Content-Type: application/json and the page's token, as the server requires.
+
+const DLQ_MS = 5000;
+const DLQ_LIMIT = 100;
+let queuesData = null;
+let queuesError = "";
+let openDlq = null;   // "topic/group" shown below the table (also in the URL: #dlq=topic/group)
+let dlqData = null;
+let dlqError = "";
+let dlqNote = "";
+let dlqFetchedAt = 0;
+
+function queuePath(key) {
+  const i = key.indexOf("/");
+  return "api/queues/" + encodeURIComponent(key.slice(0, i)) + "/" +
+    encodeURIComponent(key.slice(i + 1)) + "/dead-letters";
+}
+
+function authText(status) {
+  return status === 401 || status === 403
+    ? "dead letters are an admin view: open this page with ?token=<adminSecret>"
+    : "broker answered HTTP " + status;
+}
+
+async function pollQueues() {
+  try {
+    const r = await fetch("api/queues", { headers: HEADERS, cache: "no-store" });
+    if (r.status === 503) { queuesData = []; queuesError = "queues are not enabled on this broker"; return; }
+    if (!r.ok) throw new Error("broker answered HTTP " + r.status);
+    queuesData = (await r.json()).queues;
+    queuesError = "";
+  } catch (e) {
+    queuesError = String(e.message || e);
+  }
+  if (openDlq && Date.now() - dlqFetchedAt >= DLQ_MS) await loadDlq();
+}
+
+async function loadDlq() {
+  const key = openDlq;
+  if (!key) return;
+  dlqFetchedAt = Date.now();
+  try {
+    const r = await fetch(queuePath(key) + "?limit=" + DLQ_LIMIT, { headers: HEADERS, cache: "no-store" });
+    if (key !== openDlq) return;
+    if (!r.ok) { dlqData = null; dlqError = authText(r.status); return; }
+    dlqData = await r.json();
+    dlqError = "";
+  } catch (e) {
+    dlqError = String(e.message || e);
+  }
+}
+
+async function replay(key, messages) {
+  const body = messages ? { messages } : { all: true };
+  try {
+    const r = await fetch(queuePath(key) + "/replay", {
+      method: "POST",
+      headers: Object.assign({ "Content-Type": "application/json" }, HEADERS),
+      body: JSON.stringify(body),
+      cache: "no-store",
+    });
+    if (!r.ok) {
+      dlqNote = r.status === 401 || r.status === 403 ? authText(r.status)
+        : "replay refused: HTTP " + r.status + " " + (await r.text()).slice(0, 200);
+    } else {
+      const res = await r.json();
+      dlqNote = "replayed " + res.replayed + (res.unknown ? ", " + res.unknown + " unknown (gone)" : "");
+    }
+  } catch (e) {
+    dlqNote = "replay failed: " + String(e.message || e);
+  }
+  await loadDlq();
+  await pollQueues();
+  renderQueues();
+}
+
+function toggleDlq(key) {
+  openDlq = openDlq === key ? null : key;
+  dlqData = null; dlqError = ""; dlqNote = "";
+  history.replaceState(null, "", openDlq ? "#dlq=" + encodeURIComponent(openDlq) : location.pathname + location.search);
+  renderQueues();
+  if (openDlq) loadDlq().then(renderQueues);
+}
+
+function renderQueues() {
+  const hint = document.getElementById("queues-hint");
+  hint.textContent = queuesError || "click a group for its dead letters";
+  hint.className = "hint" + (queuesError ? " warn" : "");
+  const rows = (queuesData || []).map((q) => {
+    const key = q.topic + "/" + q.group;
+    const dead = q.dead_letters || 0;
+    return el("tr", { class: "topic" + (openDlq === key ? " open" : ""), "data-queue": key,
+                      onclick: () => toggleDlq(key) },
+      el("td", { class: "tname" }, el("span", { class: "caret" }, openDlq === key ? "▾" : "▸"), q.group),
+      el("td", { class: "mono" }, q.topic),
+      el("td", { class: "num" }, q.consumers),
+      el("td", { class: "num" }, fmtNum(q.available)),
+      el("td", { class: "num" }, fmtNum(q.acquired)),
+      el("td", { class: "num" }, dead ? badge(fmtNum(dead), "bad") : "0"),
+      el("td", { class: "num" }, fmtNum(q.delivered)),
+      el("td", { class: "num" }, fmtNum(q.redelivered)));
+  });
+  fillBody(document.getElementById("queues"), rows, queuesError || "No queue group yet", 8);
+  const box = document.getElementById("dlq");
+  box.hidden = !openDlq;
+  if (!openDlq) return;
+  document.getElementById("dlq-title").textContent = "Dead letters of " + openDlq;
+  const d = dlqData;
+  const note = dlqError || dlqNote ||
+    (d ? d.total + " dead letter(s)" + (d.dropped ? ", " + d.dropped + " dropped (queueMaxDeadLetters)" : "") +
+         (d.total > d.dead_letters.length ? ", first " + d.dead_letters.length + " shown" : "") : "loading…");
+  const h = document.getElementById("dlq-hint");
+  h.textContent = note;
+  h.className = "hint" + (dlqError ? " warn" : "");
+  const all = document.getElementById("dlq-replay-all");
+  all.disabled = !d || !d.total;
+  const key = openDlq;
+  all.onclick = () => { if (confirm("Replay every dead letter of " + key + "?")) replay(key, null); };
+  const now = Date.now();
+  const letters = d ? d.dead_letters : [];
+  const dlqRows = letters.map((x) => {
+    const m = x.message;
+    const text = m === null ? el("span", { class: "hint" }, "deleted by retention")
+      : m.text !== null ? (m.text.length > 80 ? m.text.slice(0, 78) + "…" : m.text)
+      : el("span", { class: "hint" }, m.size + " B binary");
+    return el("tr", { "data-dead": x.partition + ":" + x.offset },
+      el("td", { class: "mono" }, key.slice(0, key.indexOf("/")) + "-" + x.partition),
+      el("td", { class: "num mono" }, x.offset),
+      el("td", {}, badge(x.reason.replace("_", " "), x.reason === "rejected" ? "warn" : "bad")),
+      el("td", { class: "num" }, x.deliveries),
+      el("td", { class: "num" }, fmtDur((now - x.at_ms) / 1000) + " ago"),
+      el("td", { class: "mono msg" }, text),
+      el("td", {}, el("button", { type: "button", class: "act",
+        onclick: (ev) => { ev.stopPropagation(); replay(key, [{ partition: x.partition, offset: x.offset }]); } },
+        "Replay")));
+  });
+  fillBody(document.getElementById("dlq-table"), dlqRows, dlqError || (d ? "No dead letter ✓" : "loading…"), 7);
+}
+
 function render() {
   const d = lastData;
   if (!d) return;
@@ -348,6 +490,7 @@ function render() {
   renderGroups(d);
   renderTxs(d);
   renderConfig(d);
+  renderQueues();
   document.body.dataset.ready = "1";
 }
 
@@ -363,6 +506,7 @@ async function poll() {
     if (r.status === 401) throw new Error("authentication required: open this page with ?token=<authSecret>");
     if (!r.ok) throw new Error("broker answered HTTP " + r.status);
     lastData = await r.json();
+    await pollQueues();
     failures = 0;
     document.getElementById("banner").hidden = true;
     setLive(true, "live");
@@ -381,6 +525,8 @@ if (TOKEN) {
     a.href = a.getAttribute("href") + "?token=" + encodeURIComponent(TOKEN);
   }
 }
+const hashDlq = /^#dlq=(.+\/.+)$/.exec(location.hash);
+if (hashDlq) openDlq = decodeURIComponent(hashDlq[1]);
 window.addEventListener("resize", render);
 poll();
 setInterval(poll, POLL_MS);

@@ -101,6 +101,19 @@ class BrokerRegistrar:
             self.registration = new
             self._submit(new)
 
+    async def set_slave_id(self, slave_id: int | None) -> None:
+        """Register as master (``None``) or as slave ``slave_id`` from now on (automatic
+        failover promoted this broker): the old key's nodes go, the new ones come."""
+        reg = self.registration
+        if reg is None or reg.slave_id == slave_id:
+            return
+        try:
+            await self.server.unregister_broker(reg.broker_id, reg.slave_id)
+        except ConfigServerError as e:
+            log.warning("configserver: unregistering broker %s: %s", reg.key, e)
+        self.registration = replace(reg, slave_id=slave_id)
+        self._submit(self.registration)
+
     def _submit(self, reg: BrokerRegistration) -> None:
         self._pending = reg
         if self._task is None or self._task.done():

@@ -87,6 +87,12 @@ class SlaveReplicator:
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._main: asyncio.Task[None] | None = None
         self.stopped = False
+        #: failover epoch this slave follows (0 = no automatic failover): links name it
+        self.epoch = 0
+        #: automatic failover: the last check of the master's ends found every partition
+        #: within ``failoverMaxLagBytes`` and the redo log pulled without error (README
+        #: "Replication and failover": only such a slave is elected by default)
+        self.in_sync = False
 
     def start(self) -> None:
         if not self.master:
@@ -115,7 +121,9 @@ class SlaveReplicator:
             self._ensure_pullers()  # local partitions report their state even if unreachable
             try:
                 if link is None or not link.is_open:
-                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
+                    link = await connect_link(
+                        self.master, self.secret, self.broker_id, self.tls, self.epoch
+                    )
                 if self.cfg.auto_sync_master_config:
                     await self._sync_topics(link)
                 self._ensure_pullers()
@@ -168,12 +176,18 @@ class SlaveReplicator:
             )
 
     async def _refresh_master_ends(self, link: BrokerLink) -> None:
+        bound = self.broker.config.system.failover_max_lag_bytes
+        in_sync = True
         for (topic, idx), st in self.state.items():
             r = await link.request(
                 functools.partial(encode_offset, topic, self.cfg.slave_group, idx, 2**63 - 1)
             )
             if r.code == 200:
                 st.master_end = parse_offset(r.body)
+            part = self.broker.store.get(topic, idx)
+            if r.code != 200 or part is None or st.master_end - part.end > bound:
+                in_sync = False
+        self.in_sync = in_sync and not self.redo.error
 
     # ------------------------------------------------------------------ pulling
 
@@ -191,7 +205,9 @@ class SlaveReplicator:
             self._ensure_pullers()  # local partitions report their state even if unreachable
             try:
                 if link is None or not link.is_open:
-                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
+                    link = await connect_link(
+                        self.master, self.secret, self.broker_id, self.tls, self.epoch
+                    )
                 off = part.end
                 r = await link.request(
                     functools.partial(
@@ -269,7 +285,9 @@ class SlaveReplicator:
                     log.error("slave: checkpoint of the replica redo log failed: %s", e)
             try:
                 if link is None or not link.is_open:
-                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
+                    link = await connect_link(
+                        self.master, self.secret, self.broker_id, self.tls, self.epoch
+                    )
                 at = rr.end
                 r = await link.request(
                     functools.partial(

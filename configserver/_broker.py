@@ -53,6 +53,7 @@ class BrokerRegistrar:
         self.registration: BrokerRegistration | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending: BrokerRegistration | None = None
+        self._take_over = False
 
     @property
     def enabled(self) -> bool:
@@ -112,6 +113,7 @@ class BrokerRegistrar:
         except ConfigServerError as e:
             log.warning("configserver: unregistering broker %s: %s", reg.key, e)
         self.registration = replace(reg, slave_id=slave_id)
+        self._take_over = slave_id is None  # elected: the old master's node may linger
         self._submit(self.registration)
 
     def _submit(self, reg: BrokerRegistration) -> None:
@@ -124,7 +126,7 @@ class BrokerRegistrar:
         while self._pending is not None:
             reg = self._pending
             try:
-                await self.server.register_broker(reg)
+                await self.server.register_broker(reg, take_over=self._take_over)
             except ConfigServerUnavailableError as e:
                 # remembered by the server: re-created as soon as the session is back
                 log.warning("configserver: registration of broker %s postponed: %s", reg.key, e)

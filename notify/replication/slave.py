@@ -89,10 +89,8 @@ class SlaveReplicator:
         self.stopped = False
         #: failover epoch this slave follows (0 = no automatic failover): links name it
         self.epoch = 0
-        #: automatic failover: the last check of the master's ends found every partition
-        #: within ``failoverMaxLagBytes`` and the redo log pulled without error (README
-        #: "Replication and failover": only such a slave is elected by default)
-        self.in_sync = False
+        self._ends_known = False  # a whole round of the master's ends answered
+        self._redo_ok = False  # the redo log pulled without error at that round
 
     def start(self) -> None:
         if not self.master:
@@ -176,18 +174,32 @@ class SlaveReplicator:
             )
 
     async def _refresh_master_ends(self, link: BrokerLink) -> None:
-        bound = self.broker.config.system.failover_max_lag_bytes
-        in_sync = True
+        known = True
         for (topic, idx), st in self.state.items():
             r = await link.request(
                 functools.partial(encode_offset, topic, self.cfg.slave_group, idx, 2**63 - 1)
             )
             if r.code == 200:
                 st.master_end = parse_offset(r.body)
+            else:
+                known = False
+        self._ends_known = known
+        self._redo_ok = not self.redo.error
+
+    @property
+    def in_sync(self) -> bool:
+        """Automatic failover's eligibility (README "Replication and failover"): the last
+        whole round of the master's ends was answered, the redo log pulled without error
+        then, and every partition is now within ``failoverMaxLagBytes`` of the end the
+        master last reported (a synchronous slave is, pushes arrive before the ack)."""
+        if not (self._ends_known and self._redo_ok):
+            return False
+        bound = self.broker.config.system.failover_max_lag_bytes
+        for (topic, idx), st in self.state.items():
             part = self.broker.store.get(topic, idx)
-            if r.code != 200 or part is None or st.master_end - part.end > bound:
-                in_sync = False
-        self.in_sync = in_sync and not self.redo.error
+            if part is None or st.master_end < 0 or st.master_end - part.end > bound:
+                return False
+        return True
 
     # ------------------------------------------------------------------ pulling
 

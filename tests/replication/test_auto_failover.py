@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
+from notify.client import ClientConfig, Producer, ProducerConfig, connect
 from notify.testing import BrokerProcess, free_port
 from tests.broker.test_transactions import read_all, stats, tput, tx
 from tests.services import ZooKeeperServer
@@ -57,6 +58,9 @@ class Group:
             "replicationSecret": REPL,
             "autoFailover": "true",
             "syncSlaveTimeout": 1000,
+            # availability after a failover: the new master's synchronous slave is the old
+            # master, down or fenced; "async" acknowledges (flagged degraded) meanwhile
+            "syncSlaveFailurePolicy": "async",
         }
         self.a = BrokerProcess(
             tmp / "a",
@@ -68,7 +72,7 @@ class Group:
         self.b = BrokerProcess(
             tmp / "b",
             topics={"orders": 1},
-            system={**common, "syncSlave": f"127.0.0.1:{pa}", "syncSlaveFailurePolicy": "async"},
+            system={**common, "syncSlave": f"127.0.0.1:{pa}"},
             slave={"slaveId": 1, "masterAddress": f"127.0.0.1:{pa}", "slaveMaxDelayInMills": 100},
             zookeeper=zkc,
         )
@@ -123,62 +127,92 @@ def _segments(b: BrokerProcess) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(d.iterdir()) if p.suffix == ".meta")
 
 
-def test_kill_master_slave_takes_over_and_old_master_rejoins(group: Group) -> None:
+def _load(addr: str, tag: str, n: int) -> list[bytes]:
+    """``n`` acknowledged puts and one committed local transaction; their bodies."""
+    with WireClient(addr) as c:
+        for i in range(n):
+            assert c.put("orders", 0, b"%s%d" % (tag.encode(), i)).code == 200
+        key = f"TX:{tag}:1"
+        assert tx(c, key, "BEGIN")[0] == 200
+        tput(c, "orders", 0, b"%s-tx" % tag.encode(), key)
+        assert tx(c, key, "COMMIT_ONE_PHASE") == (200, b"")
+    return [b"%s%d" % (tag.encode(), i) for i in range(n)] + [b"%s-tx" % tag.encode()]
+
+
+def _client_send_until_ok(producer: Producer, body: bytes, timeout: float = 15.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if producer.send("orders", body).success:
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise AssertionError(f"the cluster-mode producer could not send within {timeout}s")
+
+
+def test_failover_pause_kill_and_rejoin(group: Group) -> None:
+    """SIGSTOP the master past its session: the slave takes over (epoch 2), the woken master
+    refuses writes (503, fenced) and rejoins as a slave with the new master's bytes; then
+    kill -9 the new master: the old one takes over again (epoch 3) with every acknowledged
+    put and committed transaction, and the killed one restarted rejoins as a slave."""
     group.start()
     a, b = group.a, group.b
     assert stats(a.addr)["failover_epoch"] == "1" and stats(b.addr)["failover_epoch"] == "1"
-    with WireClient(a.addr) as c:
-        for i in range(50):
-            assert c.put("orders", 0, b"m%d" % i).code == 200
-        assert tx(c, "TX:s1:1", "BEGIN")[0] == 200
-        tput(c, "orders", 0, b"tx-committed", "TX:s1:1")
-        assert tx(c, "TX:s1:1", "COMMIT_ONE_PHASE") == (200, b"")
-    a.kill()  # SIGKILL right after the last acknowledgement
-    took = _put_until_ok(b.addr, b"after")
-    print(f"failover: producers write again {took:.2f}s after kill -9")
-    assert took < 10.0
+    cfg = ClientConfig(zk_session_timeout_s=2.0, request_timeout_s=2.0, connect_timeout_s=0.5)
+    with connect(zk=f"{group.zk.connect}{group.root}", config=cfg) as session:
+        producer = session.create_producer(ProducerConfig(retries=1, retry_backoff_s=0.05))
+        assert producer.send("orders", b"client-1").success
+        want = [b"client-1", *_load(a.addr, "a", 20)]
+
+        # 1. pause the master past its session timeout
+        assert a.proc is not None
+        stale = WireClient(a.addr, timeout=10.0)  # a producer still connected to it
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            took = _put_until_ok(b.addr, b"b-first")
+            print(f"failover after SIGSTOP: the slave took writes {took:.2f}s later")
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        r = stale.put("orders", 0, b"stale")  # woken: its lease lapsed while it was stopped
+        stale.close()
+        assert r.code == 503 and b"fenced" in r.body, r
+        want.append(b"b-first")
+        took = _client_send_until_ok(producer, b"client-2")
+        print(f"cluster-mode producer moved to the new master within {took:.2f}s")
+        want.append(b"client-2")
+        st = stats(b.addr)
+        assert st["failover_epoch"] == "2" and st["failover_leader"] == "True", st
+        epoch = json.loads(_zk_get(group.zk, f"{group.root}/failover/1/epoch") or b"{}")
+        assert epoch == {"epoch": 2, "member": 1, "address": b.addr}
+        master_node = f"{group.root}/brokers/ids/1/master"
+        assert _zk_get(group.zk, master_node) == b"meta://" + b.addr.encode()
+        # the old master restarted in-process and follows the new one, same bytes
+        _wait(lambda: _stats_or_empty(a.addr).get("role") == "slave", what="a rejoined")
+        assert _stats_or_empty(a.addr)["failover_epoch"] == "2"
+        with WireClient(a.addr) as c:
+            assert c.put("orders", 0, b"no").code == 403
+        want += _load(b.addr, "b", 20)
+        assert [x.body for x in read_all(b.addr, "orders", 0)] == want
+        _wait(lambda: _segments(a) == _segments(b), what="identical partition bytes")
+        _wait(lambda: stats(b.addr).get("sync_slave_state") == "in_sync", what="a in sync")
+        _wait(lambda: stats(a.addr).get("replication_state") == "ok", what="a sees lag 0")
+
+        # 2. kill -9 the new master right after its last acknowledgement
+        want += _load(b.addr, "c", 20)
+        b.kill()
+        took = _put_until_ok(a.addr, b"a-again")
+        print(f"failover after kill -9: producers write again {took:.2f}s later")
+        assert took < 10.0
+        want.append(b"a-again")
+        assert _client_send_until_ok(producer, b"client-3") < 10.0
+        want.append(b"client-3")
+        assert [x.body for x in read_all(a.addr, "orders", 0)] == want  # nothing lost
+        assert stats(a.addr)["failover_epoch"] == "3"
+
+    # 3. the killed master comes back as a slave of epoch 3 with the same bytes
+    b.start()
     st = stats(b.addr)
-    assert st["failover_epoch"] == "2" and st["failover_leader"] == "True", st
-    epoch = json.loads(_zk_get(group.zk, f"{group.root}/failover/1/epoch") or b"{}")
-    assert epoch == {"epoch": 2, "member": 1, "address": b.addr}
-    # discovery: the MetaQ layout names the promoted broker as broker 1's master
-    master_node = f"{group.root}/brokers/ids/1/master"
-    want = b"meta://" + b.addr.encode()
-    _wait(lambda: _zk_get(group.zk, master_node) == want, what="re-registered as master")
-    bodies = [r.body for r in read_all(b.addr, "orders", 0)]
-    assert bodies == [b"m%d" % i for i in range(50)] + [b"tx-committed", b"after"]
-    # the old master comes back: it is a slave of the new epoch, with the same bytes
-    a.start()
-    st = stats(a.addr)
-    assert st["role"] == "slave" and st["failover_epoch"] == "2", st
+    assert st["role"] == "slave" and st["failover_epoch"] == "3", st
     with WireClient(a.addr) as c:
-        assert c.put("orders", 0, b"no").code == 403
-    with WireClient(b.addr) as c:
         assert c.put("orders", 0, b"later").code == 200
-    _wait(lambda: _segments(a) == _segments(b), what="identical partition bytes")
-    _wait(lambda: stats(b.addr).get("sync_slave_state") == "in_sync", what="back in sync")
-
-
-def test_paused_master_is_fenced_and_rejoins(group: Group) -> None:
-    group.start()
-    a, b = group.a, group.b
-    with WireClient(a.addr) as c:
-        assert c.put("orders", 0, b"before").code == 200
-    assert a.proc is not None
-    c = WireClient(a.addr, timeout=10.0)  # a producer connected to the master
-    os.kill(a.proc.pid, signal.SIGSTOP)
-    try:
-        took = _put_until_ok(b.addr, b"new-epoch")
-        print(f"failover: producers write again {took:.2f}s after SIGSTOP")
-    finally:
-        os.kill(a.proc.pid, signal.SIGCONT)
-    # the woken master refuses at once: its lease lapsed while it was stopped
-    r = c.put("orders", 0, b"stale")
-    c.close()
-    assert r.code == 503 and b"fenced" in r.body, r
-    # then it rejoins as a slave of the new master (in-process restart)
-    _wait(lambda: _stats_or_empty(a.addr).get("role") == "slave", what="old master rejoined")
-    assert b"stale" not in [x.body for x in read_all(b.addr, "orders", 0)]
     _wait(lambda: _segments(a) == _segments(b), what="identical partition bytes")
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from notify.client import ClientConfig, Producer, ProducerConfig, connect
+from notify.client import ClientConfig, ConsumerConfig, Producer, ProducerConfig, connect
 from notify.testing import BrokerProcess, free_port
-from tests.broker.test_transactions import read_all, stats, tput, tx
+from tests.broker.test_transactions import read_all, stats, tput, tx, xid
 from tests.services import ZooKeeperServer
 from tests.wireclient import WireClient
 
@@ -45,6 +45,7 @@ class Group:
     def __init__(self, tmp: Path, zk: ZooKeeperServer, root: str):
         self.root = root
         self.zk = zk
+        self.tmp = tmp
         pa, pb = free_port(), free_port()
         zkc = {
             "zkEnable": True,
@@ -159,6 +160,11 @@ def test_failover_pause_kill_and_rejoin(group: Group) -> None:
     cfg = ClientConfig(zk_session_timeout_s=2.0, request_timeout_s=2.0, connect_timeout_s=0.5)
     with connect(zk=f"{group.zk.connect}{group.root}", config=cfg) as session:
         producer = session.create_producer(ProducerConfig(retries=1, retry_backoff_s=0.05))
+        got: list[bytes] = []  # a cluster-mode consumer follows the master too
+        consumer = session.create_consumer(
+            ConsumerConfig(group="g", data_dir=str(group.tmp / "client"))
+        )
+        consumer.subscribe("orders", lambda m: got.append(m.data)).complete_subscribe()
         assert producer.send("orders", b"client-1").success
         want = [b"client-1", *_load(a.addr, "a", 20)]
 
@@ -195,8 +201,14 @@ def test_failover_pause_kill_and_rejoin(group: Group) -> None:
         _wait(lambda: stats(b.addr).get("sync_slave_state") == "in_sync", what="a in sync")
         _wait(lambda: stats(a.addr).get("replication_state") == "ok", what="a sees lag 0")
 
-        # 2. kill -9 the new master right after its last acknowledgement
+        # 2. kill -9 the new master right after its last acknowledgement, one XA branch
+        # prepared on it
         want += _load(b.addr, "c", 20)
+        with WireClient(b.addr) as c:
+            assert tx(c, xid(1), "BEGIN", " 60")[0] == 200
+            tput(c, "orders", 0, b"xa-1", xid(1))
+            assert tx(c, xid(1), "END")[0] == 200
+            assert tx(c, xid(1), "PREPARE") == (200, b"0")
         b.kill()
         took = _put_until_ok(a.addr, b"a-again")
         print(f"failover after kill -9: producers write again {took:.2f}s later")
@@ -206,6 +218,14 @@ def test_failover_pause_kill_and_rejoin(group: Group) -> None:
         want.append(b"client-3")
         assert [x.body for x in read_all(a.addr, "orders", 0)] == want  # nothing lost
         assert stats(a.addr)["failover_epoch"] == "3"
+        with WireClient(a.addr) as c:  # the coordinator resolves the branch on the new master
+            r = c.call(b"transaction null s9 RECOVER q1 4\r\n")
+            assert r.code == 200 and r.body == xid(1).encode(), r
+            assert tx(c, xid(1), "COMMIT_TWO_PHASE") == (200, b"")
+        want.append(b"xa-1")
+        assert [x.body for x in read_all(a.addr, "orders", 0)] == want
+        _wait(lambda: b"xa-1" in got, what="the consumer read from the new master")
+        assert set(got) <= set(want)
 
     # 3. the killed master comes back as a slave of epoch 3 with the same bytes
     b.start()

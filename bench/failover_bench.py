@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--session-ms", type=int, default=2000)
+    ap.add_argument("--log-level", default="warning")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="failover-bench-"))
@@ -123,7 +124,7 @@ def main() -> None:
         a = BrokerProcess(
             tmp / "a",
             topics={TOPIC: 1},
-            log_level="warning",
+            log_level=args.log_level,
             system={**common, "syncSlave": f"127.0.0.1:{pb}"},
             zookeeper=zkc,
         )
@@ -131,7 +132,7 @@ def main() -> None:
         b = BrokerProcess(
             tmp / "b",
             topics={TOPIC: 1},
-            log_level="warning",
+            log_level=args.log_level,
             system={**common, "syncSlave": f"127.0.0.1:{pa}"},
             slave={"slaveId": 1, "masterAddress": f"127.0.0.1:{pa}", "slaveMaxDelayInMills": 100},
             zookeeper=zkc,

@@ -564,8 +564,12 @@ class BrokerService:
         synchronous slave (if any) have confirmed; fail them if either did not."""
         futs = [f for f in (flushed, replicated) if f is not None]
         if not futs:
+            fenced = self.fence() if self.fence is not None else None
             for g in groups:
-                g.resolve()
+                if fenced is None:
+                    g.resolve()
+                else:  # a master replaced meanwhile (automatic failover): not acknowledged
+                    g.fail(503, fenced)
             return
         left = [len(futs)]
 
@@ -580,6 +584,11 @@ class BrokerService:
                     for g in groups:
                         g.fail(code, f"not acknowledged: {exc}")
                     return
+            fenced = self.fence() if self.fence is not None else None
+            if fenced is not None:  # replaced while waiting (e.g. paused): not acknowledged
+                for g in groups:
+                    g.fail(503, fenced)
+                return
             for g in groups:
                 g.resolve()
 

@@ -417,6 +417,7 @@ class Broker:
             return
         service.epoch = agent.epoch
         service.fence = agent.fence
+        service.saw_epoch = agent.saw_epoch
         service.failover_stats = agent.stats_items
         if self.slave is not None:
             self.slave.epoch = agent.epoch

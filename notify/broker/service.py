@@ -177,6 +177,7 @@ class BrokerService:
         #: (0 = none) and the check that says why a master must not take writes now
         self.epoch = 0
         self.fence: Callable[[], str | None] | None = None
+        self.saw_epoch: Callable[[int], None] | None = None  # a peer named a newer epoch
         self.failover_stats: Callable[[], list[tuple[str, object]]] | None = None
         self._redo_acks: list[PendingReplies] = []
         #: (topic, partition) -> group -> (last fetched offset, monotonic time), bounded
@@ -1044,6 +1045,8 @@ class BrokerService:
                     )
                 )
                 return conn.close_after_replies()
+            if r.epoch and r.epoch > self.epoch and self.saw_epoch is not None:
+                self.saw_epoch(r.epoch)  # this broker may have been replaced: fence now
             conn.grant(True, conn.admin, True)
             ack = encode_replica_ack(sysc.broker_id, self.epoch)
             return conn.send(encode_result(200, r.opaque, ack))

@@ -319,6 +319,19 @@ class FailoverAgent:
             )
         return None
 
+    def saw_epoch(self, epoch: int) -> None:
+        """A replication peer named ``epoch``: newer than this master's means it was
+        replaced (demoted at once, before ZooKeeper says so); a follower rejoins."""
+        if not self.epoch or epoch <= self.epoch:
+            return
+        if self.leader:
+            self._demote(f"a replication peer is in epoch {epoch}")
+        elif not self.rejoin.is_set():
+            log.warning("failover: a peer is in epoch %d (this broker: %d): rejoining", epoch,
+                        self.epoch)  # fmt: skip
+            self._cancel_acquire()
+            self.rejoin.set()
+
     def _demote(self, why: str) -> None:
         if self.demoted:
             return

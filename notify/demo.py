@@ -30,6 +30,10 @@ from notify.client import ConsumerConfig, LocalTxState, Message, connect
 from notify.config import load_config
 from notify.errors import NotifyError
 
+#: How long the demo waits for its broker (a fresh install compiles bytecode on the first
+#: start; a busy machine may take a while).
+START_TIMEOUT_S = 90.0
+
 
 class DemoError(NotifyError):
     """The demo could not run (the broker did not start, a step failed)."""
@@ -45,7 +49,8 @@ def _start_broker(config_path: Path, console: Console) -> tuple[subprocess.Popen
         stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     log_file.close()
-    deadline = time.monotonic() + 20
+    console.print("starting the broker (the first start after an install compiles bytecode)")
+    deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if ready.exists():
             info = json.loads(ready.read_text())
@@ -56,7 +61,7 @@ def _start_broker(config_path: Path, console: Console) -> tuple[subprocess.Popen
             raise DemoError(f"the broker exited at start:\n{log_path.read_text()[-2000:]}")
         time.sleep(0.05)
     proc.kill()
-    raise DemoError(f"the broker did not start within 20 s; see {log_path}")
+    raise DemoError(f"the broker did not start within {START_TIMEOUT_S:.0f} s; see {log_path}")
 
 
 def run_demo(config_path: Path) -> None:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from notify.cli import LAZY_COMMANDS
+
 ROOT: Final = Path(__file__).resolve().parents[1]
 PACKAGES: Final = ("notify", "txlog", "configserver")
 
@@ -43,8 +45,11 @@ LAZY_ALLOWED: Final = {
     ("notify.audit.cli", "notify.audit.checks"),
     ("notify.audit.cli", "notify.audit.report"),
     ("notify.audit.session", "notify.audit.sources"),
+    # the HTTP face (aiohttp: a third of a broker's start-up) is loaded only when
+    # dashboardHttpPort is set; reload does not start it later (a restart is needed)
+    ("notify.broker.app", "notify.http.application"),
     # uvloop is not installed on every platform (the stdlib loop is the fallback)
-    ("notify.cli", "uvloop"),
+    ("notify.cli_common", "uvloop"),
     ("notify.client._loopthread", "uvloop"),
 }
 
@@ -315,3 +320,43 @@ def test_every_module_imports_on_its_own() -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+
+
+def test_lazy_commands_never_import_the_cli_and_stay_light() -> None:
+    """The CLI loads its subcommands by name (``notify.cli.LAZY_COMMANDS``), an edge the
+    graph above cannot see: none of those modules may import ``notify.cli`` (a hidden
+    cycle), each entry names a click command, and ``notify broker start`` loads neither
+    the database migrations, the XA tooling nor the audit."""
+    graph = _graph()
+    for name, (module, _attr) in LAZY_COMMANDS.items():
+        assert module in MODULES, f"{name}: no module {module}"
+        seen, todo = set(), [module]
+        while todo:  # everything the command module reaches
+            m = todo.pop()
+            if m in seen:
+                continue
+            seen.add(m)
+            todo.extend(graph.get(m, ()))
+        assert "notify.cli" not in seen, f"{module} reaches notify.cli: a hidden cycle"
+    code = (
+        "import sys, click\n"
+        "from notify.cli import main\n"
+        "ctx = click.Context(main)\n"
+        "main.get_command(ctx, 'broker')\n"
+        "heavy = [m for m in ('alembic', 'notify.migrations', 'notify.cli_tx', 'notify.xa',\n"
+        "         'notify.cli_db', 'notify.audit', 'psycopg', 'pymysql', 'aiohttp')\n"
+        "         if m in sys.modules]\n"
+        "print(heavy)\n"
+        "sys.exit(1 if heavy else 0)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = (
+        "import click\n"
+        "from notify.cli import LAZY_COMMANDS, main\n"
+        "ctx = click.Context(main)\n"
+        "for n in LAZY_COMMANDS:\n"
+        "    assert isinstance(main.get_command(ctx, n), click.Command), n\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr

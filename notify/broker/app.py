@@ -16,7 +16,7 @@ import signal
 import ssl
 import time
 from dataclasses import replace
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -30,8 +30,6 @@ from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
 from notify.faults import pausepoint
-from notify.http.application import start_http
-from notify.http.server import HttpServer
 from notify.replication.failover import FailoverAgent
 from notify.replication.redo import ReplicaRedo
 from notify.replication.slave import SlaveReplicator
@@ -47,6 +45,9 @@ from notify.store.retention import (
     remove_before,
     zip_segments,
 )
+
+if TYPE_CHECKING:
+    from notify.http.server import HttpServer
 
 log = logging.getLogger("notify.broker")
 
@@ -179,6 +180,9 @@ class Broker:
         self.delay.start()
         # notify.http: dashboard, MetaQ HTTP, REST, /metrics; 0 = off
         if self.config.system.dashboard_http_port:
+            # aiohttp is a third of a broker's start-up: loaded only when HTTP is on
+            from notify.http.application import start_http
+
             try:
                 self.http = await start_http(self)
             except OSError:

@@ -396,9 +396,7 @@ class AsyncConsumer:
         if self._closed:
             raise ClientError("consumer is closed")
         if self._cluster is not None:
-            raise ClientError(
-                "fetch()/messages() take a static share; with a cluster, subscribe a listener"
-            )
+            return await self._cluster_manual_for(topic)
         self._init_sync_objects()
         sub = self._subs.get(topic)
         if sub is None:
@@ -406,6 +404,24 @@ class AsyncConsumer:
         elif sub.listener is not None and self._started:
             raise ClientError(f"topic {topic!r} is consumed by a listener")
         return await self._manual_cursors(sub)
+
+    async def _cluster_manual_for(self, topic: str) -> list[_Cursor]:
+        """Cluster mode: the cursors of the partitions the group gives this member. The
+        list changes in place as the group rebalances (see :class:`_ClusterTarget`); the
+        first call joins the group when :meth:`complete_subscribe` was not called."""
+        sub = self._subs.get(topic)
+        if sub is not None and sub.listener is not None:
+            raise ClientError(f"topic {topic!r} is consumed by a listener")
+        if sub is None:
+            if self._started:
+                raise ClientError(
+                    f"topic {topic!r} was not subscribed before the consumer joined its group: "
+                    "in cluster mode subscribe every topic before complete_subscribe()"
+                )
+            self._subs[topic] = _Subscription(topic, None, 1 << 20, None, False)
+        if not self._started:
+            await self.complete_subscribe()
+        return self._manual.setdefault(topic, [])
 
     async def _take(
         self, topic: str, cursors: list[_Cursor], max_wait_s: float
@@ -421,7 +437,7 @@ class AsyncConsumer:
             running: list[asyncio.Task[list[Message]]] = []
             for i in range(n):
                 cur = cursors[(start + i) % n]
-                if cur.paused:
+                if cur.paused or cur.stopped:
                     continue
                 task = cur.pending
                 if task is None:
@@ -857,7 +873,7 @@ class AsyncConsumer:
     # -- cluster mode (configserver, issue #7)
 
     async def _join_group(self, cluster: ConfigServer) -> None:
-        topics = [t for t, sub in self._subs.items() if sub.listener is not None]
+        topics = list(self._subs)  # listener topics and fetch()/messages() topics alike
         if not topics:
             return
         cfg = self.config
@@ -1389,10 +1405,17 @@ class _ClusterTarget:
     def _cursor(self, topic: str, p: PartitionInfo) -> _Cursor | None:
         return self.c._cursors.get((topic, Partition(p.broker_id, p.partition, p.address)))
 
+    def _manual_cursor(self, topic: str, p: PartitionInfo) -> _Cursor | None:
+        part = Partition(p.broker_id, p.partition, p.address)
+        return next((cur for cur in self.c._manual.get(topic, ()) if cur.partition == part), None)
+
     async def assign(self, topic: str, partitions: Sequence[PartitionInfo]) -> None:
         c = self.c
         sub = c._subs.get(topic)
-        if sub is None or sub.listener is None or c._stopping:
+        if sub is None or c._stopping:
+            return
+        if sub.listener is None:
+            await self._assign_manual(sub, partitions)
             return
         for p in partitions:
             cur = self._cursor(topic, p)
@@ -1404,8 +1427,45 @@ class _ClusterTarget:
                     cur.position = cur.done
                 cur.task = c._spawn(c._run_cursor(sub, cur))
 
+    async def _assign_manual(self, sub: _Subscription, partitions: Sequence[PartitionInfo]) -> None:
+        """fetch()/messages() topic: a cursor per newly owned partition, starting at the
+        committed offset (read after the claim, so the previous owner's last commit counts);
+        a suspended one resumes where the application's processing reached."""
+        c = self.c
+        cursors = c._manual.setdefault(sub.topic, [])
+        for p in partitions:
+            cur = self._manual_cursor(sub.topic, p)
+            if cur is not None:
+                if cur.stopped:
+                    cur.stopped = False
+                    if cur.done >= 0:
+                        cur.position = cur.done
+                continue
+            part = Partition(p.broker_id, p.partition, p.address)
+            cur = _Cursor(sub.topic, part, FetchSizer(sub.max_size, c.config.max_fetch_bytes))
+            await c._init_offset(cur)
+            cursors.append(cur)
+
+    def _drop_manual(self, curs: Sequence[_Cursor]) -> None:
+        for cur in curs:
+            self.c._cancel_pending(cur)
+            cursors = self.c._manual.get(cur.topic)
+            if cursors is not None and cur in cursors:
+                cursors.remove(cur)
+
     async def revoke(self, topic: str, partitions: Sequence[PartitionInfo]) -> None:
         c = self.c
+        manual = [cur for p in partitions if (cur := self._manual_cursor(topic, p)) is not None]
+        if manual:  # what the application processed is committed; the rest is redelivered
+            for cur in manual:
+                c._cancel_pending(cur)
+                cur.stopped = True
+                c._mark_done(cur)
+            try:
+                await c.commit()
+            except ClientError as e:
+                log.error("group %s: commit before releasing %s failed: %s", c.group, topic, e)
+            self._drop_manual(manual)
         curs = [cur for p in partitions if (cur := self._cursor(topic, p)) is not None]
         if not curs:
             return
@@ -1419,10 +1479,15 @@ class _ClusterTarget:
 
     async def suspend(self) -> None:
         c = self.c
+        for cursors in c._manual.values():
+            for cur in cursors:
+                c._cancel_pending(cur)
+                cur.stopped = True
         await asyncio.gather(*(c._stop_cursor(cur) for cur in list(c._cursors.values())))
 
     async def lost(self) -> None:
         c = self.c
+        self._drop_manual([cur for cursors in c._manual.values() for cur in cursors])
         curs = list(c._cursors.values())
         await asyncio.gather(*(c._stop_cursor(cur) for cur in curs))
         for cur in curs:

@@ -554,6 +554,7 @@ class AsyncProducer:
     ) -> asyncio.Future[BatchSendResult]:
         """Queue many messages (same ``attribute``) for one partition (chosen once, by
         ``key`` or round robin); one future resolves to their :class:`BatchSendResult`.
+        A ``key`` is kept on every message (:attr:`Message.key`), like :meth:`send`'s.
 
         The fast way to produce: the records are encoded in bulk into ``mput`` frames of
         at most ``batch_max_count`` messages / ``batch_max_bytes``, no object per message.
@@ -573,7 +574,10 @@ class AsyncProducer:
                 raise ClientError("message data must be bytes")
             payloads = [bytes(d) for d in payloads]
         flag = 0
-        if attribute is not None:
+        if key is not None:  # the key stays on every message (attribute block), as with send()
+            flag = build_payload(b"", attribute, key)[1]
+            payloads = [build_payload(d, attribute, key)[0] for d in payloads]
+        elif attribute is not None:
             flag = rec.make_payload(b"", attribute)[1]
             payloads = [rec.make_payload(d, attribute)[0] for d in payloads]
         loop = self.loop

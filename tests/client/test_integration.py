@@ -104,8 +104,10 @@ def test_send_batch_async_and_sync(broker: BrokerProcess, tmp_path: Path) -> Non
     for res, want in ((one, a_s), (big, b_s)):
         ms = [by_off[o] for o in res.offsets]
         assert [m.data for m in ms] == want and [m.msg_id for m in ms] == list(res.msg_ids)
+        assert {m.key for m in ms} == {"k"}  # the batch's key stays on every message
     tagged = [by_off[o] for o in sb.offsets]
     assert {m.attribute for m in tagged} == {"tag"} and tagged[0].data == b"s0"
+    assert {m.key for m in tagged} == {"k"}
 
 
 def test_unknown_topic_is_a_failed_send(broker: BrokerProcess) -> None:

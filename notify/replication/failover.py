@@ -71,7 +71,7 @@ LOCAL_FILE = "failover-epoch"
 
 
 class FailoverError(NotifyError):
-    """Automatic failover cannot proceed (ZooKeeper unreachable at start, history gone)."""
+    """Automatic failover cannot proceed (epoch history gone, data below a cut point)."""
 
 
 class FailoverAgent:
@@ -168,14 +168,19 @@ class FailoverAgent:
         section pointing at the epoch's master when following, none when leading)."""
         self._loop = asyncio.get_running_loop()
         self.client.add_listener(self._on_state)
-        try:
-            await self._zk(self.client.start, min(self.session_s * 5, 15.0))
-            await self._zk(self.client.ensure_path, f"{self.base}/epochs")
-        except (KazooException, KazooTimeoutError) as e:
-            raise FailoverError(
-                f"autoFailover: ZooKeeper {self.config.zookeeper.zk_connect} unreachable at "
-                f"start ({type(e).__name__}): the broker cannot know whether it is master"
-            ) from e
+        while True:  # without ZooKeeper this broker cannot know whether it is master: wait
+            try:
+                await self._zk(self.client.start, min(self.session_s * 5, 15.0))
+                await self._zk(self.client.ensure_path, f"{self.base}/epochs")
+                break
+            except (KazooException, KazooTimeoutError) as e:
+                log.error(
+                    "autoFailover: ZooKeeper %s unreachable (%s): waiting for it before "
+                    "taking a role",
+                    self.config.zookeeper.zk_connect,
+                    type(e).__name__,
+                )
+                await asyncio.sleep(1.0)
         local = self._read_local()
         while True:
             got = await self._read_epoch()

@@ -20,6 +20,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from notify.client import ClientConfig, ConsumerConfig, Producer, ProducerConfig, connect
+from notify.protocol import records
 from notify.testing import BrokerProcess, free_port
 from tests.broker.test_transactions import read_all, stats, tput, tx, xid
 from tests.services import ZooKeeperServer
@@ -227,10 +228,15 @@ def test_failover_pause_kill_and_rejoin(group: Group) -> None:
         _wait(lambda: b"xa-1" in got, what="the consumer read from the new master")
         assert set(got) <= set(want)
 
-    # 3. the killed master comes back as a slave of epoch 3 with the same bytes
+    # 3. the killed master comes back as a slave of epoch 3 with the same bytes; give it a
+    # tail the new master never had (a batch it appended but never got acknowledged)
+    seg = max(p for p in (b.data_dir / "orders-0").iterdir() if p.suffix == ".meta")
+    with seg.open("ab") as f:
+        f.write(records.encode(123456789, 0, b"never-replicated"))
     b.start()
     st = stats(b.addr)
     assert st["role"] == "slave" and st["failover_epoch"] == "3", st
+    assert "cutting" in b.log_path.read_text()
     with WireClient(a.addr) as c:
         assert c.put("orders", 0, b"later").code == 200
     _wait(lambda: _segments(a) == _segments(b), what="identical partition bytes")

@@ -53,6 +53,7 @@ class BrokerRegistrar:
         self.registration: BrokerRegistration | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending: BrokerRegistration | None = None
+        self._take_over = False
 
     @property
     def enabled(self) -> bool:
@@ -101,6 +102,20 @@ class BrokerRegistrar:
             self.registration = new
             self._submit(new)
 
+    async def set_slave_id(self, slave_id: int | None) -> None:
+        """Register as master (``None``) or as slave ``slave_id`` from now on (automatic
+        failover promoted this broker): the old key's nodes go, the new ones come."""
+        reg = self.registration
+        if reg is None or reg.slave_id == slave_id:
+            return
+        try:
+            await self.server.unregister_broker(reg.broker_id, reg.slave_id)
+        except ConfigServerError as e:
+            log.warning("configserver: unregistering broker %s: %s", reg.key, e)
+        self.registration = replace(reg, slave_id=slave_id)
+        self._take_over = slave_id is None  # elected: the old master's node may linger
+        self._submit(self.registration)
+
     def _submit(self, reg: BrokerRegistration) -> None:
         self._pending = reg
         if self._task is None or self._task.done():
@@ -111,7 +126,7 @@ class BrokerRegistrar:
         while self._pending is not None:
             reg = self._pending
             try:
-                await self.server.register_broker(reg)
+                await self.server.register_broker(reg, take_over=self._take_over)
             except ConfigServerUnavailableError as e:
                 # remembered by the server: re-created as soon as the session is back
                 log.warning("configserver: registration of broker %s postponed: %s", reg.key, e)

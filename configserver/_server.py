@@ -473,25 +473,29 @@ class ConfigServer:
 
     # ------------------------------------------------------------------ brokers
 
-    async def register_broker(self, reg: BrokerRegistration) -> None:
+    async def register_broker(self, reg: BrokerRegistration, *, take_over: bool = False) -> None:
         """Publish ``reg`` (ephemeral); calling it again applies the difference (topics added
         by a reload, partition counts, accept flags). Remembered for re-registration even
-        when this call fails for want of a connection."""
+        when this call fails for want of a connection. ``take_over``: replace the address
+        node even when another session holds it (an elected master replacing one whose
+        session has not yet expired)."""
         key = (reg.broker_id, reg.slave_id)
         old = self._brokers.get(key)
         self._brokers[key] = reg
         try:
-            await self._apply_broker(reg, old)
+            await self._apply_broker(reg, old, take_over)
         except ConfigServerError as e:
             self._note_failure(e)
             raise
 
-    async def _apply_broker(self, reg: BrokerRegistration, old: BrokerRegistration | None) -> None:
+    async def _apply_broker(
+        self, reg: BrokerRegistration, old: BrokerRegistration | None, take_over: bool = False
+    ) -> None:
         nodes = self.layout.broker_nodes(reg)
         first = True
         for path, data in nodes.items():
             # the address node: a live node of another address is another broker
-            await self._ephemeral(path, data, replace_other=not first)
+            await self._ephemeral(path, data, replace_other=take_over or not first)
             first = False
         if old is not None:
             for path in self.layout.broker_nodes(old):

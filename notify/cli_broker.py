@@ -33,10 +33,24 @@ async def serve(config: ServerConfig, ready: Any = None) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
     try:
-        await broker.start()
-        if ready is not None and not stop.is_set():
-            ready(broker)
-        await stop.wait()
+        while True:
+            await broker.start()
+            if ready is not None and not stop.is_set():
+                ready(broker)
+                ready = None
+            if broker.failover is None:
+                await stop.wait()
+                break
+            # automatic failover: a replaced master (or a slave of a replaced master) starts
+            # again in this process and joins the new epoch as a slave
+            waits = [asyncio.ensure_future(e.wait()) for e in (stop, broker.failover.rejoin)]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+            if stop.is_set():
+                break
+            await broker.stop()
+            broker = Broker(config)
     finally:
         await broker.stop()
 

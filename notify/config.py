@@ -190,6 +190,11 @@ class SystemConfig:
     sync_slave_timeout_ms: int = 3000
     sync_slave_failure_policy: str = "refuse"
     sync_slave_max_failures: int = 3
+    # automatic failover in ZooKeeper mode (notify.replication.failover)
+    auto_failover: bool = False
+    failover_require_in_sync: bool = True
+    failover_max_lag_bytes: int = 0
+    failover_slave_id: int = 0
     # security and resource limits (README "Security")
     http_allowed_hosts: tuple[str, ...] = ()
     http_max_connections: int = 256
@@ -320,6 +325,10 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "syncSlaveTimeout": ("sync_slave_timeout_ms", _int),
     "syncSlaveFailurePolicy": ("sync_slave_failure_policy", _str),
     "syncSlaveMaxFailures": ("sync_slave_max_failures", _int),
+    "autoFailover": ("auto_failover", _bool),
+    "failoverRequireInSync": ("failover_require_in_sync", _bool),
+    "failoverMaxLagBytes": ("failover_max_lag_bytes", _int),
+    "failoverSlaveId": ("failover_slave_id", _int),
     "httpAllowedHosts": ("http_allowed_hosts", _names),
     "httpMaxConnections": ("http_max_connections", _int),
     "httpKeepaliveTimeout": ("http_keepalive_timeout_ms", _int),
@@ -449,6 +458,8 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "txCheckBackConcurrency": (1, 10_000),
     "syncSlaveTimeout": (1, 600_000),
     "syncSlaveMaxFailures": (1, 1_000_000),
+    "failoverMaxLagBytes": (0, 1 << 40),
+    "failoverSlaveId": (0, 1023),
     "httpMaxConnections": (1, 100_000),
     "httpKeepaliveTimeout": (100, _DAY_MS),
     "httpBodyTimeout": (100, _DAY_MS),
@@ -662,6 +673,13 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
             f"[system] replicationSecret: required by {'[slave]' if slave else 'syncSlave'} "
             "(master and slaves share it; replication links authenticate with it)"
         )
+    if system.auto_failover and not (zookeeper.zk_enable and system.replication_secret):
+        raise ConfigError(
+            "[system] autoFailover: needs [zookeeper] zk.zkEnable=true (the election and the "
+            "epoch live in ZooKeeper) and replicationSecret"
+        )
+    if system.auto_failover and not system.server_port:
+        raise ConfigError("[system] autoFailover: needs a fixed serverPort (not 0)")
     return ServerConfig(system, zookeeper, topics, slave, source, text, groups)
 
 

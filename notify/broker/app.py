@@ -30,6 +30,7 @@ from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
 from notify.faults import pausepoint
+from notify.replication.failover import FailoverAgent
 from notify.replication.redo import ReplicaRedo
 from notify.replication.slave import SlaveReplicator
 from notify.replication.sync_master import SyncMaster
@@ -79,6 +80,9 @@ class Broker:
         self.registrar: BrokerRegistrar | None = None  # configserver (issue #7)
         #: the server-side TLS context of both ports (tlsCertFile/tlsKeyFile), None = plain
         self.tls: ssl.SSLContext | None = None
+        #: automatic failover (autoFailover in ZooKeeper mode), None when off
+        self.failover: FailoverAgent | None = None
+        self._promote_override = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -102,6 +106,9 @@ class Broker:
             scanned,
             sum(r.truncated_bytes for r in reports),
         )
+        if self.config.system.auto_failover:  # master or slave: decided by the election
+            self.failover = FailoverAgent(self.config, self.store)
+            self.config = await self.failover.join()
         store = self.store
         self.flusher = Flusher(
             loop,
@@ -172,6 +179,7 @@ class Broker:
         pausepoint("broker.start.registered")
         self.config = await resolve_master(self.registrar, self.config)
         self._start_replication()
+        self._start_failover()
         self.delay.start()
         # notify.http: dashboard, MetaQ HTTP, REST, /metrics; 0 = off
         if self.config.system.dashboard_http_port:
@@ -202,6 +210,8 @@ class Broker:
         if self.registrar is not None:  # configserver (issue #7): clients stop choosing us
             await self.registrar.stop()
             self.registrar = None
+        if self.failover is not None:  # leave the election: a slave takes over at once
+            await self.failover.close()
         if self._server is not None:
             self._server.close()
         if self.delay is not None:
@@ -386,6 +396,13 @@ class Broker:
             self.slave.start()
             log.info("slave %d of %s", self.config.slave.slave_id, service.master_address)
         elif sysc.sync_slave:
+            self._start_sync_master()
+
+    def _start_sync_master(self) -> None:
+        service = self.service
+        assert service is not None
+        sysc = self.config.system
+        if sysc.sync_slave:
             service.sync_master = SyncMaster(
                 service,
                 sysc.sync_slave,
@@ -400,6 +417,71 @@ class Broker:
             if tm is not None:  # the redo log follows the partitions to the slave
                 tm.log.on_write = lambda pos, frames: tm.ship(sm.replicate_redo(pos, frames))
 
+    def _start_failover(self) -> None:
+        """Wire the election's agent to this broker (README "Replication and failover")."""
+        agent, service = self.failover, self.service
+        if agent is None or service is None:
+            return
+        service.epoch = agent.epoch
+        service.fence = agent.fence
+        service.saw_epoch = agent.saw_epoch
+        service.failover_stats = agent.stats_items
+        if self.slave is not None:
+            self.slave.epoch = agent.epoch
+            service.on_promote = self._promote_by_election
+        if service.sync_master is not None:
+            service.sync_master.epoch = agent.epoch
+        agent.eligible = self._failover_eligible
+        agent.stop_replication = self._stop_replication
+        agent.promoted = self._elected
+        agent.epoch_known = self._epoch_known
+        agent.start()
+
+    def _failover_eligible(self) -> bool:
+        if self.slave is None:
+            return False
+        if self._promote_override or not self.config.system.failover_require_in_sync:
+            return True
+        return self.slave.in_sync
+
+    def _promote_by_election(self) -> str:
+        """``promote`` with autoFailover: this slave becomes eligible even when not in sync
+        (an operator's override); it is master once it holds the group's lock."""
+        self._promote_override = True
+        return (
+            "promote: contending for the group's lock (master once the current master's "
+            "ZooKeeper session has ended)"
+        )
+
+    def _epoch_known(self, epoch: int) -> None:
+        assert self.service is not None
+        self.service.epoch = epoch
+        if self.slave is not None:
+            self.slave.epoch = epoch
+
+    def _stop_replication(self) -> None:
+        """Elected: take nothing more from the old master (no pull, no push)."""
+        assert self.service is not None
+        self.service.role = "promoting"
+        if self.slave is not None:
+            self.slave.cancel()
+        for conn in list(self.service.connections):
+            if conn.replica and conn.transport is not None:
+                conn.transport.abort()
+
+    def _elected(self, epoch: int) -> None:
+        """Holding the lock in a new epoch: promote, re-register as master, push to the
+        configured synchronous slave (if any) in this epoch."""
+        assert self.service is not None
+        self.service.epoch = epoch
+        self.promote()
+        if self.registrar is not None:
+            asyncio.get_running_loop().create_task(self.registrar.set_slave_id(None))
+        if self.service.sync_master is None:
+            self._start_sync_master()
+        if self.service.sync_master is not None:
+            self.service.sync_master.epoch = epoch
+
     def promote(self) -> str:
         """Failover: stop replicating and accept producers (offsets match the old master)."""
         assert self.service is not None
@@ -411,6 +493,10 @@ class Broker:
         self.service.replication_stats = None
         tm = self.service.transactions
         if tm is not None and tm.replica:
+            # every byte a slave appended is whole, CRC-checked records (at the master's
+            # offsets): recovery need not re-verify commits placed before its ends
+            for part in self.store.all_partitions():
+                part.scan_start = max(part.scan_start, part.end)
             # the master's transaction state, recovered exactly as a restarted master would
             tm.replica = False
             self.service.redo_replica = None

@@ -173,6 +173,12 @@ class BrokerService:
         self.replication_stats: Callable[[], list[tuple[str, object]]] | None = None
         #: a slave's copy of its master's redo log (None on a master)
         self.redo_replica: ReplicaRedo | None = None
+        #: automatic failover (notify.replication.failover): the epoch this broker is in
+        #: (0 = none) and the check that says why a master must not take writes now
+        self.epoch = 0
+        self.fence: Callable[[], str | None] | None = None
+        self.saw_epoch: Callable[[int], None] | None = None  # a peer named a newer epoch
+        self.failover_stats: Callable[[], list[tuple[str, object]]] | None = None
         self._redo_acks: list[PendingReplies] = []
         #: (topic, partition) -> group -> (last fetched offset, monotonic time), bounded
         self.consumer_positions = ConsumerPositions(
@@ -326,7 +332,7 @@ class BrokerService:
             return self._error(
                 conn, 400, r.opaque, f"checksum mismatch: sent {r.checksum}, body has {crc}"
             )
-        if self.role != "master" or (self.sync_master and self.sync_master.refusing):
+        if self._writes_refused():
             self.stats.put_failed += 1
             return self._refuse_write(conn, r.opaque)
         if r.tx_key is not None:
@@ -415,7 +421,7 @@ class BrokerService:
         err = self._check_records(buf, r.count)
         if err:
             return self._error(conn, 400, r.opaque, f"mput: {err}")
-        if self.role != "master" or (self.sync_master and self.sync_master.refusing):
+        if self._writes_refused():
             return self._refuse_write(conn, r.opaque)
         if r.tx_key is not None:
             return self._tx_mput(conn, r, buf)
@@ -559,8 +565,12 @@ class BrokerService:
         synchronous slave (if any) have confirmed; fail them if either did not."""
         futs = [f for f in (flushed, replicated) if f is not None]
         if not futs:
+            fenced = self.fence() if self.fence is not None else None
             for g in groups:
-                g.resolve()
+                if fenced is None:
+                    g.resolve()
+                else:  # a master replaced meanwhile (automatic failover): not acknowledged
+                    g.fail(503, fenced)
             return
         left = [len(futs)]
 
@@ -575,13 +585,28 @@ class BrokerService:
                     for g in groups:
                         g.fail(code, f"not acknowledged: {exc}")
                     return
+            fenced = self.fence() if self.fence is not None else None
+            if fenced is not None:  # replaced while waiting (e.g. paused): not acknowledged
+                for g in groups:
+                    g.fail(503, fenced)
+                return
             for g in groups:
                 g.resolve()
 
         for f in futs:
             f.add_done_callback(one_done)
 
+    def _writes_refused(self, transaction: bool = False) -> bool:
+        """A slave, a fenced master (automatic failover) or a master refusing for its
+        synchronous slave does not take writes now."""
+        if self.role != "master" or (self.fence is not None and self.fence() is not None):
+            return True
+        return not transaction and bool(self.sync_master and self.sync_master.refusing)
+
     def _refuse_write(self, conn: Connection, opaque: int) -> None:
+        fenced = self.fence() if self.fence is not None and self.role == "master" else None
+        if fenced is not None:  # 503: the client retries, on the new master once registered
+            return self._error(conn, 503, opaque, fenced)
         if self.role != "master":
             return self._error(
                 conn,
@@ -748,7 +773,7 @@ class BrokerService:
             if not conn.admin:
                 return self._denied(conn, r.opaque, "reload", "admin")
             self._do_reload(conn, r)
-        elif isinstance(r, Transaction) and self.role != "master":
+        elif isinstance(r, Transaction) and self._writes_refused(transaction=True):
             self._refuse_write(conn, r.opaque)
         elif isinstance(r, Transaction):
             if self.transactions is None:
@@ -803,7 +828,7 @@ class BrokerService:
         crc = zlib.crc32(r.body) & _CRC_MASK
         if r.checksum != -1 and r.checksum != crc:
             return self._error(conn, 400, r.opaque, "checksum mismatch")
-        if self.role != "master" or (self.sync_master and self.sync_master.refusing):
+        if self._writes_refused():
             return self._refuse_write(conn, r.opaque)
         delay = self.delay
         dpart = self.store.get(DELAY_TOPIC, 0)
@@ -1009,8 +1034,22 @@ class BrokerService:
                     )
                 )
                 return conn.close_after_replies()
+            if self.epoch and (r.epoch or 0) < self.epoch:  # a replaced master, or behind
+                self.stats.denied += 1
+                conn.send(
+                    encode_result(
+                        403,
+                        r.opaque,
+                        b"replica auth in failover epoch %d refused: this broker is in epoch %d"
+                        % (r.epoch or 0, self.epoch),
+                    )
+                )
+                return conn.close_after_replies()
+            if r.epoch and r.epoch > self.epoch and self.saw_epoch is not None:
+                self.saw_epoch(r.epoch)  # this broker may have been replaced: fence now
             conn.grant(True, conn.admin, True)
-            return conn.send(encode_result(200, r.opaque, encode_replica_ack(sysc.broker_id)))
+            ack = encode_replica_ack(sysc.broker_id, self.epoch)
+            return conn.send(encode_result(200, r.opaque, ack))
         record_auth_failure(conn.peer)  # counted in /metrics; rate-limited log lines
         conn.send(encode_result(403, r.opaque, b"authentication failed"))
         conn.close_after_replies()
@@ -1047,6 +1086,8 @@ class BrokerService:
                 items += self.sync_master.stats_items()
             elif self.replication_stats is not None:
                 items += self.replication_stats()
+            if self.failover_stats is not None:
+                items += self.failover_stats()
         elif item == "topics":
             items = []
             for t, parts in sorted(self._topic_parts.items()):

@@ -1074,8 +1074,10 @@ class AsyncProducer:
         s = self._senders.get((topic, part))
         if s is None:
             s = self._senders[(topic, part)] = _PartitionSender(self, topic, part)
-        elif not s.partition.address and part.address:
-            s.partition = part  # a restored spool's partition, now routed
+        elif part.address and s.partition.address != part.address:
+            # a restored spool's partition, now routed, or the partition's broker moved
+            # (failover: another broker registered as its master)
+            s.partition = part
         if len(self._sender_by_id) > 4 * len(self._senders) + 64:
             self._sender_by_id.clear()  # old partition lists: bounded
         self._sender_by_id[(topic, id(part))] = (part, s)

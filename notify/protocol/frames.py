@@ -250,6 +250,9 @@ class Auth:
     #: ``auth <secret> <brokerId> <opaque>``: a broker of a replication set names the broker
     #: id it replicates (its master's, which a MetaQ slave shares); None in the 3-token form
     broker_id: int | None = None
+    #: ``auth <secret> <brokerId> <epoch> <opaque>``: the failover epoch the linking broker
+    #: is in (automatic failover, README "Replication and failover"); None = not given
+    epoch: int | None = None
 
 
 @dataclass(slots=True)
@@ -389,7 +392,7 @@ _LINE_COUNTS: Final = {
     b"stats": (1, 3),
     b"version": (1, 2),
     b"transaction": (5, 7),
-    b"auth": (3, 3),
+    b"auth": (3, 5),
     b"register": (3, 4),
     b"qsub": (6, 7),
     b"qunsub": (4, 4),
@@ -718,11 +721,12 @@ class RequestParser:
         if cmd == b"transaction":
             return self._decode_transaction(t)
         if cmd == b"auth":
-            if n not in (3, 4):
-                raise ProtocolError(f"auth: expected 3 or 4 tokens, got {n}", 400, _opaque_of(t))
+            if n not in (3, 4, 5):
+                raise ProtocolError(f"auth: expected 3-5 tokens, got {n}", 400, _opaque_of(t))
             opaque = _int(t[-1], "opaque", 0)
-            bid = _int(t[2], "brokerId", opaque) if n == 4 else None
-            return Auth(_text(t[1], "secret", opaque), opaque, bid)
+            bid = _int(t[2], "brokerId", opaque) if n >= 4 else None
+            epoch = _int(t[3], "epoch", opaque) if n == 5 else None
+            return Auth(_text(t[1], "secret", opaque), opaque, bid, epoch)
         if cmd == b"reload":
             return Reload(_int(t[1], "opaque", 0) if n > 1 else 0)
         if cmd == b"promote":
@@ -893,10 +897,13 @@ def encode_msync(
     return head.encode() + records
 
 
-def encode_replica_auth(secret: str, broker_id: int, opaque: int) -> bytes:
-    """``auth <replicationSecret> <brokerId> <opaque>``: the handshake of a replication link;
-    the broker answers ``ok role=replica broker=<its brokerId>`` (see
+def encode_replica_auth(secret: str, broker_id: int, opaque: int, epoch: int = 0) -> bytes:
+    """``auth <replicationSecret> <brokerId> [<epoch>] <opaque>``: the handshake of a
+    replication link (the failover epoch with automatic failover, else omitted); the broker
+    answers ``ok role=replica broker=<its brokerId>[ epoch=<its epoch>]`` (see
     :func:`notify.protocol.replies.parse_replica_ack`)."""
+    if epoch:
+        return f"auth {secret} {broker_id} {epoch} {opaque}\r\n".encode()
     return f"auth {secret} {broker_id} {opaque}\r\n".encode()
 
 

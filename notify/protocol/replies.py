@@ -18,8 +18,8 @@ by one space, text is UTF-8. Byte layouts::
     RECOVER        (200 to transaction RECOVER)
                                               <key>\\r\\n<key>...   (no trailing CRLF; empty
                                               body: nothing prepared)
-    replica ack    (200 to a 4-token auth with replicationSecret)
-                                              ok role=replica broker=<brokerId>
+    replica ack    (200 to a 4/5-token auth with replicationSecret)
+                                              ok role=replica broker=<brokerId>[ epoch=<E>]
     stats          (200 to stats)             STATS\\r\\n<name> <value>\\r\\n...END\\r\\n
                    <name> has no space; <value> is the rest of the line, often
                    ``k=v k=v`` fields (``stats topics``: ``partitions=4 bytes=...``)
@@ -325,9 +325,19 @@ def parse_partition_count(body: bytes) -> int:
 REPLICA_ACK_PREFIX: Final = b"ok role=replica broker="
 
 
-def encode_replica_ack(broker_id: int) -> bytes:
-    """``ok role=replica broker=<brokerId>``: the answering broker's identity."""
-    return REPLICA_ACK_PREFIX + b"%d" % broker_id
+def encode_replica_ack(broker_id: int, epoch: int = 0) -> bytes:
+    """``ok role=replica broker=<brokerId>[ epoch=<epoch>]``: the answering broker's identity
+    and, with automatic failover, the failover epoch it is in."""
+    ack = REPLICA_ACK_PREFIX + b"%d" % broker_id
+    return ack + b" epoch=%d" % epoch if epoch else ack
+
+
+def parse_replica_epoch(body: bytes) -> int:
+    """The ``epoch=`` of a replica ``auth`` answer; 0 when absent (no automatic failover)."""
+    for tok in body.split()[2:]:
+        if tok.startswith(b"epoch=") and tok[6:].isdigit():
+            return int(tok[6:])
+    return 0
 
 
 def parse_replica_ack(body: bytes) -> int | None:
@@ -335,5 +345,5 @@ def parse_replica_ack(body: bytes) -> int | None:
     role (e.g. "authentication not required": it has no ``replicationSecret``)."""
     if not body.startswith(REPLICA_ACK_PREFIX):
         return None
-    tail = body[len(REPLICA_ACK_PREFIX) :]
+    tail = body[len(REPLICA_ACK_PREFIX) :].split(b" ", 1)[0]
     return int(tail) if tail.isdigit() else None

@@ -5,7 +5,11 @@ Every link opens with the replica handshake ``auth <replicationSecret> <brokerId
 secret proves the peer belongs to the replication set, and both sides check the broker id
 (a slave has its master's ``brokerId``, as in MetaQ): the answering broker refuses a link
 naming another id, and the link refuses a peer that answers with another id or that grants
-no replica role at all (it has no ``replicationSecret``)."""
+no replica role at all (it has no ``replicationSecret``).
+
+With automatic failover both sides also name their failover epoch (the fencing token kept in
+ZooKeeper, :mod:`notify.replication.failover`): each refuses a peer in an older epoch, so a
+slave never replicates from, and never takes pushes from, a master that was replaced."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import ssl
 
 from notify.errors import NotifyError
 from notify.protocol.frames import encode_replica_auth
-from notify.protocol.replies import parse_replica_ack
+from notify.protocol.replies import parse_replica_ack, parse_replica_epoch
 from notify.transport import AsyncConnection, TransportOptions, open_connection
 
 #: A replication link is a plain transport connection.
@@ -30,21 +34,33 @@ class ReplicaHandshakeError(NotifyError):
 
 
 async def connect_link(
-    addr: str, secret: str, broker_id: int, tls: ssl.SSLContext | None = None
+    addr: str,
+    secret: str,
+    broker_id: int,
+    tls: ssl.SSLContext | None = None,
+    epoch: int = 0,
 ) -> AsyncConnection:
-    """Open a replica link to the broker at ``addr`` that must be broker ``broker_id``.
+    """Open a replica link to the broker at ``addr`` that must be broker ``broker_id``;
+    with ``epoch`` (automatic failover) a peer in an older epoch is refused.
 
     Raises :class:`ReplicaHandshakeError`, :class:`~notify.errors.ConnectionLostError` or
     :class:`~notify.transport.TLSError` (all :class:`~notify.errors.NotifyError`)."""
     conn = await open_connection(addr, TransportOptions(None, tls, CONNECT_TIMEOUT_S))
     try:
         r = await conn.request(
-            lambda o: encode_replica_auth(secret, broker_id, o), CONNECT_TIMEOUT_S
+            lambda o: encode_replica_auth(secret, broker_id, o, epoch), CONNECT_TIMEOUT_S
         )
     except NotifyError:
         conn.abort()
         raise
     peer = parse_replica_ack(r.body) if r.code == 200 else None
+    peer_epoch = parse_replica_epoch(r.body) if r.code == 200 else 0
+    if peer == broker_id and epoch and peer_epoch < epoch:
+        conn.abort()
+        raise ReplicaHandshakeError(
+            f"replication peer {addr} is in failover epoch {peer_epoch}, older than this "
+            f"broker's {epoch}: refused (it was replaced)"
+        )
     if peer != broker_id:
         conn.abort()
         text = r.body[:200].decode("utf-8", "replace")

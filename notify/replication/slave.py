@@ -87,6 +87,10 @@ class SlaveReplicator:
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._main: asyncio.Task[None] | None = None
         self.stopped = False
+        #: failover epoch this slave follows (0 = no automatic failover): links name it
+        self.epoch = 0
+        self._ends_known = False  # a whole round of the master's ends answered
+        self._redo_ok = False  # the redo log pulled without error at that round
 
     def start(self) -> None:
         if not self.master:
@@ -115,7 +119,9 @@ class SlaveReplicator:
             self._ensure_pullers()  # local partitions report their state even if unreachable
             try:
                 if link is None or not link.is_open:
-                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
+                    link = await connect_link(
+                        self.master, self.secret, self.broker_id, self.tls, self.epoch
+                    )
                 if self.cfg.auto_sync_master_config:
                     await self._sync_topics(link)
                 self._ensure_pullers()
@@ -168,12 +174,32 @@ class SlaveReplicator:
             )
 
     async def _refresh_master_ends(self, link: BrokerLink) -> None:
+        known = True
         for (topic, idx), st in self.state.items():
             r = await link.request(
                 functools.partial(encode_offset, topic, self.cfg.slave_group, idx, 2**63 - 1)
             )
             if r.code == 200:
                 st.master_end = parse_offset(r.body)
+            else:
+                known = False
+        self._ends_known = known
+        self._redo_ok = not self.redo.error
+
+    @property
+    def in_sync(self) -> bool:
+        """Automatic failover's eligibility (README "Replication and failover"): the last
+        whole round of the master's ends was answered, the redo log pulled without error
+        then, and every partition is now within ``failoverMaxLagBytes`` of the end the
+        master last reported (a synchronous slave is, pushes arrive before the ack)."""
+        if not (self._ends_known and self._redo_ok):
+            return False
+        bound = self.broker.config.system.failover_max_lag_bytes
+        for (topic, idx), st in self.state.items():
+            part = self.broker.store.get(topic, idx)
+            if part is None or st.master_end < 0 or st.master_end - part.end > bound:
+                return False
+        return True
 
     # ------------------------------------------------------------------ pulling
 
@@ -191,7 +217,9 @@ class SlaveReplicator:
             self._ensure_pullers()  # local partitions report their state even if unreachable
             try:
                 if link is None or not link.is_open:
-                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
+                    link = await connect_link(
+                        self.master, self.secret, self.broker_id, self.tls, self.epoch
+                    )
                 off = part.end
                 r = await link.request(
                     functools.partial(
@@ -269,7 +297,9 @@ class SlaveReplicator:
                     log.error("slave: checkpoint of the replica redo log failed: %s", e)
             try:
                 if link is None or not link.is_open:
-                    link = await connect_link(self.master, self.secret, self.broker_id, self.tls)
+                    link = await connect_link(
+                        self.master, self.secret, self.broker_id, self.tls, self.epoch
+                    )
                 at = rr.end
                 r = await link.request(
                     functools.partial(

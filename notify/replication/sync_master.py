@@ -81,6 +81,8 @@ class SyncMaster:
         self.last_error = ""
         self._task: asyncio.Task[None] | None = None
         self._last_warn = 0.0
+        #: failover epoch of this master (0 = no automatic failover): the link names it
+        self.epoch = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._probe(), name="sync-master")
@@ -192,7 +194,9 @@ class SyncMaster:
         while True:
             try:
                 if self.link is None or not self.link.is_open:
-                    self.link = await connect_link(self.addr, self.secret, self.broker_id, self.tls)
+                    self.link = await connect_link(
+                        self.addr, self.secret, self.broker_id, self.tls, self.epoch
+                    )
                     log.info("connected to synchronous slave %s", self.addr)
                 if (self.refusing or self.degraded) and await self._in_sync(self.link):
                     log.info("synchronous slave %s is back in sync", self.addr)

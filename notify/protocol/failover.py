@@ -1,0 +1,84 @@
+"""Automatic failover's ZooKeeper node values (pure: no I/O).
+
+Under ``<zk.zkRoot>/failover/<brokerId>/`` (beside MetaQ's layout, which MetaQ tools never
+read there):
+
+* ``lock/``            kazoo's Lock recipe: the holder is the group's master;
+* ``epoch``            ``{"epoch":E,"member":N,"address":"host:port"}``: the fencing token,
+  incremented at every election, the member (slave id; a configured master's is
+  ``failoverSlaveId``) that leads it and the address producers and slaves use;
+* ``epochs/<E>``       ``{"ends":[[topic,partition,end],...]}``: the partitions' ends of the
+  new master when epoch E began. Everything below them came from the previous master; a
+  member coming back from an older epoch cuts its partitions to the lowest of these ends
+  over the epochs it missed (the tail it wrote that no later master ever had).
+
+Each broker also keeps ``<dataPath>/failover-epoch`` (one decimal number): the last epoch
+whose master's data it holds (led or followed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+__all__ = [
+    "EpochInfo",
+    "decode_ends",
+    "decode_epoch",
+    "encode_ends",
+    "encode_epoch",
+    "epoch_node_name",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EpochInfo:
+    """The value of the ``epoch`` node."""
+
+    epoch: int
+    member: int
+    address: str
+
+
+def encode_epoch(info: EpochInfo) -> bytes:
+    """Compact JSON, keys in a fixed order."""
+    obj = {"epoch": info.epoch, "member": info.member, "address": info.address}
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decode_epoch(raw: bytes) -> EpochInfo:
+    """Inverse of :func:`encode_epoch`; ValueError on anything else."""
+    obj = json.loads(raw.decode("utf-8"))
+    if not isinstance(obj, dict):
+        raise ValueError(f"not an epoch node value: {raw[:80]!r}")
+    epoch, member, address = obj.get("epoch"), obj.get("member"), obj.get("address")
+    if not (isinstance(epoch, int) and isinstance(member, int) and isinstance(address, str)):
+        raise ValueError(f"not an epoch node value: {raw[:80]!r}")
+    return EpochInfo(epoch, member, address)
+
+
+def epoch_node_name(epoch: int) -> str:
+    """``epochs/<E>`` child name: zero-padded so that names sort as numbers."""
+    return f"{epoch:010d}"
+
+
+def encode_ends(ends: list[tuple[str, int, int]]) -> bytes:
+    """``{"ends":[[topic,partition,end],...]}``."""
+    return json.dumps({"ends": [list(e) for e in sorted(ends)]}, separators=(",", ":")).encode()
+
+
+def decode_ends(raw: bytes) -> dict[tuple[str, int], int]:
+    """Inverse of :func:`encode_ends`, as ``{(topic, partition): end}``."""
+    obj = json.loads(raw.decode("utf-8"))
+    rows = obj.get("ends") if isinstance(obj, dict) else None
+    if not isinstance(rows, list):
+        raise ValueError(f"not an epoch-start value: {raw[:80]!r}")
+    out: dict[tuple[str, int], int] = {}
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 3):
+            raise ValueError(f"bad epoch-start row {row!r}")
+        topic, part, end = row
+        if not (isinstance(topic, str) and isinstance(part, int) and isinstance(end, int)):
+            raise ValueError(f"bad epoch-start row {row!r}")
+        out[(topic, part)] = end
+    return out

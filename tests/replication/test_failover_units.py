@@ -1,0 +1,58 @@
+"""Automatic failover's pure pieces: the epoch in the replica handshake, the ZooKeeper node
+values, and the config checks (the processes are in ``test_auto_failover.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from notify.config import parse_config
+from notify.errors import ConfigError
+from notify.protocol.failover import (
+    EpochInfo,
+    decode_ends,
+    decode_epoch,
+    encode_ends,
+    encode_epoch,
+    epoch_node_name,
+)
+from notify.protocol.frames import Auth, RequestParser, encode_replica_auth
+from notify.protocol.replies import encode_replica_ack, parse_replica_ack, parse_replica_epoch
+
+
+def test_replica_handshake_carries_the_epoch() -> None:
+    (with_epoch,) = RequestParser(1 << 20).feed(encode_replica_auth("s3", 7, 42, epoch=5))
+    assert with_epoch == Auth("s3", 42, 7, 5)
+    (without,) = RequestParser(1 << 20).feed(encode_replica_auth("s3", 7, 42))
+    assert without == Auth("s3", 42, 7, None)
+    ack = encode_replica_ack(7, 5)
+    assert ack == b"ok role=replica broker=7 epoch=5"
+    assert parse_replica_ack(ack) == 7 and parse_replica_epoch(ack) == 5
+    old = encode_replica_ack(7)  # a broker without autoFailover
+    assert parse_replica_ack(old) == 7 and parse_replica_epoch(old) == 0
+
+
+def test_epoch_node_values_round_trip_and_reject_garbage() -> None:
+    info = EpochInfo(3, 1, "127.0.0.1:8123")
+    assert encode_epoch(info) == b'{"epoch":3,"member":1,"address":"127.0.0.1:8123"}'
+    assert decode_epoch(encode_epoch(info)) == info
+    ends = [("orders", 1, 20), ("orders", 0, 10)]
+    assert decode_ends(encode_ends(ends)) == {("orders", 0): 10, ("orders", 1): 20}
+    assert epoch_node_name(12) == "0000000012"
+    for bad in (b"[]", b'{"epoch":"3","member":1,"address":"x"}', b"{"):
+        with pytest.raises(ValueError):
+            decode_epoch(bad)
+    with pytest.raises(ValueError):
+        decode_ends(b'{"ends":[["orders",0]]}')
+
+
+def test_auto_failover_needs_zookeeper_a_secret_and_a_fixed_port() -> None:
+    zk = "[zookeeper]\nzk.zkEnable=true\n"
+    with pytest.raises(ConfigError, match="autoFailover"):
+        parse_config("[system]\nautoFailover=true\nreplicationSecret=r\n")
+    with pytest.raises(ConfigError, match="autoFailover"):
+        parse_config("[system]\nautoFailover=true\n" + zk)
+    with pytest.raises(ConfigError, match="serverPort"):
+        parse_config("[system]\nautoFailover=true\nreplicationSecret=r\nserverPort=0\n" + zk)
+    cfg = parse_config("[system]\nautoFailover=true\nreplicationSecret=r\n" + zk)
+    assert cfg.system.auto_failover and cfg.system.failover_require_in_sync
+    assert cfg.system.failover_max_lag_bytes == 0 and cfg.system.failover_slave_id == 0

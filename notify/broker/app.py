@@ -140,6 +140,7 @@ class Broker:
             tm.applier,
             SYSTEM_CLOCK,
             lambda: service.role == "master",
+            replica=tm.replica,  # a slave keeps its master's delay log (the __delaylog stream)
         )
         self.delay.open()
         service.delay = self.delay
@@ -392,6 +393,9 @@ class Broker:
             sm, tm = service.sync_master, service.transactions
             if tm is not None:  # the redo log follows the partitions to the slave
                 tm.log.on_write = lambda pos, frames: tm.ship(sm.replicate_redo(pos, frames))
+            dq = self.delay
+            if dq is not None:  # and the delay queue's log (a move waits for the slave)
+                dq.log.on_write = lambda pos, frames: dq.ship(sm.replicate_delay_log(pos, frames))
 
     def promote(self) -> str:
         """Failover: stop replicating and accept producers (offsets match the old master)."""
@@ -409,6 +413,8 @@ class Broker:
             self.service.redo_replica = None
             tm.recover()
             tm.add_jobs()
+        if self.delay is not None:  # delivered set and pending messages as on the master
+            self.delay.promote()
         log.warning("promoted to master (was a slave of %s)", self.service.master_address)
         return f"promoted: broker {self.config.system.broker_id} is now a master"
 

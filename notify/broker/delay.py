@@ -33,6 +33,20 @@ watermark back), so a crash before the targets' fsync still re-applies it.
 Inside a transaction, a delayed put becomes an APPEND_MSG for ``__delay``; the commit applies
 it there and the index learns it then, so a rolled-back delayed message never becomes due.
 Only a master moves messages; a slave replicates ``__delay`` but waits until promoted.
+
+Replication: the delay log travels to slaves as the reserved stream ``__delaylog``, at the
+master's positions, exactly like the redo log (:mod:`notify.replication.redo`: pushed to a
+synchronous slave, pulled by every slave). Each master checkpoint also logs its state as a
+record, so a replica needs nothing but the frames::
+
+    CKPT  (22)  watermark:u64 · k:u32 · k*delivered offset:i64   (as the checkpoint state)
+
+Recovery reads a CKPT record as the state it carries. On a synchronous master the mover
+waits for the slave's answer to a MOVE before writing any target partition, so a slave that
+has a moved message also has its MOVE. A slave keeps its copy with :class:`DelayReplica`
+(its own checkpoints, its ``__delay`` segments below the watermark deleted) and ``promote``
+runs the recovery above on it, re-applying every MOVE still in the log idempotently (the
+target bytes may not have reached the slave), then indexes what is still pending.
 """
 
 from __future__ import annotations
@@ -57,6 +71,7 @@ from notify.errors import NotifyError, TxLogError
 from notify.faults import crashpoint
 from notify.fs import OS_FS, FileSystem
 from notify.protocol import records
+from notify.replication.redo import ReplicaRedo
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from txlog import Position, TxLog, TxLogConfig
@@ -66,6 +81,7 @@ log = logging.getLogger("notify.delay")
 DELAY_TOPIC: Final = "__delay"
 MOVE: Final = 20
 MOVED: Final = 21
+CKPT: Final = 22
 TICK_S: Final = 0.05
 CHECKPOINT_S: Final = 10.0
 MAX_MOVE_BATCH: Final = 20_000
@@ -136,8 +152,14 @@ class DelayQueue:
         is_master: Callable[[], bool],
         fs: FileSystem = OS_FS,
         crash: Callable[[str], None] = crashpoint,
+        replica: bool = False,
     ):
         self.crash = crash
+        #: a slave keeps its master's log (``open`` makes ``replica_log``) until ``promote``
+        self.replica = replica
+        self.replica_log: DelayReplica | None = None
+        #: the synchronous slave's answer to the newest write of this log pushed to it
+        self._shipped: asyncio.Future[None] | None = None
         self.store = store
         self.sysc = sysc
         self.applier = applier
@@ -165,16 +187,36 @@ class DelayQueue:
     # ------------------------------------------------------------------ lifecycle
 
     def open(self) -> None:
-        """Create ``__delay-0``, recover interrupted moves and rebuild the index."""
+        """Create ``__delay-0``, recover interrupted moves and rebuild the index (a replica:
+        only follow the master's log, see :meth:`promote`)."""
         self.part = self.store.get(DELAY_TOPIC, 0)
         if self.part is None:
             sysc = self.sysc
             self.part = self.store.add_topic(delay_topic_config(default_topic(sysc, "")))[0]
+        if self.replica:
+            self.replica_log = DelayReplica(self.log, self.store, self.part)
+            return
+        self._recover(promoted=False)
+
+    def promote(self) -> None:
+        """This slave becomes the master: recover its copy of the master's log as a restarted
+        master would, re-applying (idempotently) every MOVE still in it, since its target
+        bytes may not have reached this broker; then index what is still pending."""
+        if not self.replica:
+            return
+        self.replica = False
+        self.replica_log = None
+        self._recover(promoted=True)
+
+    def ship(self, fut: asyncio.Future[None]) -> None:
+        """A write of this log was pushed to the synchronous slave: the next move waits."""
+        fut.add_done_callback(_consume)
+        self._shipped = fut
+
+    def _recover(self, promoted: bool) -> None:
         ck = self.log.latest_checkpoint()
         if ck is not None and ck.state:
-            (self.watermark,) = _U64.unpack_from(ck.state, 0)
-            (k,) = _U32.unpack_from(ck.state, 8)
-            self.delivered = set(_unpack_i64s(ck.state[12 : 12 + 8 * k]))
+            self.watermark, self.delivered = _decode_state(ck.state)
         # every MOVE still in the log is re-applied idempotently: one without MOVED was
         # interrupted, one with MOVED may have lost its unflushed target bytes in a crash
         moves: dict[int, tuple[Position, list[tuple[str, int, int]], list[int]]] = {}
@@ -183,12 +225,14 @@ class DelayQueue:
                 seq, hints, offs = _decode_move(body)
                 moves[seq] = (pos, hints, offs)
                 self.seq = max(self.seq, seq)
+            elif rtype == CKPT:  # the state a checkpoint had (what a replica has of it)
+                self.watermark, self.delivered = _decode_state(body)
             elif rtype == MOVED:
                 seq, offs, placed = _decode_moved(body)
                 self.delivered.update(offs)
                 self.seq = max(self.seq, seq)
                 if seq in moves and placed is not None:
-                    if self._present(placed):
+                    if not promoted and self._present(placed):
                         del moves[seq]  # done, and its messages are all in their partitions
                     else:  # the exact offsets it went to are the hints for its re-apply
                         moves[seq] = (moves[seq][0], [(t, p, o) for t, p, o, _n in placed], offs)
@@ -228,8 +272,9 @@ class DelayQueue:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        with contextlib.suppress(NotifyError):
-            self._checkpoint()
+        if not self.replica:  # a replica's log is its master's: nothing of ours goes in
+            with contextlib.suppress(NotifyError):
+                self._checkpoint()
         self.log.close()
 
     # ------------------------------------------------------------------ index
@@ -282,7 +327,16 @@ class DelayQueue:
             if not self.is_master():
                 continue
             try:
-                self.move_due()
+                prepared = self._prepare_move()
+                if prepared is not None:
+                    try:
+                        shipped = self._shipped
+                        if shipped is not None and not shipped.done():
+                            # the synchronous slave has the MOVE before any target has the
+                            # messages; a slave that does not answer is out of sync anyway
+                            await asyncio.wait({shipped})
+                    finally:  # even when cancelled: the MOVE is logged, apply it now
+                        self._finish_move(prepared)
                 if self.clock.monotonic() - self._last_checkpoint >= CHECKPOINT_S:
                     self._checkpoint()
             except NotifyError as e:
@@ -291,6 +345,12 @@ class DelayQueue:
 
     def move_due(self, now_ms: int | None = None) -> int:
         """Deliver every pending message due by ``now_ms``; returns how many moved."""
+        prepared = self._prepare_move(now_ms)
+        return 0 if prepared is None else self._finish_move(prepared)
+
+    def _prepare_move(self, now_ms: int | None = None) -> _Move | None:
+        """Take the due messages and log their MOVE (forced); :meth:`_finish_move` appends
+        them to their partitions."""
         now_ms = int(self.clock.time() * 1000) if now_ms is None else now_ms
         now_sec = now_ms // 1000
         part = self.part
@@ -317,7 +377,7 @@ class DelayQueue:
         for off, due in later:
             self.add(off, due)
         if not taken:
-            return 0
+            return None
         taken.sort(key=lambda x: (x[0], x[1]))
         hints: dict[tuple[str, int], int] = {}
         for _due, _off, topic, pidx, _out in taken:
@@ -335,6 +395,10 @@ class DelayQueue:
                 self.add(off, due)
             raise
         self.crash("after_move_intent")
+        return seq, pos, hint_list, offsets, taken
+
+    def _finish_move(self, move: _Move) -> int:
+        seq, pos, hint_list, offsets, taken = move
         self._apply_move(seq, pos, hint_list, offsets, prepared=taken)
         now2 = self.clock.time() * 1000
         for due, *_ in taken:
@@ -424,7 +488,8 @@ class DelayQueue:
         self.watermark = low
         self.delivered = {o for o in self.delivered if o >= low}
         state = _U64.pack(low) + _U32.pack(len(self.delivered)) + _pack_i64s(self.delivered)
-        keep = unflushed[0][0] if unflushed else self.log.end_position
+        at = self.log.append(CKPT, state)  # the state in the log too: replicas follow it
+        keep = unflushed[0][0] if unflushed else at
         self.log.checkpoint(keep, state)
         part.delete_segments_before(low)
 
@@ -441,6 +506,7 @@ class DelayQueue:
             ("delay_next_due_s", self.heap[0] if self.heap else -1),
             ("delay_lateness_p50_ms", pct(0.5)),
             ("delay_lateness_p99_ms", pct(0.99)),
+            ("delay_log_end", "{}:{}".format(*self.log.end_position)),
         ]
 
 
@@ -498,3 +564,75 @@ def _decode_moved(body: bytes) -> tuple[int, list[int], list[tuple[str, int, int
         placed.append((topic, pidx, off, nbytes))
         pos += 2 + tl + _PLACED.size
     return seq, offsets, placed
+
+
+#: A logged MOVE not yet applied: seq, MOVE position, hints, __delay offsets, records.
+_Taken = list[tuple[int, int, str, int, bytes]]
+_Move = tuple[int, Position, list[tuple[str, int, int]], list[int], _Taken]
+
+
+def _decode_state(state: bytes) -> tuple[int, set[int]]:
+    """``(watermark, delivered offsets)`` of a checkpoint state or CKPT record."""
+    (watermark,) = _U64.unpack_from(state, 0)
+    (k,) = _U32.unpack_from(state, 8)
+    return watermark, set(_unpack_i64s(state[12 : 12 + 8 * k]))
+
+
+def _consume(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+class DelayReplica(ReplicaRedo):
+    """A slave's copy of its master's delay log (the ``__delaylog`` stream): appended at the
+    master's positions; checkpointed from the master's CKPT records, keeping every MOVE whose
+    messages are not yet on this broker's disk in their partitions (``promote`` re-applies
+    those); ``__delay`` segments below the master's watermark are deleted here too."""
+
+    def __init__(self, log: TxLog, store: MessageStore, part: Partition):
+        self.part = part
+        #: MOVE seq -> (position, lowest __delay offset, placements once MOVED is seen)
+        self.moves: dict[int, tuple[Position, int, list[tuple[str, int, int, int]] | None]] = {}
+        #: the newest CKPT record: (position, state)
+        self.ckpt: tuple[Position, bytes] | None = None
+        self._low = 0
+        super().__init__(log, store)
+
+    def _track(self, pos: Position, rtype: int, body: bytes) -> None:
+        try:
+            if rtype == MOVE:
+                seq, _hints, offs = _decode_move(body)
+                self.moves.setdefault(seq, (pos, min(offs, default=0), None))
+            elif rtype == MOVED:
+                seq, _offs, placed = _decode_moved(body)
+                ent = self.moves.get(seq)
+                if ent is not None:
+                    self.moves[seq] = (ent[0], ent[1], placed or [])
+            elif rtype == CKPT:
+                self.ckpt = (pos, body)
+        except (struct.error, ValueError, IndexError) as e:
+            log.error("delay replica: unreadable record at %s: %s", pos, e)
+
+    def checkpoint_plan(self) -> tuple[Position, bytes] | None:
+        """Where this copy may start (and the state it keeps), or None before the master's
+        first CKPT record."""
+        if self.ckpt is None:
+            return None
+        at, state = self.ckpt
+        for seq, (pos, _low, placed) in list(self.moves.items()):
+            if pos < at and placed is not None and self._on_disk(placed):
+                del self.moves[seq]
+        keep = min([at, *(e[0] for e in self.moves.values())])
+        watermark, _ = _decode_state(state)
+        self._low = min([watermark, *(e[1] for e in self.moves.values())])
+        return keep, state
+
+    def checkpointed(self) -> None:
+        self.part.delete_segments_before(self._low)
+
+    def _on_disk(self, placed: list[tuple[str, int, int, int]]) -> bool:
+        for topic, pidx, off, nbytes in placed:
+            target = self.store.get(topic, pidx)
+            if target is not None and not target.memory and target.flushed_end < off + nbytes:
+                return False
+        return True

@@ -74,12 +74,12 @@ from notify.protocol.replies import (
     Redirect,
     encode_replica_ack,
 )
-from notify.replication.redo import TXLOG_STREAM, RedoBehindError, ReplicaRedo
+from notify.replication.redo import DELAYLOG_STREAM, TXLOG_STREAM, RedoBehindError, ReplicaRedo
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from notify.version import __version__
-from txlog import Position
+from txlog import Position, TxLog
 
 if TYPE_CHECKING:
     from notify.broker.queues import QueueManager
@@ -173,7 +173,7 @@ class BrokerService:
         self.replication_stats: Callable[[], list[tuple[str, object]]] | None = None
         #: a slave's copy of its master's redo log (None on a master)
         self.redo_replica: ReplicaRedo | None = None
-        self._redo_acks: list[PendingReplies] = []
+        self._redo_acks: list[tuple[PendingReplies, ReplicaRedo]] = []
         #: (topic, partition) -> group -> (last fetched offset, monotonic time), bounded
         self.consumer_positions = ConsumerPositions(
             config.system.max_consumer_groups, config.system.consumer_group_expiry_ms / 1000.0
@@ -600,7 +600,7 @@ class BrokerService:
         st.cmd_get += 1
         if r.topic.startswith("__") and not conn.replica:
             return self._denied(conn, r.opaque, f"get on internal topic {r.topic!r}", "replica")
-        if r.topic == TXLOG_STREAM:
+        if r.topic in (TXLOG_STREAM, DELAYLOG_STREAM):
             return self._get_redo(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
@@ -853,7 +853,7 @@ class BrokerService:
             return self._error(conn, 403, r.opaque, "msync: this broker is not a slave")
         if not conn.replica:  # only the master, authenticated with replicationSecret
             return self._denied(conn, r.opaque, "msync", "replica")
-        if r.topic == TXLOG_STREAM:
+        if r.topic in (TXLOG_STREAM, DELAYLOG_STREAM):
             return self._msync_redo(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
@@ -887,12 +887,17 @@ class BrokerService:
     def _get_redo(self, conn: Connection, r: Get) -> None:
         """A slave pulls the redo log: ``get __txlog <group> <fileNo> <offset> <maxSize>``;
         200 = whole frames, 301 = continue at the start of segment ``<body>``, 404 = none
-        yet (see :mod:`notify.replication.redo`)."""
-        tm = self.transactions
-        if tm is None:
-            return self._error(conn, 404, r.opaque, "no redo log on this broker")
+        yet (see :mod:`notify.replication.redo`). ``get __delaylog ...``: the same for the
+        delay queue's log."""
+        src: TxLog | None = None
+        if r.topic == DELAYLOG_STREAM:
+            src = self.delay.log if self.delay is not None else None
+        elif self.transactions is not None:
+            src = self.transactions.log
+        if src is None:
+            return self._error(conn, 404, r.opaque, f"no {r.topic} log on this broker")
         try:
-            data, nxt = tm.log.read_frames(
+            data, nxt = src.read_frames(
                 Position(r.partition, r.offset), min(r.max_size, self.max_transfer)
             )
         except TxLogError as e:
@@ -906,9 +911,11 @@ class BrokerService:
     def _msync_redo(self, conn: Connection, r: MultiSync) -> None:
         """The synchronous master pushes redo frames; answered after this slave forced them
         (one fdatasync for every push of a loop turn); 301 = behind, the pull catches up."""
-        rr = self.redo_replica
+        rr: ReplicaRedo | None = self.redo_replica
+        if r.topic == DELAYLOG_STREAM:
+            rr = self.delay.replica_log if self.delay is not None else None
         if rr is None:
-            return self._error(conn, 500, r.opaque, "msync: this slave keeps no redo log")
+            return self._error(conn, 500, r.opaque, f"msync: this slave keeps no {r.topic} log")
         at = Position(r.partition, r.base_offset)
         try:
             rr.append(at, r.records)
@@ -918,25 +925,27 @@ class BrokerService:
             return self._error(conn, 500, r.opaque, f"msync: {e}")
         group = PendingReplies(conn, r.partition)
         group.items.append([r.opaque])
-        self._redo_acks.append(group)
+        self._redo_acks.append((group, rr))
         if len(self._redo_acks) == 1:
             self.loop.call_soon(self._force_redo)
         conn.send(group)
 
     def _force_redo(self) -> None:
         acks, self._redo_acks = self._redo_acks, []
-        rr = self.redo_replica
-        try:
-            if rr is None:
-                raise TxLogError("this broker no longer keeps a replica redo log")
-            rr.log.sync()
-        except TxLogError as e:
-            for g in acks:
-                g.fail(500, f"msync: forcing the redo log failed: {e}")
-            return
-        for g in acks:
-            g.body = encode_result(200, g.items[0][0], b"%d %d" % rr.end)
-            g.resolve()
+        failed: dict[int, str] = {}
+        for rr in {id(rr): rr for _g, rr in acks}.values():  # one fsync per log
+            try:
+                if rr.log.closed:
+                    raise TxLogError("this broker no longer keeps that replica log")
+                rr.log.sync()
+            except TxLogError as e:
+                failed[id(rr)] = str(e)
+        for g, rr in acks:
+            if id(rr) in failed:
+                g.fail(500, f"msync: forcing the replica log failed: {failed[id(rr)]}")
+            else:
+                g.body = encode_result(200, g.items[0][0], b"%d %d" % rr.end)
+                g.resolve()
 
     def _sync(self, conn: Connection, r: Sync) -> None:
         """MetaQ's single-message ``sync``: append one record with the master's id."""

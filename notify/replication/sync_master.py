@@ -27,7 +27,7 @@ from notify.errors import NotifyError
 from notify.protocol.frames import Response, encode_msync, encode_offset
 from notify.protocol.replies import parse_offset
 from notify.replication.link import BrokerLink, connect_link
-from notify.replication.redo import TXLOG_STREAM
+from notify.replication.redo import DELAYLOG_STREAM, TXLOG_STREAM
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from txlog import Position
@@ -115,6 +115,10 @@ class SyncMaster:
         """Push frames the master's redo log wrote at ``at`` (``b""``: segment ``at.file_no``
         was closed at ``at.offset``); the slave answers once they are on its disk."""
         return self._push(TXLOG_STREAM, at.file_no, at.offset, frames, 0)
+
+    def replicate_delay_log(self, at: Position, frames: bytes) -> asyncio.Future[None]:
+        """The same for the delay queue's log (stream ``__delaylog``)."""
+        return self._push(DELAYLOG_STREAM, at.file_no, at.offset, frames, 0)
 
     def _push(
         self, topic: str, index: int, base: int, data: bytes | bytearray, count: int

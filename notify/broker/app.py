@@ -32,7 +32,7 @@ from notify.errors import ConfigError, NotifyError
 from notify.faults import pausepoint
 from notify.http.application import start_http
 from notify.http.server import HttpServer
-from notify.replication.redo import ReplicaRedo
+from notify.replication.redo import DELAYLOG_STREAM, QUEUELOG_STREAM, ReplicaRedo
 from notify.replication.slave import SlaveReplicator
 from notify.replication.sync_master import SyncMaster
 from notify.runtime import SYSTEM_CLOCK
@@ -144,7 +144,7 @@ class Broker:
         )
         self.delay.open()
         service.delay = self.delay
-        service.queues = QueueManager(self.config, self.store, loop)  # README "Queues"
+        service.queues = QueueManager(self.config, self.store, loop, replica=tm.replica)
         service.queues.open()
         if not tm.replica:
             tm.add_jobs()
@@ -389,13 +389,21 @@ class Broker:
                 sysc.replication_secret,
                 sysc.broker_id,
             )
+            service.sync_master.on_dropped = service.taken_back
             service.sync_master.start()
             sm, tm = service.sync_master, service.transactions
             if tm is not None:  # the redo log follows the partitions to the slave
                 tm.log.on_write = lambda pos, frames: tm.ship(sm.replicate_redo(pos, frames))
             dq = self.delay
             if dq is not None:  # and the delay queue's log (a move waits for the slave)
-                dq.log.on_write = lambda pos, frames: dq.ship(sm.replicate_delay_log(pos, frames))
+                dq.log.on_write = lambda pos, frames: dq.ship(
+                    sm.replicate_log(DELAYLOG_STREAM, pos, frames)
+                )
+            qm = service.queues
+            if qm is not None and qm.log is not None:  # acknowledgements wait for the slave
+                qm.log.on_write = lambda pos, frames: qm.ship(
+                    sm.replicate_log(QUEUELOG_STREAM, pos, frames)
+                )
 
     def promote(self) -> str:
         """Failover: stop replicating and accept producers (offsets match the old master)."""
@@ -415,6 +423,8 @@ class Broker:
             tm.add_jobs()
         if self.delay is not None:  # delivered set and pending messages as on the master
             self.delay.promote()
+        if self.service.queues is not None:  # queue groups' acknowledgements and progress
+            self.service.queues.promote()
         log.warning("promoted to master (was a slave of %s)", self.service.master_address)
         return f"promoted: broker {self.config.system.broker_id} is now a master"
 

@@ -24,11 +24,12 @@ MOVE is fsynced before any target partition is written; after the appends MOVED 
 (not forced). Recovery re-applies a MOVE without MOVED idempotently (message ids tell what
 already reached the target), then rebuilds the index by scanning ``__delay`` from the
 checkpointed watermark (the lowest offset still pending), skipping delivered offsets.
-Checkpoints (every ``CHECKPOINT_S``) store ``watermark:u64 · k:u32 · k*delivered offset:i64``
-(the delivered offsets above the watermark); segments of ``__delay`` wholly below the
-watermark are deleted. A move whose messages are not yet on disk in their target partitions
-keeps its MOVE record and its ``__delay`` records (it holds both the checkpoint and the
-watermark back), so a crash before the targets' fsync still re-applies it.
+Checkpoints (every ``delayCheckpointInterval`` ms) store ``watermark:u64 · k:u32 ·
+k*delivered offset:i64`` (the delivered offsets above the watermark); segments of
+``__delay`` wholly below the watermark are deleted. A move whose messages are not yet on
+disk in their target partitions keeps its MOVE record and its ``__delay`` records (it
+holds both the checkpoint and the watermark back), so a crash before the targets' fsync
+still re-applies it.
 
 Inside a transaction, a delayed put becomes an APPEND_MSG for ``__delay``; the commit applies
 it there and the index learns it then, so a rolled-back delayed message never becomes due.
@@ -41,7 +42,20 @@ record, so a replica needs nothing but the frames::
 
     CKPT  (22)  watermark:u64 · k:u32 · k*delivered offset:i64   (as the checkpoint state)
 
-Recovery reads a CKPT record as the state it carries. On a synchronous master the mover
+Recovery reads a CKPT record as the state it carries.
+
+Compaction: one far-future message would keep the oldest ``__delay`` segment, and every
+segment after it, until it is due (``maxDelay``, 90 days by default). Before each
+checkpoint, when the pending messages of the oldest segment (not the active one) fill less
+than half of it, they are re-put at the end of ``__delay`` through the same intent ->
+idempotent apply -> done path as a move, with ``__delay`` as the target::
+
+    REPUT (23)  as MOVE; the hint is the oldest segment's end; done is MOVED
+
+so their old offsets count as delivered, the watermark passes the segment and it is
+deleted. The re-put records keep their message ids; recovery looks for them only from the
+hint on (the originals, with the same ids, lie before it), so a crash anywhere neither
+loses nor doubles one (``tests/broker/test_delay_compaction.py``). On a synchronous master the mover
 waits for the slave's answer to a MOVE before writing any target partition, so a slave that
 has a moved message also has its MOVE. A slave keeps its copy with :class:`DelayReplica`
 (its own checkpoints, its ``__delay`` segments below the watermark deleted) and ``promote``
@@ -72,6 +86,7 @@ from notify.faults import crashpoint
 from notify.fs import OS_FS, FileSystem
 from notify.protocol import records
 from notify.replication.redo import ReplicaRedo
+from notify.store.idempotent import already_present
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from txlog import Position, TxLog, TxLogConfig
@@ -82,8 +97,10 @@ DELAY_TOPIC: Final = "__delay"
 MOVE: Final = 20
 MOVED: Final = 21
 CKPT: Final = 22
+REPUT: Final = 23
+#: Compact the oldest __delay segment when its pending messages fill less than this share.
+COMPACT_RATIO: Final = 0.5
 TICK_S: Final = 0.05
-CHECKPOINT_S: Final = 10.0
 MAX_MOVE_BATCH: Final = 20_000
 
 _U16 = struct.Struct(">H")
@@ -178,6 +195,8 @@ class DelayQueue:
         self.watermark = 0
         self.seq = 0
         self.moved_total = 0
+        self.compacted_total = 0
+        self._reput_retry: tuple[int, Position, int, list[int], list[bytes]] | None = None
         self.lateness_ms: deque[float] = deque(maxlen=10_000)
         self._task: asyncio.Task[None] | None = None
         self._last_checkpoint = clock.monotonic()
@@ -220,10 +239,13 @@ class DelayQueue:
         # every MOVE still in the log is re-applied idempotently: one without MOVED was
         # interrupted, one with MOVED may have lost its unflushed target bytes in a crash
         moves: dict[int, tuple[Position, list[tuple[str, int, int]], list[int]]] = {}
+        reputs: set[int] = set()  # REPUT seqs (re-puts into __delay by compaction)
         for pos, rtype, body in self.log.replay():
-            if rtype == MOVE:
+            if rtype in (MOVE, REPUT):
                 seq, hints, offs = _decode_move(body)
                 moves[seq] = (pos, hints, offs)
+                if rtype == REPUT:
+                    reputs.add(seq)
                 self.seq = max(self.seq, seq)
             elif rtype == CKPT:  # the state a checkpoint had (what a replica has of it)
                 self.watermark, self.delivered = _decode_state(body)
@@ -238,7 +260,10 @@ class DelayQueue:
                         moves[seq] = (moves[seq][0], [(t, p, o) for t, p, o, _n in placed], offs)
         touched: dict[Partition, None] = {}
         for seq, (pos, hints, offs) in sorted(moves.items()):
-            placements = self._apply_move(seq, pos, hints, offs, recovering=True)
+            if seq in reputs:
+                placements = self._apply_reput(seq, pos, hints[0][2], offs, recovering=True)
+            else:
+                placements = self._apply_move(seq, pos, hints, offs, recovering=True)
             for pl in placements:
                 target = self.store.get(pl.topic, pl.partition)
                 if target is not None:
@@ -289,6 +314,10 @@ class DelayQueue:
         b.append(due_ms)
         self.pending += 1
 
+    def forget_from(self, offset: int) -> None:
+        """``__delay`` records at or after ``offset`` were taken back (refused puts)."""
+        self._forget({o for a in self.buckets.values() for o in a[0::2] if o >= offset})
+
     def index_appended(self, base: int, data: bytes | bytearray | memoryview) -> None:
         """Index records just appended to ``__delay`` at ``base`` (puts and tx commits)."""
         recs, _ = records.decode_all(bytes(data), base, verify=False)
@@ -337,7 +366,9 @@ class DelayQueue:
                             await asyncio.wait({shipped})
                     finally:  # even when cancelled: the MOVE is logged, apply it now
                         self._finish_move(prepared)
-                if self.clock.monotonic() - self._last_checkpoint >= CHECKPOINT_S:
+                interval = self.sysc.delay_checkpoint_interval_ms / 1000.0
+                if self.clock.monotonic() - self._last_checkpoint >= interval:
+                    self.compact()
                     self._checkpoint()
             except NotifyError as e:
                 log.error("delay mover: %s (retrying)", e)
@@ -359,7 +390,9 @@ class DelayQueue:
         later: list[tuple[int, int]] = []
         while self.heap and self.heap[0] <= now_sec and len(taken) < MAX_MOVE_BATCH:
             sec = heapq.heappop(self.heap)
-            pairs = self.buckets.pop(sec)
+            pairs = self.buckets.pop(sec, None)
+            if pairs is None:  # emptied by forget_from
+                continue
             self.pending -= len(pairs) // 2
             for i in range(0, len(pairs), 2):
                 off, due = pairs[i], pairs[i + 1]
@@ -473,6 +506,121 @@ class DelayQueue:
             self.moved_total += len(offsets)
         return placements
 
+    # ------------------------------------------------------------------ compaction
+
+    def compact(self) -> int:
+        """Re-put the pending messages of the oldest ``__delay`` segment when they fill less
+        than COMPACT_RATIO of it (see the module doc); returns how many were re-put."""
+        part = self.part
+        assert part is not None
+        if self._reput_retry is not None:  # the last re-put's append failed: finish it first
+            retry, self._reput_retry = self._reput_retry, None
+            self._apply_reput(*retry[:4], raw=retry[4], retry=retry)
+        if len(part.segments) < 2 or self.replica:
+            return 0
+        oldest = part.segments[0]
+        if oldest.end > part.visible_end:
+            return 0
+        bound = oldest.end
+        found: list[tuple[int, int]] = []  # (offset, due)
+        for a in self.buckets.values():
+            for i in range(0, len(a), 2):
+                if a[i] < bound:
+                    found.append((a[i], a[i + 1]))
+                    if len(found) > MAX_MOVE_BATCH:
+                        return 0  # a segment full of pending messages: nothing to gain
+        if not found:
+            return 0
+        found.sort()
+        raw: list[bytes] = []
+        for off, _due in found:
+            size = records.first_record_size(part.read_raw(off, records.HEADER_SIZE))
+            if size is None:
+                log.error("delay: record at %d unreadable, not compacted", off)
+                return 0
+            raw.append(part.read_raw(off, size))
+        if sum(map(len, raw)) >= COMPACT_RATIO * (oldest.end - oldest.start):
+            return 0
+        offsets = [off for off, _ in found]
+        self.seq += 1
+        seq = self.seq
+        pos = self.log.commit(REPUT, _encode_move(seq, [(DELAY_TOPIC, 0, bound)], offsets))
+        self._forget(set(offsets))
+        self.crash("after_reput_intent")
+        self._apply_reput(seq, pos, bound, offsets, raw=raw, retry=(seq, pos, bound, offsets, raw))
+        log.info("delay: %d pending messages re-put out of the oldest segment", len(offsets))
+        return len(offsets)
+
+    def _forget(self, offsets: set[int]) -> None:
+        """Take ``offsets`` out of the index."""
+        for sec in list(self.buckets):
+            a = self.buckets[sec]
+            keep = array("q")
+            for i in range(0, len(a), 2):
+                if a[i] not in offsets:
+                    keep.append(a[i])
+                    keep.append(a[i + 1])
+            self.pending -= (len(a) - len(keep)) // 2
+            if keep:
+                self.buckets[sec] = keep
+            else:  # its heap key stays: move_due pops a missing bucket as empty
+                del self.buckets[sec]
+
+    def _apply_reput(
+        self,
+        seq: int,
+        pos: Position,
+        hint: int,
+        offsets: list[int],
+        recovering: bool = False,
+        raw: list[bytes] | None = None,
+        retry: tuple[int, Position, int, list[int], list[bytes]] | None = None,
+    ) -> tuple[Placement, ...]:
+        """Append the records at ``offsets`` again at the end of ``__delay`` (recovery: only
+        what is not already there from ``hint`` on), index them, log MOVED. When the append
+        fails, ``retry`` is kept for the next :meth:`compact` (the messages are out of the
+        index meanwhile; a restart re-applies the logged REPUT instead)."""
+        part = self.part
+        assert part is not None
+        if raw is None:
+            raw = []
+            for off in offsets:
+                if off < part.min_offset:
+                    continue  # its segment was deleted: the re-put was durable before
+                size = records.first_record_size(part.read_raw(off, records.HEADER_SIZE))
+                if size is not None:
+                    raw.append(part.read_raw(off, size))
+        data = b"".join(raw)
+        placements: list[Placement] = []
+        skip, at, n_skip = 0, -1, 0
+        if recovering and data:
+            # the originals (same message ids) lie before hint: look only from there
+            skip, at = already_present(part, hint, data, exact=True)
+            while n_skip < len(raw) and sum(map(len, raw[: n_skip + 1])) <= skip:
+                n_skip += 1
+            if skip:
+                placements.append(Placement(DELAY_TOPIC, 0, at, n_skip, skip))
+        if skip < len(data):
+            share = Share(DELAY_TOPIC, 0, data[skip:], len(raw) - n_skip)
+            try:
+                placed = self.applier.apply([share], {}, verify=False, what=f"delay re-put {seq}")
+            except NotifyError:
+                self._reput_retry = retry
+                raise
+            placements += placed
+            if not recovering:  # (recovery rebuilds the index from the watermark)
+                for pl in placed:
+                    self.index_appended(pl.offset, data[skip:])
+        try:
+            self.log.append(MOVED, _encode_moved(seq, offsets, tuple(placements)))
+        except TxLogError as e:
+            log.error("delay: MOVED %d not logged (recovery re-checks it): %s", seq, e)
+        self.crash("after_reput")
+        self._unflushed.append((pos, offsets, tuple(placements)))
+        self.delivered.update(offsets)
+        self.compacted_total += len(offsets)
+        return tuple(placements)
+
     # ------------------------------------------------------------------ checkpoints
 
     def _checkpoint(self) -> None:
@@ -503,6 +651,8 @@ class DelayQueue:
             ("delay_pending", self.pending),
             ("delay_buckets", len(self.buckets)),
             ("delay_moved", self.moved_total),
+            ("delay_compacted", self.compacted_total),
+            ("delay_segments", len(self.part.segments) if self.part is not None else 0),
             ("delay_next_due_s", self.heap[0] if self.heap else -1),
             ("delay_lateness_p50_ms", pct(0.5)),
             ("delay_lateness_p99_ms", pct(0.99)),
@@ -600,7 +750,7 @@ class DelayReplica(ReplicaRedo):
 
     def _track(self, pos: Position, rtype: int, body: bytes) -> None:
         try:
-            if rtype == MOVE:
+            if rtype in (MOVE, REPUT):
                 seq, _hints, offs = _decode_move(body)
                 self.moves.setdefault(seq, (pos, min(offs, default=0), None))
             elif rtype == MOVED:

@@ -74,7 +74,13 @@ from notify.protocol.replies import (
     Redirect,
     encode_replica_ack,
 )
-from notify.replication.redo import DELAYLOG_STREAM, TXLOG_STREAM, RedoBehindError, ReplicaRedo
+from notify.replication.redo import (
+    DELAYLOG_STREAM,
+    LOG_STREAMS,
+    QUEUELOG_STREAM,
+    RedoBehindError,
+    ReplicaRedo,
+)
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
@@ -430,7 +436,7 @@ class BrokerService:
         first_id = self.ids.next_block(r.count)
         records.stamp_ids(buf, first_id)
         try:
-            part.append(buf)
+            part.append(buf, hold=self._holds)
         except NotifyError as e:
             code = 503 if isinstance(e, StoreFullError) else 500
             return self._error(conn, code, r.opaque, str(e))
@@ -528,7 +534,7 @@ class BrokerService:
                     offset += 20 + len(body)
             data = b"".join(chunks)
             try:
-                part.append(data)
+                part.append(data, hold=self._holds)
             except NotifyError as e:
                 code = 503 if isinstance(e, StoreFullError) else 500
                 log.error("append to %s-%d failed: %s", part.topic, part.index, e)
@@ -581,6 +587,18 @@ class BrokerService:
         for f in futs:
             f.add_done_callback(one_done)
 
+    @property
+    def _holds(self) -> bool:
+        """Appends wait invisible for the synchronous slave (``refuse``: taken back if it
+        does not confirm, so a put answered 503 is not stored)."""
+        return self.sync_master is not None and self.sync_master.holds
+
+    def taken_back(self, part: Partition, offset: int) -> None:
+        """Refused puts from ``offset`` on were cut from ``part``: forget what indexed them."""
+        self.producers.forget_from(part, offset)
+        if part.topic == DELAY_TOPIC and self.delay is not None:
+            self.delay.forget_from(offset)
+
     def _refuse_write(self, conn: Connection, opaque: int) -> None:
         if self.role != "master":
             return self._error(
@@ -600,7 +618,7 @@ class BrokerService:
         st.cmd_get += 1
         if r.topic.startswith("__") and not conn.replica:
             return self._denied(conn, r.opaque, f"get on internal topic {r.topic!r}", "replica")
-        if r.topic in (TXLOG_STREAM, DELAYLOG_STREAM):
+        if r.topic in LOG_STREAMS:
             return self._get_redo(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
@@ -831,7 +849,7 @@ class BrokerService:
         msg_id = self.ids.next()
         rec = records.encode(msg_id, r.flag, env)
         try:
-            off = dpart.append(rec)
+            off = dpart.append(rec, hold=self._holds)
         except NotifyError as e:
             code = 503 if isinstance(e, StoreFullError) else 500
             return self._error(conn, code, r.opaque, str(e))
@@ -853,7 +871,7 @@ class BrokerService:
             return self._error(conn, 403, r.opaque, "msync: this broker is not a slave")
         if not conn.replica:  # only the master, authenticated with replicationSecret
             return self._denied(conn, r.opaque, "msync", "replica")
-        if r.topic in (TXLOG_STREAM, DELAYLOG_STREAM):
+        if r.topic in LOG_STREAMS:
             return self._msync_redo(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
@@ -863,6 +881,14 @@ class BrokerService:
         if err:
             return self._error(conn, 400, r.opaque, f"msync: {err}")
         end = part.end
+        if not buf and r.base_offset < end:  # the master took back puts it refused
+            try:
+                part.rollback_to(max(r.base_offset, part.min_offset))
+            except (NotifyError, OSError) as e:
+                return self._error(conn, 500, r.opaque, f"msync: cutting back failed: {e}")
+            self.taken_back(part, r.base_offset)
+            log.warning("%s-%d cut back to the master's end %d", r.topic, r.partition, part.end)
+            return conn.send(encode_result(200, r.opaque, OffsetReply(part.end).encode()))
         if r.base_offset > end:
             return conn.send(encode_result(301, r.opaque, Redirect(end).encode()))  # behind
         if r.base_offset < end:
@@ -887,13 +913,9 @@ class BrokerService:
     def _get_redo(self, conn: Connection, r: Get) -> None:
         """A slave pulls the redo log: ``get __txlog <group> <fileNo> <offset> <maxSize>``;
         200 = whole frames, 301 = continue at the start of segment ``<body>``, 404 = none
-        yet (see :mod:`notify.replication.redo`). ``get __delaylog ...``: the same for the
-        delay queue's log."""
-        src: TxLog | None = None
-        if r.topic == DELAYLOG_STREAM:
-            src = self.delay.log if self.delay is not None else None
-        elif self.transactions is not None:
-            src = self.transactions.log
+        yet (see :mod:`notify.replication.redo`). ``get __delaylog ...`` and ``get
+        __queuelog ...``: the same for the delay queue's and the queues' logs."""
+        src = self.stream_log(r.topic)
         if src is None:
             return self._error(conn, 404, r.opaque, f"no {r.topic} log on this broker")
         try:
@@ -911,9 +933,7 @@ class BrokerService:
     def _msync_redo(self, conn: Connection, r: MultiSync) -> None:
         """The synchronous master pushes redo frames; answered after this slave forced them
         (one fdatasync for every push of a loop turn); 301 = behind, the pull catches up."""
-        rr: ReplicaRedo | None = self.redo_replica
-        if r.topic == DELAYLOG_STREAM:
-            rr = self.delay.replica_log if self.delay is not None else None
+        rr = self.stream_replica(r.topic)
         if rr is None:
             return self._error(conn, 500, r.opaque, f"msync: this slave keeps no {r.topic} log")
         at = Position(r.partition, r.base_offset)
@@ -929,6 +949,22 @@ class BrokerService:
         if len(self._redo_acks) == 1:
             self.loop.call_soon(self._force_redo)
         conn.send(group)
+
+    def stream_log(self, stream: str) -> TxLog | None:
+        """The log a replicated stream reads from on this broker (None: none here)."""
+        if stream == DELAYLOG_STREAM:
+            return self.delay.log if self.delay is not None else None
+        if stream == QUEUELOG_STREAM:
+            return self.queues.log if self.queues is not None else None
+        return self.transactions.log if self.transactions is not None else None
+
+    def stream_replica(self, stream: str) -> ReplicaRedo | None:
+        """This slave's copy of its master's log ``stream`` (None on a master)."""
+        if stream == DELAYLOG_STREAM:
+            return self.delay.replica_log if self.delay is not None else None
+        if stream == QUEUELOG_STREAM:
+            return self.queues.replica_log if self.queues is not None else None
+        return self.redo_replica
 
     def _force_redo(self) -> None:
         acks, self._redo_acks = self._redo_acks, []

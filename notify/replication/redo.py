@@ -39,6 +39,10 @@ from txlog.records import decode
 TXLOG_STREAM = "__txlog"
 #: The internal stream name of the delay queue's log (notify.broker.delay), same mechanism.
 DELAYLOG_STREAM = "__delaylog"
+#: The internal stream name of the queue-subscription log (notify.broker.queues).
+QUEUELOG_STREAM = "__queuelog"
+#: Every replicated log stream.
+LOG_STREAMS = (TXLOG_STREAM, DELAYLOG_STREAM, QUEUELOG_STREAM)
 
 
 class RedoBehindError(TxLogError):

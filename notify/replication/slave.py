@@ -28,7 +28,12 @@ from notify.protocol import records
 from notify.protocol.frames import encode_get, encode_line, encode_offset
 from notify.protocol.replies import parse_fields, parse_offset, parse_stats
 from notify.replication.link import BrokerLink, connect_link
-from notify.replication.redo import DELAYLOG_STREAM, TXLOG_STREAM, ReplicaRedo
+from notify.replication.redo import (
+    DELAYLOG_STREAM,
+    QUEUELOG_STREAM,
+    TXLOG_STREAM,
+    ReplicaRedo,
+)
 from notify.store.partition import Partition
 
 if TYPE_CHECKING:
@@ -45,7 +50,8 @@ TOPIC_SYNC_S = 3.0
 #: Seconds between checkpoints of the replica redo log.
 CHECKPOINT_S = 5.0
 REDO_KEY = (TXLOG_STREAM, 0)
-DELAYLOG_KEY = (DELAYLOG_STREAM, 0)
+#: the other replicated logs (the delay queue's, the queues'), pulled like the redo log
+OTHER_LOGS = (DELAYLOG_STREAM, QUEUELOG_STREAM)
 RETRY_S = 0.5
 
 
@@ -85,7 +91,7 @@ class SlaveReplicator:
         self.broker_id = broker.config.system.broker_id
         self.state: dict[tuple[str, int], PullState] = {}
         self.redo = PullState()
-        self.delay_log = PullState()
+        self.logs = {s: PullState() for s in OTHER_LOGS}
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._main: asyncio.Task[None] | None = None
         self.stopped = False
@@ -161,12 +167,12 @@ class SlaveReplicator:
             self._tasks[REDO_KEY] = loop.create_task(
                 self._pull_redo(service.redo_replica), name="slave-pull-redo"
             )
-        dq = service.delay if service is not None else None
-        if dq is not None and dq.replica_log is not None and DELAYLOG_KEY not in self._tasks:
-            self._tasks[DELAYLOG_KEY] = loop.create_task(
-                self._pull_redo(dq.replica_log, DELAYLOG_STREAM, self.delay_log),
-                name="slave-pull-delaylog",
-            )
+        for stream in OTHER_LOGS:
+            rl = service.stream_replica(stream) if service is not None else None
+            if rl is not None and (stream, 0) not in self._tasks:
+                self._tasks[(stream, 0)] = loop.create_task(
+                    self._pull_redo(rl, stream, self.logs[stream]), name=f"slave-pull-{stream}"
+                )
         for (topic, idx), part in self.broker.store.partitions.items():
             if part.memory or (topic, idx) in self._tasks:
                 continue
@@ -362,17 +368,19 @@ class SlaveReplicator:
             )
             if self.redo.error and _SEVERITY[worst] < _SEVERITY["stalled"]:
                 worst = "stalled"
-        dr = service.delay.replica_log if service is not None and service.delay else None
-        if dr is not None:
-            dend, err = dr.end, self.delay_log.error
+        for stream in OTHER_LOGS:
+            rl = service.stream_replica(stream) if service is not None else None
+            if rl is None:
+                continue
+            dend, err = rl.end, self.logs[stream].error
             rows.append(
                 (
-                    "replication.delaylog",
+                    f"replication.{stream.lstrip('_')}",
                     f"slave_end={dend.file_no}:{dend.offset}"
                     + (f" state=stalled error={err}" if err else ""),
                 )
             )
-            if self.delay_log.error and _SEVERITY[worst] < _SEVERITY["stalled"]:
+            if err and _SEVERITY[worst] < _SEVERITY["stalled"]:
                 worst = "stalled"
         items.append(("replication_state", worst))
         return items + rows

@@ -884,6 +884,7 @@ class BrokerService:
         if not buf and r.base_offset < end:  # the master took back puts it refused
             try:
                 part.rollback_to(max(r.base_offset, part.min_offset))
+                self.store.write_recovery_points()  # none may point past the cut
             except (NotifyError, OSError) as e:
                 return self._error(conn, 500, r.opaque, f"msync: cutting back failed: {e}")
             self.taken_back(part, r.base_offset)

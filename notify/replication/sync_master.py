@@ -86,8 +86,8 @@ class SyncMaster:
         self.last_error = ""
         self._task: asyncio.Task[None] | None = None
         self._last_warn = 0.0
-        #: (partition, base, reply future) of held batches not yet confirmed
-        self._held: list[tuple[Partition, int, asyncio.Future[None]]] = []
+        #: (id(partition), base) -> (partition, reply future) of held batches not confirmed
+        self._held: dict[tuple[int, int], tuple[Partition, asyncio.Future[None]]] = {}
         #: called after held batches from (partition, offset) on were taken back
         self.on_dropped: Callable[[Partition, int], None] | None = None
         self.dropped_batches = 0
@@ -127,17 +127,17 @@ class SyncMaster:
     ) -> asyncio.Future[None] | None:
         """Push a batch the master just appended at ``base``; None when nothing to wait for.
         A held batch is confirmed to its partition, or taken back, before its future ends."""
-        if not (self.holds and part.held_from(base)):
+        if not (self.holds and part.holds_last(base)) or (id(part), base) in self._held:
             return self._push(part.topic, part.index, base, data, count)
         out = self._push(
             part.topic, part.index, base, data, count, functools.partial(self._settled, part, base)
         )
         if not out.done():
-            self._held.append((part, base, out))
+            self._held[(id(part), base)] = (part, out)
         return out
 
     def _settled(self, part: Partition, base: int, ok: bool) -> None:
-        self._held = [h for h in self._held if not (h[0] is part and h[1] == base)]
+        self._held.pop((id(part), base), None)
         if ok:
             part.confirm(base)
             return
@@ -152,15 +152,17 @@ class SyncMaster:
             return
         try:
             part.drop_from(base)
+            # a recovery point past the cut would start the next crash's scan mid-record
+            self.service.store.write_recovery_points()
         except (NotifyError, OSError) as e:  # a failed partition refuses the rest
             log.error("%s-%d: taking back refused puts failed: %s", part.topic, part.index, e)
         self.dropped_batches += 1
         self._resync = True
         if self.on_dropped is not None:
             self.on_dropped(part, base)
-        later = [h for h in self._held if h[0] is part and h[1] >= base]
-        self._held = [h for h in self._held if not (h[0] is part and h[1] >= base)]
-        for _p, _b, fut in later:  # taken back with it: never acknowledged
+        later = [k for k in self._held if k[0] == id(part) and k[1] >= base]
+        for k in later:  # taken back with it: never acknowledged
+            _p, fut = self._held.pop(k)
             if not fut.done():
                 fut.set_exception(SyncReplicationError("an earlier batch was refused"))
 

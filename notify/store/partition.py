@@ -316,6 +316,10 @@ class Partition:
             self.visible_end = target
         self._advance_visible(before)
 
+    def holds_last(self, start: int) -> bool:
+        """Whether the newest append, at ``start``, is held and nothing follows it."""
+        return bool(self._held) and self._held[-1][0] == start and self._held[-1][1] == self.end
+
     def held_from(self, start: int) -> bool:
         """Whether everything from ``start`` to the end is held appends (nothing a reader
         saw, nothing another log covers): :meth:`drop_from` may take it back."""

@@ -50,10 +50,11 @@ def test_promoted_slave_delivers_each_delayed_message_once(tmp_path: Path, sync:
         _wait(lambda: len(_bodies(slave.addr)) >= 10, 8, "late messages moved by the slave")
         time.sleep(0.3)  # a second move of anything would show now
         assert _bodies(slave.addr) == want
-        slave.restart(kill=True)  # and the promoted slave's log recovers as a master's
-        time.sleep(0.3)
-        assert _bodies(slave.addr) == want
-        assert int(stats(slave.addr)["delay_pending"]) == 0
+        if sync:  # (once is enough) and the promoted slave's log recovers as a master's
+            slave.restart(kill=True)
+            time.sleep(0.3)
+            assert _bodies(slave.addr) == want
+            assert int(stats(slave.addr)["delay_pending"]) == 0
     finally:
         master.kill()
         slave.stop()

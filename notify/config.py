@@ -218,6 +218,7 @@ class SystemConfig:
     max_parked_gets: int = 1024
     max_queued_replies: int = 65_536
     max_delay_ms: int = 90 * 24 * 3600 * 1000
+    delay_checkpoint_interval_ms: int = 10_000
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None
@@ -349,6 +350,7 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "maxParkedGets": ("max_parked_gets", _int),
     "maxQueuedReplies": ("max_queued_replies", _int),
     "maxDelay": ("max_delay_ms", _int),
+    "delayCheckpointInterval": ("delay_checkpoint_interval_ms", _int),
     "tlsCertFile": ("tls_cert_file", Path),
     "tlsKeyFile": ("tls_key_file", Path),
     "tlsCaFile": ("tls_ca_file", Path),
@@ -446,6 +448,7 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "putProcessThreadCount": (0, 10_000),
     "maxCheckpoints": (1, 1000),
     "checkpointInterval": (1, 7 * _DAY_MS),
+    "delayCheckpointInterval": (100, _DAY_MS),
     "maxTxTimeoutTimerCapacity": (1, 10_000_000),
     "maxTxTimeoutInSeconds": (1, 7 * 86_400),
     "flushTxLogAtCommit": (0, 2),

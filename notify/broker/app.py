@@ -31,7 +31,7 @@ from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic
 from notify.errors import ConfigError, NotifyError
 from notify.faults import pausepoint
 from notify.replication.failover import FailoverAgent
-from notify.replication.redo import ReplicaRedo
+from notify.replication.redo import DELAYLOG_STREAM, QUEUELOG_STREAM, ReplicaRedo
 from notify.replication.slave import SlaveReplicator
 from notify.replication.sync_master import SyncMaster
 from notify.runtime import SYSTEM_CLOCK
@@ -149,10 +149,11 @@ class Broker:
             tm.applier,
             SYSTEM_CLOCK,
             lambda: service.role == "master",
+            replica=tm.replica,  # a slave keeps its master's delay log (the __delaylog stream)
         )
         self.delay.open()
         service.delay = self.delay
-        service.queues = QueueManager(self.config, self.store, loop)  # README "Queues"
+        service.queues = QueueManager(self.config, self.store, loop, replica=tm.replica)
         service.queues.open()
         if not tm.replica:
             tm.add_jobs()
@@ -412,10 +413,21 @@ class Broker:
                 sysc.replication_secret,
                 sysc.broker_id,
             )
+            service.sync_master.on_dropped = service.taken_back
             service.sync_master.start()
             sm, tm = service.sync_master, service.transactions
             if tm is not None:  # the redo log follows the partitions to the slave
                 tm.log.on_write = lambda pos, frames: tm.ship(sm.replicate_redo(pos, frames))
+            dq = self.delay
+            if dq is not None:  # and the delay queue's log (a move waits for the slave)
+                dq.log.on_write = lambda pos, frames: dq.ship(
+                    sm.replicate_log(DELAYLOG_STREAM, pos, frames)
+                )
+            qm = service.queues
+            if qm is not None and qm.log is not None:  # acknowledgements wait for the slave
+                qm.log.on_write = lambda pos, frames: qm.ship(
+                    sm.replicate_log(QUEUELOG_STREAM, pos, frames)
+                )
 
     def _start_failover(self) -> None:
         """Wire the election's agent to this broker (README "Replication and failover")."""
@@ -502,6 +514,10 @@ class Broker:
             self.service.redo_replica = None
             tm.recover()
             tm.add_jobs()
+        if self.delay is not None:  # delivered set and pending messages as on the master
+            self.delay.promote()
+        if self.service.queues is not None:  # queue groups' acknowledgements and progress
+            self.service.queues.promote()
         log.warning("promoted to master (was a slave of %s)", self.service.master_address)
         return f"promoted: broker {self.config.system.broker_id} is now a master"
 

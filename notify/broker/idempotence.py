@@ -160,6 +160,13 @@ class ProducerStates:
         while len(table) > self.max_producers:
             table.popitem(last=False)
 
+    def forget_from(self, part: Partition, offset: int) -> None:
+        """Batches stored at or after ``offset`` were taken back (refused puts)."""
+        table = self._parts.get(self.key(part))
+        if table is not None:
+            for pid in [p for p, b in table.items() if b.end_offset > offset]:
+                del table[pid]
+
     def observe(self, part: Partition, buf: bytes | bytearray | memoryview, base: int) -> None:
         """Record the idempotent batches among whole records ``buf`` stored at ``base``
         (a slave's appends, the scan at start). Consecutive records of one producer form

@@ -31,8 +31,13 @@ from the logged ones (a delivery pushed less than one fsync before the crash may
 missing); a message whose logged count reached ``queueMaxDeliveries`` goes to the
 dead-letter queue instead of being delivered again. Finished ones are not delivered.
 
-Replication of queue state to slaves is not done here (the HA work): a promoted slave
-starts its queue groups from its own (empty) queue log.
+Replication: the queue log travels to slaves as the reserved stream ``__queuelog`` at the
+master's positions, like the redo log (:mod:`notify.replication.redo`). A checkpoint writes
+its state into the log too (SNAPSHOT records, :mod:`notify.protocol.queuelog`), so the frames
+are all a replica needs. With a synchronous slave an acknowledgement is answered once the
+slave has its DONE record as well. A slave serves no queues; it keeps the copy
+(:class:`QueueReplica`: checkpointed at the newest whole snapshot) and ``promote`` recovers
+the groups from it as a restarted master would.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ from notify.protocol.frames import (
     encode_qmsg,
     encode_result,
 )
+from notify.replication.redo import ReplicaRedo
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from txlog import Checkpoint, Position, TxLog, TxLogConfig
@@ -128,7 +134,18 @@ class _Group:
 class QueueManager:
     """Every queue group of the broker, its log and its timers."""
 
-    def __init__(self, config: ServerConfig, store: MessageStore, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self,
+        config: ServerConfig,
+        store: MessageStore,
+        loop: asyncio.AbstractEventLoop,
+        replica: bool = False,
+    ):
+        #: a slave keeps its master's queue log (``replica_log``) until ``promote``
+        self.replica = replica
+        self.replica_log: QueueReplica | None = None
+        #: the synchronous slave's answer to the newest write of the log pushed to it
+        self._shipped: asyncio.Future[None] | None = None
         self.config = config
         self.store = store
         self.loop = loop
@@ -159,22 +176,58 @@ class QueueManager:
     def open(self) -> None:
         """Open the queue log and rebuild every group from its checkpoint and records."""
         self._log = TxLog.open(self.path, TxLogConfig(max_record_bytes=MAX_SNAPSHOT_BYTES))
+        if self.replica:
+            self.replica_log = QueueReplica(self._log, self.store)
+            return
+        self._recover()
+
+    def promote(self) -> None:
+        """This slave becomes the master: rebuild the groups from the copy of the master's
+        log, as a restarted master would."""
+        if not self.replica or self._log is None:
+            return
+        self.replica = False
+        self.replica_log = None
+        self._recover()
+
+    @property
+    def log(self) -> TxLog | None:
+        """The queue log (None before ``open`` and after ``close``)."""
+        return self._log
+
+    def ship(self, fut: asyncio.Future[None]) -> None:
+        """A write of the log was pushed to the synchronous slave (acks wait for it)."""
+        fut.add_done_callback(_consume)
+        self._shipped = fut
+
+    def _restore_snapshot(self, state: bytes) -> None:
+        for snap in queuelog.decode_snapshot(state):
+            core = self._restore_group(snap.topic, snap.group)
+            for p, (low, fin) in snap.parts.items():
+                core.restore(p, low, [(o, nx, CODE_STATES[s], c) for o, nx, s, c in fin])
+            for p, o, ln, c, s, at in snap.dead:
+                core.note_finished(p, o, o + ln, CODE_STATES[s], c, at)
+            for p, o, ln in snap.replayed:
+                core.restore_replayed(p, o, ln)
+            for p, o, c in snap.counts:
+                core.restore_count(p, o, c)
+
+    def _recover(self) -> None:
+        assert self._log is not None
         cp = self._log.latest_checkpoint()
         n = 0
-        if cp is not None:
-            for snap in queuelog.decode_snapshot(cp.state):
-                core = self._restore_group(snap.topic, snap.group)
-                for p, (low, fin) in snap.parts.items():
-                    core.restore(p, low, [(o, nx, CODE_STATES[s], c) for o, nx, s, c in fin])
-                for p, o, ln, c, s, at in snap.dead:
-                    core.note_finished(p, o, o + ln, CODE_STATES[s], c, at)
-                for p, o, ln in snap.replayed:
-                    core.restore_replayed(p, o, ln)
-                for p, o, c in snap.counts:
-                    core.restore_count(p, o, c)
+        if cp is not None:  # a checkpoint of an older broker holds the state itself
+            self._restore_snapshot(cp.state)
+        snapshot = queuelog.SnapshotAssembler()
         for rec in self._log.replay():
             n += 1
-            if rec.type == queuelog.GROUP:
+            if rec.type == queuelog.SNAPSHOT:
+                whole = snapshot.add(rec.body)
+                if whole is not None:  # the whole state at that point: start over from it
+                    self.groups.clear()
+                    self._by_topic.clear()
+                    self._restore_snapshot(whole)
+            elif rec.type == queuelog.GROUP:
                 topic, group, starts = queuelog.decode_group(rec.body)
                 core = self._restore_group(topic, group)
                 for p, start in starts.items():
@@ -229,7 +282,7 @@ class QueueManager:
         try:
             if self._deliveries:
                 self._flush_deliveries()
-            if self._dirty:
+            if self._dirty and not self.replica:
                 pos, state = self._snapshot()
                 await self.loop.run_in_executor(None, self._log.checkpoint, pos, state)
         except NotifyError as e:
@@ -280,7 +333,12 @@ class QueueManager:
             snap.replayed = core.replayed_entries()
             snap.counts = core.delivery_counts()
             snaps.append(snap)
-        return self._log.end_position, queuelog.encode_snapshot(snaps)
+        # the state goes into the log (replicas follow it); the checkpoint points at it
+        chunks = queuelog.encode_snapshot_chunks(queuelog.encode_snapshot(snaps))
+        at = self._log.append_many((queuelog.SNAPSHOT, c) for c in chunks[:1])[0]
+        for c in chunks[1:]:
+            self._log.append(queuelog.SNAPSHOT, c)
+        return at, b""
 
     # ------------------------------------------------------------------ logging
 
@@ -552,11 +610,17 @@ class QueueManager:
 
     async def _reply_durable(self, conn: Connection, opaque: int, body: str) -> None:
         assert self._log is not None
+        shipped = self._shipped
         try:
             await self._log.sync_async()
         except TxLogError as e:
             log.error("queues: fsync of the queue log failed: %s", e)
             return _send(conn, 500, opaque, f"acknowledgement not durable: {e}")
+        if shipped is not None:  # the synchronous slave has the DONE record too
+            await asyncio.wait({shipped})
+            if not shipped.cancelled() and shipped.exception() is not None:
+                return _send(conn, 503, opaque, f"acknowledgement not replicated: "
+                             f"{shipped.exception()}")
         _send(conn, 200, opaque, body)
 
     # ------------------------------------------------------------------ delivery
@@ -874,3 +938,39 @@ def parse_replay(body: bytes) -> list[tuple[int, int]] | None:
 def _send(conn: Connection, code: int, opaque: int, text: str) -> None:
     if not conn.closed:
         conn.send(encode_result(code, opaque, text.encode("utf-8", "replace")))
+
+
+def _consume(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+class QueueReplica(ReplicaRedo):
+    """A slave's copy of its master's queue log (stream ``__queuelog``), appended at the
+    master's positions and checkpointed at the newest whole SNAPSHOT it holds."""
+
+    def __init__(self, log: TxLog, store: MessageStore):
+        self._building: Position | None = None
+        self._next = 0
+        self.snapshot_at: Position | None = None
+        super().__init__(log, store)
+
+    def _track(self, pos: Position, rtype: int, body: bytes) -> None:
+        if rtype != queuelog.SNAPSHOT:
+            return
+        try:
+            i, last, _chunk = queuelog.decode_snapshot_chunk(body)
+        except NotifyError as e:
+            log.error("queue replica: %s at %s", e, pos)
+            return
+        if i == 0:
+            self._building, self._next = pos, 0
+        if self._building is None or i != self._next:
+            self._building = None
+            return
+        self._next += 1
+        if last:
+            self.snapshot_at, self._building = self._building, None
+
+    def checkpoint_plan(self) -> tuple[Position, bytes] | None:
+        return None if self.snapshot_at is None else (self.snapshot_at, b"")

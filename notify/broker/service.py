@@ -74,12 +74,18 @@ from notify.protocol.replies import (
     Redirect,
     encode_replica_ack,
 )
-from notify.replication.redo import TXLOG_STREAM, RedoBehindError, ReplicaRedo
+from notify.replication.redo import (
+    DELAYLOG_STREAM,
+    LOG_STREAMS,
+    QUEUELOG_STREAM,
+    RedoBehindError,
+    ReplicaRedo,
+)
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from notify.version import __version__
-from txlog import Position
+from txlog import Position, TxLog
 
 if TYPE_CHECKING:
     from notify.broker.queues import QueueManager
@@ -179,7 +185,7 @@ class BrokerService:
         self.fence: Callable[[], str | None] | None = None
         self.saw_epoch: Callable[[int], None] | None = None  # a peer named a newer epoch
         self.failover_stats: Callable[[], list[tuple[str, object]]] | None = None
-        self._redo_acks: list[PendingReplies] = []
+        self._redo_acks: list[tuple[PendingReplies, ReplicaRedo]] = []
         #: (topic, partition) -> group -> (last fetched offset, monotonic time), bounded
         self.consumer_positions = ConsumerPositions(
             config.system.max_consumer_groups, config.system.consumer_group_expiry_ms / 1000.0
@@ -436,7 +442,7 @@ class BrokerService:
         first_id = self.ids.next_block(r.count)
         records.stamp_ids(buf, first_id)
         try:
-            part.append(buf)
+            part.append(buf, hold=self._holds)
         except NotifyError as e:
             code = 503 if isinstance(e, StoreFullError) else 500
             return self._error(conn, code, r.opaque, str(e))
@@ -534,7 +540,7 @@ class BrokerService:
                     offset += 20 + len(body)
             data = b"".join(chunks)
             try:
-                part.append(data)
+                part.append(data, hold=self._holds)
             except NotifyError as e:
                 code = 503 if isinstance(e, StoreFullError) else 500
                 log.error("append to %s-%d failed: %s", part.topic, part.index, e)
@@ -603,6 +609,18 @@ class BrokerService:
             return True
         return not transaction and bool(self.sync_master and self.sync_master.refusing)
 
+    @property
+    def _holds(self) -> bool:
+        """Appends wait invisible for the synchronous slave (``refuse``: taken back if it
+        does not confirm, so a put answered 503 is not stored)."""
+        return self.sync_master is not None and self.sync_master.holds
+
+    def taken_back(self, part: Partition, offset: int) -> None:
+        """Refused puts from ``offset`` on were cut from ``part``: forget what indexed them."""
+        self.producers.forget_from(part, offset)
+        if part.topic == DELAY_TOPIC and self.delay is not None:
+            self.delay.forget_from(offset)
+
     def _refuse_write(self, conn: Connection, opaque: int) -> None:
         fenced = self.fence() if self.fence is not None and self.role == "master" else None
         if fenced is not None:  # 503: the client retries, on the new master once registered
@@ -625,7 +643,7 @@ class BrokerService:
         st.cmd_get += 1
         if r.topic.startswith("__") and not conn.replica:
             return self._denied(conn, r.opaque, f"get on internal topic {r.topic!r}", "replica")
-        if r.topic == TXLOG_STREAM:
+        if r.topic in LOG_STREAMS:
             return self._get_redo(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
@@ -856,7 +874,7 @@ class BrokerService:
         msg_id = self.ids.next()
         rec = records.encode(msg_id, r.flag, env)
         try:
-            off = dpart.append(rec)
+            off = dpart.append(rec, hold=self._holds)
         except NotifyError as e:
             code = 503 if isinstance(e, StoreFullError) else 500
             return self._error(conn, code, r.opaque, str(e))
@@ -878,7 +896,7 @@ class BrokerService:
             return self._error(conn, 403, r.opaque, "msync: this broker is not a slave")
         if not conn.replica:  # only the master, authenticated with replicationSecret
             return self._denied(conn, r.opaque, "msync", "replica")
-        if r.topic == TXLOG_STREAM:
+        if r.topic in LOG_STREAMS:
             return self._msync_redo(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
@@ -888,6 +906,15 @@ class BrokerService:
         if err:
             return self._error(conn, 400, r.opaque, f"msync: {err}")
         end = part.end
+        if not buf and r.base_offset < end:  # the master took back puts it refused
+            try:
+                part.rollback_to(max(r.base_offset, part.min_offset))
+                self.store.write_recovery_points()  # none may point past the cut
+            except (NotifyError, OSError) as e:
+                return self._error(conn, 500, r.opaque, f"msync: cutting back failed: {e}")
+            self.taken_back(part, r.base_offset)
+            log.warning("%s-%d cut back to the master's end %d", r.topic, r.partition, part.end)
+            return conn.send(encode_result(200, r.opaque, OffsetReply(part.end).encode()))
         if r.base_offset > end:
             return conn.send(encode_result(301, r.opaque, Redirect(end).encode()))  # behind
         if r.base_offset < end:
@@ -912,12 +939,13 @@ class BrokerService:
     def _get_redo(self, conn: Connection, r: Get) -> None:
         """A slave pulls the redo log: ``get __txlog <group> <fileNo> <offset> <maxSize>``;
         200 = whole frames, 301 = continue at the start of segment ``<body>``, 404 = none
-        yet (see :mod:`notify.replication.redo`)."""
-        tm = self.transactions
-        if tm is None:
-            return self._error(conn, 404, r.opaque, "no redo log on this broker")
+        yet (see :mod:`notify.replication.redo`). ``get __delaylog ...`` and ``get
+        __queuelog ...``: the same for the delay queue's and the queues' logs."""
+        src = self.stream_log(r.topic)
+        if src is None:
+            return self._error(conn, 404, r.opaque, f"no {r.topic} log on this broker")
         try:
-            data, nxt = tm.log.read_frames(
+            data, nxt = src.read_frames(
                 Position(r.partition, r.offset), min(r.max_size, self.max_transfer)
             )
         except TxLogError as e:
@@ -931,9 +959,9 @@ class BrokerService:
     def _msync_redo(self, conn: Connection, r: MultiSync) -> None:
         """The synchronous master pushes redo frames; answered after this slave forced them
         (one fdatasync for every push of a loop turn); 301 = behind, the pull catches up."""
-        rr = self.redo_replica
+        rr = self.stream_replica(r.topic)
         if rr is None:
-            return self._error(conn, 500, r.opaque, "msync: this slave keeps no redo log")
+            return self._error(conn, 500, r.opaque, f"msync: this slave keeps no {r.topic} log")
         at = Position(r.partition, r.base_offset)
         try:
             rr.append(at, r.records)
@@ -943,25 +971,43 @@ class BrokerService:
             return self._error(conn, 500, r.opaque, f"msync: {e}")
         group = PendingReplies(conn, r.partition)
         group.items.append([r.opaque])
-        self._redo_acks.append(group)
+        self._redo_acks.append((group, rr))
         if len(self._redo_acks) == 1:
             self.loop.call_soon(self._force_redo)
         conn.send(group)
 
+    def stream_log(self, stream: str) -> TxLog | None:
+        """The log a replicated stream reads from on this broker (None: none here)."""
+        if stream == DELAYLOG_STREAM:
+            return self.delay.log if self.delay is not None else None
+        if stream == QUEUELOG_STREAM:
+            return self.queues.log if self.queues is not None else None
+        return self.transactions.log if self.transactions is not None else None
+
+    def stream_replica(self, stream: str) -> ReplicaRedo | None:
+        """This slave's copy of its master's log ``stream`` (None on a master)."""
+        if stream == DELAYLOG_STREAM:
+            return self.delay.replica_log if self.delay is not None else None
+        if stream == QUEUELOG_STREAM:
+            return self.queues.replica_log if self.queues is not None else None
+        return self.redo_replica
+
     def _force_redo(self) -> None:
         acks, self._redo_acks = self._redo_acks, []
-        rr = self.redo_replica
-        try:
-            if rr is None:
-                raise TxLogError("this broker no longer keeps a replica redo log")
-            rr.log.sync()
-        except TxLogError as e:
-            for g in acks:
-                g.fail(500, f"msync: forcing the redo log failed: {e}")
-            return
-        for g in acks:
-            g.body = encode_result(200, g.items[0][0], b"%d %d" % rr.end)
-            g.resolve()
+        failed: dict[int, str] = {}
+        for rr in {id(rr): rr for _g, rr in acks}.values():  # one fsync per log
+            try:
+                if rr.log.closed:
+                    raise TxLogError("this broker no longer keeps that replica log")
+                rr.log.sync()
+            except TxLogError as e:
+                failed[id(rr)] = str(e)
+        for g, rr in acks:
+            if id(rr) in failed:
+                g.fail(500, f"msync: forcing the replica log failed: {failed[id(rr)]}")
+            else:
+                g.body = encode_result(200, g.items[0][0], b"%d %d" % rr.end)
+                g.resolve()
 
     def _sync(self, conn: Connection, r: Sync) -> None:
         """MetaQ's single-message ``sync``: append one record with the master's id."""

@@ -18,6 +18,10 @@ DELIVER  4     topic:str group:str n:u32 n*(partition:u32 offset:i64 count:u16)
                messages pushed to consumers and their delivery counts (group-committed
                after the push): a restart resumes the counts, so the delivery limit holds
                across crashes
+SNAPSHOT 5     index:u32 last:u8 chunk   one chunk (at most SNAPSHOT_CHUNK bytes) of the
+               checkpoint state below; a checkpoint appends all chunks of its state (index 0,
+               1, ...; ``last`` = 1 on the final one) and points at chunk 0, so the log alone
+               holds the state and replicas (stream ``__queuelog``) need only its frames
 =======  ====  ===============================================================================
 
 The checkpoint state (:func:`encode_snapshot`) is the compact form of every group:
@@ -42,6 +46,9 @@ GROUP: Final = 1
 DONE: Final = 2
 REPLAY: Final = 3
 DELIVER: Final = 4
+SNAPSHOT: Final = 5
+#: Largest chunk of a SNAPSHOT record (a replication frame carries whole records).
+SNAPSHOT_CHUNK: Final = 1 << 20
 
 ACKNOWLEDGED: Final = 1
 REJECTED: Final = 2
@@ -57,6 +64,7 @@ _EXC = struct.Struct(">qqBH")
 _DEAD = struct.Struct(">IqIHBq")
 _DELIVER = struct.Struct(">IqH")
 _COUNT = struct.Struct(">IIqH")
+_CHUNK = struct.Struct(">IB")
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,3 +261,43 @@ def decode_snapshot(body: bytes) -> list[GroupSnapshot]:
         return out
     except (struct.error, UnicodeDecodeError) as e:
         raise ProtocolError(f"corrupt queue checkpoint state: {e}") from None
+
+
+def encode_snapshot_chunks(state: bytes) -> list[bytes]:
+    """The SNAPSHOT record bodies carrying ``state`` (at least one)."""
+    n = max(1, -(-len(state) // SNAPSHOT_CHUNK))
+    return [
+        _CHUNK.pack(i, i == n - 1) + state[i * SNAPSHOT_CHUNK : (i + 1) * SNAPSHOT_CHUNK]
+        for i in range(n)
+    ]
+
+
+def decode_snapshot_chunk(body: bytes) -> tuple[int, bool, bytes]:
+    """``(index, last, chunk)`` of a SNAPSHOT record."""
+    try:
+        i, last = _CHUNK.unpack_from(body, 0)
+    except struct.error as e:
+        raise ProtocolError(f"corrupt queue SNAPSHOT record: {e}") from None
+    return i, bool(last), body[_CHUNK.size :]
+
+
+class SnapshotAssembler:
+    """Joins the SNAPSHOT chunks met while reading the log; a chunk out of sequence (the
+    log was read from the middle of a snapshot) drops what was gathered until a chunk 0."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] | None = None
+
+    def add(self, body: bytes) -> bytes | None:
+        """The whole state once ``body`` was its last chunk, else None."""
+        i, last, chunk = decode_snapshot_chunk(body)
+        if i == 0:
+            self._chunks = []
+        if self._chunks is None or i != len(self._chunks):
+            self._chunks = None
+            return None
+        self._chunks.append(chunk)
+        if not last:
+            return None
+        out, self._chunks = b"".join(self._chunks), None
+        return out

@@ -37,6 +37,12 @@ from txlog.records import decode
 
 #: The internal stream name of the transactions' redo log.
 TXLOG_STREAM = "__txlog"
+#: The internal stream name of the delay queue's log (notify.broker.delay), same mechanism.
+DELAYLOG_STREAM = "__delaylog"
+#: The internal stream name of the queue-subscription log (notify.broker.queues).
+QUEUELOG_STREAM = "__queuelog"
+#: Every replicated log stream.
+LOG_STREAMS = (TXLOG_STREAM, DELAYLOG_STREAM, QUEUELOG_STREAM)
 
 
 class RedoBehindError(TxLogError):
@@ -133,6 +139,13 @@ class ReplicaRedo:
             if part is not None and not part.memory and part.flushed_end < off + nbytes:
                 return False
         return True
+
+    def checkpoint_plan(self) -> tuple[Position, bytes] | None:
+        """``(position, state)`` of the next checkpoint of this copy (None: not yet)."""
+        return self.checkpoint_position(), b""
+
+    def checkpointed(self) -> None:
+        """Called after a checkpoint of :meth:`checkpoint_plan` was written."""
 
     def checkpoint(self) -> None:
         """Checkpoint the replica log (fsyncs it; old segments go)."""

@@ -28,7 +28,12 @@ from notify.protocol import records
 from notify.protocol.frames import encode_get, encode_line, encode_offset
 from notify.protocol.replies import parse_fields, parse_offset, parse_stats
 from notify.replication.link import BrokerLink, connect_link
-from notify.replication.redo import TXLOG_STREAM, ReplicaRedo
+from notify.replication.redo import (
+    DELAYLOG_STREAM,
+    QUEUELOG_STREAM,
+    TXLOG_STREAM,
+    ReplicaRedo,
+)
 from notify.store.partition import Partition
 
 if TYPE_CHECKING:
@@ -45,6 +50,8 @@ TOPIC_SYNC_S = 3.0
 #: Seconds between checkpoints of the replica redo log.
 CHECKPOINT_S = 5.0
 REDO_KEY = (TXLOG_STREAM, 0)
+#: the other replicated logs (the delay queue's, the queues'), pulled like the redo log
+OTHER_LOGS = (DELAYLOG_STREAM, QUEUELOG_STREAM)
 RETRY_S = 0.5
 
 
@@ -84,6 +91,7 @@ class SlaveReplicator:
         self.broker_id = broker.config.system.broker_id
         self.state: dict[tuple[str, int], PullState] = {}
         self.redo = PullState()
+        self.logs = {s: PullState() for s in OTHER_LOGS}
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._main: asyncio.Task[None] | None = None
         self.stopped = False
@@ -165,6 +173,12 @@ class SlaveReplicator:
             self._tasks[REDO_KEY] = loop.create_task(
                 self._pull_redo(service.redo_replica), name="slave-pull-redo"
             )
+        for stream in OTHER_LOGS:
+            rl = service.stream_replica(stream) if service is not None else None
+            if rl is not None and (stream, 0) not in self._tasks:
+                self._tasks[(stream, 0)] = loop.create_task(
+                    self._pull_redo(rl, stream, self.logs[stream]), name=f"slave-pull-{stream}"
+                )
         for (topic, idx), part in self.broker.store.partitions.items():
             if part.memory or (topic, idx) in self._tasks:
                 continue
@@ -280,9 +294,13 @@ class SlaveReplicator:
                 link = None
                 await asyncio.sleep(RETRY_S)
 
-    async def _pull_redo(self, rr: ReplicaRedo) -> None:
-        """Pull the master's redo log into ``rr`` at the master's positions; checkpoint it
-        every CHECKPOINT_S (see :mod:`notify.replication.redo`)."""
+    async def _pull_redo(
+        self, rr: ReplicaRedo, stream: str = TXLOG_STREAM, st: PullState | None = None
+    ) -> None:
+        """Pull the master's redo log (or another log ``stream``: the delay queue's) into
+        ``rr`` at the master's positions; checkpoint it every CHECKPOINT_S (see
+        :mod:`notify.replication.redo`)."""
+        st = self.redo if st is None else st
         link: BrokerLink | None = None
         wait_s = self.cfg.slave_max_delay_in_mills / 1000.0
         last_checkpoint = time.monotonic()
@@ -290,11 +308,13 @@ class SlaveReplicator:
         while not self.stopped:
             if time.monotonic() - last_checkpoint >= CHECKPOINT_S:
                 last_checkpoint = time.monotonic()
-                pos = rr.checkpoint_position()
+                plan = rr.checkpoint_plan()
                 try:
-                    await loop.run_in_executor(None, rr.log.checkpoint, pos)
+                    if plan is not None:
+                        await loop.run_in_executor(None, rr.log.checkpoint, *plan)
+                        rr.checkpointed()
                 except NotifyError as e:
-                    log.error("slave: checkpoint of the replica redo log failed: %s", e)
+                    log.error("slave: checkpoint of the replica %s failed: %s", stream, e)
             try:
                 if link is None or not link.is_open:
                     link = await connect_link(
@@ -303,15 +323,15 @@ class SlaveReplicator:
                 at = rr.end
                 r = await link.request(
                     functools.partial(
-                        encode_get, TXLOG_STREAM, self.cfg.slave_group, at.file_no, at.offset,
+                        encode_get, stream, self.cfg.slave_group, at.file_no, at.offset,
                         FETCH_BYTES,
                     )
                 )  # fmt: skip
-                self.redo.last_pull = time.monotonic()
+                st.last_pull = time.monotonic()
                 if r.code == 301:
                     rr.skip_to(int(r.body))
                 elif r.code == 404:
-                    self.redo.error = ""
+                    st.error = ""
                     await asyncio.sleep(wait_s)
                     continue
                 elif r.code != 200:
@@ -319,10 +339,10 @@ class SlaveReplicator:
                 else:
                     if rr.end == at:  # else a synchronous push appended meanwhile
                         rr.append(at, bytes(r.body))
-                        self.redo.pulled_bytes += len(r.body)
-                self.redo.error = ""
+                        st.pulled_bytes += len(r.body)
+                st.error = ""
             except (NotifyError, ValueError) as e:
-                self.redo.error = str(e)
+                st.error = str(e)
                 if link is not None:
                     link.close()
                 link = None
@@ -377,6 +397,20 @@ class SlaveReplicator:
                 )
             )
             if self.redo.error and _SEVERITY[worst] < _SEVERITY["stalled"]:
+                worst = "stalled"
+        for stream in OTHER_LOGS:
+            rl = service.stream_replica(stream) if service is not None else None
+            if rl is None:
+                continue
+            dend, err = rl.end, self.logs[stream].error
+            rows.append(
+                (
+                    f"replication.{stream.lstrip('_')}",
+                    f"slave_end={dend.file_no}:{dend.offset}"
+                    + (f" state=stalled error={err}" if err else ""),
+                )
+            )
+            if err and _SEVERITY[worst] < _SEVERITY["stalled"]:
                 worst = "stalled"
         items.append(("replication_state", worst))
         return items + rows

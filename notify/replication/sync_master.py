@@ -6,7 +6,11 @@ offsets. When the slave does not confirm within ``syncSlaveTimeout`` ms (down, s
 behind and catching up by pulling), the batch counts as a failure and the configured policy
 applies:
 
-* ``refuse`` (default): the put fails with 503; after ``syncSlaveMaxFailures`` consecutive
+* ``refuse`` (default): the put fails with 503 and is not stored: the batch was appended
+  *held* (invisible to readers, :meth:`Partition.append`) and is taken back (truncated,
+  fsynced) before the 503, with whatever was appended after it; a slave that got it anyway
+  is cut back to the master's end by the probe (an empty ``msync`` at that offset). After
+  ``syncSlaveMaxFailures`` consecutive
   failures the master stops accepting puts at all (503 at once) and probes the slave until
   every partition's end matches its own, then accepts again;
 * ``async``: the put is acknowledged anyway (the slave's puller catches up later) and the
@@ -21,6 +25,7 @@ import functools
 import logging
 import ssl
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from notify.errors import NotifyError
@@ -83,6 +88,18 @@ class SyncMaster:
         self._last_warn = 0.0
         #: failover epoch of this master (0 = no automatic failover): the link names it
         self.epoch = 0
+        #: (id(partition), base) -> (partition, reply future) of held batches not confirmed
+        self._held: dict[tuple[int, int], tuple[Partition, asyncio.Future[None]]] = {}
+        #: called after held batches from (partition, offset) on were taken back
+        self.on_dropped: Callable[[Partition, int], None] | None = None
+        self.dropped_batches = 0
+        self.kept_batches = 0
+        self._resync = False  # something was taken back: the probe checks the slave's ends
+
+    @property
+    def holds(self) -> bool:
+        """Whether puts are appended held until this slave confirms them (``refuse``)."""
+        return self.policy == "refuse"
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._probe(), name="sync-master")
@@ -110,22 +127,70 @@ class SyncMaster:
     def replicate(
         self, part: Partition, base: int, data: bytes | bytearray, count: int
     ) -> asyncio.Future[None] | None:
-        """Push a batch the master just appended at ``base``; None when nothing to wait for."""
-        return self._push(part.topic, part.index, base, data, count)
+        """Push a batch the master just appended at ``base``; None when nothing to wait for.
+        A held batch is confirmed to its partition, or taken back, before its future ends."""
+        if not (self.holds and part.holds_last(base)) or (id(part), base) in self._held:
+            return self._push(part.topic, part.index, base, data, count)
+        out = self._push(
+            part.topic, part.index, base, data, count, functools.partial(self._settled, part, base)
+        )
+        if not out.done():
+            self._held[(id(part), base)] = (part, out)
+        return out
+
+    def _settled(self, part: Partition, base: int, ok: bool) -> None:
+        self._held.pop((id(part), base), None)
+        if ok:
+            part.confirm(base)
+            return
+        if not part.held_from(base):
+            # something another log covers (an applied transaction, a delay move) was
+            # appended after it meanwhile: it cannot be cut out, so it stays (and is visible)
+            part.confirm(base)
+            self.kept_batches += 1
+            log.warning(
+                "%s-%d: refused batch at %d kept (appended over)", part.topic, part.index, base
+            )
+            return
+        try:
+            part.drop_from(base)
+            # a recovery point past the cut would start the next crash's scan mid-record
+            self.service.store.write_recovery_points()
+        except (NotifyError, OSError) as e:  # a failed partition refuses the rest
+            log.error("%s-%d: taking back refused puts failed: %s", part.topic, part.index, e)
+        self.dropped_batches += 1
+        self._resync = True
+        if self.on_dropped is not None:
+            self.on_dropped(part, base)
+        later = [k for k in self._held if k[0] == id(part) and k[1] >= base]
+        for k in later:  # taken back with it: never acknowledged
+            _p, fut = self._held.pop(k)
+            if not fut.done():
+                fut.set_exception(SyncReplicationError("an earlier batch was refused"))
 
     def replicate_redo(self, at: Position, frames: bytes) -> asyncio.Future[None]:
         """Push frames the master's redo log wrote at ``at`` (``b""``: segment ``at.file_no``
         was closed at ``at.offset``); the slave answers once they are on its disk."""
         return self._push(TXLOG_STREAM, at.file_no, at.offset, frames, 0)
 
+    def replicate_log(self, stream: str, at: Position, frames: bytes) -> asyncio.Future[None]:
+        """The same for another replicated log (``__delaylog``, ``__queuelog``)."""
+        return self._push(stream, at.file_no, at.offset, frames, 0)
+
     def _push(
-        self, topic: str, index: int, base: int, data: bytes | bytearray, count: int
+        self,
+        topic: str,
+        index: int,
+        base: int,
+        data: bytes | bytearray,
+        count: int,
+        hook: Callable[[bool], None] | None = None,
     ) -> asyncio.Future[None]:
         loop = self.service.loop
         out: asyncio.Future[None] = loop.create_future()
         link = self.link
         if link is None or not link.is_open:
-            self._failed(out, "not connected")
+            self._failed(out, "not connected", hook)
             return out
         payload = bytes(data)
         try:
@@ -133,10 +198,10 @@ class SyncMaster:
                 lambda o: encode_msync(topic, index, payload, count, base, o)
             )
         except NotifyError as e:
-            self._failed(out, str(e))
+            self._failed(out, str(e), hook)
             return out
         timer = loop.call_later(self.timeout_s, self._timeout, sent)
-        sent.add_done_callback(lambda f: self._answered(f, out, timer))
+        sent.add_done_callback(lambda f: self._answered(f, out, timer, hook))
         self.pushed_batches += 1
         return out
 
@@ -145,22 +210,33 @@ class SyncMaster:
             sent.set_exception(TimeoutError(f"no answer within {self.timeout_s}s"))
 
     def _answered(
-        self, sent: asyncio.Future[Response], out: asyncio.Future[None], timer: asyncio.Handle
+        self,
+        sent: asyncio.Future[Response],
+        out: asyncio.Future[None],
+        timer: asyncio.Handle,
+        hook: Callable[[bool], None] | None = None,
     ) -> None:
         timer.cancel()
         if sent.cancelled():
-            return self._failed(out, "cancelled")
+            return self._failed(out, "cancelled", hook)
         exc = sent.exception()
         if exc is not None:
-            return self._failed(out, str(exc))
+            return self._failed(out, str(exc), hook)
         r = sent.result()
         if r.code != 200:
-            return self._failed(out, f"slave answered {r.code} {r.body[:120].decode('latin-1')}")
+            why = f"slave answered {r.code} {r.body[:120].decode('latin-1')}"
+            return self._failed(out, why, hook)
         self.failures = 0
         if not out.done():
+            if hook is not None:
+                hook(True)
             out.set_result(None)
 
-    def _failed(self, out: asyncio.Future[None], why: str) -> None:
+    def _failed(
+        self, out: asyncio.Future[None], why: str, hook: Callable[[bool], None] | None = None
+    ) -> None:
+        if hook is not None and not out.done():
+            hook(False)  # a held batch is taken back before anyone hears of the failure
         self.failures += 1
         self.failed_batches += 1
         self.last_error = why
@@ -198,8 +274,11 @@ class SyncMaster:
                         self.addr, self.secret, self.broker_id, self.tls, self.epoch
                     )
                     log.info("connected to synchronous slave %s", self.addr)
-                if (self.refusing or self.degraded) and await self._in_sync(self.link):
+                if (self.refusing or self.degraded or self._resync) and await self._in_sync(
+                    self.link
+                ):
                     log.info("synchronous slave %s is back in sync", self.addr)
+                    self._resync = False
                     self.refusing = False
                     self.degraded = False
                     self.failures = 0
@@ -218,7 +297,22 @@ class SyncMaster:
                 functools.partial(encode_offset, part.topic, "sync-probe", part.index, 2**63 - 1),
                 timeout_s=self.timeout_s,
             )
-            if r.code != 200 or parse_offset(r.body) != part.end:
+            if r.code != 200:
+                return False
+            slave_end = parse_offset(r.body)
+            if slave_end > part.end and self.holds:
+                # it kept puts this master refused and took back: cut it back to our end
+                t = await link.request(
+                    functools.partial(encode_msync, part.topic, part.index, b"", 0, part.end),
+                    timeout_s=self.timeout_s,
+                )
+                log.warning(
+                    "synchronous slave %s: %s-%d cut back from %d to %d (%d %s)",
+                    self.addr, part.topic, part.index, slave_end, part.end, t.code,
+                    t.body[:80].decode("latin-1"),
+                )  # fmt: skip
+                return False
+            if slave_end != part.end:
                 return False
         return True
 
@@ -231,5 +325,7 @@ class SyncMaster:
             ("sync_slave_connected", bool(self.link and self.link.is_open)),
             ("sync_pushed_batches", self.pushed_batches),
             ("sync_failed_batches", self.failed_batches),
+            ("sync_refused_taken_back", self.dropped_batches),
+            ("sync_refused_kept", self.kept_batches),
             ("sync_last_error", self.last_error or "-"),
         ]

@@ -13,16 +13,20 @@ from notify.protocol import records
 from notify.store.partition import Partition
 
 
-def already_present(part: Partition, hint: int, data: bytes) -> tuple[int, int]:
+def already_present(
+    part: Partition, hint: int, data: bytes, exact: bool = False
+) -> tuple[int, int]:
     """``(bytes, offset)``: how many leading bytes of ``data`` (whole records) are already
-    in ``part`` at or after ``hint``, and the offset they start at (-1 when none are)."""
+    in ``part`` at or after ``hint``, and the offset they start at (-1 when none are).
+    ``exact``: ``hint`` is a record boundary known to survive (a segment's end), and
+    records before it must not match (a delay re-put: the originals carry the same ids)."""
     want, _ = records.decode_all(data, verify=False)
     if not want:
         return 0, -1
     ids = [r.msg_id for r in want]
     # the hint is a record boundary only in data that was durable before the crash; past
     # the partition's checked start, scan from that known boundary instead
-    off = max(min(hint, part.scan_start), part.min_offset)
+    off = max(hint if exact else min(hint, part.scan_start), part.min_offset)
     found_at = -1
     matched = 0
     done = False

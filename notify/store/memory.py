@@ -67,7 +67,9 @@ class MemoryPartition(Partition):
         self._add(MemorySegment(0, f"{topic}-{index}"))  # type: ignore[arg-type]
         self.recovery = RecoveryReport(topic, index, "<memory>", 0, 0, None, 0.0)
 
-    def append(self, data: bytes | bytearray | memoryview) -> int:
+    def append(self, data: bytes | bytearray | memoryview, hold: bool = False) -> int:
+        """As :meth:`Partition.append`; never held (a memory topic is lost on restart by
+        design, a synchronous slave's refusal does not take it back)."""
         n = len(data)
         if n > self.max_bytes:
             raise StoreFullError(

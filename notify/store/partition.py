@@ -7,6 +7,9 @@ Offsets run across segments: segment ``k+1`` starts where segment ``k`` ends. Th
 * ``visible_end``  what consumers are served. Under group commit (``unflushThreshold=0``) it
                    follows ``flushed_end``, so a consumer never sees a message that a crash
                    could still take back; otherwise it follows ``end`` as in MetaQ.
+                   Appends *held* for a synchronous slave's confirmation (``append(...,
+                   hold=True)``) stay invisible until :meth:`confirm`, and
+                   :meth:`drop_from` can take them back.
 
 Recovery on open: every segment but the last was fsynced when it was rolled, so only the
 last segment is scanned, from the recovery point (the last known-durable offset, when given)
@@ -104,6 +107,8 @@ class Partition:
         self.on_visible: Callable[[Partition], None] | None = None
         #: ``(start, end)`` of appends another log keeps durable (applied commits), in order
         self._covered: deque[tuple[int, int]] = deque()
+        #: ``[start, end, confirmed]`` of held appends, in order (readers stop at the first)
+        self._held: deque[list[int]] = deque()
         self.scan_start = 0
 
     # ------------------------------------------------------------------ open / recover
@@ -273,20 +278,67 @@ class Partition:
 
     # ------------------------------------------------------------------ writing
 
-    def append(self, data: bytes | bytearray | memoryview) -> int:
+    def append(self, data: bytes | bytearray | memoryview, hold: bool = False) -> int:
         """Append whole records; return the offset of the first. Rolls the active segment
-        first when it is non-empty and the data would take it past ``max_segment_size``."""
+        first when it is non-empty and the data would take it past ``max_segment_size``.
+        ``hold``: invisible to readers until :meth:`confirm` (a synchronous slave's answer)."""
         if self.failed:
             raise StoreError(self.failed)
         seg = self.segments[-1]
         if seg.size and seg.size + len(data) > self.max_segment_size:
             seg = self._roll()
         offset = seg.append(data)
+        if hold:
+            self._held.append([offset, seg.end, 0])
         if not self.group_commit:
-            self.visible_end = seg.end
+            self.visible_end = max(self.visible_end, self._cap(seg.end))
             if self.waiting and self.on_visible is not None:
                 self.on_visible(self)
         return offset
+
+    def _cap(self, v: int) -> int:
+        return min(v, self._held[0][0]) if self._held else v
+
+    def confirm(self, start: int) -> None:
+        """The held append at ``start`` is confirmed: readers may see it once everything
+        before it is visible (and, under group commit, flushed)."""
+        for h in self._held:
+            if h[0] == start:
+                h[2] = 1
+                break
+        else:
+            return
+        before = self.visible_end
+        while self._held and self._held[0][2]:
+            self._held.popleft()
+        target = self._cap(self.flushed_end if self.group_commit else self.end)
+        if target > self.visible_end:
+            self.visible_end = target
+        self._advance_visible(before)
+
+    def holds_last(self, start: int) -> bool:
+        """Whether the newest append, at ``start``, is held and nothing follows it."""
+        return bool(self._held) and self._held[-1][0] == start and self._held[-1][1] == self.end
+
+    def held_from(self, start: int) -> bool:
+        """Whether everything from ``start`` to the end is held appends (nothing a reader
+        saw, nothing another log covers): :meth:`drop_from` may take it back."""
+        at = start
+        for h in self._held:
+            if h[1] <= start:
+                continue
+            if h[0] != at:
+                return False
+            at = h[1]
+        return at == self.end and at > start
+
+    def drop_from(self, start: int) -> None:
+        """Take back the held appends from ``start`` on (truncated, fsynced): no reader was
+        served them. Raises StoreError unless :meth:`held_from` ``start``."""
+        if not self.held_from(start):
+            raise StoreError(f"{self.topic}-{self.index}: {start} is not a held tail")
+        self.rollback_to(start)
+        self._held = deque(h for h in self._held if h[0] < start)
 
     def append_covered(self, data: bytes | bytearray | memoryview) -> int:
         """Append records whose durability another log already guarantees (a committed
@@ -305,6 +357,7 @@ class Partition:
         before = self.visible_end
         if target > self.flushed_end:
             self.flushed_end = target
+        target = self._cap(target)
         if target > self.visible_end:
             self.visible_end = target
         self._advance_visible(before)
@@ -314,7 +367,8 @@ class Partition:
             before = self.visible_end
         v = self.visible_end
         cov = self._covered
-        while cov and cov[0][0] <= v:
+        cap = self._cap(self.end)
+        while cov and cov[0][0] <= v and cov[0][0] < cap:
             end = cov.popleft()[1]
             if end > v:
                 v = end

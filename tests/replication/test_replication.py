@@ -220,6 +220,9 @@ def test_sync_slave_failure_policies(tmp_path: Path, policy: str) -> None:
             time.sleep(0.1)
         with WireClient(master.addr) as c:
             assert c.put("rep", 0, b"back").code == 200
+            recs, _ = records.decode_all(c.call(b"get rep g 0 0 1048576 1\r\n").body, 0)
+        stored = [b"slave down %d" % i for i in range(4)] if policy == "async" else []
+        assert [r.body for r in recs] == [b"in sync", *stored, b"back"]  # 503: not stored
         wait_equal(master, slave)
         assert segment_bytes(master, "rep", 0) == segment_bytes(slave, "rep", 0)
     finally:
@@ -228,9 +231,9 @@ def test_sync_slave_failure_policies(tmp_path: Path, policy: str) -> None:
 
 
 def test_idempotent_retry_after_503_and_on_the_promoted_slave(tmp_path: Path) -> None:
-    """Issue 20: with a sync slave down, a put answered 503 may be stored on the master;
-    its retry is answered with that message instead of storing it again, and a slave that
-    replicated it (then promoted) drops the retry too."""
+    """Issue 20: with a sync slave down, a put answered 503 is not stored on the master (it
+    is taken back); its retry is stored once, and a slave that replicated it (then
+    promoted) drops a further retry."""
     def put(addr: str, seq: int) -> tuple[int, bytes]:
         payload, flag = build_payload(b"m%d" % seq, None, producer_id="prod-R", sequence=seq)
         with WireClient(addr) as c:

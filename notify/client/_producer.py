@@ -510,7 +510,8 @@ class AsyncProducer:
             payload, flag = data, 0
         else:  # the key and headers stay on the message (attribute block)
             payload, flag = build_payload(data, attribute, key, headers)
-        fut: asyncio.Future[SendResult] = (self._loop or self.loop).create_future()
+        loop = self._loop or self.loop
+        fut: asyncio.Future[SendResult] = loop.create_future()
         item = _Item(payload, flag, fut)
         self._outstanding += 1
         if not self._spools_restored:
@@ -528,7 +529,11 @@ class AsyncProducer:
             # the common case without the general dispatch's calls: round robin
             part = parts[sel.next_index(len(parts))]
             hit = self._sender_by_id.get((topic, id(part)))
-            (hit[1] if hit is not None and hit[0] is part else self._sender(topic, part)).add(item)
+            s = hit[1] if hit is not None and hit[0] is part else self._sender(topic, part)
+            s.queue.append(item)  # _PartitionSender.add inline
+            if not s.scheduled and s.in_flight < self.config.max_in_flight_per_partition:
+                s.scheduled = True
+                loop.call_soon(s.pump)
             return fut
         self._dispatch(topic, parts, item, key, payload)
         return fut

@@ -77,4 +77,6 @@ def test_broken_direct_socket_falls_back_and_ended_threads_close_theirs(
             t.start()
             t.join()
         assert p.send("test", b"main").success
-        assert sum(c.is_open for c in conns) <= 1 and len(s._direct._by_thread) <= 2
+        # (a new thread may get an ended one's id, and then its connection: also bounded)
+        assert len({id(c) for c in conns if c.is_open}) <= 1
+        assert len(s._direct._by_thread) <= 2

@@ -1182,7 +1182,10 @@ class AsyncConsumer:
                 ptask.add_done_callback(_swallow)
                 prefetch = (nxt, cur.sizer.current, ptask, loop.time())
                 cur.position = nxt
-                for m in msgs:
+                done, stop = await self._deliver_run(sub, cur, msgs, nxt)
+                if stop:
+                    continue
+                for m in msgs[done:] if done else msgs:
                     if self._stopping or cur.stopped or cur.paused:
                         cur.position = cur.done if cur.paused else cur.position
                         break
@@ -1213,22 +1216,108 @@ class AsyncConsumer:
             for w in waits:
                 w.cancel()
 
-    async def _handle(self, sub: _Subscription, m: Message, cur: _Cursor) -> bool:
-        """Deliver one message; False when shutdown interrupted it (offset must not move)."""
+    async def _deliver_run(
+        self, sub: _Subscription, cur: _Cursor, msgs: list[Message], end: int
+    ) -> tuple[int, bool]:
+        """Deliver the messages of one fetch in one loop while nothing unusual happens (no
+        filter, none of them in the duplicate window, the listener async or inline and
+        succeeding): no coroutine, key lookup or stats update per message. Returns
+        ``(handled, stop)``: the first ``handled`` messages are done (a failing one is
+        handed to :meth:`_handle` with its first attempt counted); ``stop``: shutdown
+        interrupted that one (the offset must not move past it)."""
+        listener = sub.listener
+        inline = not sub.is_async and self._executor is None
+        if listener is None or sub.accept is not None or not (sub.is_async or inline):
+            return 0, False
+        part = cur.partition
+        bid, pid = part.broker_id, part.partition
+        keys = [(bid, pid, m[3]) for m in msgs]
+        dedup = self._dedup
+        if not dedup.none_seen(keys):
+            return 0, False
+        timeout = self.config.listener_timeout_s
+        watched = sub.is_async and timeout is not None
+        limit = timeout or 0.0
+        if watched and self._watchdog is None:
+            self._watchdog = self._spawn(self._watchdog_loop(limit))
+        clock = asyncio.get_running_loop().time
+        last = len(msgs) - 1
+        n = 0
+        err: Exception | None = None
+        cur.busy = True
+        try:
+            for m in msgs:
+                if self._stopping or cur.stopped or cur.paused:
+                    break
+                if inline:
+                    listener(m)
+                else:
+                    if watched:
+                        cur.deadline = clock() + limit
+                    await listener(m)
+                cur.done = msgs[n + 1][2] if n < last else end
+                cur.msg_id = m[3]
+                n += 1
+        except asyncio.CancelledError:
+            if not cur.timed_out:
+                raise
+            cur.timed_out = False
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            m = msgs[n]
+            err = ListenerTimeoutError(
+                f"listener took more than {timeout} s on {m.topic} {m.partition}@{m.offset}"
+            )
+        except Exception as e:
+            err = e
+        finally:
+            cur.busy = False
+            cur.deadline = 0.0
+            if n:
+                self._stats.messages += n
+                self._stats.delivered += n
+                dedup.add_new(keys[:n])
+                cur.dirty = True
+        if err is None:
+            return n, False
+        m = msgs[n]
+        cur.busy = True
+        try:
+            handled = await self._handle(sub, m, cur, err)
+        finally:
+            cur.busy = False
+        if not handled:
+            return n, True
+        cur.done = m.next_offset
+        cur.msg_id = m.msg_id
+        cur.dirty = True
+        return n + 1, False
+
+    async def _handle(
+        self, sub: _Subscription, m: Message, cur: _Cursor, failed: Exception | None = None
+    ) -> bool:
+        """Deliver one message; False when shutdown interrupted it (offset must not move).
+
+        ``failed``: the listener already failed once on it with this error (filter and
+        duplicate window already passed)."""
         st = self._stats
         st.messages += 1
-        if sub.accept is not None and not sub.accept(m):
-            st.filtered += 1
-            return True
         key = (m.partition.broker_id, m.partition.partition, m.msg_id)
-        if self._dedup.seen(key):
-            st.duplicates += 1
-            return True
+        if failed is None:
+            if sub.accept is not None and not sub.accept(m):
+                st.filtered += 1
+                return True
+            if self._dedup.seen(key):
+                st.duplicates += 1
+                return True
         cfg = self.config
         delay = cfg.retry_delay_s
         last: Exception | None = None
         for attempt in range(cfg.max_retries + 1):
             try:
+                if attempt == 0 and failed is not None:
+                    raise failed
                 await self._invoke_watched(sub, m, cur)
             except Exception as e:
                 st.listener_failures += 1

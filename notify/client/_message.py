@@ -50,14 +50,16 @@ def build_payload(
     return payload, flag_for(props)
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult:
+class SendResult(NamedTuple):
     """Outcome of one send (MetaQ's SendResult).
 
     ``success`` False carries the ``error`` (a :class:`~notify.errors.ClientError`) and
     leaves ``offset``/``msg_id`` at -1. A message written to the ordered producer's local
     spool (its partition was unavailable) is ``success`` with ``spooled`` True and offset -1:
     it will be delivered when the partition comes back.
+
+    Immutable; a named tuple (one per message: about 5x cheaper to build than a frozen
+    dataclass, the largest per-message cost of ``send_nowait`` before).
     """
 
     success: bool

@@ -263,14 +263,7 @@ class _PartitionSender:
                     raise
                 results = e if isinstance(e, Exception) else ClientError(str(e))
             if isinstance(results, MultiPutAck):  # one ack for all: ids and offsets follow
-                resolve = self.p._resolve
-                mid = results.first_msg_id
-                off = results.first_offset
-                for it in todo:
-                    resolve(it, it.acked(part, mid, off))
-                    mid += it.count
-                    if off >= 0:
-                        off += it.nbytes
+                self.p._acked_all(part, todo, results.first_msg_id, results.first_offset)
                 return
             retry: list[_Queued] = []
             i = 0
@@ -517,7 +510,8 @@ class AsyncProducer:
             payload, flag = data, 0
         else:  # the key and headers stay on the message (attribute block)
             payload, flag = build_payload(data, attribute, key, headers)
-        fut: asyncio.Future[SendResult] = (self._loop or self.loop).create_future()
+        loop = self._loop or self.loop
+        fut: asyncio.Future[SendResult] = loop.create_future()
         item = _Item(payload, flag, fut)
         self._outstanding += 1
         if not self._spools_restored:
@@ -529,6 +523,17 @@ class AsyncProducer:
                 waiting = self._unrouted[topic] = deque()
                 self._spawn(self._route_later(topic))
             waiting.append((item, key, payload))
+            return fut
+        sel = self.selector
+        if key is None and parts and type(sel) is KeyHashSelector and self.producer_id is None:
+            # the common case without the general dispatch's calls: round robin
+            part = parts[sel.next_index(len(parts))]
+            hit = self._sender_by_id.get((topic, id(part)))
+            s = hit[1] if hit is not None and hit[0] is part else self._sender(topic, part)
+            s.queue.append(item)  # _PartitionSender.add inline
+            if not s.scheduled and s.in_flight < self.config.max_in_flight_per_partition:
+                s.scheduled = True
+                loop.call_soon(s.pump)
             return fut
         self._dispatch(topic, parts, item, key, payload)
         return fut
@@ -1009,6 +1014,30 @@ class AsyncProducer:
             else:
                 fut.set_result(result)
         self._outstanding -= item.count
+        if not self._outstanding and self._idle is not None:
+            self._idle.set()
+
+    def _acked_all(self, part: Partition, items: Sequence[_Queued], mid: int, off: int) -> None:
+        """Resolve ``items`` stored back to back from message id ``mid`` at ``off`` (one
+        mput ack): :meth:`_resolve` of each, without its per-message calls."""
+        count = 0
+        new = tuple.__new__  # SendResult(True, part, off, mid) without NamedTuple.__new__
+        for it in items:
+            if isinstance(it, _Item):
+                fut = it.future
+                if not fut.done():
+                    fut.set_result(new(SendResult, (True, part, off, mid, None, False)))
+                mid += 1
+                count += 1
+            else:
+                bfut = it.future
+                if not bfut.done():
+                    bfut.set_result(it.acked(part, mid, off))
+                mid += it.count
+                count += it.count
+            if off >= 0:
+                off += it.nbytes
+        self._outstanding -= count
         if not self._outstanding and self._idle is not None:
             self._idle.set()
 

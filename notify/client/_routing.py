@@ -255,7 +255,8 @@ class TopicRouter:
 
     def cached(self, topic: str) -> list[Partition] | None:
         """The cached partition list when still fresh (no I/O)."""
-        live_dir = self._live()
+        lo = self._live_of  # _live() inline: this runs once per message sent
+        live_dir = lo[1] if lo is not None and lo[0] is self.directory else self._live()
         if live_dir is not None:  # configserver (issue #7)
             live = live_dir.current(topic)
             if live is not None:

@@ -33,6 +33,10 @@ class RoundRobinSelector:
             raise ClientError(f"topic {topic!r} has no partition")
         return partitions[next(self._counter) % len(partitions)]
 
+    def next_index(self, n: int) -> int:
+        """The next round-robin index among ``n`` partitions (the producer's fast path)."""
+        return next(self._counter) % n
+
 
 def key_hash(key: bytes | str) -> int:
     """The stable hash of a key used by :class:`KeyHashSelector` (CRC32 of its UTF-8 bytes)."""
@@ -54,3 +58,7 @@ class KeyHashSelector:
         if key is None:
             return self._fallback(topic, partitions, key, data)
         return partitions[key_hash(key) % len(partitions)]
+
+    def next_index(self, n: int) -> int:
+        """The index among ``n`` partitions of the next message without a key."""
+        return self._fallback.next_index(n)

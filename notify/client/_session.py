@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from configserver import ConfigServer, ConfigServerError
 from notify.errors import ClientError, ConnectionLostError
@@ -37,6 +37,7 @@ from ._consumer import (
     MessageListener,
     signal_list,
 )
+from ._direct import DirectPool, send_direct
 from ._errors import ClientTransactionError
 from ._loopthread import LoopThread
 from ._message import BatchSendResult, Headers, Message, SendResult
@@ -62,6 +63,7 @@ from .offsets import OffsetStore
 log = logging.getLogger("notify.client")
 
 Brokers = Sequence[str] | Mapping[int, str]
+T = TypeVar("T")
 
 def with_security(config: ClientConfig, overrides: Mapping[str, Any]) -> ClientConfig:
     """``config`` with the given (not None) ``secret``/``tls*`` keyword arguments applied."""
@@ -322,11 +324,15 @@ class Producer:
             producer.send("audit", b"o-1 created")
     """
 
-    def __init__(self, core: AsyncProducer, lt: LoopThread):
+    def __init__(self, core: AsyncProducer, lt: LoopThread, direct: DirectPool | None = None):
         self.core = core
         self._lt = lt
         self._thread_tx: dict[int, Transaction] = {}
         self._tx_lock = threading.Lock()
+        #: ``send()`` goes over the calling thread's own socket while this is 0 (_direct).
+        self._direct = direct
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
 
     def send(
         self,
@@ -342,7 +348,10 @@ class Producer:
     ) -> SendResult:
         """Send one message and wait for its :class:`SendResult` (see
         :meth:`AsyncProducer.send`: failures, ``raise_on_error``, ``key`` and typed
-        ``headers`` kept on the message, ``delay``/``deliver_at``)."""
+        ``headers`` kept on the message, ``delay``/``deliver_at``).
+
+        When none of the producer's messages is in flight the message goes straight over
+        a socket of the calling thread (no hop to the loop thread; see ``_direct``)."""
         if delay is not None or deliver_at is not None:
             return self._lt.run(
                 self.core.send_delayed(
@@ -350,6 +359,15 @@ class Producer:
                 ),
                 timeout_s,
             )
+        if (
+            self._direct is not None
+            and not self._in_flight
+            and self.current_transaction() is None
+        ):
+            core, direct = self.core, self._direct
+            r = send_direct(core, direct, topic, data, attribute, key, headers, timeout_s)
+            if r is not None:
+                return core._checked(r)
         return self.send_future(topic, data, attribute, key, headers=headers).result(timeout_s)
 
     def send_future(
@@ -368,7 +386,11 @@ class Producer:
         if tx is not None:
             return tx.send_future(topic, data, attribute, key, headers=headers)
         core = self.core
-        return self._lt.call(lambda: core.send_nowait(topic, data, attribute, key, headers=headers))
+        return self._track(
+            lambda: self._lt.call(
+                lambda: core.send_nowait(topic, data, attribute, key, headers=headers)
+            )
+        )
 
     def send_batch(
         self,
@@ -398,7 +420,28 @@ class Producer:
             futs = [tx.send_future(topic, d, attribute, key) for d in datas]
             return _gather_sync(futs)
         core = self.core
-        return self._lt.call(lambda: core.send_batch_nowait(topic, datas, attribute, key))
+        return self._track(
+            lambda: self._lt.call(lambda: core.send_batch_nowait(topic, datas, attribute, key))
+        )
+
+    def _track(
+        self, call: Callable[[], concurrent.futures.Future[T]]
+    ) -> concurrent.futures.Future[T]:
+        """``call()``, counted in flight until its future is done (the direct path of
+        ``send()`` waits for none, so messages of one thread stay in order)."""
+        with self._in_flight_lock:
+            self._in_flight += 1
+        try:
+            fut = call()
+        except BaseException:
+            self._untrack(None)
+            raise
+        fut.add_done_callback(self._untrack)
+        return fut
+
+    def _untrack(self, _fut: object) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= 1
 
     @property
     def session_id(self) -> str:
@@ -763,6 +806,8 @@ class MessageSessionFactory:
             self._lt.stop()
             raise
         self._closed = False
+        #: The callers' own sockets for ``Producer.send()`` one at a time (_direct).
+        self._direct = DirectPool(self.core.pool.options, cfg.request_timeout_s)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -775,7 +820,7 @@ class MessageSessionFactory:
         selector: PartitionSelector | None = None,
     ) -> Producer:
         """A synchronous producer (see :meth:`AsyncMessageSessionFactory.create_producer`)."""
-        return Producer(self.core.create_producer(config, selector), self._lt)
+        return Producer(self.core.create_producer(config, selector), self._lt, self._direct)
 
     def create_transactional_producer(
         self,
@@ -800,7 +845,7 @@ class MessageSessionFactory:
         async def make() -> AsyncProducer:
             return core.create_transactional_producer(group, checker, config, selector)
 
-        return Producer(self._lt.run(make()), self._lt)
+        return Producer(self._lt.run(make()), self._lt, self._direct)
 
     def create_consumer(
         self,
@@ -838,6 +883,7 @@ class MessageSessionFactory:
         if self._closed:
             return
         self._closed = True
+        self._direct.close()
         try:
             self._lt.run(self.core.close())
         finally:

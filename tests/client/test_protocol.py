@@ -99,9 +99,15 @@ def test_lost_connection_is_retried_and_reconnected(fake: FakeBroker) -> None:
 
     with connect([fake.addr], config=FAST) as s:
         p = s.create_producer(ProducerConfig(retries=5, retry_backoff_s=0.01))
-        results = [p.send("single", b"%d" % i) for i in range(6)]
+        results = [p.send_future("single", b"%d" % i).result(10) for i in range(6)]
     assert all(r.success for r in results)
     assert s.core.pool.connects >= 2
+    # send() over the caller's own socket (client/_direct): a lost one goes the loop's way
+    fake.knobs.close_after_requests = fake.requests + 2  # stats + 1 put
+    with connect([fake.addr], config=FAST) as s:
+        p = s.create_producer(ProducerConfig(retries=5, retry_backoff_s=0.01))
+        results = [p.send("single", b"%d" % i) for i in range(6)]
+    assert all(r.success for r in results)
 
 
 def test_unreachable_broker_gives_failed_result() -> None:

@@ -166,10 +166,14 @@ class AuditResult:
     starts: dict[str, int] = field(default_factory=dict)
     segment_paths: dict[tuple[str, int, int], str] = field(default_factory=dict)
     redo_paths: dict[int, str] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
 
     def read_stats(self) -> dict[str, int]:
-        """What this run parsed from the files (rows, bytes) and what it took from the state."""
+        """What this run parsed from the files (rows, bytes) and what it took from the state
+        (counted by :func:`audit` in the pass that counts the findings)."""
+        if self.stats:
+            return dict(self.stats)
         t = self.txlog.groupBy("_new").agg(F.count("*").alias("n"), F.sum("size").alias("b"))
         m = self.log.groupBy("_new").agg(F.count("*").alias("n"), F.sum("size").alias("b"))
         out = {"txlog_rows_read": 0, "txlog_bytes_read": 0, "txlog_rows_from_state": 0}
@@ -417,8 +421,11 @@ def audit(
 
     # ---------------------------------------------------------------- transactions
     # incarnations: an APPEND_MSG right after a final record starts a new one. Almost every
-    # key has one incarnation: it is aggregated by key alone (hash aggregation, combined
-    # map-side); only keys with an APPEND_MSG after a final record are redone over a window.
+    # key has one incarnation: it is aggregated by key alone, with fixed-width buffers only
+    # (hash aggregation, combined map-side; no lists of messages carried through the
+    # shuffle); only keys with an APPEND_MSG after a final record are redone over a window.
+    # The messages are exploded from the APPEND_MSG rows themselves, joined with what the
+    # transaction and its placements say.
     base = T.filter(F.col("kind").isin(*TX_KINDS) & F.col("tx_key").isNotNull()).select(
         "tx_key",
         "file_no",
@@ -447,6 +454,9 @@ def audit(
         return F.coalesce(F.max(F.col("kind") == kind), F.lit(False))
 
     sizes_sum = F.aggregate("sizes", F.lit(0).cast("long"), lambda a, x: a + x)
+    placed_sum = F.aggregate(
+        "placements", F.lit(0).cast("long"), lambda acc, p: acc + p["count"].cast("long")
+    )
     aggs = [
         has("COMMIT").alias("has_commit"),
         has("APPLIED").alias("has_applied"),
@@ -454,16 +464,6 @@ def audit(
         has("PREPARE").alias("has_prepare"),
         has("APPEND_MSG").alias("has_append"),
         F.max(when_kind("HEURISTIC", "outcome")).alias("heuristic"),
-        F.collect_list(
-            when_kind(
-                "APPEND_MSG",
-                F.struct(
-                    "topic", "partition", "file_no", "position", "msg_ids", "checksums", "sizes"
-                ),
-            )
-        ).alias("appends"),
-        F.flatten(F.collect_list("placements")).alias("placements_all"),
-        F.flatten(F.collect_list("hints")).alias("hints_all"),
         F.min(pos_code).alias("_first"),
         F.min(when_kind("APPEND_MSG", "time_ms")).alias("first_msg_ms"),
         F.max(when_kind("PREPARE", "time_ms")).alias("prepared_at_ms"),
@@ -479,62 +479,18 @@ def audit(
         .alias("messages"),
         F.coalesce(F.sum(when_kind("APPEND_MSG", sizes_sum)), F.lit(0)).cast("long").alias("bytes"),
         F.count("*").alias("records"),
+        F.coalesce(F.sum(when_kind("APPLIED", placed_sum)), F.lit(0)).cast("long").alias("_placed"),
     ]
     reused = (
         F.max(when_kind("APPEND_MSG", pos_code))
         > F.min(F.when(F.col("kind").isin(*FINAL_KINDS), pos_code))
     ).alias("_reused")
     agg0 = base.groupBy("tx_key").agg(*aggs, F.coalesce(reused, F.lit(False)).alias("_reused"))
-    agg0 = agg0.withColumn("inc", F.lit(0))
-    outcome = (
-        F.when(F.col("has_commit") | F.col("has_applied"), "committed")
-        .when(F.col("has_rollback"), "rolled_back")
-        .when(F.col("heuristic") == "commit", "heuristic_commit")
-        .when(F.col("heuristic") == "rollback", "heuristic_rollback")
-        .when(F.col("has_prepare"), "prepared")
-        .when(F.col("has_append"), "active")
-        .otherwise("unknown")
-    )
-    placed_count = F.aggregate(
-        "placements_all", F.lit(0).cast("long"), lambda acc, p: acc + p["count"].cast("long")
-    )
-
-    def finish(agg: DataFrame) -> DataFrame:
-        return (
-            agg.withColumn("outcome", outcome)
-            .withColumn(
-                "history_complete",
-                F.col("has_append") & (~F.col("has_applied") | (F.col("n_ids") == placed_count)),
-            )
-            .withColumn(
-                "partitions",
-                F.size(
-                    F.array_distinct(
-                        F.transform(
-                            "appends",
-                            lambda a: F.concat(
-                                a["topic"], F.lit("-"), a["partition"].cast("string")
-                            ),
-                        )
-                    )
-                ),
-            )
-            .withColumn("first_file_no", F.shiftright(F.col("_first"), 40))
-            .withColumn("first_position", F.col("_first").bitwiseAND((1 << 40) - 1))
-            .drop("_first")
-            .withColumn("xa", F.col("tx_key").startswith("XID:"))
-            .withColumn("duration_ms", F.col("committed_at_ms") - F.col("first_msg_ms"))
-            .withColumn("in_doubt_ms", F.col("committed_at_ms") - F.col("prepared_at_ms"))
-            .withColumn(
-                "decided_at_ms", F.coalesce(F.col("committed_at_ms"), F.col("prepared_at_ms"))
-            )
-        )
-
-    txfull = keep(finish(agg0))
+    agg0 = keep(agg0.withColumn("inc", F.lit(0)))
     say("looking for reused transaction keys")
-    n_reused = txfull.filter("_reused").count()
+    n_reused = agg0.filter("_reused").count()
     if n_reused:
-        keys = txfull.filter("_reused").select("tx_key")
+        keys = agg0.filter("_reused").select("tx_key")
         if n_reused <= 200_000:
             keys = F.broadcast(keys)
         by_key = Window.partitionBy("tx_key").orderBy("file_no", "position")
@@ -551,55 +507,130 @@ def audit(
                 "inc",
                 F.sum("_start").over(by_key.rowsBetween(Window.unboundedPreceding, 0)).cast("int"),
             )
+            .drop("_start")
         )
+        # every record with its incarnation: 0 for the keys used once
+        base_i = base.join(keys, "tx_key", "left_anti").withColumn("inc", F.lit(0)).unionByName(t1)
         again = t1.groupBy("tx_key", "inc").agg(*aggs).withColumn("_reused", F.lit(False))
-        txfull = keep(txfull.filter(~F.col("_reused")).unionByName(finish(again)))
-    txfull = txfull.drop("_reused")
-    tx = txfull.drop("appends", "placements_all", "hints_all")
+        agg0 = agg0.filter(~F.col("_reused")).unionByName(again)
+    else:
+        base_i = base.withColumn("inc", F.lit(0))
+
+    # per transaction and partition: the bytes put there, the APPLIED placement's end and
+    # the COMMIT hint (the first of each in log order)
+    ord_code = pos_code * F.lit(4096)
+    tp_cols = ["tx_key", "inc", "topic", "partition", "total", "pl_end", "pl_ord", "hint", "h_ord"]
+    none_l = F.lit(None).cast("long")
+    tp_rows = (
+        base_i.filter(F.col("kind") == "APPEND_MSG")
+        .select(
+            "tx_key",
+            "inc",
+            "topic",
+            "partition",
+            sizes_sum.alias("total"),
+            none_l.alias("pl_end"),
+            none_l.alias("pl_ord"),
+            none_l.alias("hint"),
+            none_l.alias("h_ord"),
+        )
+        .unionByName(
+            base_i.filter(F.col("kind") == "APPLIED")
+            .select("tx_key", "inc", ord_code.alias("_o"), F.posexplode("placements"))
+            .select(
+                "tx_key",
+                "inc",
+                F.col("col.topic").alias("topic"),
+                F.col("col.partition").alias("partition"),
+                none_l.alias("total"),
+                (F.col("col.offset") + F.col("col.bytes")).alias("pl_end"),
+                (F.col("_o") + F.col("pos")).alias("pl_ord"),
+                none_l.alias("hint"),
+                none_l.alias("h_ord"),
+            )
+        )
+        .unionByName(
+            base_i.filter(F.col("kind") == "COMMIT")
+            .select("tx_key", "inc", ord_code.alias("_o"), F.posexplode("hints"))
+            .select(
+                "tx_key",
+                "inc",
+                F.col("col.topic").alias("topic"),
+                F.col("col.partition").alias("partition"),
+                none_l.alias("total"),
+                none_l.alias("pl_end"),
+                none_l.alias("pl_ord"),
+                F.col("col.hint").alias("hint"),
+                (F.col("_o") + F.col("pos")).alias("h_ord"),
+            )
+        )
+        .select(*tp_cols)
+    )
+    tp = keep(
+        tp_rows.groupBy("tx_key", "inc", "topic", "partition").agg(
+            F.sum("total").alias("total"),
+            F.min_by("pl_end", "pl_ord").alias("exp_end"),
+            F.min_by("hint", "h_ord").alias("hint"),
+        )
+    )
+    n_parts = (
+        tp.filter(F.col("total").isNotNull())
+        .groupBy("tx_key", "inc")
+        .agg(F.count("*").cast("int").alias("partitions"))
+    )
+    outcome = (
+        F.when(F.col("has_commit") | F.col("has_applied"), "committed")
+        .when(F.col("has_rollback"), "rolled_back")
+        .when(F.col("heuristic") == "commit", "heuristic_commit")
+        .when(F.col("heuristic") == "rollback", "heuristic_rollback")
+        .when(F.col("has_prepare"), "prepared")
+        .when(F.col("has_append"), "active")
+        .otherwise("unknown")
+    )
+    tx = keep(
+        agg0.drop("_reused")
+        .join(n_parts, ["tx_key", "inc"], "left")
+        .withColumn("partitions", F.coalesce(F.col("partitions"), F.lit(0)))
+        .withColumn("outcome", outcome)
+        .withColumn(
+            "history_complete",
+            F.col("has_append") & (~F.col("has_applied") | (F.col("n_ids") == F.col("_placed"))),
+        )
+        .withColumn("first_file_no", F.shiftright(F.col("_first"), 40))
+        .withColumn("first_position", F.col("_first").bitwiseAND((1 << 40) - 1))
+        .drop("_first", "_placed")
+        .withColumn("xa", F.col("tx_key").startswith("XID:"))
+        .withColumn("duration_ms", F.col("committed_at_ms") - F.col("first_msg_ms"))
+        .withColumn("in_doubt_ms", F.col("committed_at_ms") - F.col("prepared_at_ms"))
+        .withColumn("decided_at_ms", F.coalesce(F.col("committed_at_ms"), F.col("prepared_at_ms")))
+    )
 
     # ---------------------------------------------------------------- expected messages
     say("matching transaction messages")
-
-    def same_part(x: Column) -> Column:
-        return (x["topic"] == F.col("topic")) & (x["partition"] == F.col("partition"))
-
     # one row per APPEND_MSG of a checkable transaction, with its partition's placement,
     # hint and total bytes, then one row per message
+    checkable = tx.filter(
+        F.col("history_complete") & F.col("outcome").isin("committed", *UNCOMMITTED)
+    ).select("tx_key", "inc", F.col("outcome").alias("tx_outcome"), "has_applied")
     E = (
-        txfull.filter(F.col("history_complete") & F.col("outcome").isin("committed", *UNCOMMITTED))
+        base_i.filter(F.col("kind") == "APPEND_MSG")
         .select(
             "tx_key",
             "inc",
-            F.col("outcome").alias("tx_outcome"),
-            "has_applied",
-            "placements_all",
-            "hints_all",
-            "appends",
-            F.explode("appends").alias("a"),
+            "topic",
+            "partition",
+            "file_no",
+            "position",
+            "msg_ids",
+            "checksums",
+            "sizes",
         )
-        .select(
-            "tx_key",
-            "inc",
-            "tx_outcome",
-            "has_applied",
-            "placements_all",
-            "hints_all",
-            "appends",
-            "a.*",
+        .join(checkable, ["tx_key", "inc"])
+        .join(
+            tp.select("tx_key", "inc", "topic", "partition", "total", "exp_end", "hint"),
+            ["tx_key", "inc", "topic", "partition"],
+            "left",
         )
-        .withColumn(
-            "total",
-            F.aggregate(
-                F.filter("appends", same_part),
-                F.lit(0).cast("long"),
-                lambda acc, x: (
-                    acc + F.aggregate(x["sizes"], F.lit(0).cast("long"), lambda a, y: a + y)
-                ),
-            ),
-        )
-        .withColumn("_pl", F.try_element_at(F.filter("placements_all", same_part), F.lit(1)))
-        .withColumn("hint", F.try_element_at(F.filter("hints_all", same_part), F.lit(1))["hint"])
-        .withColumn("exp_end", F.col("_pl.offset") + F.col("_pl.bytes"))
         .withColumn("exp_start", F.col("exp_end") - F.col("total"))
         .select(
             "tx_key",
@@ -719,10 +750,27 @@ def audit(
     }
     say("counting findings")
     probe: dict[str, int] = {}
-    for src, conds in ((messages, m_conds), (M, log_conds), (T, txlog_conds)):
-        row = src.agg(*[F.count(F.when(c, 1)).alias(k) for k, c in conds.items()]).first()
+    # the same passes count what this run parsed and what came from the state
+    stats: dict[str, int] = {}
+    for name, src, conds in (
+        ("", messages, m_conds),
+        ("log", M, log_conds),
+        ("txlog", T, txlog_conds),
+    ):
+        extra = []
+        if name:
+            new_row = F.col("_new")
+            extra = [
+                F.count(F.when(new_row, 1)).alias("_rows_read"),
+                F.coalesce(F.sum(F.when(new_row, F.col("size"))), F.lit(0)).alias("_bytes_read"),
+                F.count(F.when(~new_row, 1)).alias("_rows_from_state"),
+            ]
+        row = src.agg(*[F.count(F.when(c, 1)).alias(k) for k, c in conds.items()], *extra).first()
         assert row is not None
         probe.update({k: int(row[k]) for k in conds})
+        if name:
+            for k in ("_rows_read", "_bytes_read", "_rows_from_state"):
+                stats[name + k] = int(row[k])
     committed = messages.filter(is_committed)
     f_list: list[DataFrame] = [
         _findings(
@@ -989,6 +1037,7 @@ def audit(
         starts=starts,
         segment_paths={(s.topic, s.partition, s.start): s.key for s in seg_files},
         redo_paths={x.file_no: x.key for x in redo_files},
+        stats=stats,
         _cached=cached,
     )
 

@@ -9,6 +9,7 @@ import pytest
 
 from notify.protocol import records
 from notify.protocol.frames import encode_dput
+from notify.protocol.replies import parse_stats
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
 from tests.wireclient import WireClient
@@ -130,3 +131,15 @@ def test_delayed_inside_transactions(broker_factory: BrokerFactory) -> None:
     time.sleep(0.5)
     assert [r.body for r in read_all(b.addr, "single")] == [b"committed"]
     assert got and now_ms() >= due
+
+
+def test_a_message_due_before_it_was_put_does_not_skew_lateness(broker: BrokerProcess) -> None:
+    """deliverAt=0 (or any past time) is due when put: its lateness counts from the put,
+    not from 1970 (the attack run saw delay_lateness_p50_ms at 1.8e12)."""
+    with WireClient(broker.addr) as c:
+        dput(c, "single", b"epoch", 0)
+        dput(c, "single", b"past", now_ms() - 3_600_000, opaque=2)
+    assert len(wait_count(broker.addr, "single", 2)) == 2
+    with WireClient(broker.addr) as c:
+        stats = dict(parse_stats(c.call(b"stats 3\r\n").body))
+    assert 0 <= float(stats["delay_lateness_p99_ms"]) < 10_000, stats["delay_lateness_p99_ms"]

@@ -1036,23 +1036,7 @@ class AsyncConsumer:
             raise ClientError(
                 f"initial_offset must be earliest or latest, not {self.config.initial_offset!r}"
             )
-        conn = await self.pool.get(cur.partition.address)
-        topic, group, part = cur.topic, self.group, cur.partition.partition
-        try:
-            r = await conn.request(
-                lambda o: encode_offset(topic, group, part, target, o),
-                self.client_config.request_timeout_s,
-            )
-        except ConnectionLostError:
-            self.pool.discard(conn)
-            raise
-        if r.code != 200:
-            raise BrokerError(r.code, r.body.decode("utf-8", "replace"))
-        try:
-            value = parse_offset(r.body)
-        except ProtocolError as e:
-            raise ClientError(str(e)) from None
-        cur.position = cur.done = value
+        cur.position = cur.done = await self._ask_offset(cur.topic, cur.partition, target)
         cur.dirty = True
 
     def _decode(self, cur: _Cursor, offset: int, r: Response) -> list[Message] | None:
@@ -1547,7 +1531,6 @@ class _ClusterTarget:
         manual = [cur for p in partitions if (cur := self._manual_cursor(topic, p)) is not None]
         if manual:  # what the application processed is committed; the rest is redelivered
             for cur in manual:
-                c._cancel_pending(cur)
                 cur.stopped = True
                 c._mark_done(cur)
             try:

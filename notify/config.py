@@ -219,6 +219,7 @@ class SystemConfig:
     max_queued_replies: int = 65_536
     max_delay_ms: int = 90 * 24 * 3600 * 1000
     delay_checkpoint_interval_ms: int = 10_000
+    delay_max_delivered: int = 65_536
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None
@@ -351,6 +352,7 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "maxQueuedReplies": ("max_queued_replies", _int),
     "maxDelay": ("max_delay_ms", _int),
     "delayCheckpointInterval": ("delay_checkpoint_interval_ms", _int),
+    "delayMaxDelivered": ("delay_max_delivered", _int),
     "tlsCertFile": ("tls_cert_file", Path),
     "tlsKeyFile": ("tls_key_file", Path),
     "tlsCaFile": ("tls_ca_file", Path),
@@ -449,6 +451,7 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "maxCheckpoints": (1, 1000),
     "checkpointInterval": (1, 7 * _DAY_MS),
     "delayCheckpointInterval": (100, _DAY_MS),
+    "delayMaxDelivered": (2, 10_000_000),
     "maxTxTimeoutTimerCapacity": (1, 10_000_000),
     "maxTxTimeoutInSeconds": (1, 7 * 86_400),
     "flushTxLogAtCommit": (0, 2),

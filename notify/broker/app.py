@@ -150,6 +150,7 @@ class Broker:
             SYSTEM_CLOCK,
             lambda: service.role == "master",
             replica=tm.replica,  # a slave keeps its master's delay log (the __delaylog stream)
+            before_delete=tm.log.sync,  # APPLIED durable before __delay segments go
         )
         self.delay.open()
         service.delay = self.delay

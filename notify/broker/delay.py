@@ -170,8 +170,13 @@ class DelayQueue:
         fs: FileSystem = OS_FS,
         crash: Callable[[str], None] = crashpoint,
         replica: bool = False,
+        before_delete: Callable[[], None] | None = None,
     ):
         self.crash = crash
+        #: called before ``__delay`` segments are deleted: makes the transaction log's APPLIED
+        #: records durable, so recovery never re-applies a committed delayed put whose
+        #: segment is gone (it would be delivered twice)
+        self.before_delete = before_delete
         #: a slave keeps its master's log (``open`` makes ``replica_log``) until ``promote``
         self.replica = replica
         self.replica_log: DelayReplica | None = None
@@ -240,6 +245,7 @@ class DelayQueue:
         # interrupted, one with MOVED may have lost its unflushed target bytes in a crash
         moves: dict[int, tuple[Position, list[tuple[str, int, int]], list[int]]] = {}
         reputs: set[int] = set()  # REPUT seqs (re-puts into __delay by compaction)
+        exact: set[int] = set()  # seqs whose hints are MOVED's placements
         for pos, rtype, body in self.log.replay():
             if rtype in (MOVE, REPUT):
                 seq, hints, offs = _decode_move(body)
@@ -258,12 +264,15 @@ class DelayQueue:
                         del moves[seq]  # done, and its messages are all in their partitions
                     else:  # the exact offsets it went to are the hints for its re-apply
                         moves[seq] = (moves[seq][0], [(t, p, o) for t, p, o, _n in placed], offs)
+                        exact.add(seq)
         touched: dict[Partition, None] = {}
         for seq, (pos, hints, offs) in sorted(moves.items()):
             if seq in reputs:
                 placements = self._apply_reput(seq, pos, hints[0][2], offs, recovering=True)
             else:
-                placements = self._apply_move(seq, pos, hints, offs, recovering=True)
+                placements = self._apply_move(
+                    seq, pos, hints, offs, recovering=True, exact=seq in exact
+                )
             for pl in placements:
                 target = self.store.get(pl.topic, pl.partition)
                 if target is not None:
@@ -369,6 +378,7 @@ class DelayQueue:
                 interval = self.sysc.delay_checkpoint_interval_ms / 1000.0
                 if self.clock.monotonic() - self._last_checkpoint >= interval:
                     self.compact()
+                    self.trim_delivered()
                     self._checkpoint()
             except NotifyError as e:
                 log.error("delay mover: %s (retrying)", e)
@@ -457,6 +467,7 @@ class DelayQueue:
         offsets: list[int],
         recovering: bool = False,
         prepared: list[tuple[int, int, str, int, bytes]] | None = None,
+        exact: bool = False,
     ) -> tuple[Placement, ...]:
         part = self.part
         assert part is not None
@@ -493,6 +504,7 @@ class DelayQueue:
                 what=f"delay move {seq}",
                 on_missing=missing,
                 between="mid_move",
+                exact=exact,
             )
         )
         try:
@@ -541,15 +553,62 @@ class DelayQueue:
             raw.append(part.read_raw(off, size))
         if sum(map(len, raw)) >= COMPACT_RATIO * (oldest.end - oldest.start):
             return 0
-        offsets = [off for off, _ in found]
+        self._reput([off for off, _ in found], raw, bound)
+        log.info("delay: %d pending messages re-put out of the oldest segment", len(found))
+        return len(found)
+
+    def _reput(self, offsets: list[int], raw: list[bytes], hint: int) -> None:
+        """Log a REPUT of the pending records at ``offsets`` (bytes ``raw``; all of them end
+        at or before ``hint``, a durable record boundary) and apply it."""
         self.seq += 1
         seq = self.seq
-        pos = self.log.commit(REPUT, _encode_move(seq, [(DELAY_TOPIC, 0, bound)], offsets))
+        pos = self.log.commit(REPUT, _encode_move(seq, [(DELAY_TOPIC, 0, hint)], offsets))
         self._forget(set(offsets))
         self.crash("after_reput_intent")
-        self._apply_reput(seq, pos, bound, offsets, raw=raw, retry=(seq, pos, bound, offsets, raw))
-        log.info("delay: %d pending messages re-put out of the oldest segment", len(offsets))
-        return len(offsets)
+        self._apply_reput(seq, pos, hint, offsets, raw=raw, retry=(seq, pos, hint, offsets, raw))
+
+    def trim_delivered(self) -> int:
+        """Keep the delivered set (and so the checkpoint) bounded: when more than
+        ``delayMaxDelivered`` delivered offsets lie above the watermark (many messages
+        delivered behind one far-future message in the same segment), re-put the oldest
+        pending messages (at most MAX_MOVE_BATCH) at the end of ``__delay``, so the
+        watermark passes at least half of those offsets at the next checkpoint. Returns how
+        many were re-put."""
+        part = self.part
+        assert part is not None
+        limit = self.sysc.delay_max_delivered
+        if self.replica or self._reput_retry is not None or len(self.delivered) <= limit:
+            return 0
+        low = min((min(a[0::2]) for a in self.buckets.values() if len(a)), default=part.end)
+        above = sorted(o for o in self.delivered if o >= low)
+        if len(above) <= limit:
+            return 0
+        hint = part.flushed_end  # a durable record boundary: the originals all end before it
+        bound = min(above[len(above) - limit // 2], hint)
+        found = sorted(
+            (a[i], a[i + 1])
+            for a in self.buckets.values()
+            for i in range(0, len(a), 2)
+            if a[i] < bound
+        )[:MAX_MOVE_BATCH]
+        if not found:
+            return 0
+        raw: list[bytes] = []
+        for off, _due in found:
+            size = records.first_record_size(part.read_raw(off, records.HEADER_SIZE))
+            if size is None:
+                log.error("delay: record at %d unreadable, not re-put", off)
+                return 0
+            raw.append(part.read_raw(off, size))
+        self._reput([off for off, _ in found], raw, hint)
+        log.info(
+            "delay: %d delivered offsets above the watermark (limit %d): %d pending messages "
+            "re-put",
+            len(above),
+            limit,
+            len(found),
+        )
+        return len(found)
 
     def _forget(self, offsets: set[int]) -> None:
         """Take ``offsets`` out of the index."""
@@ -639,7 +698,10 @@ class DelayQueue:
         at = self.log.append(CKPT, state)  # the state in the log too: replicas follow it
         keep = unflushed[0][0] if unflushed else at
         self.log.checkpoint(keep, state)
-        part.delete_segments_before(low)
+        if len(part.segments) > 1 and part.segments[0].end <= low:
+            if self.before_delete is not None:
+                self.before_delete()
+            part.delete_segments_before(low)
 
     def stats_items(self) -> list[tuple[str, object]]:
         lat = sorted(self.lateness_ms)
@@ -652,6 +714,7 @@ class DelayQueue:
             ("delay_buckets", len(self.buckets)),
             ("delay_moved", self.moved_total),
             ("delay_compacted", self.compacted_total),
+            ("delay_delivered_tracked", len(self.delivered)),
             ("delay_segments", len(self.part.segments) if self.part is not None else 0),
             ("delay_next_due_s", self.heap[0] if self.heap else -1),
             ("delay_lateness_p50_ms", pct(0.5)),

@@ -88,12 +88,16 @@ class Applier:
         what: str,
         on_missing: Callable[[Share], None] | None = None,
         between: str = "mid_apply",
+        exact: bool = False,
     ) -> list[Placement]:
         """Append every share (``verify``: only what is not already there, matched by message
         id from the hint on). All or nothing: when one partition refuses, the shares appended
         in this call are taken back and StoreError is raised. A share whose partition no
         longer exists is reported to ``on_missing`` and skipped. ``between`` names the crash
-        point reached between two partitions' appends."""
+        point reached between two partitions' appends. ``exact``: the hints are where the
+        shares went (a done record's placements), so a share that ends at or before its
+        partition's first offset was applied and its segment deleted since (retention, or
+        ``__delay`` past its watermark): it counts as present, never appended again."""
         placements: list[Placement] = []
         done: list[tuple[Partition, int]] = []
         appended: list[tuple[Partition, int]] = []
@@ -107,7 +111,13 @@ class Applier:
             data = sh.data
             start = -1
             if verify:
-                present, at = already_present(part, hints.get((sh.topic, sh.partition), 0), data)
+                hint = hints.get((sh.topic, sh.partition), 0)
+                if exact and (sh.topic, sh.partition) in hints and hint + len(data) <= (
+                    part.min_offset
+                ):
+                    placements.append(Placement(sh.topic, sh.partition, hint, sh.count, len(data)))
+                    continue
+                present, at = already_present(part, hint, data)
                 if present:
                     start = at
                 if present == len(data):

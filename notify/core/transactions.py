@@ -151,6 +151,8 @@ class BrokerTx:
     last_check: float = 0.0
     checking: bool = False
     hints: tuple[tuple[str, int, int], ...] = ()
+    #: the hints are an APPLIED record's placements (where the shares went), not COMMIT's
+    hints_exact: bool = False
     apply_error: str | None = None
     ended_reason: str = ""
     #: why the transaction can only roll back (a put was refused)
@@ -777,6 +779,7 @@ class TxEngine:
                 verify=recovering or tx.apply_error is not None,
                 what=f"transaction {tx.key}",
                 on_missing=missing,
+                exact=recovering and tx.hints_exact,
             )
         except NotifyError as e:
             if tx.apply_error is None:
@@ -1002,6 +1005,7 @@ class TxEngine:
                 tx = self._restored(key, ent, now, cap_s, TxEvent.RECOVERED_COMMITTED)
                 assert ent.commit is not None
                 tx.hints = self._recovery_hints(ent)
+                tx.hints_exact = ent.applied is not None
                 self.txs[key] = tx
                 ends = self._ends(ent)
                 placements = self._apply(tx, recovering=True)

@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--crashes", type=int, default=2)
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--segment-size", type=int, default=None, help="tiny segments, e.g. 200")
+    ap.add_argument("--delay-heavy", action="store_true", help="mostly delayed puts")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.CRITICAL)
     if a.seed is not None:
@@ -29,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for seed in seeds:
         try:
-            World(seed, a.steps, a.crashes, a.verbose).run()
+            World(
+                seed, a.steps, a.crashes, a.verbose, a.segment_size, a.delay_heavy
+            ).run()
         except SimFailure as e:
             failed += 1
             print(e, file=sys.stderr)

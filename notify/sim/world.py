@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config, encode_envelope
@@ -131,6 +131,7 @@ class Core:
             lambda: True,
             fs=fs,
             crash=world.crashpoint,
+            before_delete=self.log.sync,
         )
         self.delay.open()
         for part in self.store.all_partitions():
@@ -147,8 +148,19 @@ class Core:
 class World:
     """One seed's world: the disk, the clock, the model, the clients, the schedule."""
 
-    def __init__(self, seed: int, steps: int = 60, crashes: int = 2, verbose: bool = False):
+    def __init__(
+        self,
+        seed: int,
+        steps: int = 60,
+        crashes: int = 2,
+        verbose: bool = False,
+        segment_size: int | None = None,
+        delay_heavy: bool = False,
+    ):
         self.seed = seed
+        self.segment_size = segment_size
+        #: mostly delayed puts, some of them far in the future (delivered-set trimming)
+        self.delay_heavy = delay_heavy
         self.rng = random.Random(seed)
         self.fs = SimFileSystem(random.Random(seed ^ 0x5EED))
         self.clock = SimClock()
@@ -156,10 +168,15 @@ class World:
         self.crashes = crashes
         self.verbose = verbose
         self.ids = IdGenerator(1, self.clock.time)
-        ini = f"[system]\ndataPath={ROOT}/data\nunflushThreshold=0\n" + "".join(
-            f"[topic={t}]\nnumPartitions={n}\n" for t, n in TOPICS
+        ini = (
+            f"[system]\ndataPath={ROOT}/data\nunflushThreshold=0\ndelayMaxDelivered=2\n"
+            + "".join(f"[topic={t}]\nnumPartitions={n}\n" for t, n in TOPICS)
         )
         self.config = parse_config(ini)
+        if segment_size is not None:  # tiny segments: rolls, compaction and deletion often
+            self.config = replace(
+                self.config, system=replace(self.config.system, max_segment_size=segment_size)
+            )
         self.trace: list[str] = []
         self._armed_point: str | None = None
         # the model
@@ -264,6 +281,8 @@ class World:
         assert dpart is not None and self.core.delay is not None
         b = self.body()
         due = int(self.clock.time() * 1000) + self.rng.randrange(0, 4000)
+        if self.delay_heavy and self.rng.random() < 0.1:
+            due += 3_600_000  # far future: pending through the whole run
         mid = self.ids.next()
         rec = records.encode(mid, 0, encode_envelope(topic, p, due, b))
         off = dpart.append(rec)
@@ -475,6 +494,8 @@ class World:
         core = self.core
         core.log.checkpoint(core.engine.checkpoint_position())
         assert core.delay is not None
+        core.delay.compact()  # as the mover does before each checkpoint
+        core.delay.trim_delivered()
         core.delay._checkpoint()
 
     # ------------------------------------------------------------------ the run
@@ -521,7 +542,9 @@ class World:
         x = rng.random()
         if x < 0.25 or not scripts:
             kind = rng.random()
-            if kind < 0.3:
+            if self.delay_heavy and kind < 0.6:
+                g = self.delayed_put()
+            elif kind < 0.3:
                 g = self.plain_put()
             elif kind < 0.55:
                 g = self.transaction(xa=False)
@@ -587,8 +610,17 @@ class World:
         tail = "\n  ".join(self.trace[-40:])
         raise SimFailure(
             f"seed {self.seed}: {why}\n  replay: python -m notify.sim --seed {self.seed} "
-            f"--verbose\n  last steps:\n  {tail}"
+            f"{self.variant_args()}--verbose\n  last steps:\n  {tail}"
         )
+
+    def variant_args(self) -> str:
+        """The command-line options that select this world's variant."""
+        out = f"--steps {self.steps} --crashes {self.crashes} "
+        if self.segment_size is not None:
+            out += f"--segment-size {self.segment_size} "
+        if self.delay_heavy:
+            out += "--delay-heavy "
+        return out
 
     def read_all(self) -> dict[int, tuple[str, int, int, bytes]]:
         """Every record of every partition (``__delay`` checked for readability only: its
@@ -614,6 +646,8 @@ class World:
             if not recs:
                 self.fail(f"{topic}-{p}: gap or torn record at {off} (end {part.end})")
             for r in recs:
+                if topic == DELAY_TOPIC:
+                    continue  # compaction re-puts records with their ids: checked elsewhere
                 if r.msg_id in found:
                     self.fail(
                         f"message {r.msg_id} stored twice ({found[r.msg_id]}, {topic}-{p})"

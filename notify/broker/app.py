@@ -26,6 +26,7 @@ from notify.broker.connection import Connection
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config
 from notify.broker.queues import QueueManager
 from notify.broker.service import BrokerService
+from notify.broker.tlsaccept import TLS_HANDSHAKE_S, TlsAccept
 from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
@@ -54,7 +55,6 @@ log = logging.getLogger("notify.broker")
 
 TICK_S: Final = 0.05
 #: A client must finish its TLS handshake within this many seconds.
-TLS_HANDSHAKE_S: Final = 10.0
 RECOVERY_POINT_EVERY_S: Final = 1.0
 
 
@@ -162,14 +162,21 @@ class Broker:
             self._schedule_retention(topic)
         self.scheduler.start()
         self.tls = server_tls_context(self.config.system)
+        tls = self.tls
+
+        def plain() -> asyncio.Protocol:
+            return Connection(service)
+
+        def with_tls() -> asyncio.Protocol:  # the handshake counts toward maxConnections
+            assert tls is not None
+            return TlsAccept(service, tls, plain, TLS_HANDSHAKE_S)
+
         self._server = await loop.create_server(
-            lambda: Connection(service),
+            plain if tls is None else with_tls,
             self.config.system.host_name,
             self.config.system.server_port,
             reuse_address=True,
             backlog=1024,
-            ssl=self.tls,
-            ssl_handshake_timeout=TLS_HANDSHAKE_S if self.tls is not None else None,
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]

@@ -162,6 +162,8 @@ class BrokerService:
         self.max_frame_body = max(self.max_message, MPUT_MAX_BYTES)
         self.max_transfer = config.system.max_transfer_size
         self.connections: set[Connection] = set()
+        #: TLS handshakes in progress (they count toward maxConnections: tlsaccept.py)
+        self.handshaking = 0
         self._pending: dict[Partition, _Batch] = {}
         self._commit_scheduled = False
         self._reload = reload
@@ -214,6 +216,17 @@ class BrokerService:
         self.stats.connections_total += 1
         self.stats.connections_current = len(self.connections)
         return True
+
+    def tls_handshake_started(self) -> bool:
+        """Admit one more TLS handshake unless connections + handshakes fill maxConnections."""
+        if len(self.connections) + self.handshaking >= self.config.system.max_connections:
+            self.stats.connections_refused += 1
+            return False
+        self.handshaking += 1
+        return True
+
+    def tls_handshake_ended(self) -> None:
+        self.handshaking -= 1
 
     def connection_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)

@@ -46,6 +46,7 @@ from aiohttp import web
 
 from notify.broker.authlog import record_auth_failure
 from notify.broker.service import MPUT_MAX_BYTES
+from notify.broker.tlsaccept import TLS_HANDSHAKE_S, TlsAccept
 from notify.http.views import History
 
 if TYPE_CHECKING:
@@ -105,6 +106,8 @@ class _CappedSite(web.BaseSite):
         self._port = port
         self._http = server
         self._runner_ref = runner
+        #: TLS handshakes in progress (they count toward httpMaxConnections)
+        self.handshaking = 0
 
     @property
     def name(self) -> str:
@@ -118,16 +121,32 @@ class _CappedSite(web.BaseSite):
             return _Busy()
         return handlers()
 
+    def tls_handshake_started(self) -> bool:
+        """Admit one more TLS handshake unless connections + handshakes fill the cap."""
+        handlers = self._runner_ref.server
+        open_now = len(handlers.connections) if handlers is not None else 0
+        if open_now + self.handshaking >= self._http.max_connections:
+            self._http.connections_refused += 1
+            return False
+        self.handshaking += 1
+        return True
+
+    def tls_handshake_ended(self) -> None:
+        self.handshaking -= 1
+
+    def _tls_protocol(self) -> asyncio.BaseProtocol:
+        assert self._ssl is not None
+        return TlsAccept(self, self._ssl, self._protocol, TLS_HANDSHAKE_S)
+
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._protocol,
+            self._protocol if self._ssl is None else self._tls_protocol,
             self._host,
             self._port,
             reuse_address=True,
             backlog=self._backlog,
-            ssl=self._ssl,
         )
 
 

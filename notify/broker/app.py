@@ -31,6 +31,7 @@ from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
 from notify.faults import pausepoint
+from notify.fdbudget import spare_fds
 from notify.replication.failover import FailoverAgent
 from notify.replication.redo import DELAYLOG_STREAM, QUEUELOG_STREAM, ReplicaRedo
 from notify.replication.slave import SlaveReplicator
@@ -324,6 +325,25 @@ class Broker:
         except NotifyError as e:
             log.error("config reload failed, keeping the running config: %s", e)
 
+    def _check_fd_budget(self, new: ServerConfig) -> None:
+        """Refuse a reload whose new disk partitions need more file descriptors than the
+        process can spare (each keeps its active segment open): opening them would fail
+        half-way and leave the broker without descriptors for connections and its logs."""
+        need = 0
+        for name, tc in new.topics.items():
+            if tc.store == "memory":
+                continue
+            old = self.config.topics.get(name)
+            need += tc.num_partitions - (old.num_partitions if old is not None else 0)
+        if need <= 0:
+            return
+        spare, how = spare_fds(new.system.fd_reserve)
+        if need > spare:
+            raise ConfigError(
+                f"the new partitions need {need} file descriptors and this broker can spare "
+                f"{max(spare, 0)} ({how})"
+            )
+
     def reload(self, new: ServerConfig | None = None) -> str:
         """Re-read server.ini (or apply ``new``, already parsed from it); open new topics and
         partitions; apply per-topic settings. Unchanged topics cost nothing."""
@@ -349,6 +369,7 @@ class Broker:
         ):
             if getattr(new.system, f) != getattr(old_sys, f):
                 restart.append(f)
+        self._check_fd_budget(new)
         for name, tc in new.topics.items():
             old = self.config.topics.get(name)
             if old is None:

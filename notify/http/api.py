@@ -23,7 +23,6 @@ import contextlib
 import json
 import logging
 import os
-import resource
 from pathlib import Path
 from typing import Any, Final
 
@@ -41,6 +40,7 @@ from notify.errors import (
     TransactionError,
     TxLogError,
 )
+from notify.fdbudget import spare_fds
 from notify.http import openapi
 from notify.http.bridge import call, call_one
 from notify.http.params import INT32, bad_request, int_param, parse_int, topic_name
@@ -327,23 +327,6 @@ def _write_atomic(path: os.PathLike[str], text: str) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
-
-
-def open_fds() -> int:
-    """File descriptors this process has open (0 where the OS does not say)."""
-    for d in ("/proc/self/fd", "/dev/fd"):
-        with contextlib.suppress(OSError):
-            return len(os.listdir(d))
-    return 0
-
-
-def spare_fds(reserve: int) -> tuple[int, str]:
-    """File descriptors topic creation may still use, and how that was worked out."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 2**31, "no RLIMIT_NOFILE"
-    used = open_fds()
-    return soft - used - reserve, f"RLIMIT_NOFILE {soft}, {used} open, fdReserve {reserve}"
 
 
 def _prepare_ini(src: Path, section: list[str]) -> tuple[str, ServerConfig]:

@@ -80,6 +80,8 @@ log = logging.getLogger("notify.tx")
 CHECK_TIMEOUT_S: Final = 5.0
 #: how long a timed-out transaction is remembered so its owner gets XA_RBTIMEOUT
 TOMBSTONE_S: Final = 60.0
+#: At capacity, the timer heap is compacted at most this often (unless a timer was pushed).
+COMPACT_EVERY_S: Final = 0.1
 
 
 class RedoLog(Protocol):
@@ -262,6 +264,10 @@ class TxEngine:
         self.stats = TxStats()
         #: (deadline, key) of transactions that can time out; stale entries dropped lazily
         self._timers: list[tuple[float, str]] = []
+        self._compacted_len = 0
+        self._compacted_at = float("-inf")
+        self._untimed = 0  # transactions that left a timed state (see _live_timers)
+        self._untimed_at_compaction = 0
         self._owned: dict[Any, set[str]] = {}
         self._owner_group: dict[Any, str] = {}
         self.groups: dict[str, list[Any]] = {}
@@ -279,10 +285,13 @@ class TxEngine:
 
     def _to(self, tx: BrokerTx, ev: TxEvent) -> None:
         """The one place a transaction changes state."""
+        timed = self._timed(tx)
         try:
             tx.state = next_state(tx.state, ev)
         except TransactionError as e:
             raise TxFailure(XAER_PROTO, f"{tx.key}: {e}") from None
+        if timed and not self._timed(tx):
+            self._untimed += 1  # a heap entry went stale: compaction may free a slot
 
     def _reply(self, owner: Any, opaque: int, code: int, body: bytes = b"") -> None:
         self.out.append(Reply(owner, opaque, code, body))
@@ -524,15 +533,29 @@ class TxEngine:
         self._check_owner(tx, owner)
 
     def _live_timers(self) -> int:
+        """The timers that may still be live (the heap keeps ended ones until they pop). At
+        capacity it is compacted only when that can change the answer (a timer was pushed,
+        or a transaction left its timed state since the last pass), or after
+        COMPACT_EVERY_S: a flood of BEGINs refused at capacity cost one O(capacity) pass
+        each before (100,000 pipelined BEGINs held the event loop for minutes)."""
         cap = self.limits.capacity
-        if len(self._timers) >= cap:
-            self._timers = [
-                (d, k)
-                for d, k in self._timers
-                if (tx := self.txs.get(k)) is not None and tx.deadline == d and self._timed(tx)
-            ]
-            heapq.heapify(self._timers)
-        return len(self._timers)
+        timers = self._timers
+        if len(timers) >= cap:
+            now = self.clock.monotonic()
+            if (
+                len(timers) > self._compacted_len
+                or self._untimed != self._untimed_at_compaction
+                or now - self._compacted_at >= COMPACT_EVERY_S
+            ):
+                self._untimed_at_compaction = self._untimed
+                self._timers = timers = [
+                    (d, k)
+                    for d, k in timers
+                    if (tx := self.txs.get(k)) is not None and tx.deadline == d and self._timed(tx)
+                ]
+                heapq.heapify(timers)
+                self._compacted_len, self._compacted_at = len(timers), now
+        return len(timers)
 
     @staticmethod
     def _timed(tx: BrokerTx) -> bool:

@@ -13,7 +13,7 @@ import time
 from notify.protocol import records
 from notify.protocol.frames import ResponseParser, encode_mput
 from tests.conftest import BrokerFactory
-from tests.security.wire import MIB, raw, rss, send_for, stats
+from tests.security.wire import MIB, cpu_seconds, raw, rss, send_for, stats
 from tests.wireclient import WireClient, crc
 
 
@@ -119,3 +119,28 @@ def test_pipelined_puts_without_reading_pause_the_reader(broker_factory: BrokerF
     with WireClient(b.addr) as c2:
         end = int(c2.call(b"offset r g 0 9223372036854775807 1\r\n").body)
     assert end == expected * (records.HEADER_SIZE + 1)
+
+
+def test_begin_flood_at_capacity_stays_cheap(broker_factory: BrokerFactory) -> None:
+    """Pipelined BEGINs past ``maxTxTimeoutTimerCapacity``: each refusal rebuilt the timer heap
+    (O(capacity)), so 100,000 of them held the event loop for minutes (SIGTERM ignored). Now
+    the heap is compacted at most every 100 ms at capacity: refusals are O(1), every BEGIN is
+    answered (200 up to the cap, 503 beyond) and the broker's CPU stays small."""
+    cap, n = 2000, 30_000
+    b = broker_factory(maxTxTimeoutTimerCapacity=cap)
+    s = raw(b.addr, timeout=20)
+    frames = b"".join(b"transaction TX:f:%d s BEGIN 600 %d\r\n" % (i, i) for i in range(n))
+    c0 = cpu_seconds(b)
+    s.sendall(frames)  # ~1 MiB: fits the socket buffers plus the broker's reading
+    parser = ResponseParser()
+    codes: dict[int, int] = {}
+    got = 0
+    while got < n:
+        data = s.recv(1 << 20)
+        assert data, f"closed after {got} replies"
+        for r in parser.feed(data):
+            codes[r.code] = codes.get(r.code, 0) + 1
+            got += 1
+    s.close()
+    assert codes == {200: cap, 503: n - cap}, codes
+    assert cpu_seconds(b) - c0 < 5.0  # (was ~2,000 x 28,000 tuple checks: minutes)

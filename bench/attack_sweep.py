@@ -21,6 +21,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -339,6 +340,23 @@ def attack_default(b: BrokerProcess) -> None:
     row("item 11: pipelined puts without reading replies", grew < 128 * MIB,
         f"{sent // MIB} MiB sent in 3 s, rss +{grew // MIB} MiB",
         "test_wire_resources.py::test_pipelined_puts_without_reading_pause_the_reader")
+
+    # unnamed: pipelined BEGINs far past maxTxTimeoutTimerCapacity (30,000 by default)
+    w = Wire(b, t=60)
+    n = 60_000
+    t0 = time.monotonic()
+    frames = b"".join(b"transaction TX:f:%d s BEGIN 600 %d\r\n" % (i, i) for i in range(n))
+    threading.Thread(target=w.sock.sendall, args=(frames,), daemon=True).start()
+    codes: dict[int, int] = {}
+    for _ in range(n):
+        r = w.call(b"")
+        if r is None:
+            break
+        codes[r.code] = codes.get(r.code, 0) + 1
+    w.close()
+    dt = time.monotonic() - t0
+    row("60,000 pipelined BEGINs (cap 30,000)", sum(codes.values()) == n and dt < 30,
+        f"{codes} in {dt:.1f} s", "test_wire_resources.py (begin flood)")
 
     # item 2: authSecret turned on by reload applies to new wire connections at once
     if text:

@@ -437,6 +437,9 @@ class Broker:
         service.epoch = agent.epoch
         service.fence = agent.fence
         service.saw_epoch = agent.saw_epoch
+        service.epoch_declared = agent.poke
+        if service.transactions is not None:  # COMMIT/PREPARE fenced at acknowledgement
+            service.transactions.fence = agent.fence
         service.failover_stats = agent.stats_items
         if self.slave is not None:
             self.slave.epoch = agent.epoch

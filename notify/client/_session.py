@@ -127,7 +127,7 @@ class AsyncMessageSessionFactory:
                 )
                 self._own_cluster = True
             if directory is None:
-                directory = ZkBrokerDirectory(self.cluster)
+                directory = ZkBrokerDirectory(self.cluster, pool=self.pool)
         if directory is None:
             if brokers is None:
                 raise ClientError("give broker addresses, zk= or a BrokerDirectory")

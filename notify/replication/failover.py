@@ -107,6 +107,8 @@ class FailoverAgent:
         self._lease_at = 0.0
         self._suspended = False
         self._closing = False
+        self._poking = False
+        self._poke_task: asyncio.Task[None] | None = None
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="notify-failover")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -336,6 +338,25 @@ class FailoverAgent:
                         self.epoch)  # fmt: skip
             self._cancel_acquire()
             self.rejoin.set()
+
+    def poke(self, epoch: int) -> None:
+        """A producer declared ``epoch`` (the ``epoch`` extension), newer than this
+        broker's: confirm with ZooKeeper now instead of at the next renewal. A client's word
+        alone does not demote (it is not authenticated as a replication peer is); its writes
+        are refused meanwhile."""
+        if not self.leader or epoch <= self.epoch or self._poking or self._closing:
+            return
+        self._poking = True
+
+        async def check() -> None:
+            try:
+                await self._renew()
+            except (KazooException, KazooTimeoutError, ValueError) as e:
+                log.debug("failover: %s", e)
+            finally:
+                self._poking = False
+
+        self._poke_task = asyncio.get_running_loop().create_task(check(), name="failover-poke")
 
     def _demote(self, why: str) -> None:
         if self.demoted:

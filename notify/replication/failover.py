@@ -296,10 +296,20 @@ class FailoverAgent:
             )
             part.rollback_to(end)
             part.sync()
-        txdir = self.config.system.tx_log_path
-        if txdir.exists():
-            log.warning("failover: dropping the redo log %s (re-copied from the master)", txdir)
-            shutil.rmtree(txdir)
+        # the replicated logs (redo, delay queue, queue state) are dropped and pulled again
+        # from the new master, as a new slave's: a tail this broker wrote as master (or
+        # pulled from a master that was replaced) may not be the new master's, and its own
+        # checkpoints may have discarded records the new history still needs
+        sysc = self.config.system
+        for what, path in (
+            ("redo log", sysc.tx_log_path),
+            ("delay-queue log", sysc.delay_log_path),
+            ("queue-state log", sysc.queue_log_path),
+        ):
+            if path.exists():
+                log.warning("failover: dropping the %s %s (re-copied from the master)", what,
+                            path)  # fmt: skip
+                shutil.rmtree(path)
 
     # ------------------------------------------------------------------ running
 

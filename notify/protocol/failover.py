@@ -7,6 +7,10 @@ read there):
 * ``epoch``            ``{"epoch":E,"member":N,"address":"host:port"}``: the fencing token,
   incremented at every election, the member (slave id; a configured master's is
   ``failoverSlaveId``) that leads it and the address producers and slaves use;
+* ``members/<N>``      ``{"eligible":bool,"size":bytes,"address":"host:port"}``, ephemeral,
+  one per following member: whether it may take over and how much data it holds (the sum
+  of its partitions' ends). The slave that gets the lock hands it on when another eligible
+  member holds more, so a group of three or more elects the in-sync slave with the most data;
 * ``epochs/<E>``       ``{"ends":[[topic,partition,end],...]}``: the partitions' ends of the
   new master when epoch E began. Everything below them came from the previous master; a
   member coming back from an older epoch cuts its partitions to the lowest of these ends
@@ -23,10 +27,13 @@ from dataclasses import dataclass
 
 __all__ = [
     "EpochInfo",
+    "MemberInfo",
     "decode_ends",
     "decode_epoch",
+    "decode_member",
     "encode_ends",
     "encode_epoch",
+    "encode_member",
     "epoch_node_name",
 ]
 
@@ -82,3 +89,29 @@ def decode_ends(raw: bytes) -> dict[tuple[str, int], int]:
             raise ValueError(f"bad epoch-start row {row!r}")
         out[(topic, part)] = end
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class MemberInfo:
+    """The value of a ``members/<N>`` node."""
+
+    eligible: bool
+    size: int
+    address: str
+
+
+def encode_member(info: MemberInfo) -> bytes:
+    """Compact JSON, keys in a fixed order."""
+    obj = {"eligible": info.eligible, "size": info.size, "address": info.address}
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decode_member(raw: bytes) -> MemberInfo:
+    """Inverse of :func:`encode_member`; ValueError on anything else."""
+    obj = json.loads(raw.decode("utf-8"))
+    if not isinstance(obj, dict):
+        raise ValueError(f"not a member node value: {raw[:80]!r}")
+    eligible, size, address = obj.get("eligible"), obj.get("size"), obj.get("address")
+    if not (isinstance(eligible, bool) and isinstance(size, int) and isinstance(address, str)):
+        raise ValueError(f"not a member node value: {raw[:80]!r}")
+    return MemberInfo(eligible, size, address)

@@ -47,10 +47,13 @@ from notify.config import ServerConfig, SlaveConfig
 from notify.errors import NotifyError
 from notify.protocol.failover import (
     EpochInfo,
+    MemberInfo,
     decode_ends,
     decode_epoch,
+    decode_member,
     encode_ends,
     encode_epoch,
+    encode_member,
     epoch_node_name,
 )
 from notify.store.manager import MessageStore
@@ -109,6 +112,11 @@ class FailoverAgent:
         self._closing = False
         self._poking = False
         self._poke_task: asyncio.Task[None] | None = None
+        #: the ``members/<N>`` value last written (b"" = none yet) and until when this
+        #: member stays out of the contention after handing the lock to a member with more
+        self._published = b""
+        self._yield_until = 0.0
+        self.handed_on = 0
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="notify-failover")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -234,6 +242,8 @@ class FailoverAgent:
         self.leader = True
         self.elections += 1
         self._lease_at = time.monotonic()
+        with contextlib.suppress(KazooException):  # a leader is no candidate
+            await self._zk(self.client.delete, f"{self.base}/members/{self.member}")
         log.warning("failover: broker %s leads epoch %d", self.address, new)
         await self._trim_history(new)
 
@@ -417,6 +427,9 @@ class FailoverAgent:
             self.rejoin.set()
             return
         eligible = self.eligible()
+        await self._publish(eligible)
+        if eligible and time.monotonic() < self._yield_until:
+            eligible = False  # it handed the lock on: the other member's turn
         if eligible and self._acquire is None:
             self._acquire = asyncio.get_running_loop().run_in_executor(
                 self._pool, self._acquire_blocking
@@ -424,6 +437,38 @@ class FailoverAgent:
             self._acquire.add_done_callback(self._acquired)
         elif not eligible and self._acquire is not None:
             self._cancel_acquire()
+
+    def _size(self) -> int:
+        return sum(p.end for p in self.store.all_partitions() if not p.memory)
+
+    async def _publish(self, eligible: bool) -> None:
+        """Write this follower's ``members/<N>`` node (ephemeral) when its value changed."""
+        value = encode_member(MemberInfo(eligible, self._size(), self.address))
+        if value == self._published:
+            return
+        path = f"{self.base}/members/{self.member}"
+        try:
+            await self._zk(self.client.set, path, value)
+        except NoNodeError:
+            await self._zk(self.client.create, path, value, ephemeral=True, makepath=True)
+        self._published = value
+
+    async def _better_member(self) -> tuple[int, MemberInfo] | None:
+        """An eligible member holding more data than this one (the largest), or None."""
+        mine = self._size()
+        best: tuple[int, MemberInfo] | None = None
+        base = f"{self.base}/members"
+        for kid in await self._zk(self.client.get_children, base):
+            if not kid.isdigit() or int(kid) == self.member:
+                continue
+            try:
+                raw, _ = await self._zk(self.client.get, f"{base}/{kid}")
+                info = decode_member(bytes(raw))
+            except (NoNodeError, ValueError):
+                continue
+            if info.eligible and info.size > max(mine, best[1].size if best else -1):
+                best = (int(kid), info)
+        return best
 
     def _acquire_blocking(self) -> bool:
         try:
@@ -445,6 +490,20 @@ class FailoverAgent:
         got = await self._read_epoch()
         if got is None or got[0].epoch != self.epoch or not self.eligible():
             log.info("failover: got the lock but not eligible now; releasing it")
+            await self._release()
+            return
+        try:
+            better = await self._better_member()
+        except (KazooException, KazooTimeoutError) as e:
+            log.warning("failover: members not read (%s): taking over", e)
+            better = None
+        if better is not None:  # the in-sync member with the most data leads
+            log.warning(
+                "failover: member %d (%s) holds %d bytes, this one %d: handing the lock on",
+                better[0], better[1].address, better[1].size, self._size(),
+            )  # fmt: skip
+            self.handed_on += 1
+            self._yield_until = time.monotonic() + self.session_s
             await self._release()
             return
         t0 = time.monotonic()
@@ -470,6 +529,7 @@ class FailoverAgent:
             ("failover_leader", self.leader),
             ("failover_fenced", self.fence() or "-"),
             ("failover_contending", self._acquire is not None),
+            ("failover_handed_on", self.handed_on),
         ]
 
     async def close(self) -> None:

@@ -14,7 +14,10 @@ read there):
 * ``epochs/<E>``       ``{"ends":[[topic,partition,end],...]}``: the partitions' ends of the
   new master when epoch E began. Everything below them came from the previous master; a
   member coming back from an older epoch cuts its partitions to the lowest of these ends
-  over the epochs it missed (the tail it wrote that no later master ever had).
+  over the epochs it missed (the tail it wrote that no later master ever had). With
+  ``"redo":[first,fileNo,offset]`` (a slave that took over: its redo-log copy's oldest
+  segment and end when the epoch began) a member coming back cuts its own redo log there
+  and pulls only the rest, when it still holds every segment from ``first`` on.
 
 Each broker also keeps ``<dataPath>/failover-epoch`` (one decimal number): the last epoch
 whose master's data it holds (led or followed).
@@ -31,6 +34,7 @@ __all__ = [
     "decode_ends",
     "decode_epoch",
     "decode_member",
+    "decode_redo",
     "encode_ends",
     "encode_epoch",
     "encode_member",
@@ -69,9 +73,26 @@ def epoch_node_name(epoch: int) -> str:
     return f"{epoch:010d}"
 
 
-def encode_ends(ends: list[tuple[str, int, int]]) -> bytes:
-    """``{"ends":[[topic,partition,end],...]}``."""
-    return json.dumps({"ends": [list(e) for e in sorted(ends)]}, separators=(",", ":")).encode()
+def encode_ends(
+    ends: list[tuple[str, int, int]], redo: tuple[int, int, int] | None = None
+) -> bytes:
+    """``{"ends":[[topic,partition,end],...]}`` (and ``"redo":[first,fileNo,offset]``)."""
+    obj: dict[str, object] = {"ends": [list(e) for e in sorted(ends)]}
+    if redo is not None:
+        obj["redo"] = list(redo)
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decode_redo(raw: bytes) -> tuple[int, int, int] | None:
+    """The ``"redo"`` of an epoch-start value: ``(first segment, fileNo, offset)``, or None
+    when it was not recorded."""
+    obj = json.loads(raw.decode("utf-8"))
+    redo = obj.get("redo") if isinstance(obj, dict) else None
+    if redo is None:
+        return None
+    if not (isinstance(redo, list) and len(redo) == 3 and all(isinstance(x, int) for x in redo)):
+        raise ValueError(f"bad epoch-start redo {redo!r}")
+    return redo[0], redo[1], redo[2]
 
 
 def decode_ends(raw: bytes) -> dict[tuple[str, int], int]:

@@ -51,12 +51,14 @@ from notify.protocol.failover import (
     decode_ends,
     decode_epoch,
     decode_member,
+    decode_redo,
     encode_ends,
     encode_epoch,
     encode_member,
     epoch_node_name,
 )
 from notify.store.manager import MessageStore
+from txlog import Position, cut_log
 
 log = logging.getLogger("notify.failover")
 
@@ -125,6 +127,9 @@ class FailoverAgent:
         self.eligible: Callable[[], bool] = lambda: False
         self.stop_replication: Callable[[], None] = lambda: None
         self.promoted: Callable[[int], None] = lambda epoch: None
+        #: the redo-log copy's (oldest segment, end file, end offset), None when not open
+        #: (set by the broker: recorded in the epoch-start node at a take-over)
+        self.redo_span: Callable[[], tuple[int, int, int] | None] = lambda: None
         #: a slave that joined before epoch 1 learns it: replication links name it
         self.epoch_known: Callable[[int], None] = lambda epoch: None
 
@@ -228,10 +233,11 @@ class FailoverAgent:
         new = (cur[0].epoch if cur else 0) + 1
         ends = [(p.topic, p.index, p.end) for p in self.store.all_partitions() if not p.memory]
         node = f"{self.base}/epochs/{epoch_node_name(new)}"
+        value = encode_ends(ends, self.redo_span())
         try:
-            await self._zk(self.client.create, node, encode_ends(ends))
+            await self._zk(self.client.create, node, value)
         except NodeExistsError:
-            await self._zk(self.client.set, node, encode_ends(ends))
+            await self._zk(self.client.set, node, value)
         info = EpochInfo(new, self.member, self.address)
         if cur is None:
             await self._zk(self.client.create, self._epoch_path, encode_epoch(info))
@@ -273,6 +279,7 @@ class FailoverAgent:
         """Cut each partition to the lowest epoch-start end of epochs ``local+1..current``
         and drop the redo-log copy: what remains is a prefix of the new master's bytes."""
         cut: dict[tuple[str, int], int] = {}
+        redo: list[tuple[int, int, int] | None] = []
         for e in range(local + 1, current + 1):
             try:
                 raw, _ = await self._zk(
@@ -287,6 +294,7 @@ class FailoverAgent:
                 ) from None
             for key, start in decode_ends(bytes(raw)).items():
                 cut[key] = min(start, cut.get(key, start))
+            redo.append(decode_redo(bytes(raw)))
         for part in self.store.all_partitions():
             end = cut.get((part.topic, part.index), -1)
             if end < 0 or part.memory or part.end <= end:
@@ -311,15 +319,35 @@ class FailoverAgent:
         # pulled from a master that was replaced) may not be the new master's, and its own
         # checkpoints may have discarded records the new history still needs
         sysc = self.config.system
+        redo_kept = self._cut_redo(redo) if local else False
         for what, path in (
-            ("redo log", sysc.tx_log_path),
+            ("redo log", None if redo_kept else sysc.tx_log_path),
             ("delay-queue log", sysc.delay_log_path),
             ("queue-state log", sysc.queue_log_path),
         ):
-            if path.exists():
+            if path is not None and path.exists():
                 log.warning("failover: dropping the %s %s (re-copied from the master)", what,
                             path)  # fmt: skip
                 shutil.rmtree(path)
+
+    def _cut_redo(self, spans: list[tuple[int, int, int] | None]) -> bool:
+        """Cut the redo log at the lowest epoch-start end of the epochs missed, when each
+        recorded it and this broker still holds every segment from the oldest any of those
+        masters held (so its checkpoints cannot have let go of a record the new history
+        needs). Returns whether the log was kept (False: drop it, pull it all)."""
+        if not spans or any(s is None for s in spans):
+            return False
+        first = min(s[0] for s in spans if s is not None)
+        at = min(Position(s[1], s[2]) for s in spans if s is not None)
+        path = self.config.system.tx_log_path
+        removed = cut_log(path, at, first) if path.exists() else None
+        if removed is None:
+            return False
+        log.warning(
+            "failover: redo log %s kept up to %d:%d (%d bytes cut); pulling only the rest",
+            path, at.file_no, at.offset, removed,
+        )  # fmt: skip
+        return True
 
     # ------------------------------------------------------------------ running
 

@@ -236,11 +236,12 @@ def test_failover_pause_kill_and_rejoin(group: Group) -> None:
 
     # 3. the killed master comes back as a slave of epoch 3 with the same bytes; give it a
     # tail the new master never had (a batch it appended but never got acknowledged, and
-    # records in its delay-queue and queue-state logs)
+    # records in its delay-queue, queue-state and redo logs: the first two are pulled
+    # again whole, the redo log is cut where the new master's copy ended and kept)
     seg = max(p for p in (b.data_dir / "orders-0").iterdir() if p.suffix == ".meta")
     with seg.open("ab") as f:
         f.write(records.encode(123456789, 0, b"never-replicated"))
-    for name in ("delay", "queues"):
+    for name in ("delay", "queues", "transactions"):
         with TxLog.open(b.data_dir / name) as extra:
             extra.append(1, b"a record the new master never had")
             extra.sync()
@@ -249,13 +250,14 @@ def test_failover_pause_kill_and_rejoin(group: Group) -> None:
     assert st["role"] == "slave" and st["failover_epoch"] == "3", st
     text = b.log_path.read_text()
     assert "cutting" in text and "dropping the delay-queue log" in text
+    assert "redo log" in text and "pulling only the rest" in text  # its redo log was kept
     with WireClient(a.addr) as c:
         assert c.put("orders", 0, b"later").code == 200
         now_ms = int(time.time() * 1000)  # a delayed message due now: a MOVE in a's delay log
         r = c.call(b"dput orders 0 5 0 -1 %d 3\r\ndelay" % now_ms)
         assert r.code == 200, r
     _wait(lambda: _segments(a) == _segments(b), what="identical partition bytes")
-    for name in ("delay", "queues"):  # the logs: the new master's, not b's own tail
+    for name in ("delay", "queues", "transactions"):  # the new master's, not b's own tail
         _wait(lambda n=name: _logs(a, n) == _logs(b, n), what=f"identical {name} logs")
 
 

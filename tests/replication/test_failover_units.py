@@ -13,6 +13,7 @@ from notify.protocol.failover import (
     decode_ends,
     decode_epoch,
     decode_member,
+    decode_redo,
     encode_ends,
     encode_epoch,
     encode_member,
@@ -47,6 +48,10 @@ def test_epoch_node_values_round_trip_and_reject_garbage() -> None:
     assert decode_epoch(encode_epoch(info)) == info
     ends = [("orders", 1, 20), ("orders", 0, 10)]
     assert decode_ends(encode_ends(ends)) == {("orders", 0): 10, ("orders", 1): 20}
+    assert decode_redo(encode_ends(ends)) is None  # not recorded (a leader at start)
+    assert decode_redo(encode_ends(ends, (2, 5, 77))) == (2, 5, 77)
+    with pytest.raises(ValueError):
+        decode_redo(b'{"ends":[],"redo":[1,2]}')
     assert epoch_node_name(12) == "0000000012"
     for bad in (b"[]", b'{"epoch":"3","member":1,"address":"x"}', b"{"):
         with pytest.raises(ValueError):

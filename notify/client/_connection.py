@@ -61,6 +61,8 @@ class ConnectionPool:
         #: called with a broker's address when it answered that it is a stale master
         self.on_stale: Callable[[str], None] | None = None
         self.stale_answers = 0
+        self._followers: list[ConnectionPool] = []
+        self._parent: ConnectionPool | None = None
 
     @property
     def options(self) -> TransportOptions:
@@ -105,25 +107,39 @@ class ConnectionPool:
 
     # -- automatic failover's epochs
 
+    def share_epochs(self, parent: ConnectionPool) -> None:
+        """Use ``parent``'s failover epochs (a transactional producer's own connections
+        declare what the session learned, and teach it what they learn)."""
+        self._parent = parent
+        self._groups = parent._groups
+        self.epochs = parent.epochs
+        parent._followers.append(self)
+
     def bind_group(self, address: str, broker_id: int, epoch: int) -> None:
         """``address`` is a member of broker group ``broker_id`` (which fails over
         automatically; ``epoch`` read from ZooKeeper): declare it on its connections."""
+        if self._parent is not None:
+            return self._parent.bind_group(address, broker_id, epoch)
         self._groups[address] = broker_id
         self.learn_epoch(broker_id, epoch)
-        c = self.cached(address)
-        if c is not None:
-            self._declare(c)
+        for pool in (self, *self._followers):
+            c = pool.cached(address)
+            if c is not None:
+                pool._declare(c)
 
     def learn_epoch(self, broker_id: int, epoch: int) -> None:
         """A newer epoch of ``broker_id`` is known: every open connection to a member of
         that group declares it (a paused old master reads it before any later write)."""
+        if self._parent is not None:
+            return self._parent.learn_epoch(broker_id, epoch)
         if epoch <= self.epochs.get(broker_id, 0):
             return
         self.epochs[broker_id] = epoch
-        for addr, bid in self._groups.items():
-            c = self.cached(addr) if bid == broker_id else None
-            if c is not None:
-                self._declare(c)
+        for pool in (self, *self._followers):
+            for addr, bid in self._groups.items():
+                c = pool.cached(addr) if bid == broker_id else None
+                if c is not None:
+                    pool._declare(c)
 
     def _declare(self, c: AsyncConnection) -> None:
         bid = self._groups.get(c.address)
@@ -152,8 +168,9 @@ class ConnectionPool:
         elif r.code == 503:  # a replaced master: its writes are refused; find the new one
             self.stale_answers += 1
             log.warning("broker %s: %s", address, r.body.decode("utf-8", "replace"))
-            if self.on_stale is not None:
-                self.on_stale(address)
+            root = self._parent or self
+            if root.on_stale is not None:
+                root.on_stale(address)
 
     def discard(self, conn: AsyncConnection) -> None:
         """Forget a connection that failed (the next :meth:`get` reconnects)."""
@@ -164,6 +181,8 @@ class ConnectionPool:
     async def close(self) -> None:
         """Close every connection and wait for their transports to finish."""
         self._closed = True
+        if self._parent is not None and self in self._parent._followers:
+            self._parent._followers.remove(self)
         conns = list(self._conns.values())
         self._conns.clear()
         for c in conns:

@@ -122,4 +122,9 @@ def test_paused_master_refuses_a_producer_that_saw_the_new_epoch(group: Group) -
         assert r1.opaque == 21 and r1.code == 503 and b"stale master" in r1.body, r1
         assert r2.opaque == 22 and r2.code == 503 and b"stale master" in r2.body, r2
         assert b"epoch 1" in r2.body and b"epoch 2" in r2.body, r2
+        # a local transaction runs on the producer's own connections: they declare it too
+        before = int(stats(b.addr)["epoch_declared"])
+        with producer.transaction(timeout=10):
+            producer.send("orders", b"in-a-transaction")
+        assert int(stats(b.addr)["epoch_declared"]) > before
     _wait(lambda: _stats_or_empty(a.addr).get("role") == "slave", what="a rejoined")

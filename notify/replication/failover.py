@@ -9,20 +9,24 @@ epoch node (:mod:`notify.protocol.failover`). So:
 
 * **join** (at start, before the transaction log is opened): the member named by the epoch
   node (or, before any epoch, the configured master) waits for the lock and leads; every
-  other member follows the epoch's master as a slave, after cutting its partitions to the
-  lowest epoch-start end of the epochs it missed and dropping its redo-log copy (it pulls
-  the new master's again): its bytes become a prefix of the new master's.
+  other member follows the epoch's master as a slave, after cutting its partitions (and,
+  when the epochs it missed recorded it, its redo log) to the lowest epoch-start end of the
+  epochs it missed and dropping the logs it cannot cut (it pulls the new master's again):
+  its bytes become a prefix of the new master's.
 * **contend**: a slave whose last check found it in sync (:attr:`SlaveReplicator.in_sync`;
-  any slave with ``failoverRequireInSync=false``) queues for the lock; once the master's
-  ZooKeeper session ends it gets the lock, stops replicating, records its ends, bumps the
-  epoch and is promoted (transaction recovery as ``promote``), then re-registers as master.
+  any slave with ``failoverRequireInSync=false``) queues for the lock and publishes
+  ``members/<N>`` (eligible, data size); once the master's ZooKeeper session ends the first
+  in the queue gets the lock and, unless another eligible member holds more data (then it
+  hands the lock on), stops replicating, records its ends, bumps the epoch and is promoted
+  (transaction recovery as ``promote``), then re-registers as master.
 * **fence**: a master takes writes only while it knows it holds the lock: a lease renewed by
   reading the epoch node every few hundred ms (valid for 3/4 of the session timeout,
   measured on the monotonic clock, so a master woken from SIGSTOP finds it lapsed before it
   reads a single request); SUSPENDED also fences. A lost session or an epoch node naming
   someone else demotes it: the broker asks to be restarted in-process (``rejoin``) and joins
   again, as a slave of the new master. Replication links carry the epoch both ways and
-  refuse a peer in an older one.
+  refuse a peer in an older one; producers declare the newest epoch they saw (``epoch``):
+  a master in an older one refuses their writes and checks ZooKeeper at once (:meth:`poke`).
 """
 
 from __future__ import annotations

@@ -107,6 +107,14 @@ class ConnectionPool:
 
     # -- automatic failover's epochs
 
+    def epoch_of(self, address: str) -> tuple[int, int] | None:
+        """``(broker group, newest epoch seen)`` when ``address`` is a member of a group
+        that fails over automatically, else None (any thread may ask)."""
+        root = self._parent or self
+        bid = root._groups.get(address)
+        epoch = root.epochs.get(bid, 0) if bid is not None else 0
+        return (bid, epoch) if bid is not None and epoch else None
+
     def share_epochs(self, parent: ConnectionPool) -> None:
         """Use ``parent``'s failover epochs (a transactional producer's own connections
         declare what the session learned, and teach it what they learn)."""

@@ -807,7 +807,9 @@ class MessageSessionFactory:
             raise
         self._closed = False
         #: The callers' own sockets for ``Producer.send()`` one at a time (_direct).
-        self._direct = DirectPool(self.core.pool.options, cfg.request_timeout_s)
+        self._direct = DirectPool(
+            self.core.pool.options, cfg.request_timeout_s, self.core.pool.epoch_of
+        )
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

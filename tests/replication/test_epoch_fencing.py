@@ -104,6 +104,7 @@ def test_paused_master_refuses_a_producer_that_saw_the_new_epoch(group: Group) -
         assert producer.send("orders", b"before").success
         pool = session.core.pool  # what the client learned
         _wait(lambda: pool.epochs.get(1) == 1, 5.0, "the client read epoch 1")
+        assert producer.send("orders", b"before-2").success  # declared with it at least
         assert int(stats(a.addr)["epoch_declared"]) >= 1
         stale = WireClient(a.addr, timeout=10.0)
         os.kill(a.proc.pid, signal.SIGSTOP)
@@ -111,14 +112,19 @@ def test_paused_master_refuses_a_producer_that_saw_the_new_epoch(group: Group) -
             _put_until_ok(b.addr, b"b-first")
             _client_send_until_ok(producer, b"after")
             _wait(lambda: pool.epochs.get(1) == 2, 5.0, "the client learned epoch 2")
+            assert producer.send("orders", b"after-2").success  # declared with it at least
             assert int(stats(b.addr)["epoch_declared"]) >= 1
+            # send() one at a time goes over this thread's own socket: it declared there too
+            assert 2 in session._direct.declared.values()
             # a producer that saw epoch 2, on a connection to the old (paused) master
             stale.send(b"epoch 1 2 21\r\n")
             stale.send(b"put orders 0 5 0 22\r\nstale")
         finally:
             os.kill(a.proc.pid, signal.SIGCONT)
-        r1, r2 = stale.replies(2)
-        stale.close()
+        try:
+            r1, r2 = stale.replies(2)
+        finally:
+            stale.close()
         assert r1.opaque == 21 and r1.code == 503 and b"stale master" in r1.body, r1
         assert r2.opaque == 22 and r2.code == 503 and b"stale master" in r2.body, r2
         assert b"epoch 1" in r2.body and b"epoch 2" in r2.body, r2

@@ -170,6 +170,11 @@ class Layout:
         leaf = "master" if slave_id is None else f"slave{slave_id}"
         return f"{self.broker_dir(broker_id)}/{leaf}"
 
+    def failover_epoch(self, broker_id: int) -> str:
+        """``<root>/failover/<id>/epoch``: automatic failover's epoch node of broker group
+        ``id`` (:mod:`notify.protocol.failover`; absent when the group does not fail over)."""
+        return f"{self.root}/failover/{broker_id}/epoch"
+
     def master_config_checksum(self, broker_id: int) -> str:
         """``ids/<id>/master_config_checksum``: a MetaQ slave with ``autoSyncMasterConfig``
         fetches ``stats config`` when this differs from its own file's CRC32."""

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from notify.protocol.failover import decode_epoch
+
 from ._errors import (
     ConfigServerError,
     ConfigServerUnavailableError,
@@ -530,6 +532,18 @@ class ConfigServer:
                     continue
                 out.append(BrokerInfo(int(bid), slave, decode_address(raw)))
         return sorted(out, key=lambda b: (b.broker_id, -1 if b.slave_id is None else b.slave_id))
+
+    async def failover_epoch(self, broker_id: int) -> int | None:
+        """The failover epoch of broker group ``broker_id`` (automatic failover), None when
+        the group has no epoch node (it does not fail over automatically)."""
+        try:
+            raw, _ = await self.store.get(self.layout.failover_epoch(broker_id))
+        except NoNodeError:
+            return None
+        try:
+            return decode_epoch(bytes(raw)).epoch
+        except ValueError:
+            return None
 
     async def topics(self, watch: WatchCallback | None = None) -> list[str]:
         """Every topic any broker registered (``brokers/topics`` children)."""

@@ -239,6 +239,16 @@ class SystemConfig:
     def tx_log_path(self) -> Path:
         return (self.data_log_path or self.data_path) / "transactions"
 
+    @property
+    def delay_log_path(self) -> Path:
+        """The delay queue's log (replicated as ``__delaylog``)."""
+        return (self.data_log_path or self.data_path) / "delay"
+
+    @property
+    def queue_log_path(self) -> Path:
+        """The queue-subscription log (replicated as ``__queuelog``)."""
+        return (self.data_log_path or self.data_path) / "queues"
+
 
 @dataclass(frozen=True)
 class ZookeeperConfig:

@@ -16,7 +16,7 @@ Quick use::
 from notify.errors import ConfigError, TxLogCorruptError, TxLogError
 from txlog.checkpoint import Checkpoint
 from txlog.config import FLUSH_NEVER, FLUSH_ON_COMMIT, FLUSH_PERIODIC, TxLogConfig
-from txlog.log import LogRecord, RecoveryReport, TxLog
+from txlog.log import LogRecord, RecoveryReport, TxLog, cut_log
 from txlog.position import Position
 from txlog.records import (
     CorruptReason,
@@ -46,6 +46,7 @@ __all__ = [
     "TxLogConfig",
     "TxLogCorruptError",
     "TxLogError",
+    "cut_log",
     "decode",
     "encode",
     "encode_many",

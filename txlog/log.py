@@ -58,6 +58,7 @@ from typing import NamedTuple, Self
 
 from notify.errors import TxLogCorruptError, TxLogError
 from txlog.checkpoint import (
+    CHECKPOINT_FILE,
     Checkpoint,
     new_checkpoint,
     read_checkpoints,
@@ -71,7 +72,7 @@ from txlog.position import Position
 from txlog.records import RecordType, decode, encode, frame_size
 from txlog.segment import SegmentReader, list_segments, segment_path
 
-__all__ = ["LogRecord", "RecoveryReport", "TxLog"]
+__all__ = ["LogRecord", "RecoveryReport", "TxLog", "cut_log"]
 
 logger = logging.getLogger("txlog")
 
@@ -833,3 +834,42 @@ class TxLog:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"end={self._end()}"
         return f"<TxLog {str(self._dir)!r} {state}>"
+
+
+def cut_log(directory: str | os.PathLike[str], at: Position, need_from: int = 0) -> int | None:
+    """Cut the (closed) log in ``directory`` at ``at``: later segments are removed, segment
+    ``at.file_no`` is truncated to ``at.offset``, and the checkpoint file is removed (a
+    checkpoint taken while the log went further may have let go of records that are needed
+    again now; recovery then scans from the oldest segment). Returns the bytes removed, or
+    None (nothing done) when the log does not hold every segment from ``need_from`` on.
+    A log that ends before ``at`` is left as it is (its checkpoints too)."""
+    d = Path(directory)
+    files = list_segments(d)
+    if not files or files[0] > need_from:
+        return None
+    sizes = {n: (segment_path(d, n)).stat().st_size for n in files}
+    end = Position(files[-1], sizes[files[-1]])
+    if end <= at:
+        return 0
+    removed = 0
+    with contextlib.suppress(FileNotFoundError):
+        (d / CHECKPOINT_FILE).unlink()
+    for n in files:
+        path = segment_path(d, n)
+        if n > at.file_no:
+            removed += sizes[n]
+            path.unlink()
+        elif n == at.file_no and sizes[n] > at.offset:
+            removed += sizes[n] - at.offset
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                os.ftruncate(fd, at.offset)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return removed

@@ -466,6 +466,9 @@ class Broker:
         service.epoch = agent.epoch
         service.fence = agent.fence
         service.saw_epoch = agent.saw_epoch
+        service.epoch_declared = agent.poke
+        if service.transactions is not None:  # COMMIT/PREPARE fenced at acknowledgement
+            service.transactions.fence = agent.fence
         service.failover_stats = agent.stats_items
         if self.slave is not None:
             self.slave.epoch = agent.epoch
@@ -476,6 +479,7 @@ class Broker:
         agent.stop_replication = self._stop_replication
         agent.promoted = self._elected
         agent.epoch_known = self._epoch_known
+        agent.redo_span = self._redo_span
         agent.start()
 
     def _failover_eligible(self) -> bool:
@@ -493,6 +497,14 @@ class Broker:
             "promote: contending for the group's lock (master once the current master's "
             "ZooKeeper session has ended)"
         )
+
+    def _redo_span(self) -> tuple[int, int, int] | None:
+        """The redo log's oldest segment and end (recorded when an epoch begins)."""
+        tm = self.service.transactions if self.service is not None else None
+        if tm is None:
+            return None
+        end = tm.log.end_position
+        return tm.log.first_position.file_no, end.file_no, end.offset
 
     def _epoch_known(self, epoch: int) -> None:
         assert self.service is not None

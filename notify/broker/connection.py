@@ -123,6 +123,9 @@ class Connection(asyncio.Protocol):
         self.open_groups: dict[tuple[str, int], PendingReplies] = {}
         self.session: set[str] | None = None  # keys of the transactions this connection began
         self.producer_group = ""  # set by the ``register`` extension
+        #: the newest failover epoch of this broker's group the client declared (``epoch``
+        #: extension; 0 = none): a master in an older epoch refuses this connection's writes
+        self.client_epoch = 0
         #: id(entry) -> (partition, entry) of the long-poll gets parked for this connection
         self.parked: dict[int, tuple[Any, list[Any]]] = {}
         #: replies queued and not yet handed to the transport (a put group counts each put)

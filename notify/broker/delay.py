@@ -189,7 +189,7 @@ class DelayQueue:
         self.is_master = is_master
         self.part: Partition | None = None
         self.log = TxLog.open(
-            (sysc.data_log_path or sysc.data_path) / "delay",
+            sysc.delay_log_path,
             TxLogConfig(flush_at_commit=1, max_checkpoints=sysc.max_checkpoints),
             fs=fs,
         )

@@ -50,7 +50,6 @@ import re
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from configserver import ConfigServer, ConfigServerError
@@ -150,7 +149,7 @@ class QueueManager:
         self.store = store
         self.loop = loop
         self.limits = limits_of(config.system)
-        self.path = Path(config.system.data_log_path or config.system.data_path) / "queues"
+        self.path = config.system.queue_log_path
         self.groups: dict[tuple[str, str], _Group] = {}
         self._by_topic: dict[str, list[_Group]] = {}
         self.by_conn: dict[Connection, dict[tuple[str, str], int]] = {}

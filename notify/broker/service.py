@@ -43,6 +43,7 @@ from notify.protocol import records
 from notify.protocol.frames import (
     Auth,
     DelayedPut,
+    Epoch,
     Get,
     MultiPut,
     MultiSync,
@@ -186,6 +187,8 @@ class BrokerService:
         self.epoch = 0
         self.fence: Callable[[], str | None] | None = None
         self.saw_epoch: Callable[[int], None] | None = None  # a peer named a newer epoch
+        #: a producer declared a newer epoch (``epoch`` extension): look at ZooKeeper now
+        self.epoch_declared: Callable[[int], None] | None = None
         self.failover_stats: Callable[[], list[tuple[str, object]]] | None = None
         self._redo_acks: list[tuple[PendingReplies, ReplicaRedo]] = []
         #: (topic, partition) -> group -> (last fetched offset, monotonic time), bounded
@@ -351,7 +354,7 @@ class BrokerService:
             return self._error(
                 conn, 400, r.opaque, f"checksum mismatch: sent {r.checksum}, body has {crc}"
             )
-        if self._writes_refused():
+        if self._writes_refused(conn):
             self.stats.put_failed += 1
             return self._refuse_write(conn, r.opaque)
         if r.tx_key is not None:
@@ -440,7 +443,7 @@ class BrokerService:
         err = self._check_records(buf, r.count)
         if err:
             return self._error(conn, 400, r.opaque, f"mput: {err}")
-        if self._writes_refused():
+        if self._writes_refused(conn):
             return self._refuse_write(conn, r.opaque)
         if r.tx_key is not None:
             return self._tx_mput(conn, r, buf)
@@ -586,10 +589,11 @@ class BrokerService:
         if not futs:
             fenced = self.fence() if self.fence is not None else None
             for g in groups:
-                if fenced is None:
+                stale = fenced or self._stale(g.conn)
+                if stale is None:
                     g.resolve()
                 else:  # a master replaced meanwhile (automatic failover): not acknowledged
-                    g.fail(503, fenced)
+                    g.fail(503, stale)
             return
         left = [len(futs)]
 
@@ -610,17 +614,50 @@ class BrokerService:
                     g.fail(503, fenced)
                 return
             for g in groups:
-                g.resolve()
+                stale = self._stale(g.conn)  # its producer saw a newer epoch meanwhile
+                if stale is None:
+                    g.resolve()
+                else:
+                    g.fail(503, stale)
 
         for f in futs:
             f.add_done_callback(one_done)
 
-    def _writes_refused(self, transaction: bool = False) -> bool:
-        """A slave, a fenced master (automatic failover) or a master refusing for its
-        synchronous slave does not take writes now."""
+    def _writes_refused(self, conn: Connection, transaction: bool = False) -> bool:
+        """A slave, a fenced master (automatic failover), a master in an older epoch than
+        the connection's producer has seen, or a master refusing for its synchronous slave
+        does not take writes now."""
         if self.role != "master" or (self.fence is not None and self.fence() is not None):
             return True
+        if conn.client_epoch > self.epoch and self.fence is not None:
+            return True
         return not transaction and bool(self.sync_master and self.sync_master.refusing)
+
+    def _stale(self, conn: Connection) -> str | None:
+        """Why ``conn``'s writes are refused by the epoch it declared (``epoch``
+        extension), or None: its producer saw a newer failover epoch than this broker's."""
+        if conn.client_epoch <= self.epoch or self.fence is None:
+            return None
+        return (
+            f"stale master: this broker is in failover epoch {self.epoch} but the producer "
+            f"has seen epoch {conn.client_epoch} of broker {self.config.system.broker_id}; "
+            "find the current master and retry"
+        )
+
+    def _epoch(self, conn: Connection, r: Epoch) -> None:
+        """``epoch <brokerId> <epoch> <opaque>``: remember the newest epoch the producer saw
+        for this broker's group; answer this broker's (503 when it is older: stale)."""
+        self.stats.epoch_declared += 1
+        bid = self.config.system.broker_id
+        if r.broker_id == bid and r.epoch > conn.client_epoch:
+            conn.client_epoch = r.epoch
+        stale = self._stale(conn)
+        if stale is not None:
+            self.stats.epoch_refused += 1
+            if self.epoch_declared is not None:
+                self.epoch_declared(conn.client_epoch)
+            return self._error(conn, 503, r.opaque, stale)
+        conn.send(encode_result(200, r.opaque, b"%d %d" % (bid, self.epoch)))
 
     @property
     def _holds(self) -> bool:
@@ -635,6 +672,10 @@ class BrokerService:
             self.delay.forget_from(offset)
 
     def _refuse_write(self, conn: Connection, opaque: int) -> None:
+        stale = self._stale(conn) if self.role == "master" else None
+        if stale is not None:  # the producer knows a newer master: it re-discovers
+            self.stats.epoch_refused += 1
+            return self._error(conn, 503, opaque, stale)
         fenced = self.fence() if self.fence is not None and self.role == "master" else None
         if fenced is not None:  # 503: the client retries, on the new master once registered
             return self._error(conn, 503, opaque, fenced)
@@ -804,7 +845,7 @@ class BrokerService:
             if not conn.admin:
                 return self._denied(conn, r.opaque, "reload", "admin")
             self._do_reload(conn, r)
-        elif isinstance(r, Transaction) and self._writes_refused(transaction=True):
+        elif isinstance(r, Transaction) and self._writes_refused(conn, transaction=True):
             self._refuse_write(conn, r.opaque)
         elif isinstance(r, Transaction):
             if self.transactions is None:
@@ -834,6 +875,8 @@ class BrokerService:
             self._msync(conn, r)
         elif isinstance(r, Sync):
             self._sync(conn, r)
+        elif isinstance(r, Epoch):
+            self._epoch(conn, r)
         elif isinstance(r, Promote):
             if not conn.admin:
                 return self._denied(conn, r.opaque, "promote", "admin")
@@ -859,7 +902,7 @@ class BrokerService:
         crc = zlib.crc32(r.body) & _CRC_MASK
         if r.checksum != -1 and r.checksum != crc:
             return self._error(conn, 400, r.opaque, "checksum mismatch")
-        if self._writes_refused():
+        if self._writes_refused(conn):
             return self._refuse_write(conn, r.opaque)
         delay = self.delay
         dpart = self.store.get(DELAY_TOPIC, 0)

@@ -48,6 +48,8 @@ class BrokerStats:
     connections_timed_out: int = 0
     parked_refused: int = 0
     denied: int = 0
+    epoch_declared: int = 0  # ``epoch`` requests (producers' failover epochs)
+    epoch_refused: int = 0  # writes refused: a producer saw a newer failover epoch
     topics: dict[str, TopicCounters] = field(default_factory=dict)
     _ring: deque[tuple[float, int, int, int]] = field(
         default_factory=lambda: deque(maxlen=REALTIME_WINDOW_S + 1)
@@ -106,6 +108,8 @@ class BrokerStats:
             ("parked_gets", self.parked_gets),
             ("get_bytes", self.get_bytes),
             ("protocol_errors", self.protocol_errors),
+            ("epoch_declared", self.epoch_declared),
+            ("epoch_refused", self.epoch_refused),
             ("rusage_user", round(ru.ru_utime, 3)),
             ("rusage_system", round(ru.ru_stime, 3)),
             ("max_rss_kb", ru.ru_maxrss),

@@ -30,6 +30,7 @@ from notify.core.transactions import BrokerTx, IdSource, TxEngine, TxLimits, TxS
 from notify.errors import TxLogError
 from notify.faults import crashpoint
 from notify.protocol.frames import MultiPut, Put, Register, Transaction, encode_check, encode_result
+from notify.protocol.xa import XAER_RMFAIL, encode_xa_failure
 from notify.runtime import SYSTEM_CLOCK
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
@@ -82,6 +83,10 @@ class TransactionManager:
         self.replica = False
         #: the synchronous slave's answer to the newest redo write pushed to it
         self._shipped: asyncio.Future[None] | None = None
+        #: automatic failover: why this master must not acknowledge now (None: it may).
+        #: Checked when a step's force completes and again when its reply is released, so
+        #: a COMMIT or PREPARE is never acknowledged by a master replaced meanwhile
+        self.fence: Callable[[], str | None] | None = None
 
     def ship(self, fut: asyncio.Future[None]) -> None:
         """A redo write was pushed to the synchronous slave: forces wait for its answer."""
@@ -164,6 +169,9 @@ class TransactionManager:
                         eff.ticket.owner.send(slot)
                 elif isinstance(eff, Complete):
                     tk = eff.ticket
+                    fenced = self._fenced() if tk.code == 200 else None
+                    if fenced is not None:  # replaced after the step: outcome unknown here
+                        tk.set(500, encode_xa_failure(XAER_RMFAIL, f"not acknowledged: {fenced}"))
                     tk.slot.body = encode_result(tk.code, tk.opaque, tk.body)
                     tk.slot.resolve()
                 elif isinstance(eff, Force):
@@ -199,12 +207,15 @@ class TransactionManager:
             return
         if err is None and shipped is not None:
             err = _failure(shipped)
-        self.engine.forced(upto, err)
+        self.engine.forced(upto, err or self._fenced())
         self._drain()
 
     def _slave_forced(self, upto: Position, fut: asyncio.Future[None]) -> None:
-        self.engine.forced(upto, _failure(fut))
+        self.engine.forced(upto, _failure(fut) or self._fenced())
         self._drain()
+
+    def _fenced(self) -> str | None:
+        return self.fence() if self.fence is not None else None
 
     # ------------------------------------------------------------------ lifecycle and jobs
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Final
 
 from notify.errors import ClientError, ProtocolError, RequestTimeoutError
 from notify.protocol import records as rec
-from notify.protocol.frames import encode_put
+from notify.protocol.frames import encode_line, encode_put
 from notify.protocol.replies import PutAck
 from notify.transport import BlockingConnection, TransportOptions
 
@@ -46,9 +47,18 @@ class DirectPool:
     bounded by the live threads times the brokers.
     """
 
-    def __init__(self, options: TransportOptions, request_timeout_s: float):
+    def __init__(
+        self,
+        options: TransportOptions,
+        request_timeout_s: float,
+        epoch_of: Callable[[str], tuple[int, int] | None] | None = None,
+    ):
         self.options = options
         self.request_timeout_s = request_timeout_s
+        #: automatic failover: (group, epoch) to declare to an address (the session's
+        #: pool knows), and the epoch each connection declared (README "Protocol notes")
+        self.epoch_of = epoch_of
+        self.declared: dict[BlockingConnection, int] = {}
         self._by_thread: dict[int, dict[str, BlockingConnection]] = {}
         self._skip_until: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -78,12 +88,14 @@ class DirectPool:
     def failed(self, conn: BlockingConnection) -> None:
         """``conn`` failed: drop it, leave its address to the loop path for a while."""
         conn.drop()
+        self.declared.pop(conn, None)
         self._skip_until[conn.address] = time.monotonic() + SKIP_AFTER_FAILURE_S
 
     def _prune(self) -> None:
         alive = {t.ident for t in threading.enumerate()}
         for ident in [i for i in self._by_thread if i not in alive]:
             for c in self._by_thread.pop(ident).values():
+                self.declared.pop(c, None)
                 c.close()
 
     def close(self) -> None:
@@ -139,8 +151,21 @@ def send_direct(
     cs = rec.checksum(payload) if cfg.send_checksum else None
     limit = pool.request_timeout_s if timeout_s is None else min(timeout_s, pool.request_timeout_s)
     partition = part.partition
+    epoch = pool.epoch_of(part.address) if pool.epoch_of is not None else None
     try:
-        r = conn.request(lambda o: encode_put(topic, partition, payload, flag, o, cs), limit)
+        if epoch is not None and pool.declared.get(conn, 0) < epoch[1]:
+            declared, r = conn.exchange(
+                [
+                    lambda o: encode_line("epoch", epoch[0], epoch[1], o),
+                    lambda o: encode_put(topic, partition, payload, flag, o, cs),
+                ],
+                limit,
+            )
+            if declared.code != 200:  # a stale master: the loop path finds the new one
+                return None
+            pool.declared[conn] = epoch[1]
+        else:
+            r = conn.request(lambda o: encode_put(topic, partition, payload, flag, o, cs), limit)
     except RequestTimeoutError:
         pool.failed(conn)
         if timeout_s is not None and timeout_s <= pool.request_timeout_s:

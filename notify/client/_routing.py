@@ -302,11 +302,25 @@ class ZkBrokerDirectory:
     it, so :meth:`current` follows the cluster. The list is sorted by (broker id, partition):
     while the set is unchanged, ``crc32(key) % n`` keeps every key on its partition.
     While the configserver is unreachable the last view is kept. ``own_server``: close the
-    configserver with the directory.
+    configserver with the directory. ``pool``: after each read, the failover epoch of every
+    broker group in the view that fails over automatically is read and handed to the pool
+    (its connections declare it, README "Protocol notes" ``epoch``); a broker answering that
+    it is a stale master makes every view be read again.
     """
 
-    def __init__(self, server: ConfigServer, *, subscribe: bool = False, own_server: bool = False):
+    def __init__(
+        self,
+        server: ConfigServer,
+        *,
+        subscribe: bool = False,
+        own_server: bool = False,
+        pool: ConnectionPool | None = None,
+    ):
         self.server = server
+        self._pool = pool
+        self._epoch_reads: dict[int, asyncio.Task[None]] = {}
+        if pool is not None:
+            pool.on_stale = lambda _address: self.rediscover()
         self.subscribe = subscribe
         self._own = own_server
         self._views: dict[str, list[Partition]] = {}
@@ -351,9 +365,31 @@ class ZkBrokerDirectory:
         except ConfigServerError as e:
             raise ClientError(f"configserver: {e}") from e
         self.refreshes += 1
-        self._views[topic] = _to_partitions(infos)
+        self._views[topic] = view = _to_partitions(infos)
         if infos:
             self._seen.add(topic)
+        if self._pool is not None:
+            for bid in {p.broker_id for p in view}:
+                task = self._epoch_reads.get(bid)
+                if task is None or task.done():
+                    addrs = sorted({p.address for p in view if p.broker_id == bid})
+                    self._epoch_reads[bid] = asyncio.ensure_future(self._read_epoch(bid, addrs))
+
+    async def _read_epoch(self, broker_id: int, addresses: list[str]) -> None:
+        """Automatic failover: the group's epoch from ZooKeeper, to the pool."""
+        try:
+            epoch = await self.server.failover_epoch(broker_id)
+        except ConfigServerError as e:
+            log.debug("failover epoch of broker %d not read: %s", broker_id, e)
+            return
+        if epoch is not None and self._pool is not None and not self._closed:
+            for a in addresses:
+                self._pool.bind_group(a, broker_id, epoch)
+
+    def rediscover(self) -> None:
+        """Read every topic's view again (a broker said it is no longer the master)."""
+        for topic in list(self._views):
+            self._changed(topic)
 
     def _lock(self, topic: str) -> asyncio.Lock:
         lock = self._locks.get(topic)
@@ -389,9 +425,9 @@ class ZkBrokerDirectory:
         self._closed = True
         for watch in self._watches.values():
             self.server.forget_watch(watch)
-        for t in list(self._refreshing.values()):
+        for t in [*self._refreshing.values(), *self._epoch_reads.values()]:
             t.cancel()
-        for t in list(self._refreshing.values()):
+        for t in [*self._refreshing.values(), *self._epoch_reads.values()]:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         if self._own:

@@ -127,7 +127,7 @@ class AsyncMessageSessionFactory:
                 )
                 self._own_cluster = True
             if directory is None:
-                directory = ZkBrokerDirectory(self.cluster)
+                directory = ZkBrokerDirectory(self.cluster, pool=self.pool)
         if directory is None:
             if brokers is None:
                 raise ClientError("give broker addresses, zk= or a BrokerDirectory")
@@ -807,7 +807,9 @@ class MessageSessionFactory:
             raise
         self._closed = False
         #: The callers' own sockets for ``Producer.send()`` one at a time (_direct).
-        self._direct = DirectPool(self.core.pool.options, cfg.request_timeout_s)
+        self._direct = DirectPool(
+            self.core.pool.options, cfg.request_timeout_s, self.core.pool.epoch_of
+        )
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -1007,6 +1007,7 @@ class TxChannel:
             cc.reconnect_backoff_max_s,
             producer.pool.options,
         )
+        self.pool.share_epochs(producer.pool)  # automatic failover: declare the epochs
         self.group = producer.config.producer_group
         self._registering: dict[AsyncConnection, asyncio.Task[None]] = {}
         self._kept: set[str] = set()

@@ -7,10 +7,17 @@ read there):
 * ``epoch``            ``{"epoch":E,"member":N,"address":"host:port"}``: the fencing token,
   incremented at every election, the member (slave id; a configured master's is
   ``failoverSlaveId``) that leads it and the address producers and slaves use;
+* ``members/<N>``      ``{"eligible":bool,"size":bytes,"address":"host:port"}``, ephemeral,
+  one per following member: whether it may take over and how much data it holds (the sum
+  of its partitions' ends). The slave that gets the lock hands it on when another eligible
+  member holds more, so a group of three or more elects the in-sync slave with the most data;
 * ``epochs/<E>``       ``{"ends":[[topic,partition,end],...]}``: the partitions' ends of the
   new master when epoch E began. Everything below them came from the previous master; a
   member coming back from an older epoch cuts its partitions to the lowest of these ends
-  over the epochs it missed (the tail it wrote that no later master ever had).
+  over the epochs it missed (the tail it wrote that no later master ever had). With
+  ``"redo":[first,fileNo,offset]`` (a slave that took over: its redo-log copy's oldest
+  segment and end when the epoch began) a member coming back cuts its own redo log there
+  and pulls only the rest, when it still holds every segment from ``first`` on.
 
 Each broker also keeps ``<dataPath>/failover-epoch`` (one decimal number): the last epoch
 whose master's data it holds (led or followed).
@@ -23,10 +30,14 @@ from dataclasses import dataclass
 
 __all__ = [
     "EpochInfo",
+    "MemberInfo",
     "decode_ends",
     "decode_epoch",
+    "decode_member",
+    "decode_redo",
     "encode_ends",
     "encode_epoch",
+    "encode_member",
     "epoch_node_name",
 ]
 
@@ -62,9 +73,26 @@ def epoch_node_name(epoch: int) -> str:
     return f"{epoch:010d}"
 
 
-def encode_ends(ends: list[tuple[str, int, int]]) -> bytes:
-    """``{"ends":[[topic,partition,end],...]}``."""
-    return json.dumps({"ends": [list(e) for e in sorted(ends)]}, separators=(",", ":")).encode()
+def encode_ends(
+    ends: list[tuple[str, int, int]], redo: tuple[int, int, int] | None = None
+) -> bytes:
+    """``{"ends":[[topic,partition,end],...]}`` (and ``"redo":[first,fileNo,offset]``)."""
+    obj: dict[str, object] = {"ends": [list(e) for e in sorted(ends)]}
+    if redo is not None:
+        obj["redo"] = list(redo)
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decode_redo(raw: bytes) -> tuple[int, int, int] | None:
+    """The ``"redo"`` of an epoch-start value: ``(first segment, fileNo, offset)``, or None
+    when it was not recorded."""
+    obj = json.loads(raw.decode("utf-8"))
+    redo = obj.get("redo") if isinstance(obj, dict) else None
+    if redo is None:
+        return None
+    if not (isinstance(redo, list) and len(redo) == 3 and all(isinstance(x, int) for x in redo)):
+        raise ValueError(f"bad epoch-start redo {redo!r}")
+    return redo[0], redo[1], redo[2]
 
 
 def decode_ends(raw: bytes) -> dict[tuple[str, int], int]:
@@ -82,3 +110,29 @@ def decode_ends(raw: bytes) -> dict[tuple[str, int], int]:
             raise ValueError(f"bad epoch-start row {row!r}")
         out[(topic, part)] = end
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class MemberInfo:
+    """The value of a ``members/<N>`` node."""
+
+    eligible: bool
+    size: int
+    address: str
+
+
+def encode_member(info: MemberInfo) -> bytes:
+    """Compact JSON, keys in a fixed order."""
+    obj = {"eligible": info.eligible, "size": info.size, "address": info.address}
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decode_member(raw: bytes) -> MemberInfo:
+    """Inverse of :func:`encode_member`; ValueError on anything else."""
+    obj = json.loads(raw.decode("utf-8"))
+    if not isinstance(obj, dict):
+        raise ValueError(f"not a member node value: {raw[:80]!r}")
+    eligible, size, address = obj.get("eligible"), obj.get("size"), obj.get("address")
+    if not (isinstance(eligible, bool) and isinstance(size, int) and isinstance(address, str)):
+        raise ValueError(f"not a member node value: {raw[:80]!r}")
+    return MemberInfo(eligible, size, address)

@@ -288,6 +288,18 @@ class Promote:
 
 
 @dataclass(slots=True)
+class Epoch:
+    """``epoch <brokerId> <epoch> <opaque>`` (extension, automatic failover): a producer
+    declares the newest failover epoch it has seen for broker group ``broker_id``; a broker
+    of that group in an older epoch is a replaced master and refuses the connection's writes.
+    Answered ``<brokerId> <epoch>`` (the broker's own)."""
+
+    broker_id: int
+    epoch: int
+    opaque: int
+
+
+@dataclass(slots=True)
 class Register:
     group: str
     opaque: int
@@ -350,6 +362,7 @@ Request = (
     | Register
     | MultiSync
     | Promote
+    | Epoch
     | DelayedPut
     | QueueSubscribe
     | QueueAck
@@ -396,6 +409,7 @@ _LINE_COUNTS: Final = {
     b"register": (3, 4),
     b"qsub": (6, 7),
     b"qunsub": (4, 4),
+    b"epoch": (4, 4),
 }
 
 
@@ -731,6 +745,15 @@ class RequestParser:
             return Reload(_int(t[1], "opaque", 0) if n > 1 else 0)
         if cmd == b"promote":
             return Promote(_int(t[1], "opaque", 0) if n > 1 else 0)
+        if cmd == b"epoch":
+            opaque = _opaque_of(t)
+            if n != 4:
+                raise ProtocolError(f"epoch: expected 4 tokens, got {n}", 400, opaque)
+            opaque = _int(t[3], "opaque", 0)
+            bid, epoch = _int(t[1], "brokerId", opaque), _int(t[2], "epoch", opaque)
+            if bid < 0 or epoch < 0:
+                raise ProtocolError("epoch: brokerId and epoch must be >= 0", 400, opaque)
+            return Epoch(bid, epoch, opaque)
         if cmd == b"register":
             if n not in (3, 4):
                 raise ProtocolError(

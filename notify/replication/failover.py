@@ -9,20 +9,24 @@ epoch node (:mod:`notify.protocol.failover`). So:
 
 * **join** (at start, before the transaction log is opened): the member named by the epoch
   node (or, before any epoch, the configured master) waits for the lock and leads; every
-  other member follows the epoch's master as a slave, after cutting its partitions to the
-  lowest epoch-start end of the epochs it missed and dropping its redo-log copy (it pulls
-  the new master's again): its bytes become a prefix of the new master's.
+  other member follows the epoch's master as a slave, after cutting its partitions (and,
+  when the epochs it missed recorded it, its redo log) to the lowest epoch-start end of the
+  epochs it missed and dropping the logs it cannot cut (it pulls the new master's again):
+  its bytes become a prefix of the new master's.
 * **contend**: a slave whose last check found it in sync (:attr:`SlaveReplicator.in_sync`;
-  any slave with ``failoverRequireInSync=false``) queues for the lock; once the master's
-  ZooKeeper session ends it gets the lock, stops replicating, records its ends, bumps the
-  epoch and is promoted (transaction recovery as ``promote``), then re-registers as master.
+  any slave with ``failoverRequireInSync=false``) queues for the lock and publishes
+  ``members/<N>`` (eligible, data size); once the master's ZooKeeper session ends the first
+  in the queue gets the lock and, unless another eligible member holds more data (then it
+  hands the lock on), stops replicating, records its ends, bumps the epoch and is promoted
+  (transaction recovery as ``promote``), then re-registers as master.
 * **fence**: a master takes writes only while it knows it holds the lock: a lease renewed by
   reading the epoch node every few hundred ms (valid for 3/4 of the session timeout,
   measured on the monotonic clock, so a master woken from SIGSTOP finds it lapsed before it
   reads a single request); SUSPENDED also fences. A lost session or an epoch node naming
   someone else demotes it: the broker asks to be restarted in-process (``rejoin``) and joins
   again, as a slave of the new master. Replication links carry the epoch both ways and
-  refuse a peer in an older one.
+  refuse a peer in an older one; producers declare the newest epoch they saw (``epoch``):
+  a master in an older one refuses their writes and checks ZooKeeper at once (:meth:`poke`).
 """
 
 from __future__ import annotations
@@ -47,13 +51,18 @@ from notify.config import ServerConfig, SlaveConfig
 from notify.errors import NotifyError
 from notify.protocol.failover import (
     EpochInfo,
+    MemberInfo,
     decode_ends,
     decode_epoch,
+    decode_member,
+    decode_redo,
     encode_ends,
     encode_epoch,
+    encode_member,
     epoch_node_name,
 )
 from notify.store.manager import MessageStore
+from txlog import Position, cut_log
 
 log = logging.getLogger("notify.failover")
 
@@ -107,6 +116,13 @@ class FailoverAgent:
         self._lease_at = 0.0
         self._suspended = False
         self._closing = False
+        self._poking = False
+        self._poke_task: asyncio.Task[None] | None = None
+        #: the ``members/<N>`` value last written (b"" = none yet) and until when this
+        #: member stays out of the contention after handing the lock to a member with more
+        self._published = b""
+        self._yield_until = 0.0
+        self.handed_on = 0
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="notify-failover")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -115,6 +131,9 @@ class FailoverAgent:
         self.eligible: Callable[[], bool] = lambda: False
         self.stop_replication: Callable[[], None] = lambda: None
         self.promoted: Callable[[int], None] = lambda epoch: None
+        #: the redo-log copy's (oldest segment, end file, end offset), None when not open
+        #: (set by the broker: recorded in the epoch-start node at a take-over)
+        self.redo_span: Callable[[], tuple[int, int, int] | None] = lambda: None
         #: a slave that joined before epoch 1 learns it: replication links name it
         self.epoch_known: Callable[[int], None] = lambda epoch: None
 
@@ -218,10 +237,11 @@ class FailoverAgent:
         new = (cur[0].epoch if cur else 0) + 1
         ends = [(p.topic, p.index, p.end) for p in self.store.all_partitions() if not p.memory]
         node = f"{self.base}/epochs/{epoch_node_name(new)}"
+        value = encode_ends(ends, self.redo_span())
         try:
-            await self._zk(self.client.create, node, encode_ends(ends))
+            await self._zk(self.client.create, node, value)
         except NodeExistsError:
-            await self._zk(self.client.set, node, encode_ends(ends))
+            await self._zk(self.client.set, node, value)
         info = EpochInfo(new, self.member, self.address)
         if cur is None:
             await self._zk(self.client.create, self._epoch_path, encode_epoch(info))
@@ -232,6 +252,8 @@ class FailoverAgent:
         self.leader = True
         self.elections += 1
         self._lease_at = time.monotonic()
+        with contextlib.suppress(KazooException):  # a leader is no candidate
+            await self._zk(self.client.delete, f"{self.base}/members/{self.member}")
         log.warning("failover: broker %s leads epoch %d", self.address, new)
         await self._trim_history(new)
 
@@ -261,6 +283,7 @@ class FailoverAgent:
         """Cut each partition to the lowest epoch-start end of epochs ``local+1..current``
         and drop the redo-log copy: what remains is a prefix of the new master's bytes."""
         cut: dict[tuple[str, int], int] = {}
+        redo: list[tuple[int, int, int] | None] = []
         for e in range(local + 1, current + 1):
             try:
                 raw, _ = await self._zk(
@@ -275,6 +298,7 @@ class FailoverAgent:
                 ) from None
             for key, start in decode_ends(bytes(raw)).items():
                 cut[key] = min(start, cut.get(key, start))
+            redo.append(decode_redo(bytes(raw)))
         for part in self.store.all_partitions():
             end = cut.get((part.topic, part.index), -1)
             if end < 0 or part.memory or part.end <= end:
@@ -294,10 +318,40 @@ class FailoverAgent:
             )
             part.rollback_to(end)
             part.sync()
-        txdir = self.config.system.tx_log_path
-        if txdir.exists():
-            log.warning("failover: dropping the redo log %s (re-copied from the master)", txdir)
-            shutil.rmtree(txdir)
+        # the replicated logs (redo, delay queue, queue state) are dropped and pulled again
+        # from the new master, as a new slave's: a tail this broker wrote as master (or
+        # pulled from a master that was replaced) may not be the new master's, and its own
+        # checkpoints may have discarded records the new history still needs
+        sysc = self.config.system
+        redo_kept = self._cut_redo(redo) if local else False
+        for what, path in (
+            ("redo log", None if redo_kept else sysc.tx_log_path),
+            ("delay-queue log", sysc.delay_log_path),
+            ("queue-state log", sysc.queue_log_path),
+        ):
+            if path is not None and path.exists():
+                log.warning("failover: dropping the %s %s (re-copied from the master)", what,
+                            path)  # fmt: skip
+                shutil.rmtree(path)
+
+    def _cut_redo(self, spans: list[tuple[int, int, int] | None]) -> bool:
+        """Cut the redo log at the lowest epoch-start end of the epochs missed, when each
+        recorded it and this broker still holds every segment from the oldest any of those
+        masters held (so its checkpoints cannot have let go of a record the new history
+        needs). Returns whether the log was kept (False: drop it, pull it all)."""
+        if not spans or any(s is None for s in spans):
+            return False
+        first = min(s[0] for s in spans if s is not None)
+        at = min(Position(s[1], s[2]) for s in spans if s is not None)
+        path = self.config.system.tx_log_path
+        removed = cut_log(path, at, first) if path.exists() else None
+        if removed is None:
+            return False
+        log.warning(
+            "failover: redo log %s kept up to %d:%d (%d bytes cut); pulling only the rest",
+            path, at.file_no, at.offset, removed,
+        )  # fmt: skip
+        return True
 
     # ------------------------------------------------------------------ running
 
@@ -336,6 +390,25 @@ class FailoverAgent:
                         self.epoch)  # fmt: skip
             self._cancel_acquire()
             self.rejoin.set()
+
+    def poke(self, epoch: int) -> None:
+        """A producer declared ``epoch`` (the ``epoch`` extension), newer than this
+        broker's: confirm with ZooKeeper now instead of at the next renewal. A client's word
+        alone does not demote (it is not authenticated as a replication peer is); its writes
+        are refused meanwhile."""
+        if not self.leader or epoch <= self.epoch or self._poking or self._closing:
+            return
+        self._poking = True
+
+        async def check() -> None:
+            try:
+                await self._renew()
+            except (KazooException, KazooTimeoutError, ValueError) as e:
+                log.debug("failover: %s", e)
+            finally:
+                self._poking = False
+
+        self._poke_task = asyncio.get_running_loop().create_task(check(), name="failover-poke")
 
     def _demote(self, why: str) -> None:
         if self.demoted:
@@ -386,6 +459,9 @@ class FailoverAgent:
             self.rejoin.set()
             return
         eligible = self.eligible()
+        await self._publish(eligible)
+        if eligible and time.monotonic() < self._yield_until:
+            eligible = False  # it handed the lock on: the other member's turn
         if eligible and self._acquire is None:
             self._acquire = asyncio.get_running_loop().run_in_executor(
                 self._pool, self._acquire_blocking
@@ -393,6 +469,38 @@ class FailoverAgent:
             self._acquire.add_done_callback(self._acquired)
         elif not eligible and self._acquire is not None:
             self._cancel_acquire()
+
+    def _size(self) -> int:
+        return sum(p.end for p in self.store.all_partitions() if not p.memory)
+
+    async def _publish(self, eligible: bool) -> None:
+        """Write this follower's ``members/<N>`` node (ephemeral) when its value changed."""
+        value = encode_member(MemberInfo(eligible, self._size(), self.address))
+        if value == self._published:
+            return
+        path = f"{self.base}/members/{self.member}"
+        try:
+            await self._zk(self.client.set, path, value)
+        except NoNodeError:
+            await self._zk(self.client.create, path, value, ephemeral=True, makepath=True)
+        self._published = value
+
+    async def _better_member(self) -> tuple[int, MemberInfo] | None:
+        """An eligible member holding more data than this one (the largest), or None."""
+        mine = self._size()
+        best: tuple[int, MemberInfo] | None = None
+        base = f"{self.base}/members"
+        for kid in await self._zk(self.client.get_children, base):
+            if not kid.isdigit() or int(kid) == self.member:
+                continue
+            try:
+                raw, _ = await self._zk(self.client.get, f"{base}/{kid}")
+                info = decode_member(bytes(raw))
+            except (NoNodeError, ValueError):
+                continue
+            if info.eligible and info.size > max(mine, best[1].size if best else -1):
+                best = (int(kid), info)
+        return best
 
     def _acquire_blocking(self) -> bool:
         try:
@@ -414,6 +522,20 @@ class FailoverAgent:
         got = await self._read_epoch()
         if got is None or got[0].epoch != self.epoch or not self.eligible():
             log.info("failover: got the lock but not eligible now; releasing it")
+            await self._release()
+            return
+        try:
+            better = await self._better_member()
+        except (KazooException, KazooTimeoutError) as e:
+            log.warning("failover: members not read (%s): taking over", e)
+            better = None
+        if better is not None:  # the in-sync member with the most data leads
+            log.warning(
+                "failover: member %d (%s) holds %d bytes, this one %d: handing the lock on",
+                better[0], better[1].address, better[1].size, self._size(),
+            )  # fmt: skip
+            self.handed_on += 1
+            self._yield_until = time.monotonic() + self.session_s
             await self._release()
             return
         t0 = time.monotonic()
@@ -439,6 +561,7 @@ class FailoverAgent:
             ("failover_leader", self.leader),
             ("failover_fenced", self.fence() or "-"),
             ("failover_contending", self._acquire is not None),
+            ("failover_handed_on", self.handed_on),
         ]
 
     async def close(self) -> None:

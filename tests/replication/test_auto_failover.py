@@ -25,6 +25,7 @@ from notify.testing import BrokerProcess, free_port
 from tests.broker.test_transactions import read_all, stats, tput, tx, xid
 from tests.services import ZooKeeperServer
 from tests.wireclient import WireClient
+from txlog import TxLog
 
 REPL = "repl-secret"
 SESSION_MS = 2000
@@ -122,6 +123,11 @@ def _put_until_ok(addr: str, body: bytes, timeout: float = 15.0) -> float:
             pass
         time.sleep(0.05)
     raise AssertionError(f"no put acknowledged by {addr} within {timeout}s")
+
+
+def _logs(b: BrokerProcess, name: str) -> dict[str, bytes]:
+    d = b.data_dir / name
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.name.startswith("redo.")}
 
 
 def _segments(b: BrokerProcess) -> bytes:
@@ -229,17 +235,30 @@ def test_failover_pause_kill_and_rejoin(group: Group) -> None:
         assert set(got) <= set(want)
 
     # 3. the killed master comes back as a slave of epoch 3 with the same bytes; give it a
-    # tail the new master never had (a batch it appended but never got acknowledged)
+    # tail the new master never had (a batch it appended but never got acknowledged, and
+    # records in its delay-queue, queue-state and redo logs: the first two are pulled
+    # again whole, the redo log is cut where the new master's copy ended and kept)
     seg = max(p for p in (b.data_dir / "orders-0").iterdir() if p.suffix == ".meta")
     with seg.open("ab") as f:
         f.write(records.encode(123456789, 0, b"never-replicated"))
+    for name in ("delay", "queues", "transactions"):
+        with TxLog.open(b.data_dir / name) as extra:
+            extra.append(1, b"a record the new master never had")
+            extra.sync()
     b.start()
     st = stats(b.addr)
     assert st["role"] == "slave" and st["failover_epoch"] == "3", st
-    assert "cutting" in b.log_path.read_text()
+    text = b.log_path.read_text()
+    assert "cutting" in text and "dropping the delay-queue log" in text
+    assert "redo log" in text and "pulling only the rest" in text  # its redo log was kept
     with WireClient(a.addr) as c:
         assert c.put("orders", 0, b"later").code == 200
+        now_ms = int(time.time() * 1000)  # a delayed message due now: a MOVE in a's delay log
+        r = c.call(b"dput orders 0 5 0 -1 %d 3\r\ndelay" % now_ms)
+        assert r.code == 200, r
     _wait(lambda: _segments(a) == _segments(b), what="identical partition bytes")
+    for name in ("delay", "queues", "transactions"):  # the new master's, not b's own tail
+        _wait(lambda n=name: _logs(a, n) == _logs(b, n), what=f"identical {name} logs")
 
 
 def _stats_or_empty(addr: str) -> dict[str, str]:

@@ -9,13 +9,24 @@ from notify.config import parse_config
 from notify.errors import ConfigError
 from notify.protocol.failover import (
     EpochInfo,
+    MemberInfo,
     decode_ends,
     decode_epoch,
+    decode_member,
+    decode_redo,
     encode_ends,
     encode_epoch,
+    encode_member,
     epoch_node_name,
 )
-from notify.protocol.frames import Auth, RequestParser, encode_replica_auth
+from notify.protocol.frames import (
+    Auth,
+    Epoch,
+    ProtocolError,
+    RequestParser,
+    encode_line,
+    encode_replica_auth,
+)
 from notify.protocol.replies import encode_replica_ack, parse_replica_ack, parse_replica_epoch
 
 
@@ -37,12 +48,30 @@ def test_epoch_node_values_round_trip_and_reject_garbage() -> None:
     assert decode_epoch(encode_epoch(info)) == info
     ends = [("orders", 1, 20), ("orders", 0, 10)]
     assert decode_ends(encode_ends(ends)) == {("orders", 0): 10, ("orders", 1): 20}
+    assert decode_redo(encode_ends(ends)) is None  # not recorded (a leader at start)
+    assert decode_redo(encode_ends(ends, (2, 5, 77))) == (2, 5, 77)
+    with pytest.raises(ValueError):
+        decode_redo(b'{"ends":[],"redo":[1,2]}')
     assert epoch_node_name(12) == "0000000012"
     for bad in (b"[]", b'{"epoch":"3","member":1,"address":"x"}', b"{"):
         with pytest.raises(ValueError):
             decode_epoch(bad)
     with pytest.raises(ValueError):
         decode_ends(b'{"ends":[["orders",0]]}')
+    member = MemberInfo(True, 1234, "127.0.0.1:8124")
+    assert encode_member(member) == b'{"eligible":true,"size":1234,"address":"127.0.0.1:8124"}'
+    assert decode_member(encode_member(member)) == member
+    for bad in (b"[]", b'{"eligible":1,"size":1,"address":"x"}', b'{"eligible":true}'):
+        with pytest.raises(ValueError):
+            decode_member(bad)
+
+
+def test_epoch_request_parses_and_rejects_garbage() -> None:
+    (req,) = RequestParser(1 << 20).feed(encode_line("epoch", 3, 7, 11))
+    assert req == Epoch(3, 7, 11)
+    for line, opaque in ((b"epoch 3 7\r\n", 0), (b"epoch 3 x 5\r\n", 5), (b"epoch -1 2 6\r\n", 6)):
+        (err,) = RequestParser(1 << 20).feed(line)
+        assert isinstance(err, ProtocolError) and err.code == 400 and err.opaque == opaque, err
 
 
 def test_auto_failover_needs_zookeeper_a_secret_and_a_fixed_port() -> None:

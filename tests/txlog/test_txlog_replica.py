@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from notify.errors import TxLogError
-from txlog import Position, TxLog, TxLogConfig
+from txlog import Position, TxLog, TxLogConfig, cut_log
 
 
 def test_replica_copies_frames_and_rolls_at_the_same_positions(tmp_path: Path) -> None:
@@ -50,3 +50,27 @@ def test_replica_copies_frames_and_rolls_at_the_same_positions(tmp_path: Path) -
     assert pulled.end_position == end
     for log in (src, dst, pulled):
         log.close()
+
+
+def test_cut_log_keeps_a_prefix_and_forgets_checkpoints(tmp_path: Path) -> None:
+    """``cut_log`` (a failover member rejoining): later segments go, the cut one is
+    truncated, checkpoints are dropped (recovery scans from the oldest segment); a log
+    missing an older segment than ``need_from`` is left alone."""
+    cfg = TxLogConfig(segment_bytes=2048)
+    log = TxLog.open(tmp_path / "l", cfg)
+    positions = [log.append(1, b"record %d " % i * 3) for i in range(200)]
+    cut_at, ckpt = positions[150], positions[100]
+    assert ckpt.file_no >= 1 and positions[-1].file_no > cut_at.file_no
+    log.checkpoint(ckpt)  # the segments before the checkpoint's go
+    log.close()
+    first = ckpt.file_no
+    assert cut_log(tmp_path / "l", cut_at, need_from=first - 1) is None  # that one is gone
+    assert (tmp_path / "l" / "checkpoint").exists()
+    removed = cut_log(tmp_path / "l", cut_at, need_from=first)
+    assert removed is not None and removed > 0
+    again = TxLog.open(tmp_path / "l", cfg)
+    assert again.end_position == cut_at and again.latest_checkpoint() is None
+    kept = [p for p in positions[:150] if p.file_no >= first]
+    assert [r.position for r in again.replay(Position(first, 0))] == kept
+    again.close()
+    assert cut_log(tmp_path / "l", cut_at, need_from=first) == 0  # a prefix: nothing to do

@@ -1,0 +1,108 @@
+"""Transactional acknowledgement (README "Queues"): the application's rows and the claims
+of the messages commit together in PostgreSQL, the broker ack follows. The consumer
+process is SIGKILLed before the DB commit, between the commit and the ack, and after the
+ack, and the broker is SIGKILLed mid-stream; afterwards the app table holds every message
+exactly once and the broker has nothing left to deliver."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from notify.migrations import upgrade
+from notify.offsets import QueueInbox
+from notify.testing import BrokerProcess
+from tests.services import PostgresServer, fresh_database
+from tests.services_conftest import running
+
+from .test_queues import _publish, _stats
+
+N = 120
+
+
+def _schema(engine: sa.Engine) -> None:
+    with engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE applied (id BIGSERIAL PRIMARY KEY, part TEXT NOT NULL, "
+                          "off BIGINT NOT NULL, body TEXT NOT NULL)"))
+        c.execute(sa.text("CREATE TABLE totals (id INT PRIMARY KEY, n BIGINT NOT NULL)"))
+        c.execute(sa.text("INSERT INTO totals VALUES (1, 0)"))
+
+
+@pytest.mark.crash
+def test_transactional_ack_survives_sigkill_at_each_step(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    url = fresh_database(running(postgres))
+    upgrade(url)
+    engine = sa.create_engine(url)
+    _schema(engine)
+    log = tmp_path / "worker.log"
+    with BrokerProcess(tmp_path / "b", topics={"jobs": 2}) as b:
+        _publish(b.addr, "jobs", N, 2, prefix=b"job")
+
+        n = [0]
+
+        def worker(*extra: str, crash: str = "") -> tuple[subprocess.Popen[bytes], Path]:
+            """A worker process, importing already; it consumes once its go file exists."""
+            n[0] += 1
+            go = tmp_path / f"go{n[0]}"
+            env = dict(os.environ, NOTIFY_CRASHPOINTS=crash)
+            with open(log, "ab") as out:
+                p = subprocess.Popen(
+                    [sys.executable, "-m", "tests.queues.qtx_worker", "--broker", b.addr,
+                     "--url", url, "--go", str(go), *extra],
+                    stdout=out, stderr=subprocess.STDOUT, env=env,
+                )
+            return p, go
+
+        def applied() -> int:
+            with engine.connect() as c:
+                return int(c.execute(sa.text("SELECT count(*) FROM applied")).scalar_one())
+
+        workers = [
+            worker("--die-after", "20"),  # 1. killed with rows written, before the commit
+            worker(crash="queue_tx_committed"),  # 2. after the DB commit, before the ack
+            worker(crash="queue_tx_acked"),  # 3. right after the broker answered the ack
+            worker("--delay", "0.01", "--idle-exit", "1"),  # 4. the broker killed under it
+            worker("--idle-exit", "0.5"),  # 5. drains what is left, if anything
+        ]
+        counts = []
+        for p, go in workers[:3]:
+            go.touch()
+            assert p.wait(30) == -signal.SIGKILL, log.read_text()[-3000:]
+            counts.append(applied())
+        assert 0 < counts[0] < counts[1]  # the killed-after-commit transaction committed
+        p, go = workers[3]
+        go.touch()
+        deadline = time.monotonic() + 10
+        while applied() < counts[2] + 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        b.kill()  # mid-stream: a transaction open, its acks or pushes in flight
+        b.start()
+        assert p.wait(40) == 0, log.read_text()[-3000:]
+        p, go = workers[4]
+        go.touch()
+        assert p.wait(30) == 0, log.read_text()[-3000:]
+        tail = log.read_text()[-3000:]
+        with engine.connect() as c:
+            bodies = [r[0] for r in c.execute(sa.text("SELECT body FROM applied"))]
+            total = c.execute(sa.text("SELECT n FROM totals")).scalar_one()
+        assert sorted(bodies) == sorted(f"job{i}" for i in range(N)), tail  # once each
+        assert total == N
+        st = _stats(b.addr)["jobs/qtx"]
+        assert st["tracked"] == "0", st  # every message accepted on the broker
+        # the committed-but-unacknowledged batch came back and was only acknowledged
+        assert " duplicates\n" in log.read_text(), tail
+        inbox = QueueInbox(engine)
+        inbox.check_table()
+        assert inbox.prune(dt.timedelta(days=1)) == 0
+        assert inbox.prune(dt.timedelta(seconds=-60), group="qtx") == N
+    engine.dispose()

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from notify.client import connect
 from notify.migrations import upgrade
 from notify.offsets import QueueInbox
 from notify.testing import BrokerProcess
+from tests.offsets.conftest import sql_url
 from tests.services import PostgresServer, fresh_database
 from tests.services_conftest import running
 
@@ -105,4 +107,47 @@ def test_transactional_ack_survives_sigkill_at_each_step(
         inbox.check_table()
         assert inbox.prune(dt.timedelta(days=1)) == 0
         assert inbox.prune(dt.timedelta(seconds=-60), group="qtx") == N
+    engine.dispose()
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mariadb"])
+def test_inbox_claims_duplicates_rollback_and_prune(
+    dialect: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The claim, the duplicate check and prune on SQLite and MariaDB (PostgreSQL above)."""
+    url = sql_url(request, dialect, tmp_path)
+    upgrade(url)
+    engine = sa.create_engine(url)
+    with engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE applied (body VARCHAR(32) NOT NULL)"))
+    inbox = QueueInbox(engine)
+    with BrokerProcess(tmp_path / "b", topics={"jobs": 2}) as b:
+        _publish(b.addr, "jobs", 4, 2, prefix=b"job")
+        with connect([b.addr]) as session:
+            consumer = session.create_queue_consumer("jobs", "g", credit=10)
+            msgs = [m for m in (consumer.get(5) for _ in range(4)) if m is not None]
+            assert len(msgs) == 4
+            with pytest.raises(RuntimeError), inbox.transaction(msgs[:2]) as tx:
+                tx.connection.execute(sa.text("INSERT INTO applied VALUES ('x')"))
+                raise RuntimeError("the app failed")  # rolled back, released
+            again = [m for m in (consumer.get(5) for _ in range(2)) if m is not None]
+            assert sorted(m.data for m in again) == sorted(m.data for m in msgs[:2])
+            assert all(m.delivery_count == 2 for m in again)
+            batch = again + msgs[2:]
+            with inbox.transaction(batch) as tx:
+                assert len(tx) == 4 and not tx.duplicates
+                for m in tx:
+                    tx.connection.execute(sa.text("INSERT INTO applied VALUES (:b)"),
+                                          {"b": m.data.decode()})
+            assert tx.acked == [True] * 4 and all(inbox.is_done(m) for m in batch)
+            with inbox.transaction(batch[:1]) as tx:  # the same message once more
+                assert not tx.messages and tx.duplicates == batch[:1]
+            assert tx.acked == [False]  # accepted before: the broker no longer holds it
+            consumer.close()
+    with engine.connect() as c:
+        rows = sorted(r[0] for r in c.execute(sa.text("SELECT body FROM applied")))
+    assert rows == [f"job{i}" for i in range(4)]
+    assert inbox.prune(dt.timedelta(days=1)) == 0
+    assert inbox.prune(dt.timedelta(seconds=-60), group="other") == 0
+    assert inbox.prune(dt.timedelta(seconds=-60)) == 4
     engine.dispose()

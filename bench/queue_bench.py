@@ -212,8 +212,26 @@ def notify_rows(
 ) -> list[tuple[str, str, int, float]]:
     rows = []
     sysc = {"queueMaxInFlight": 20000, "queueMaxCredit": CREDIT}
+    if slow_n or lock_ms:
+        rows += slow_rows(counts, workdir, slow_n, lock_ms, sysc)
+    with BrokerProcess(workdir / "fast", topics={"q": PARTS}, system=sysc,
+                       log_level="warning") as b:
+        uvloop.run(preload(b.addr, n))
+        for driver, fn in (("wire", wire_consumers), ("client", client_consumers)):
+            for c in counts:
+                dt = uvloop.run(fn(b.addr, f"{driver}{c}", c, n))
+                rows.append(("notify", driver, c, n / dt))
+                print(f"  notify   {driver:<7} {c:>3} consumers {n / dt:>10,.0f} msg/s", flush=True)
+    return rows
+
+
+def slow_rows(
+    counts: list[int], workdir: Path, slow_n: int, lock_ms: int, sysc: dict[str, int]
+) -> list[tuple[str, str, int, float]]:
+    """The 1 ms listener and the redelivery measurement."""
+    rows = []
     with BrokerProcess(workdir / "slow", topics={"q": PARTS, "r": 1}, system={
-        **sysc, "queueLockTimeout": lock_ms}, log_level="warning") as b:
+        **sysc, "queueLockTimeout": lock_ms or 30_000}, log_level="warning") as b:
         if slow_n:
             uvloop.run(preload(b.addr, slow_n))
             for c in counts:
@@ -227,14 +245,6 @@ def notify_rows(
             rows.append(("notify", "redelivery", lock_ms, got[2]))
             print(f"  notify   redelivery after {got[2]:,.0f} ms (lock {lock_ms} ms; "
                   f"min {got[0]:,.0f}, max {got[-1]:,.0f})", flush=True)
-    with BrokerProcess(workdir / "fast", topics={"q": PARTS}, system=sysc,
-                       log_level="warning") as b:
-        uvloop.run(preload(b.addr, n))
-        for driver, fn in (("wire", wire_consumers), ("client", client_consumers)):
-            for c in counts:
-                dt = uvloop.run(fn(b.addr, f"{driver}{c}", c, n))
-                rows.append(("notify", driver, c, n / dt))
-                print(f"  notify   {driver:<7} {c:>3} consumers {n / dt:>10,.0f} msg/s", flush=True)
     return rows
 
 

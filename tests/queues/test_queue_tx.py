@@ -7,10 +7,12 @@ exactly once and the broker has nothing left to deliver."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -150,4 +152,61 @@ def test_inbox_claims_duplicates_rollback_and_prune(
     assert inbox.prune(dt.timedelta(days=1)) == 0
     assert inbox.prune(dt.timedelta(seconds=-60), group="other") == 0
     assert inbox.prune(dt.timedelta(seconds=-60)) == 4
+    engine.dispose()
+
+
+def test_two_consumers_holding_one_message_apply_it_once(
+    tmp_path: Path, postgres: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first holder's connection drops while its transaction is open (as when its lock
+    runs out), so the broker gives the message to a second consumer; the second holder's
+    claim waits for the first transaction, fails on the primary key once it committed, and
+    is tried again: the message is only acknowledged the second time, applied once."""
+    url = fresh_database(running(postgres))
+    upgrade(url)
+    engine = sa.create_engine(url)
+    with engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE applied (body TEXT NOT NULL)"))
+    inbox = QueueInbox(engine)
+    insert = sa.text("INSERT INTO applied VALUES (:b)")
+    caplog.set_level(logging.INFO, "notify.offsets")
+    with BrokerProcess(tmp_path / "b", topics={"jobs": 1}) as b:
+        _publish(b.addr, "jobs", 1, 1, prefix=b"job")
+        with connect([b.addr]) as session:
+            first = session.create_queue_consumer("jobs", "g", credit=1)
+            m1 = first.get(5)
+            assert m1 is not None
+            release_first = threading.Event()
+            claimed_second = threading.Event()
+            result: dict[str, object] = {}
+
+            def second_holder() -> None:
+                other = session.create_queue_consumer("jobs", "g", credit=1)
+                m2 = other.get(5)
+                assert m2 is not None and m2.delivery_count == 2
+                release_first.set()  # the first commits while our claim waits for it
+                with inbox.transaction([m2]) as tx:
+                    claimed_second.set()
+                    result["second"] = (len(tx.messages), len(tx.duplicates))
+                    for m in tx:
+                        tx.connection.execute(insert, {"b": m.data.decode()})
+                result["second_acked"] = tx.acked
+                other.close()
+
+            with inbox.transaction([m1]) as tx:
+                assert len(tx) == 1
+                tx.connection.execute(insert, {"b": m1.data.decode()})
+                first.close()  # gone: the broker gives the message to the next consumer
+                t = threading.Thread(target=second_holder)
+                t.start()
+                assert release_first.wait(10)
+                time.sleep(0.3)  # the second transaction's INSERT is waiting on our row
+                assert not claimed_second.is_set()
+            assert tx.acked == [False]  # our lock was lost: the broker gave it to the other
+            t.join(10)
+            assert result["second"] == (0, 1) and result["second_acked"] == [True]
+            assert "queue claim raced with another transaction" in caplog.text
+        assert _stats(b.addr)["jobs/g"]["tracked"] == "0"
+    with engine.connect() as c:
+        assert [r[0] for r in c.execute(sa.text("SELECT body FROM applied"))] == ["job0"]
     engine.dispose()

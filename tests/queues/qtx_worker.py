@@ -7,14 +7,20 @@ bumps ``totals.n`` per message, in the same transaction as the claims. ``--die-a
 SIGKILLs itself after K applied messages with the transaction open (before the DB commit);
 the points between the commit and the ack, and after the ack, are armed with
 ``NOTIFY_CRASHPOINTS=queue_tx_committed`` / ``queue_tx_acked``. ``--delay`` sleeps per
-message for the first 40 (keeps a transaction open while the test kills the broker);
-``--go FILE`` waits for the file before consuming (the test starts the next worker early).
+message for the first 40 (keeps a transaction open while the test kills the broker).
 Exits 0 after ``--idle-exit`` seconds without messages.
+
+``--zygote LOG``: import everything once, then fork one worker per line read on stdin
+(JSON ``{"args": [...], "crash": "point,..."}``), its output appended to LOG, wait for it
+and print ``exit <returncode>`` (negative: killed by that signal). A fork costs
+milliseconds where a fresh interpreter costs seconds on a loaded machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import os
 import signal
 import sys
@@ -22,8 +28,34 @@ import time
 
 import sqlalchemy as sa
 
+import notify.faults
 from notify.client import SyncQueueMessage, connect
 from notify.offsets import QueueInbox
+
+
+def zygote(log: str) -> int:
+    """Fork a worker per command line on stdin (see the module doc)."""
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        cmd = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the worker: its own crash points, output to the log
+            code = 1
+            try:
+                os.environ["NOTIFY_CRASHPOINTS"] = cmd.get("crash", "")
+                importlib.reload(notify.faults)  # crashpoint() reads the module's points
+                fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                code = main(cmd["args"])
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--die-after", type=int, default=-1)
     ap.add_argument("--delay", type=float, default=0.0)
     ap.add_argument("--idle-exit", type=float, default=1.0)
-    ap.add_argument("--go", help="wait until this file exists before consuming")
     args = ap.parse_args(argv)
 
     engine = sa.create_engine(args.url)
@@ -44,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     insert = sa.text("INSERT INTO applied (part, off, body) VALUES (:p, :o, :b)")
     bump = sa.text("UPDATE totals SET n = n + :k WHERE id = 1")
     done = dups = 0
-    while args.go and not os.path.exists(args.go):  # started early: imports done meanwhile
-        time.sleep(0.01)
-    print(f"go {time.time():.2f}", flush=True)
+    print("go", flush=True)
     with connect([args.broker]) as session:
         consumer = session.create_queue_consumer(args.topic, args.group, credit=args.batch * 2)
         while True:
@@ -81,4 +110,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--zygote"]:
+        sys.exit(zygote(sys.argv[2]))
     sys.exit(main())

@@ -7,8 +7,8 @@ exactly once and the broker has nothing left to deliver."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -52,49 +52,52 @@ def test_transactional_ack_survives_sigkill_at_each_step(
     with BrokerProcess(tmp_path / "b", topics={"jobs": 2}) as b:
         _publish(b.addr, "jobs", N, 2, prefix=b"job")
 
-        n = [0]
+        zyg = subprocess.Popen(
+            [sys.executable, "-m", "tests.queues.qtx_worker", "--zygote", str(log)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert zyg.stdin is not None and zyg.stdout is not None
+        zin, zout = zyg.stdin, zyg.stdout
 
-        def worker(*extra: str, crash: str = "") -> tuple[subprocess.Popen[bytes], Path]:
-            """A worker process, importing already; it consumes once its go file exists."""
-            n[0] += 1
-            go = tmp_path / f"go{n[0]}"
-            env = dict(os.environ, NOTIFY_CRASHPOINTS=crash)
-            with open(log, "ab") as out:
-                p = subprocess.Popen(
-                    [sys.executable, "-m", "tests.queues.qtx_worker", "--broker", b.addr,
-                     "--url", url, "--go", str(go), *extra],
-                    stdout=out, stderr=subprocess.STDOUT, env=env,
-                )
-            return p, go
+        def start(*extra: str, crash: str = "") -> None:
+            """A worker process (forked by the zygote, which imported everything once)."""
+            args = ["--broker", b.addr, "--url", url, *extra]
+            zin.write(json.dumps({"args": args, "crash": crash}) + "\n")
+            zin.flush()
+
+        def wait() -> int:
+            line = zout.readline()
+            assert line.startswith("exit "), (line, log.read_text()[-3000:])
+            return int(line.split()[1])
 
         def applied() -> int:
             with engine.connect() as c:
                 return int(c.execute(sa.text("SELECT count(*) FROM applied")).scalar_one())
 
-        workers = [
-            worker("--die-after", "20"),  # 1. killed with rows written, before the commit
-            worker(crash="queue_tx_committed"),  # 2. after the DB commit, before the ack
-            worker(crash="queue_tx_acked"),  # 3. right after the broker answered the ack
-            worker("--delay", "0.01", "--idle-exit", "1"),  # 4. the broker killed under it
-            worker("--idle-exit", "0.5"),  # 5. drains what is left, if anything
-        ]
-        counts = []
-        for p, go in workers[:3]:
-            go.touch()
-            assert p.wait(30) == -signal.SIGKILL, log.read_text()[-3000:]
-            counts.append(applied())
-        assert 0 < counts[0] < counts[1]  # the killed-after-commit transaction committed
-        p, go = workers[3]
-        go.touch()
-        deadline = time.monotonic() + 10
-        while applied() < counts[2] + 20 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        b.kill()  # mid-stream: a transaction open, its acks or pushes in flight
-        b.start()
-        assert p.wait(40) == 0, log.read_text()[-3000:]
-        p, go = workers[4]
-        go.touch()
-        assert p.wait(30) == 0, log.read_text()[-3000:]
+        try:
+            counts = []
+            for extra, crash in (
+                (["--die-after", "20"], ""),  # 1. killed with rows written, before the commit
+                ([], "queue_tx_committed"),  # 2. after the DB commit, before the ack
+                ([], "queue_tx_acked"),  # 3. right after the broker answered the ack
+            ):
+                start(*extra, crash=crash)
+                assert wait() == -signal.SIGKILL, log.read_text()[-3000:]
+                counts.append(applied())
+            assert 0 < counts[0] < counts[1]  # the killed-after-commit transaction committed
+            start("--delay", "0.01", "--idle-exit", "1")  # 4. the broker killed under it
+            deadline = time.monotonic() + 10
+            while applied() < counts[2] + 20 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            b.kill()  # mid-stream: a transaction open, its acks or pushes in flight
+            b.start()
+            assert wait() == 0, log.read_text()[-3000:]
+            start("--idle-exit", "0.5")  # 5. drains what is left, if anything
+            assert wait() == 0, log.read_text()[-3000:]
+        finally:
+            zin.close()
+            zyg.wait(10)
+            zout.close()
         tail = log.read_text()[-3000:]
         with engine.connect() as c:
             bodies = [r[0] for r in c.execute(sa.text("SELECT body FROM applied"))]

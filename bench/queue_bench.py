@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -78,6 +79,13 @@ async def preload(addr: str, n: int) -> None:
                 raise RuntimeError(f"preload failed: {r.code} {r.body[:80]!r}")
             got += 1
     writer.close()
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` used so far (Linux ``/proc``): the
+    broker's cost per message, which the machine's load does not change much."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def preload_topic(addr: str, topic: str, n: int) -> None:
@@ -246,9 +254,12 @@ def notify_rows(
         uvloop.run(preload(b.addr, n))
         for driver, fn in (("wire", wire_consumers), ("client", client_consumers)):
             for c in counts:
+                cpu0 = _cpu_s(b.pid)
                 dt = uvloop.run(fn(b.addr, f"{driver}{c}", c, n))
+                us = (_cpu_s(b.pid) - cpu0) / n * 1e6
                 rows.append(("notify", driver, c, n / dt))
-                print(f"  notify   {driver:<7} {c:>3} consumers {n / dt:>10,.0f} msg/s", flush=True)
+                print(f"  notify   {driver:<7} {c:>3} consumers {n / dt:>10,.0f} msg/s "
+                      f"(broker CPU {us:.1f} us/msg)", flush=True)
     return rows
 
 

@@ -158,11 +158,19 @@ def _check_raw(env: Env, tmp: Path, out: str) -> None:
     assert out.startswith("result 200 ") and "value " in out and "hello" in out
 
 
+def _check_queue_tx(env: Env, tmp: Path, out: str) -> None:
+    assert env.pg_conninfo is not None
+    assert pg_rows(env.pg_conninfo, "SELECT job FROM shipments") == [(b"ship 42",)]
+    claims = pg_rows(env.pg_conninfo, "SELECT group_id, topic FROM notify_queue_done")
+    assert claims == [("shipping", "jobs")]
+
+
 CHECKS: dict[str, Callable[[Env, Path, str], None]] = {
     "send_in_transaction": _check_half,
     "TransactionManager(": _check_xa,
     "TransactionalConsumer(": _check_consumer,
     "socket.create_connection": _check_raw,
+    "QueueInbox(": _check_queue_tx,
 }
 
 

@@ -65,7 +65,13 @@ from ._errors import (
 from ._fetchsize import FetchSizer
 from ._message import BatchSendResult, Headers, Message, SendResult
 from ._producer import AsyncProducer
-from ._queue import AsyncQueueConsumer, QueueConsumer, QueueMessage, SyncQueueMessage
+from ._queue import (
+    AsyncQueueConsumer,
+    QueueConsumer,
+    QueueMessage,
+    SyncQueueMessage,
+    settle_all,
+)
 from ._recover import (
     RecoverStore,
     StoredMessage,
@@ -159,4 +165,5 @@ __all__ = [
     "parse_stats_topics",
     "replay_dead_letters",
     "republish_dead_letters",
+    "settle_all",
 ]

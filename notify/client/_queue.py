@@ -26,7 +26,7 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, cast
 
 from configserver import ConfigServer, ConfigServerError, new_consumer_id
@@ -81,6 +81,17 @@ class QueueMessage:
         """Address of the broker that pushed it."""
         return self._broker.address
 
+    @property
+    def group(self) -> str:
+        """The queue group it was delivered to."""
+        return self._broker.owner.group
+
+    @property
+    def partition_key(self) -> str:
+        """The global partition ``"<brokerId>-<part>"`` (as offset stores key it): with
+        :attr:`topic`, :attr:`group` and :attr:`offset` it names the message for good."""
+        return f"{self._broker.broker_id}-{self.partition}"
+
     async def ack(self) -> bool:
         """Accept: done with (durable when this returns True; False: the lock was lost,
         e.g. it timed out or the connection dropped, and the message goes to another)."""
@@ -107,9 +118,10 @@ class QueueMessage:
 class _Broker:
     """One broker's connection of a queue consumer, with its acknowledgement batcher."""
 
-    def __init__(self, owner: AsyncQueueConsumer, address: str):
+    def __init__(self, owner: AsyncQueueConsumer, address: str, broker_id: int = 0):
         self.owner = owner
         self.address = address
+        self.broker_id = broker_id
         self.conn: AsyncConnection | None = None
         self.credit = 0
         self._items: list[bytes] = []
@@ -291,8 +303,9 @@ class AsyncQueueConsumer:
     async def start_consuming(self, timeout_s: float = 10.0) -> None:
         """Subscribe on every broker holding the topic (waits for the first answers)."""
         parts = await self.router.partitions(self.topic)
-        for address in sorted({p.address for p in parts}):
-            b = self._brokers[address] = _Broker(self, address)
+        ids = {p.address: p.broker_id for p in parts}
+        for address in sorted(ids):
+            b = self._brokers[address] = _Broker(self, address, ids[address])
             b.task = asyncio.get_running_loop().create_task(b.run())
         async with asyncio.timeout(timeout_s):
             for b in self._brokers.values():
@@ -419,6 +432,21 @@ class SyncQueueMessage:
 
     def renew(self) -> bool:
         return bool(self._lt.run(self.message.renew()))
+
+
+def settle_all(messages: Sequence[SyncQueueMessage], accept: bool) -> list[bool]:
+    """Accept (``accept``) or release all ``messages`` at once: the acknowledgements go out
+    together (one ``qack`` frame per broker) and this waits for the answers, one per
+    message as :meth:`QueueMessage.ack` gives them."""
+    if not messages:
+        return []
+    lt = messages[0]._lt
+
+    async def run() -> list[bool]:
+        acks = [m.message.ack() if accept else m.message.release() for m in messages]
+        return list(await asyncio.gather(*acks))
+
+    return lt.run(run())
 
 
 class QueueConsumer:

@@ -239,7 +239,10 @@ class QueueGroup:
         self._rr: deque[int] = deque()  # consumers in round-robin order
         self.available: deque[Entry] = deque()
         self._delayed: list[tuple[float, int, Entry]] = []  # (not_before, seq, entry)
-        self._locks: list[tuple[float, int, Entry]] = []  # (deadline, seq, entry), lazy
+        # (deadline, seq, entries): the locks taken together (one dispatch or a renew)
+        # share one heap item; entries no longer locked with that deadline are skipped
+        # lazily (popped from the batch's front), so a lock costs no heap operation
+        self._locks: list[tuple[float, int, deque[Entry]]] = []
         self._seq = 0
         self.tracked = 0  # entries in every PartState.entries and .replayed
         self._exhausted: list[Finished] = []  # died in dispatch (recovered at the limit)
@@ -417,7 +420,7 @@ class QueueGroup:
         avail = self.available
         lock = self.limits.lock_ms
         max_deliveries = self.limits.max_deliveries
-        locks = self._locks
+        batch: deque[Entry] = deque()
         acquired = _ACQUIRED_FROM_AVAILABLE
         available = S.AVAILABLE
         while avail and rr:
@@ -454,14 +457,16 @@ class QueueGroup:
                     e.consumer = cid
                     e.deadline = deadline
                     held.add((e.partition, e.offset))
-                    self._seq += 1
-                    heapq.heappush(locks, (deadline, self._seq, e))
+                    batch.append(e)
                     if count > 1:
                         self.redelivered += 1
                     out.append(Delivery(cid, e.partition, e.offset, e.length, count))
                     progressed = True
             if not progressed:
                 break
+        if batch:
+            self._seq += 1
+            heapq.heappush(self._locks, (now_ms + lock, self._seq, batch))
         self.delivered += len(out)
         return out
 
@@ -483,25 +488,34 @@ class QueueGroup:
         return min(times) if times else None
 
     @staticmethod
-    def _lock_live(item: tuple[float, int, Entry]) -> bool:
-        e = item[2]
-        return e.state is S.ACQUIRED and e.deadline == item[0]
+    def _lock_live(item: tuple[float, int, deque[Entry]]) -> bool:
+        """Whether a lock of the batch is still held with its deadline (drops the ones in
+        front that are not: each entry is looked at once here)."""
+        deadline, _, batch = item
+        acquired = S.ACQUIRED
+        while batch:
+            e = batch[0]
+            if e.state is acquired and e.deadline == deadline:
+                return True
+            batch.popleft()
+        return False
 
     def expire(self, now_ms: float) -> list[Finished]:
         """Locks past their deadline return to available (or die at the limit)."""
         out: list[Finished] = []
         locks = self._locks
+        acquired = S.ACQUIRED
         while locks and locks[0][0] <= now_ms:
-            item = heapq.heappop(locks)
-            if not self._lock_live(item):
-                continue
-            e = item[2]
-            c = self.consumers.get(e.consumer)
-            if c is not None:
-                c.held.discard((e.partition, e.offset))
-            f = self._return(e, E.LOCK_EXPIRED, now_ms, 0)
-            if f is not None:
-                out.append(f)
+            deadline, _, batch = heapq.heappop(locks)
+            for e in batch:
+                if e.state is not acquired or e.deadline != deadline:
+                    continue
+                c = self.consumers.get(e.consumer)
+                if c is not None:
+                    c.held.discard((e.partition, e.offset))
+                f = self._return(e, E.LOCK_EXPIRED, now_ms, 0)
+                if f is not None:
+                    out.append(f)
         self._wake_delayed(now_ms)
         return out
 
@@ -590,7 +604,7 @@ class QueueGroup:
             e.state = next_state(e.state, E.RENEW)
             e.deadline = now_ms + self.limits.lock_ms
             self._seq += 1
-            heapq.heappush(self._locks, (e.deadline, self._seq, e))
+            heapq.heappush(self._locks, (e.deadline, self._seq, deque((e,))))
             return AckResult(True)
         if event is E.RELEASE and not 0 <= delay_ms <= self.limits.max_release_delay_ms:
             return self._refuse(

@@ -6,7 +6,8 @@
 * :class:`FileOffsets` - the client's JSON files, plus listing/deleting for tooling;
 * :func:`open_offset_store` - any of them from a URL;
 * :func:`offsets_tx` and :class:`TransactionalConsumer` - commit the application's writes
-  and the consumed offsets in one database transaction (exactly-once effects).
+  and the consumed offsets in one database transaction (exactly-once effects);
+* :class:`QueueInbox` - the same for queue messages (transactional acknowledgement).
 
 All stores implement the client's :class:`~notify.client.OffsetStore` Protocol and
 :class:`ManagedOffsetStore` (``list_offsets``, ``delete``).
@@ -21,7 +22,8 @@ from .base import (
     StoredOffset,
 )
 from .files import FileOffsets
-from .schema import OFFSET_TABLE
+from .queue_tx import QueueInbox, QueueTransaction
+from .schema import OFFSET_TABLE, QUEUE_DONE_TABLE
 from .sql import SqlOffsetStore, create_offset_engine
 from .tx import CommittedOffsets, OffsetBatch, TransactionalConsumer, offsets_tx
 from .url import MemoryOffsets, open_offset_store
@@ -29,6 +31,7 @@ from .zookeeper import ZooKeeperOffsetStore
 
 __all__ = [
     "OFFSET_TABLE",
+    "QUEUE_DONE_TABLE",
     "CommittedOffsets",
     "FileOffsets",
     "ManagedOffsetStore",
@@ -38,6 +41,8 @@ __all__ = [
     "OffsetStoreError",
     "OffsetStoreUnavailableError",
     "OffsetTableMissingError",
+    "QueueInbox",
+    "QueueTransaction",
     "SqlOffsetStore",
     "StoredOffset",
     "TransactionalConsumer",

@@ -51,3 +51,31 @@ def offsets_table(metadata: sa.MetaData, name: str = OFFSET_TABLE) -> sa.Table:
 metadata = sa.MetaData()
 #: The default table.
 offsets = offsets_table(metadata)
+
+#: The queue messages an application's transactions applied (:mod:`notify.offsets.queue_tx`).
+QUEUE_DONE_TABLE = "notify_queue_done"
+
+
+def queue_done_table(metadata: sa.MetaData, name: str = QUEUE_DONE_TABLE) -> sa.Table:
+    """One row per queue message applied in the application's database, keyed by
+    ``(group_id, topic, partition, offset)`` (``partition`` is ``"<brokerId>-<part>"``);
+    ``done_at`` (UTC) is when the transaction wrote it, for pruning."""
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("group_id", sa.String(NAME_LENGTH), primary_key=True),
+        sa.Column("topic", sa.String(NAME_LENGTH), primary_key=True),
+        sa.Column("partition", sa.String(NAME_LENGTH), primary_key=True),
+        sa.Column("offset", sa.BigInteger(), primary_key=True, autoincrement=False),
+        sa.Column("msg_id", sa.BigInteger(), nullable=False),
+        sa.Column(
+            "done_at",
+            sa.DateTime(timezone=True),
+            nullable=False,
+            server_default=sa.func.current_timestamp(),
+        ),
+    )
+
+
+#: The default queue table.
+queue_done = queue_done_table(metadata)

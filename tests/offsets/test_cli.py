@@ -158,7 +158,7 @@ def test_console_entry_point(tmp_path: Path) -> None:
         check=False,
     )
     assert p.returncode == 0, p.stderr
-    assert "-> 0001" in p.stdout
+    assert f"-> {head()}" in p.stdout
 
 
 @pytest.mark.parametrize("group", ["db", "offsets"])

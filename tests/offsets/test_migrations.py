@@ -17,7 +17,7 @@ from notify.migrations import (
     status,
     upgrade,
 )
-from notify.offsets.schema import OFFSET_TABLE
+from notify.offsets.schema import OFFSET_TABLE, QUEUE_DONE_TABLE
 
 
 def _tables(url: str) -> set[str]:
@@ -47,7 +47,9 @@ def test_upgrade_is_idempotent_and_downgrade_removes(empty_db: str) -> None:
     _, after = downgrade(empty_db, "base")
     assert after.state == "empty" and OFFSET_TABLE not in _tables(empty_db)
     upgrade(empty_db, "0001")
-    assert status(empty_db).state == "current"
+    assert status(empty_db).state == "behind"
+    upgrade(empty_db)
+    assert status(empty_db).state == "current" and QUEUE_DONE_TABLE in _tables(empty_db)
 
 
 def test_version_table_does_not_touch_the_apps_alembic(empty_db: str) -> None:

@@ -108,7 +108,8 @@ def main() -> int:
     if importlib.util.find_spec("mypyc") is None:
         print("build_native: mypyc not installed (dev extra): notify runs pure Python")
         return 0
-    if shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc") is None:
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
         print("build_native: no C compiler: notify runs pure Python")
         return 0
     build(digest)

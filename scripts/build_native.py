@@ -8,9 +8,9 @@ A copy of hotpath.py named ``_hotpath_native`` (so the build never shadows the s
 with ``SOURCE_SHA256`` (the source's hash) appended, is compiled in a temporary directory;
 the resulting extension files are moved into notify/protocol/ (renamed into place, so a
 running process keeps the file it mapped). notify.protocol.accel uses them only while
-hotpath.py still has that hash. Needs mypy (the dev extra) and a C compiler; without them
-it says so and exits 0: notify then runs its pure-Python code. Run by scripts/setup.sh
-(full setup only: the demo does not install mypy).
+hotpath.py still has that hash. Needs mypy (the dev extra), a C compiler and the Python
+headers; without them it says so and exits 0: notify then runs its pure-Python code.
+Run by scripts/setup.sh (full setup only: the demo does not install mypy).
 """
 
 from __future__ import annotations
@@ -111,6 +111,9 @@ def main() -> int:
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
         print("build_native: no C compiler: notify runs pure Python")
+        return 0
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        print("build_native: no Python headers (Debian: python3-dev): notify runs pure Python")
         return 0
     build(digest)
     print(f"build_native: compiled {SOURCE.relative_to(ROOT)} ({digest[:12]})")

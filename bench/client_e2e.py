@@ -17,7 +17,9 @@ notify.testing.BrokerProcess) on 127.0.0.1 with its data in a temp directory, th
    send time (monotonic clock,
    embedded in the message), p50/p99/max.
 
-Prints one table. Everything shares this machine's cores with the broker.
+Prints one table. Everything shares this machine's cores with the broker; the client CPU
+column (this process's CPU time per message, the broker is another process) is the figure
+that holds up when other jobs load the machine.
 """
 
 from __future__ import annotations
@@ -284,24 +286,47 @@ def main() -> None:
             console.print(
                 f"broker {broker.addr} (pid {broker.pid}), {args.count:,} x {args.size} B"
             )
+            cpu = time.process_time()
             p_s, failed = uvloop.run(produce(broker.addr, args.count, args.size, args.window))
+            p_cpu = time.process_time() - cpu
             console.print(f"produce: {p_s:.2f}s, failed {failed}")
-            extra: list[tuple[str, int, float, int]] = []
+            extra: list[tuple[str, int, float, int, float]] = []
+            cpu = time.process_time()
             b_s, b_failed = uvloop.run(
                 produce_batches(broker.addr, args.count, args.size, args.batch)
             )
-            extra.append((f"produce (async, send_batch x{args.batch})", args.count, b_s, b_failed))
+            extra.append(
+                (
+                    f"produce (async, send_batch x{args.batch})",
+                    args.count,
+                    b_s,
+                    b_failed,
+                    time.process_time() - cpu,
+                )
+            )
             for mode, n, label in (
                 ("batch", args.count, f"produce (sync, send_batch x{args.batch})"),
                 ("future", args.count // 2, "produce (sync, send_future)"),
                 ("one", args.one_count, "produce (sync, send() one at a time)"),
             ):
+                cpu = time.process_time()
                 m_s, m_failed = produce_sync(broker.addr, n, args.size, mode, args.batch)
-                extra.append((label, n, m_s, m_failed))
+                extra.append((label, n, m_s, m_failed, time.process_time() - cpu))
+            cpu = time.process_time()
             raw_s = raw_put_round_trips(broker.addr, args.one_count, args.size)
-            extra.append(("limit: raw put round trip, one at a time", args.one_count, raw_s, 0))
+            extra.append(
+                (
+                    "limit: raw put round trip, one at a time",
+                    args.one_count,
+                    raw_s,
+                    0,
+                    time.process_time() - cpu,
+                )
+            )
             console.print("produce variants done")
+            cpu = time.process_time()
             c_s = uvloop.run(consume(broker.addr, args.count, work / "c1"))
+            c_cpu = time.process_time() - cpu
             console.print(f"consume: {c_s:.2f}s")
             lats = {
                 t: latency(broker.addr, t, args.rate, args.seconds, args.warmup, args.size, work)
@@ -316,6 +341,7 @@ def main() -> None:
     t.add_column("seconds", justify="right")
     t.add_column("msg/s", justify="right")
     t.add_column("MB/s", justify="right")
+    t.add_column("client CPU µs/msg", justify="right")
     t.add_column("notes")
     mb = args.size / 1e6
     t.add_row(
@@ -324,15 +350,17 @@ def main() -> None:
         f"{p_s:.2f}",
         f"{args.count / p_s:,.0f}",
         f"{args.count * mb / p_s:.1f}",
+        f"{p_cpu / args.count * 1e6:.1f}",
         f"failed={failed}",
     )
-    for label, n, secs, nfail in extra:
+    for label, n, secs, nfail, cpu_s in extra:
         t.add_row(
             label,
             f"{n:,}",
             f"{secs:.2f}",
             f"{n / secs:,.0f}",
             f"{n * mb / secs:.1f}",
+            f"{cpu_s / n * 1e6:.1f}",
             f"failed={nfail}",
         )
     t.add_row(
@@ -341,6 +369,7 @@ def main() -> None:
         f"{c_s:.2f}",
         f"{args.count / c_s:,.0f}",
         f"{args.count * mb / c_s:.1f}",
+        f"{c_cpu / args.count * 1e6:.1f}",
         "from earliest",
     )
     ok = True
@@ -351,6 +380,7 @@ def main() -> None:
             f"{len(lat):,}",
             f"{args.seconds:.1f}",
             f"{args.rate:,}",
+            "",
             "",
             f"p50={pct(lat, 0.5):.2f}ms p99={pct(lat, 0.99):.2f}ms max={max(lat or [0]):.2f}ms",
         )

@@ -35,6 +35,8 @@ import logging
 import select
 import socket
 import ssl
+import struct
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -407,6 +409,9 @@ async def open_connection(
 
 # --------------------------------------------------------------------------- blocking
 
+#: Plain blocking sockets time out in the kernel (SO_RCVTIMEO/SO_SNDTIMEO, POSIX timeval).
+_KERNEL_TIMEOUTS: Final = sys.platform != "win32" and hasattr(socket, "SO_RCVTIMEO")
+
 
 class BlockingConnection:
     """One connection to a broker over a plain (or TLS) socket, for code without an event
@@ -430,6 +435,10 @@ class BlockingConnection:
         self._sock: socket.socket | None = None
         self._parser = ResponseParser()
         self._opaque = 0
+        self._armed: float | None = None  # the socket's current per-call timeout
+        #: receive buffer, reused: a fresh 256 KiB ``recv`` per reply costs the allocator
+        #: (and page faults) more than the system call itself
+        self._rbuf = memoryview(bytearray(_RECV_BYTES))
 
     @property
     def is_open(self) -> bool:
@@ -451,10 +460,15 @@ class BlockingConnection:
                 if opts.ssl is not None
                 else raw
             )
+            if sock is raw and _KERNEL_TIMEOUTS:
+                # blocking, the timeout in the kernel: one system call per send and per
+                # receive (a Python timeout polls before each, and setting it is one more)
+                raw.settimeout(None)
         except OSError as e:
             raw.close()
             raise _connect_error(self.address, e) from e
         self._sock = sock
+        self._armed = None
         self._parser = ResponseParser()
         if opts.secret:
             secret = opts.secret
@@ -489,6 +503,7 @@ class BlockingConnection:
         finally:
             with contextlib.suppress(OSError):
                 sock.settimeout(self.request_timeout_s)
+                self._armed = self.request_timeout_s
 
     def _next_opaque(self) -> int:
         self._opaque = self._opaque + 1 if self._opaque < OPAQUE_MAX else 1
@@ -511,22 +526,25 @@ class BlockingConnection:
         limit = self.request_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + limit
         try:
-            sock.settimeout(limit)
+            if limit != self._armed:
+                self._arm(sock, limit)
             sock.sendall(frames)
+            rbuf = self._rbuf
             while wanted:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
-                sock.settimeout(remaining)
-                data = sock.recv(_RECV_BYTES)
-                if not data:
+                n = sock.recv_into(rbuf)
+                if not n:
                     raise ConnectionResetError("the broker closed the connection")
-                for r in self._parser.feed(data):
+                for r in self._parser.feed(rbuf[:n].tobytes()):
                     if r.kind in ("check", "qmsg") or r.opaque not in wanted:
                         continue  # a check-back, or the reply to a request that timed out
                     wanted.discard(r.opaque)
                     got[r.opaque] = r
-        except TimeoutError:
+                if wanted:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError
+                    self._arm(sock, remaining)
+        except (TimeoutError, BlockingIOError):  # BlockingIOError: a kernel timeout expired
             self.drop()
             raise RequestTimeoutError(
                 f"{self.address}: no reply within {limit:g} s"
@@ -535,6 +553,18 @@ class BlockingConnection:
             self.drop()
             raise ConnectionLostError(f"connection to {self.address} lost: {e}") from e
         return [got[o] for o in opaques]
+
+    def _arm(self, sock: socket.socket, timeout: float) -> None:
+        """Make each send and receive of ``sock`` give up after ``timeout`` seconds."""
+        self._armed = timeout
+        if sock.gettimeout() is not None:  # TLS (or no kernel timeouts): Python's own
+            sock.settimeout(timeout)
+            return
+        sec = int(timeout)
+        usec = max(1, int((timeout - sec) * 1e6)) if sec == 0 else int((timeout - sec) * 1e6)
+        tv = struct.pack("ll", sec, usec)  # 0 would mean "no timeout"
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
     def request(self, build: FrameBuilder, timeout_s: float | None = None) -> Response:
         """One request, one reply (see :meth:`exchange`)."""

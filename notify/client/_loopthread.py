@@ -15,6 +15,24 @@ from notify.errors import ClientError
 
 T = TypeVar("T")
 
+class ThreadFuture(concurrent.futures.Future[T]):
+    """A thread-safe future the loop resolves directly (no asyncio future chained to it).
+
+    A result or exception arriving after the caller cancelled it is dropped (a plain
+    ``concurrent.futures.Future`` would raise ``InvalidStateError`` in the loop)."""
+
+    def set_result(self, result: T) -> None:
+        try:  # noqa: SIM105 - per message: no context manager
+            super().set_result(result)
+        except concurrent.futures.InvalidStateError:
+            pass
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        try:  # noqa: SIM105 - per message: no context manager
+            super().set_exception(exception)
+        except concurrent.futures.InvalidStateError:
+            pass
+
 
 def new_event_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
     """A fresh event loop, uvloop's when asked for and installed."""
@@ -48,7 +66,7 @@ class LoopThread:
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._started = threading.Event()
         self._calls: collections.deque[
-            tuple[Callable[[], asyncio.Future[Any]], concurrent.futures.Future[Any]]
+            tuple[Callable[[], Any], concurrent.futures.Future[Any], bool]
         ] = collections.deque()
         self._wake_pending = False
         self._calls_lock = threading.Lock()
@@ -108,12 +126,24 @@ class LoopThread:
         of the loop (one ``call_soon_threadsafe``), not one each. Every call queued before
         a later ``submit``/``run`` still runs before it."""
         out: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._queue(fn, out, True)
+        return out
+
+    def post(self, fn: Callable[[], None], out: concurrent.futures.Future[Any]) -> None:
+        """Call ``fn`` on the loop, FIFO with :meth:`call` (same queue, same wake-up);
+        ``fn`` resolves ``out`` itself (no asyncio future chained). An exception ``fn``
+        raises goes into ``out``; so does "session is closed" if the loop stops first."""
+        self._queue(fn, out, False)
+
+    def _queue(
+        self, fn: Callable[[], Any], out: concurrent.futures.Future[Any], chain: bool
+    ) -> None:
         if self.loop.is_closed():
             raise ClientError("session is closed")
         # Under the lock: a thread that sees a wake-up pending knows it is already scheduled,
         # so its later submit()/run() goes behind it (FIFO per thread).
         with self._calls_lock:
-            self._calls.append((fn, out))
+            self._calls.append((fn, out, chain))
             if not self._wake_pending:
                 try:
                     self.loop.call_soon_threadsafe(self._run_calls)
@@ -121,7 +151,6 @@ class LoopThread:
                     self._calls.pop()
                     raise ClientError("session is closed") from None
                 self._wake_pending = True
-        return out
 
     def _run_calls(self) -> None:
         # Clear the flag first: a call queued after the last popleft below then wakes us
@@ -130,7 +159,14 @@ class LoopThread:
             self._wake_pending = False
         calls = self._calls
         while calls:
-            fn, out = calls.popleft()
+            fn, out, chain = calls.popleft()
+            if not chain:  # post(): fn resolves out
+                try:
+                    fn()
+                except BaseException as e:
+                    if not out.done():
+                        out.set_exception(e)
+                continue
             try:
                 inner = fn()
             except BaseException as e:
@@ -168,6 +204,6 @@ class LoopThread:
         self._thread.join(10)
         self.loop.close()
         while self._calls:  # queued after the loop stopped: never ran
-            _fn, out = self._calls.popleft()
+            _fn, out, _chain = self._calls.popleft()
             if not out.done():
                 out.set_exception(ClientError("session is closed"))

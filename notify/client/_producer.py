@@ -21,6 +21,7 @@ with a group sends half messages and answers the broker's check-backs.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import inspect
@@ -80,7 +81,12 @@ class _Item:
     __slots__ = ("flag", "future", "nbytes", "payload")
     count = 1
 
-    def __init__(self, payload: bytes, flag: int, future: asyncio.Future[SendResult]):
+    def __init__(
+        self,
+        payload: bytes,
+        flag: int,
+        future: asyncio.Future[SendResult] | concurrent.futures.Future[SendResult],
+    ):
         self.payload = payload
         self.flag = flag
         self.future = future
@@ -500,6 +506,22 @@ class AsyncProducer:
         tx = self._tx_var.get()
         if tx is not None and not tx.finished:
             return tx.send_nowait(topic, data, attribute, key, headers=headers)
+        fut: asyncio.Future[SendResult] = (self._loop or self.loop).create_future()
+        self.send_into(fut, topic, data, attribute, key, headers)
+        return fut
+
+    def send_into(
+        self,
+        fut: asyncio.Future[SendResult] | concurrent.futures.Future[SendResult],
+        topic: str,
+        data: bytes,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        """:meth:`send_nowait` resolving ``fut`` instead of a future of its own (outside
+        transactions; on the loop). The synchronous API passes its thread-safe future: no
+        asyncio future chained to it, no callback per message."""
         if self._closed:
             raise ClientError("producer is closed")
         if type(data) is not bytes:
@@ -511,7 +533,6 @@ class AsyncProducer:
         else:  # the key and headers stay on the message (attribute block)
             payload, flag = build_payload(data, attribute, key, headers)
         loop = self._loop or self.loop
-        fut: asyncio.Future[SendResult] = loop.create_future()
         item = _Item(payload, flag, fut)
         self._outstanding += 1
         if not self._spools_restored:
@@ -523,7 +544,7 @@ class AsyncProducer:
                 waiting = self._unrouted[topic] = deque()
                 self._spawn(self._route_later(topic))
             waiting.append((item, key, payload))
-            return fut
+            return
         sel = self.selector
         if key is None and parts and type(sel) is KeyHashSelector and self.producer_id is None:
             # the common case without the general dispatch's calls: round robin
@@ -534,9 +555,9 @@ class AsyncProducer:
             if not s.scheduled and s.in_flight < self.config.max_in_flight_per_partition:
                 s.scheduled = True
                 loop.call_soon(s.pump)
-            return fut
+            return
         self._dispatch(topic, parts, item, key, payload)
-        return fut
+        return
 
     async def send_batch(
         self,

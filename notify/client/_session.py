@@ -14,8 +14,10 @@ rebalance, and their offsets default to ZooKeeper (MetaQ's ``consumers/<group>/o
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import signal
 import threading
@@ -39,7 +41,7 @@ from ._consumer import (
 )
 from ._direct import DirectPool, send_direct
 from ._errors import ClientTransactionError
-from ._loopthread import LoopThread
+from ._loopthread import LoopThread, ThreadFuture
 from ._message import BatchSendResult, Headers, Message, SendResult
 from ._producer import AsyncProducer
 from ._queue import AsyncQueueConsumer, QueueConsumer, QueueListener
@@ -331,8 +333,11 @@ class Producer:
         self._tx_lock = threading.Lock()
         #: ``send()`` goes over the calling thread's own socket while this is 0 (_direct).
         self._direct = direct
-        self._in_flight = 0
+        self._in_flight = 0  # batch futures not done yet
         self._in_flight_lock = threading.Lock()
+        #: one entry per send_future() not yet queued in the core (then core.outstanding
+        #: counts it): deque append/pop are atomic, no lock per message
+        self._posted: collections.deque[None] = collections.deque()
 
     def send(
         self,
@@ -362,6 +367,8 @@ class Producer:
         if (
             self._direct is not None
             and not self._in_flight
+            and not self._posted
+            and not self.core.outstanding
             and self.current_transaction() is None
         ):
             core, direct = self.core, self._direct
@@ -385,12 +392,33 @@ class Producer:
         tx = self.current_transaction()
         if tx is not None:
             return tx.send_future(topic, data, attribute, key, headers=headers)
-        core = self.core
-        return self._track(
-            lambda: self._lt.call(
-                lambda: core.send_nowait(topic, data, attribute, key, headers=headers)
+        out: ThreadFuture[SendResult] = ThreadFuture()
+        posted = self._posted
+        posted.append(None)  # until the core counts it (core.outstanding); atomic, no lock
+        try:
+            self._lt.post(
+                functools.partial(self._send_into, out, topic, data, attribute, key, headers),
+                out,
             )
-        )
+        except BaseException:
+            posted.pop()
+            raise
+        return out
+
+    def _send_into(
+        self,
+        out: ThreadFuture[SendResult],
+        topic: str,
+        data: bytes,
+        attribute: str | None,
+        key: bytes | str | None,
+        headers: Headers | None,
+    ) -> None:
+        """On the loop: queue the message in the core, which resolves ``out`` itself."""
+        try:
+            self.core.send_into(out, topic, data, attribute, key, headers)
+        finally:
+            self._posted.pop()
 
     def send_batch(
         self,

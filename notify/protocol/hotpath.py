@@ -1,0 +1,90 @@
+"""The per-record loops of the client's hot paths, in plain typed Python.
+
+This module is the source of truth for two loops that run once per message: decoding the
+records of a ``get`` reply (every checksum verified) and encoding records in their on-disk
+layout for an ``mput``. It imports only the standard library and nothing of notify, so
+mypyc can compile a copy of it on its own (``scripts/build_native.py``, run by
+``scripts/setup.sh``); :mod:`notify.protocol.accel` uses that compiled copy only when it was
+built from exactly this file's bytes, and this module otherwise. Both must give identical
+results (``tests/protocol/test_hotpath.py`` runs the same cases against each).
+
+The layout is the one of :mod:`notify.protocol.records` (not imported here, to keep this
+module standalone): a 20-byte big-endian header (length, crc32 & 0x7FFFFFFF, msgId, flag)
+then the payload.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Final
+
+_HEADER: Final = struct.Struct(">iiqi")
+_HEADER_SIZE: Final = 20
+_CRC_MASK: Final = 0x7FFFFFFF
+
+#: decode_records' verdict: the records decoded end where the buffer does (or mid-record)
+OK: Final = 0
+#: ... a record with a negative length stops decoding at ``pos``
+BAD_LENGTH: Final = 1
+#: ... a record whose checksum does not match stops decoding at ``pos``
+BAD_CHECKSUM: Final = 2
+
+
+def decode_records(
+    data: bytes, base_offset: int, cls: type, first: object, second: object
+) -> tuple[list[tuple[object, ...]], int, int]:
+    """Decode the whole records at the start of ``data`` into ``cls`` tuples of
+    ``(first, second, offset, msg_id, flag, payload)``, every checksum verified.
+
+    Returns ``(items, pos, verdict)``: ``pos`` is where decoding stopped (the end of the
+    last whole record, or the start of a bad one) and ``verdict`` :data:`OK`,
+    :data:`BAD_LENGTH` or :data:`BAD_CHECKSUM` (the record at ``pos``).
+
+    The header is read byte by byte: compiled, that is a few machine instructions (in the
+    interpreter :func:`notify.protocol.records.decode_as`'s ``struct`` is quicker)."""
+    n = len(data)
+    pos = 0
+    out: list[tuple[object, ...]] = []
+    crc32 = zlib.crc32
+    new = tuple.__new__
+    while n - pos >= _HEADER_SIZE:
+        length = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
+        if length & 0x80000000:
+            return out, pos, BAD_LENGTH
+        start = pos + _HEADER_SIZE
+        end = start + length
+        if end > n:
+            break
+        crc = (
+            (data[pos + 4] << 24) | (data[pos + 5] << 16) | (data[pos + 6] << 8) | data[pos + 7]
+        )
+        hi = (data[pos + 8] << 24) | (data[pos + 9] << 16) | (data[pos + 10] << 8) | data[pos + 11]
+        lo = (
+            (data[pos + 12] << 24) | (data[pos + 13] << 16) | (data[pos + 14] << 8) | data[pos + 15]
+        )
+        if hi & 0x80000000:
+            hi -= 0x100000000
+        flag = (
+            (data[pos + 16] << 24) | (data[pos + 17] << 16) | (data[pos + 18] << 8) | data[pos + 19]
+        )
+        if flag & 0x80000000:
+            flag -= 0x100000000
+        payload = data[start:end]
+        if crc32(payload) & _CRC_MASK != crc:
+            return out, pos, BAD_CHECKSUM
+        out.append(new(cls, (first, second, base_offset + pos, (hi << 32) | lo, flag, payload)))
+        pos = end
+    return out, pos, OK
+
+
+def encode_records(payloads: list[bytes], flag: int, msg_id: int) -> bytes:
+    """The records of ``payloads`` (all with ``flag`` and ``msg_id``) back to back, their
+    checksums computed: the body of an ``mput``."""
+    pack = _HEADER.pack
+    crc32 = zlib.crc32
+    parts: list[bytes] = []
+    for p in payloads:
+        parts.append(pack(len(p), crc32(p) & _CRC_MASK, msg_id, flag))
+        parts.append(p)
+    return b"".join(parts)

@@ -1,0 +1,70 @@
+"""BlockingConnection (send() one at a time, XA participant, CLI): a plain socket is
+blocking with its timeout in the kernel, the receive buffer is reused; a silent peer still
+times out on time, a reply split over many receives is put together, a timeout drops the
+socket and the next request reconnects."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import pytest
+
+from notify.errors import RequestTimeoutError
+from notify.transport import BlockingConnection
+
+
+def _server(handler: object) -> tuple[socket.socket, str]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=handler, args=(c,), daemon=True).start()  # type: ignore[arg-type]
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, f"127.0.0.1:{srv.getsockname()[1]}"
+
+
+def test_silent_peer_times_out_on_time_and_the_next_request_reconnects() -> None:
+    replies = {"on": False}
+
+    def handler(c: socket.socket) -> None:
+        with c, contextlib.suppress(OSError):  # the client drops the socket on a timeout
+            buf = b""
+            while True:
+                d = c.recv(4096)
+                if not d:
+                    return
+                buf += d
+                while b"\r\n" in buf:
+                    line, buf = buf.split(b"\r\n", 1)
+                    if replies["on"]:
+                        opaque = line.split()[-1]
+                        body = b"1.0"
+                        # the reply in single bytes: many receives, one response
+                        for b in b"result 200 %d %s\r\n%s" % (len(body), opaque, body):
+                            c.sendall(bytes([b]))
+                            time.sleep(0.0005)
+
+    srv, addr = _server(handler)
+    with srv:
+        conn = BlockingConnection(addr, request_timeout_s=5.0)
+        t = time.monotonic()
+        with pytest.raises(RequestTimeoutError, match=r"0\.2 s"):
+            conn.request(lambda o: b"version %d\r\n" % o, 0.2)
+        assert 0.15 < time.monotonic() - t < 2.0
+        assert not conn.is_open  # dropped
+        replies["on"] = True
+        r = conn.request(lambda o: b"version %d\r\n" % o, 5.0)
+        assert r.code == 200 and r.body == b"1.0"
+        r = conn.request(lambda o: b"version %d\r\n" % o)  # the request timeout again
+        assert r.code == 200 and r.body == b"1.0"
+        conn.close()

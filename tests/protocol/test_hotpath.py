@@ -1,0 +1,129 @@
+"""The hot loops (notify.protocol.hotpath): the mypyc build, the same source interpreted and
+the interpreted fallback in records.py give identical results; a stale build is not used."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import random
+import struct
+from collections.abc import Callable
+from types import ModuleType, SimpleNamespace
+from typing import Any, NamedTuple
+
+import pytest
+
+from notify.protocol import accel, hotpath, records
+
+
+class Msg(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    msg_id: int
+    flag: int
+    payload: bytes
+
+
+def _native() -> ModuleType:
+    try:
+        native = importlib.import_module(accel.NATIVE_NAME)
+    except ImportError:
+        pytest.skip("no compiled hot path (scripts/build_native.py builds it)")
+    if accel.choose(native, accel.source_digest()) is None:
+        pytest.skip("the compiled hot path is stale (scripts/build_native.py rebuilds it)")
+    return native
+
+
+def _buffers() -> list[bytes]:
+    """Records of every shape: attributes, empty payloads, extreme and negative ids and
+    flags, a trailing partial record, a bad checksum, a negative length."""
+    rnd = random.Random(16)
+    out: list[bytes] = [b"", b"\x00" * 19]
+    ids = [1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**62 + 5, 2**63 - 1, -1, -(2**63)]
+    for n in (1, 2, 7, 50):
+        parts = []
+        for i in range(n):
+            payload = rnd.randbytes(rnd.choice((0, 1, 20, 100, 1000)))
+            if i % 3 == 1:
+                payload, flag = records.make_payload(payload, f"tag-{i}")
+            else:
+                flag = rnd.choice((0, 2, 2**31 - 1, -1, -(2**31)))
+            parts.append(records.encode(ids[i % len(ids)], flag, payload))
+        whole = b"".join(parts)
+        out.append(whole)
+        out.append(whole + parts[-1][: len(parts[-1]) // 2])  # a fetch window ending mid-record
+        bad = bytearray(whole)
+        bad[len(whole) - 1 if parts[-1][20:] else 4] ^= 0x40  # last payload or crc byte
+        out.append(bytes(bad))
+        neg = whole + struct.pack(">iiqi", -5, 0, 1, 0) + b"x" * 10
+        out.append(neg)
+    return out
+
+
+def _outcome(
+    decode: Callable[[bytes, int, type[Msg], object, object], tuple[list[Msg], int]],
+    buf: bytes,
+) -> tuple[Any, ...]:
+    try:
+        msgs, pos = decode(buf, 4096, Msg, "t", 3)
+    except records.CorruptRecordError as e:
+        return ("error", str(e), e.position)
+    return ("ok", [tuple(m) for m in msgs], pos, all(type(m) is Msg for m in msgs))
+
+
+def test_hotpath_source_matches_the_interpreted_fallback() -> None:
+    def hot(buf: bytes, base: int, cls: type[Msg], a: object, b: object) -> tuple[list[Msg], int]:
+        return records.decode_as_with(hotpath.decode_records, buf, base, cls, a, b)
+
+    for buf in _buffers():
+        assert _outcome(hot, buf) == _outcome(records.decode_as_py, buf)
+    payloads = [b"", b"a", bytes(range(256)) * 3]
+    for flag, mid in ((0, 0), (1, 7), (-1, 2**63 - 1)):
+        expect = b"".join(records.encode(mid, flag, p) for p in payloads)
+        assert hotpath.encode_records(payloads, flag, mid) == expect
+
+
+def test_compiled_hotpath_gives_identical_results() -> None:
+    native = _native()
+    assert type(native.decode_records).__name__ == "builtin_function_or_method"  # compiled
+
+    def nat(buf: bytes, base: int, cls: type[Msg], a: object, b: object) -> tuple[list[Msg], int]:
+        return records.decode_as_with(native.decode_records, buf, base, cls, a, b)
+
+    for buf in _buffers():
+        assert _outcome(nat, buf) == _outcome(records.decode_as_py, buf)
+    payloads = [b"", b"a", bytes(range(256)) * 3]
+    for flag, mid in ((0, 0), (1, 7), (-1, 2**63 - 1)):
+        assert native.encode_records(payloads, flag, mid) == hotpath.encode_records(
+            payloads, flag, mid
+        )
+    # and records.decode_as, what the consumer calls, runs it
+    assert records._native_decode is native.decode_records
+
+
+def test_a_stale_build_is_not_used(caplog: pytest.LogCaptureFixture) -> None:
+    digest = accel.source_digest()
+    assert digest is not None
+    with open(hotpath.__file__, "rb") as f:
+        source = f.read()
+    assert digest == hashlib.sha256(source).hexdigest()
+    edited = hashlib.sha256(source + b"# edited\n").hexdigest()
+    fresh = SimpleNamespace(SOURCE_SHA256=digest, __file__="x.so")
+    stale = SimpleNamespace(SOURCE_SHA256=edited, __file__="stale.so")
+    assert accel.choose(fresh, digest) is fresh  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, logger="notify.protocol.accel"):
+        assert accel.choose(stale, digest) is None  # type: ignore[arg-type]
+        assert accel.choose(SimpleNamespace(), digest) is None  # type: ignore[arg-type]
+        assert accel.choose(fresh, None) is None  # type: ignore[arg-type]
+    assert "stale.so" in caplog.text and "using pure Python" in caplog.text
+    assert accel.choose(None, digest) is None
+    try:  # the real build, against an edited source's hash
+        native = importlib.import_module(accel.NATIVE_NAME)
+    except ImportError:
+        return
+    assert accel.choose(native, edited) is None
+    if accel.NATIVE is None:  # a build was found but not used: only because it is stale
+        assert accel.choose(native, digest) is None
+        assert records._native_decode is None

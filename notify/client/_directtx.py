@@ -455,7 +455,7 @@ class DirectTransaction(Transaction):
             )
         self._status = COMMITTING
         try:
-            if self._conn is None:  # no message: nothing to tell the broker
+            if self._conn is None and self._failure is None:  # no message: no broker
                 self._status = COMMITTED
                 return
             reply = None

@@ -171,6 +171,7 @@ class DirectTransaction(Transaction):
         self._broker: tuple[int, str] | None = None
         self._begun = False  # BEGIN written
         self._queue: list[_Queued] = []
+        self._local: dict[str, list[Partition]] = {}
         self._written = 0  # messages written (COMMIT's msgs=<n>)
         self._failure: Exception | None = None
         self._lock = threading.RLock()
@@ -247,6 +248,17 @@ class DirectTransaction(Transaction):
 
     def _route(self, topic: str, key: bytes | str | None, body: bytes) -> Partition:
         p = self._p
+        # this topic's partitions on the bound broker, looked up once per transaction
+        parts = self._local.get(topic) or self._parts(topic)
+        try:
+            return p.selector(topic, parts, key, body)
+        except ClientError:
+            raise
+        except Exception as e:
+            raise ClientError(f"partition selector: {e}") from e
+
+    def _parts(self, topic: str) -> list[Partition]:
+        p = self._p
         parts = p.router.cached(topic)
         if parts is None:
             parts = self._lt.run(p.router.partitions(topic))
@@ -260,12 +272,8 @@ class DirectTransaction(Transaction):
                     "transaction go to one broker",
                     self.key,
                 )
-        try:
-            return p.selector(topic, parts, key, body)
-        except ClientError:
-            raise
-        except Exception as e:
-            raise ClientError(f"partition selector: {e}") from e
+            self._local[topic] = parts
+        return parts
 
     def flush(self) -> None:
         """Write the queued sends (BEGIN first) and read their replies, on this thread."""

@@ -174,6 +174,8 @@ class DirectTransaction(Transaction):
         self._local: dict[str, list[Partition]] = {}
         self._written = 0  # messages written (COMMIT's msgs=<n>)
         self._failure: Exception | None = None
+        #: futures resolved under the lock, completed after it (_deliver)
+        self._results: list[tuple[_TxFuture, SendResult]] = []
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
@@ -236,7 +238,10 @@ class DirectTransaction(Transaction):
                 fut.set_result(SendResult(False, None, error=e))
                 return fut
             if self._direct is None:
-                conn = self._pool.get(part.address)
+                # the connection of the thread that began it (another thread's could be
+                # closed when that thread ends)
+                mine = threading.get_ident() == self.thread_id
+                conn = self._pool.get(part.address) if mine else None
                 if conn is None or part.address in p._no_mput:
                     self._direct = False  # nothing sent yet: the loop path, same key
                     return super().send_future(topic, data, attribute, key, headers=headers)
@@ -277,13 +282,16 @@ class DirectTransaction(Transaction):
 
     def flush(self) -> None:
         """Write the queued sends (BEGIN first) and read their replies, on this thread."""
-        with self._lock:
-            if not self._queue:
-                return
-            if self._failure is not None or self._status not in (ACTIVE, COMMITTING):
-                self._fail_queue(self._refusal())
-                return
-            self._exchange(commit=False)
+        try:
+            with self._lock:
+                if not self._queue:
+                    return
+                if self._failure is not None or self._status not in (ACTIVE, COMMITTING):
+                    self._fail_queue(self._refusal())
+                    return
+                self._exchange(commit=False)
+        finally:
+            self._deliver()
 
     def _refusal(self) -> ClientTransactionError:
         if self._failure is None:
@@ -415,8 +423,8 @@ class DirectTransaction(Transaction):
         for n, it in enumerate(group):
             if err is not None:
                 self._fail(it, err)
-            elif not it.future.done():  # (cancelled by its caller)
-                it.future.set_result(SendResult(True, it.part, -1, first + n))
+            else:
+                self._results.append((it.future, SendResult(True, it.part, -1, first + n)))
 
     def _lost(self) -> TransactionConnectionError:
         return TransactionConnectionError(
@@ -432,8 +440,17 @@ class DirectTransaction(Transaction):
     def _fail(self, it: _Queued, err: Exception, mark: bool = True) -> None:
         if mark:
             self._mark(err)
-        if not it.future.done():
-            it.future.set_result(SendResult(False, it.part, error=err))
+        self._results.append((it.future, SendResult(False, it.part, error=err)))
+
+    def _deliver(self) -> None:
+        """Complete the futures resolved meanwhile, outside the transaction's lock (a
+        thread in ``concurrent.futures.wait`` holds a future's lock while it asks for the
+        transaction's: completing under the latter could deadlock with it)."""
+        with self._lock:
+            done, self._results = self._results, []
+        for fut, result in done:
+            if not fut.done():  # (cancelled by its caller)
+                fut.set_result(result)
 
     def _fail_queue(self, err: Exception) -> None:
         queue, self._queue = self._queue, []
@@ -450,6 +467,7 @@ class DirectTransaction(Transaction):
             with self._lock:
                 self._commit(timeout_s)
         finally:
+            self._deliver()
             self._ended()
 
     def _ended(self) -> None:
@@ -539,6 +557,7 @@ class DirectTransaction(Transaction):
                     if self._status == ROLLING_BACK:
                         self._status = FAILED
         finally:
+            self._deliver()
             self._ended()
 
     def _rollback_quietly(self) -> None:

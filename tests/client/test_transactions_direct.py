@@ -90,6 +90,18 @@ def test_direct_transactions(broker_factory: BrokerFactory) -> None:
         seen_all = set(bodies(b.addr, "orders", 2))
         assert not seen_all & {b"rb-flushed", b"rb-queued", b"ok-but-rolled-back"}
 
+        # a first send from another thread than the one that began it: the loop path
+        tx = p.begin_transaction()
+        sent: list[bool] = []
+        t = threading.Thread(
+            target=lambda: sent.append(tx.send_future("orders", b"xt").result(5).success)
+        )
+        t.start()
+        t.join(5)
+        tx.commit()
+        assert sent == [True] and tx.status == "committed" and tx.broker == b.addr
+        assert b"xt" in set(bodies(b.addr, "orders", 2))
+
         # a transaction without a message commits without the broker
         with p.transaction() as empty:
             pass

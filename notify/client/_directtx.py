@@ -29,6 +29,7 @@ import concurrent.futures
 import functools
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,7 @@ from ._errors import (
     TransactionAbortedError,
     TransactionConnectionError,
     TransactionOutcomeUnknownError,
+    TransactionTimeoutError,
     XAError,
 )
 from ._loopthread import LoopThread
@@ -174,6 +176,8 @@ class DirectTransaction(Transaction):
         self._local: dict[str, list[Partition]] = {}
         self._written = 0  # messages written (COMMIT's msgs=<n>)
         self._failure: Exception | None = None
+        #: when the broker would have timed it out, had BEGIN gone with the first message
+        self._deadline: float | None = None
         #: futures resolved under the lock, completed after it (_deliver)
         self._results: list[tuple[_TxFuture, SendResult]] = []
         self._lock = threading.RLock()
@@ -248,6 +252,8 @@ class DirectTransaction(Transaction):
                 self._direct = True
                 self._conn = conn
                 self._broker = (part.broker_id, part.address)
+                if self.core.timeout is not None:  # the broker's clock would start here
+                    self._deadline = time.monotonic() + self.core.timeout
             self._queue.append(_Queued(topic, part, payload, flag, fut))
             return fut
 
@@ -485,6 +491,13 @@ class DirectTransaction(Transaction):
                 self._status = COMMITTED
                 return
             reply = None
+            if self._deadline is not None and time.monotonic() > self._deadline:
+                # BEGIN waited for the commit, so the broker could not time it out: do it
+                self._mark(
+                    TransactionTimeoutError(
+                        XA_RBTIMEOUT, "transaction timed out and was rolled back", self.key
+                    )
+                )
             if self._failure is not None:
                 self._fail_queue(self._refusal())
             else:

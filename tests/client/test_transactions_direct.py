@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 
 import pytest
 
@@ -12,6 +13,7 @@ from notify.client import (
     ClientTransactionError,
     ProducerConfig,
     TransactionAbortedError,
+    TransactionTimeoutError,
     connect,
 )
 from notify.client._directtx import DirectTransaction
@@ -101,6 +103,15 @@ def test_direct_transactions(broker_factory: BrokerFactory) -> None:
         tx.commit()
         assert sent == [True] and tx.status == "committed" and tx.broker == b.addr
         assert b"xt" in set(bodies(b.addr, "orders", 2))
+
+        # BEGIN waits for the commit, so the timeout is checked here as the broker would
+        tx = p.begin_transaction(timeout=1)
+        late = p.send_future("orders", b"too-late")
+        time.sleep(1.2)
+        with pytest.raises(TransactionTimeoutError):
+            tx.commit()
+        assert tx.status == "rolled_back" and not late.result(0).success
+        assert b"too-late" not in set(bodies(b.addr, "orders", 2))
 
         # a transaction without a message commits without the broker
         with p.transaction() as empty:

@@ -491,6 +491,8 @@ class DirectTransaction(Transaction):
                 self._status = COMMITTED
                 return
             reply = None
+            if self._p.closed:  # its connection would be gone on the loop path: rolled back
+                self._mark(ClientError("producer closed"))
             if self._deadline is not None and time.monotonic() > self._deadline:
                 # BEGIN waited for the commit, so the broker could not time it out: do it
                 self._mark(

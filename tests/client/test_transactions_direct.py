@@ -113,6 +113,15 @@ def test_direct_transactions(broker_factory: BrokerFactory) -> None:
         assert tx.status == "rolled_back" and not late.result(0).success
         assert b"too-late" not in set(bodies(b.addr, "orders", 2))
 
+        # a producer closed meanwhile does not commit (its connection would be gone)
+        closing = s.create_producer()
+        tx = closing.begin_transaction()
+        gone = closing.send_future("orders", b"closed-before-commit")
+        closing.close()
+        with pytest.raises(TransactionAbortedError):
+            tx.commit()
+        assert tx.status == "rolled_back" and not gone.result(0).success
+
         # a transaction without a message commits without the broker
         with p.transaction() as empty:
             pass

@@ -455,6 +455,7 @@ class DirectTransaction(Transaction):
         with self._lock:
             done, self._results = self._results, []
         for fut, result in done:
+            fut._tx = None  # nothing left to flush for it
             if not fut.done():  # (cancelled by its caller)
                 fut.set_result(result)
 

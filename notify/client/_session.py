@@ -40,6 +40,7 @@ from ._consumer import (
     signal_list,
 )
 from ._direct import DirectPool, send_direct
+from ._directtx import DirectTransaction, direct_eligible
 from ._errors import ClientTransactionError
 from ._loopthread import LoopThread, ThreadFuture
 from ._message import BatchSendResult, Headers, Message, SendResult
@@ -326,13 +327,21 @@ class Producer:
             producer.send("audit", b"o-1 created")
     """
 
-    def __init__(self, core: AsyncProducer, lt: LoopThread, direct: DirectPool | None = None):
+    def __init__(
+        self,
+        core: AsyncProducer,
+        lt: LoopThread,
+        direct: DirectPool | None = None,
+        direct_tx: DirectPool | None = None,
+    ):
         self.core = core
         self._lt = lt
         self._thread_tx: dict[int, Transaction] = {}
         self._tx_lock = threading.Lock()
         #: ``send()`` goes over the calling thread's own socket while this is 0 (_direct).
         self._direct = direct
+        #: transactions go over the calling thread's own socket (_directtx) when eligible
+        self._direct_tx = direct_tx if direct_tx is not None and direct_eligible(core) else None
         self._in_flight = 0  # batch futures not done yet
         self._in_flight_lock = threading.Lock()
         #: one entry per send_future() not yet queued in the core (then core.outstanding
@@ -516,7 +525,13 @@ class Producer:
                 "producer do not nest",
                 cur.key,
             )
-        tx = Transaction(self.core._new_transaction(timeout), self._lt, self._tx_finished)
+        core = self.core._new_transaction(timeout)
+        if self._direct_tx is not None:
+            tx: Transaction = DirectTransaction(
+                core, self._lt, self.core, self._direct_tx, self._tx_finished
+            )
+        else:
+            tx = Transaction(core, self._lt, self._tx_finished)
         with self._tx_lock:
             self._thread_tx[tx.thread_id] = tx
         return tx
@@ -838,6 +853,10 @@ class MessageSessionFactory:
         self._direct = DirectPool(
             self.core.pool.options, cfg.request_timeout_s, self.core.pool.epoch_of
         )
+        #: ... and for transactions of a synchronous producer (_directtx)
+        self._direct_tx = DirectPool(
+            self.core.pool.options, cfg.request_timeout_s, self.core.pool.epoch_of
+        )
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -850,7 +869,8 @@ class MessageSessionFactory:
         selector: PartitionSelector | None = None,
     ) -> Producer:
         """A synchronous producer (see :meth:`AsyncMessageSessionFactory.create_producer`)."""
-        return Producer(self.core.create_producer(config, selector), self._lt, self._direct)
+        core = self.core.create_producer(config, selector)
+        return Producer(core, self._lt, self._direct, self._direct_tx)
 
     def create_transactional_producer(
         self,
@@ -914,6 +934,7 @@ class MessageSessionFactory:
             return
         self._closed = True
         self._direct.close()
+        self._direct_tx.close()
         try:
             self._lt.run(self.core.close())
         finally:

@@ -30,7 +30,7 @@ __all__ = [
 DEFAULT_MASTER: Final = "local[2]"
 #: Inputs below this many bytes are audited without whole-stage code generation (compiling
 #: the generated code costs more than it saves on them).
-SMALL_INPUT_BYTES: Final = 256 * 2**20
+SMALL_INPUT_BYTES: Final = 32 * 2**20
 #: JVM options of the driver and executors for small inputs: the JIT's first tier only and
 #: the serial collector (a short audit spends much of its CPU compiling and collecting).
 SMALL_INPUT_JAVA_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"

@@ -34,8 +34,6 @@ SMALL_INPUT_BYTES: Final = 32 * 2**20
 #: JVM options of the driver and executors for small inputs: the JIT's first tier only and
 #: the serial collector (a short audit spends much of its CPU compiling and collecting).
 SMALL_INPUT_JAVA_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"
-#: Input bytes per shuffle partition (Spark's advisory partition size).
-BYTES_PER_SHUFFLE_PARTITION: Final = 64 * 2**20
 
 
 def spark_missing() -> str | None:
@@ -130,18 +128,22 @@ def new_session(
 
 
 def sizing_conf(input_bytes: int, cores: int) -> dict[str, str]:
-    """Spark settings that fit an audit of ``input_bytes`` on ``cores`` cores: one shuffle
-    partition per 64 MiB of input (at least 1, at most 4 per core); below
-    :data:`SMALL_INPUT_BYTES` no whole-stage code generation and
-    :data:`SMALL_INPUT_JAVA_OPTIONS` for JVMs started for it (a small audit spends more time
-    compiling its plans than running them: about 40 % less CPU on the tests' logs)."""
-    parts = -(-max(0, input_bytes) // BYTES_PER_SHUFFLE_PARTITION)
-    conf = {"spark.sql.shuffle.partitions": str(max(1, min(4 * max(1, cores), parts)))}
-    if input_bytes < SMALL_INPUT_BYTES:
-        conf["spark.sql.codegen.wholeStage"] = "false"
-        conf["spark.driver.extraJavaOptions"] = SMALL_INPUT_JAVA_OPTIONS
-        conf["spark.executor.extraJavaOptions"] = SMALL_INPUT_JAVA_OPTIONS
-    return conf
+    """Spark settings that fit an audit of ``input_bytes`` on ``cores`` cores: 4 shuffle
+    partitions per core (at least 4); below :data:`SMALL_INPUT_BYTES` one shuffle partition,
+    no whole-stage code generation, no locality wait and :data:`SMALL_INPUT_JAVA_OPTIONS`
+    for the JVMs started for it (a small audit spends more time compiling its plans than
+    running them: about 40 % less CPU on the tests' logs)."""
+    if input_bytes >= SMALL_INPUT_BYTES:
+        return {"spark.sql.shuffle.partitions": str(max(4, 4 * cores))}
+    return {
+        "spark.sql.shuffle.partitions": "1",
+        "spark.sql.codegen.wholeStage": "false",
+        "spark.driver.extraJavaOptions": SMALL_INPUT_JAVA_OPTIONS,
+        "spark.executor.extraJavaOptions": SMALL_INPUT_JAVA_OPTIONS,
+        # a task waits 3 s for the executor caching its input by default: moving a few
+        # cached rows to an idle executor is cheaper
+        "spark.locality.wait": "0s",
+    }
 
 
 def input_bytes(txlog: str | os.PathLike[str], data: str | os.PathLike[str]) -> int:

@@ -183,8 +183,10 @@ def run_audit(
     t0 = time.perf_counter()
     from notify.audit import audit, new_session
     from notify.audit.report import write_outputs
+    from notify.audit.session import input_bytes
 
-    spark = new_session(master, driver_memory=driver_memory)
+    size = input_bytes(data / "transactions", data)
+    spark = new_session(master, driver_memory=driver_memory, input_bytes=size)
     t1 = time.perf_counter()
     c1 = _tree_cpu()
     # audit() reads and caches the inputs and aggregates the transactions (it counts what

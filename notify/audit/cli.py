@@ -25,7 +25,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from notify.audit.session import DEFAULT_MASTER, new_session, spark_missing
+from notify.audit.session import DEFAULT_MASTER, input_bytes, new_session, spark_missing
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -85,11 +85,15 @@ class _SparkProgress:
 
 
 @contextlib.contextmanager
-def _session(master: str, driver_memory: str, extra: dict[str, str]) -> Iterator[SparkSession]:
+def _session(
+    master: str, driver_memory: str, extra: dict[str, str], size: int
+) -> Iterator[SparkSession]:
     from pyspark.sql import SparkSession
 
     existing = SparkSession.getActiveSession()
-    spark = new_session(master=master, driver_memory=driver_memory, extra_conf=extra)
+    spark = new_session(
+        master=master, driver_memory=driver_memory, extra_conf=extra, input_bytes=size
+    )
     try:
         yield spark
     finally:
@@ -198,6 +202,11 @@ def audit(
     if why is not None:
         click.echo(f"notify audit: {why}", err=True)
         sys.exit(EXIT_USAGE)
+    try:  # sizes the session (shuffle partitions, code generation) to the input
+        size = input_bytes(txlog, data)
+    except FileNotFoundError as e:
+        click.echo(f"notify audit: {e}", err=True)
+        sys.exit(EXIT_USAGE)
     from notify.audit.checks import SEVERITY  # pyspark at its top: only when auditing
     from notify.audit.checks import audit as run_audit
     from notify.audit.report import write_outputs
@@ -219,7 +228,7 @@ def audit(
         sp = _SparkProgress(progress, None)
         try:
             sp.step(f"starting Spark ({master or DEFAULT_MASTER})")
-            with _session(master or DEFAULT_MASTER, driver_memory, extra) as spark:
+            with _session(master or DEFAULT_MASTER, driver_memory, extra, size) as spark:
                 sp.attach(spark)
                 t_session = time.monotonic()
                 try:

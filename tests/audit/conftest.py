@@ -73,7 +73,8 @@ def spark() -> Iterator[SparkSession]:
         if IN_CI:
             pytest.fail(f"{why} (CI is set: the audit tests must run)", pytrace=False)
         pytest.skip(why)
-    session = new_session("local[2]", shuffle_partitions=4)
+    # sized for tiny inputs: one shuffle partition, no whole-stage code generation
+    session = new_session("local[2]", input_bytes=0)
     yield session
     session.stop()
 
@@ -314,7 +315,7 @@ def _alive_workers(web: str) -> int:
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     """A standalone master and two workers (1 core, 1 GiB each) started with the installed
     PySpark's ``bin/spark-class``; stopped by PID. Skips without Java/PySpark unless CI."""
-    from notify.audit.session import spark_missing
+    from notify.audit.session import SMALL_INPUT_JAVA_OPTIONS, spark_missing
 
     why = spark_missing()
     if why is not None:
@@ -332,6 +333,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
         "SPARK_WORKER_DIR": str(work / "work"),
         "PYSPARK_PYTHON": sys.executable,
         "SPARK_DAEMON_MEMORY": "512m",
+        "SPARK_DAEMON_JAVA_OPTS": SMALL_INPUT_JAVA_OPTIONS,
     }
     port, web_port = _free_port(), _free_port()
     url, web = f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web_port}"

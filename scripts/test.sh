@@ -7,4 +7,5 @@ bash scripts/setup.sh
 .venv/bin/mypy
 # test helpers run as child processes too (workers, clients): compiled once here
 .venv/bin/python -m compileall -q -j 0 tests >/dev/null
-exec .venv/bin/pytest "$@"
+# two worker processes, one test file each at a time (module fixtures stay per file)
+exec .venv/bin/pytest -n 2 --dist loadfile "$@"

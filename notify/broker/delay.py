@@ -544,18 +544,28 @@ class DelayQueue:
         if not found:
             return 0
         found.sort()
-        raw: list[bytes] = []
-        for off, _due in found:
-            size = records.first_record_size(part.read_raw(off, records.HEADER_SIZE))
-            if size is None:
-                log.error("delay: record at %d unreadable, not compacted", off)
-                return 0
-            raw.append(part.read_raw(off, size))
+        raw = self._read_records(part, found, "compacted")
+        if raw is None:
+            return 0
         if sum(map(len, raw)) >= COMPACT_RATIO * (oldest.end - oldest.start):
             return 0
         self._reput([off for off, _ in found], raw, bound)
         log.info("delay: %d pending messages re-put out of the oldest segment", len(found))
         return len(found)
+
+    @staticmethod
+    def _read_records(
+        part: Partition, found: list[tuple[int, int]], what: str
+    ) -> list[bytes] | None:
+        """The whole records at ``found``'s offsets; None (logged) if one is unreadable."""
+        raw: list[bytes] = []
+        for off, _due in found:
+            size = records.first_record_size(part.read_raw(off, records.HEADER_SIZE))
+            if size is None:
+                log.error("delay: record at %d unreadable, not %s", off, what)
+                return None
+            raw.append(part.read_raw(off, size))
+        return raw
 
     def _reput(self, offsets: list[int], raw: list[bytes], hint: int) -> None:
         """Log a REPUT of the pending records at ``offsets`` (bytes ``raw``; all of them end
@@ -593,13 +603,9 @@ class DelayQueue:
         )[:MAX_MOVE_BATCH]
         if not found:
             return 0
-        raw: list[bytes] = []
-        for off, _due in found:
-            size = records.first_record_size(part.read_raw(off, records.HEADER_SIZE))
-            if size is None:
-                log.error("delay: record at %d unreadable, not re-put", off)
-                return 0
-            raw.append(part.read_raw(off, size))
+        raw = self._read_records(part, found, "re-put")
+        if raw is None:
+            return 0
         self._reput([off for off, _ in found], raw, hint)
         log.info(
             "delay: %d delivered offsets above the watermark (limit %d): %d pending messages "

@@ -469,6 +469,8 @@ class Broker:
         service.epoch_declared = agent.poke
         if service.transactions is not None:  # COMMIT/PREPARE fenced at acknowledgement
             service.transactions.fence = agent.fence
+        if service.queues is not None:  # queue verbs and acknowledgements likewise
+            service.queues.fence = service.queue_fence
         service.failover_stats = agent.stats_items
         if self.slave is not None:
             self.slave.epoch = agent.epoch

@@ -169,6 +169,9 @@ class QueueManager:
         self.zk_removed = 0
         self._zk_tasks: set[asyncio.Task[None]] = set()
         self._zk_joining: dict[tuple[Connection, tuple[str, str], str], bool] = {}
+        #: automatic failover: why this broker may no longer answer ``conn``'s queue verbs
+        #: (replaced master, stale epoch), asked again when an acknowledgement is released
+        self.fence: Callable[[Connection], str | None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -620,6 +623,9 @@ class QueueManager:
             if not shipped.cancelled() and shipped.exception() is not None:
                 return _send(conn, 503, opaque, f"acknowledgement not replicated: "
                              f"{shipped.exception()}")
+        fenced = self.fence(conn) if self.fence is not None else None
+        if fenced is not None:  # replaced meanwhile: the new master decides (redelivers)
+            return _send(conn, 503, opaque, f"not acknowledged: {fenced}")
         _send(conn, 200, opaque, body)
 
     # ------------------------------------------------------------------ delivery
@@ -804,6 +810,9 @@ class QueueManager:
             done, unknown = await self.replay_durable(r.topic, r.group, keys)
         except (KeyError, TxLogError) as e:
             return _send(conn, 500, r.opaque, f"replay failed: {e}")
+        fenced = self.fence(conn) if self.fence is not None else None
+        if fenced is not None:  # replaced meanwhile: the new master's state decides
+            return _send(conn, 503, r.opaque, f"not acknowledged: {fenced}")
         _send(conn, 200, r.opaque, f"{done} {unknown}")
 
     def dead_letters(

@@ -644,6 +644,18 @@ class BrokerService:
             "find the current master and retry"
         )
 
+    def queue_fence(self, conn: Connection) -> str | None:
+        """Why a master of an automatic-failover group takes no queue verb or
+        acknowledgement from ``conn`` now (its producer saw a newer epoch: ``stale master``;
+        its lease lapsed: ``fenced``), or None."""
+        if self.fence is None or self.role != "master":
+            return None
+        stale = self._stale(conn)
+        if stale is not None:
+            self.stats.epoch_refused += 1
+            return stale
+        return self.fence()
+
     def _epoch(self, conn: Connection, r: Epoch) -> None:
         """``epoch <brokerId> <epoch> <opaque>``: remember the newest epoch the producer saw
         for this broker's group; answer this broker's (503 when it is older: stale)."""
@@ -869,6 +881,8 @@ class BrokerService:
                 return self._denied(conn, r.opaque, f"qdlq {r.action}", "admin")
             if self.queues is None:
                 self._error(conn, 500, r.opaque, "queues are not enabled on this broker")
+            elif (fenced := self.queue_fence(conn)) is not None:  # automatic failover
+                self._error(conn, 503, r.opaque, fenced)
             else:
                 self.queues.handle(conn, r, self.role)
         elif isinstance(r, MultiSync):

@@ -530,6 +530,9 @@ class Broker:
         assert self.service is not None
         self.service.epoch = epoch
         self.promote()
+        for conn in list(self.service.connections):  # a client that declared an older
+            if 0 < conn.client_epoch < epoch and conn.transport is not None:  # epoch
+                conn.transport.abort()  # reconnects, declares again and learns this one
         if self.registrar is not None:
             asyncio.get_running_loop().create_task(self.registrar.set_slave_id(None))
         if self.service.sync_master is None:

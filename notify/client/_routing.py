@@ -133,9 +133,13 @@ class StaticBrokerDirectory:
                 raise
             if r.code != 200:
                 raise BrokerError(r.code, r.body.decode("utf-8", "replace"))
-            value = parse_stats_dict(r.body).get("broker_id")
+            st = parse_stats_dict(r.body)
+            value = st.get("broker_id")
             if isinstance(value, int):
                 bid = value
+                epoch = st.get("failover_epoch")  # a group that fails over automatically:
+                if isinstance(epoch, int) and epoch > 0:  # declare its epochs (``epoch``)
+                    self._pool.bind_group(addr, value, epoch)
             else:
                 log.warning("broker %s does not report its broker_id: keyed as %d", addr, position)
                 bid = position

@@ -482,6 +482,7 @@ class Broker:
         agent.promoted = self._elected
         agent.epoch_known = self._epoch_known
         agent.redo_span = self._redo_span
+        agent.log_spans = self._log_spans
         agent.start()
 
     def _failover_eligible(self) -> bool:
@@ -507,6 +508,20 @@ class Broker:
             return None
         end = tm.log.end_position
         return tm.log.first_position.file_no, end.file_no, end.offset
+
+    def _log_spans(self) -> dict[str, tuple[int, int, int]]:
+        """The delay-queue and queue-state log copies' oldest segments and ends, by stream
+        (recorded when a replicating slave takes over)."""
+        out: dict[str, tuple[int, int, int]] = {}
+        qm = self.service.queues if self.service is not None else None
+        for name, lg in (
+            ("delaylog", self.delay.log if self.delay is not None else None),
+            ("queuelog", qm.log if qm is not None else None),
+        ):
+            if lg is not None and self.slave is not None:
+                end = lg.end_position
+                out[name] = (lg.first_position.file_no, end.file_no, end.offset)
+        return out
 
     def _epoch_known(self, epoch: int) -> None:
         assert self.service is not None

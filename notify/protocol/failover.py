@@ -74,24 +74,29 @@ def epoch_node_name(epoch: int) -> str:
 
 
 def encode_ends(
-    ends: list[tuple[str, int, int]], redo: tuple[int, int, int] | None = None
+    ends: list[tuple[str, int, int]],
+    redo: tuple[int, int, int] | None = None,
+    logs: dict[str, tuple[int, int, int]] | None = None,
 ) -> bytes:
-    """``{"ends":[[topic,partition,end],...]}`` (and ``"redo":[first,fileNo,offset]``)."""
+    """``{"ends":[[topic,partition,end],...]}`` (and ``"redo":[first,fileNo,offset]``, and
+    the same span of each other replicated log by name: ``"delaylog"``, ``"queuelog"``)."""
     obj: dict[str, object] = {"ends": [list(e) for e in sorted(ends)]}
     if redo is not None:
         obj["redo"] = list(redo)
+    for name, span in sorted((logs or {}).items()):
+        obj[name] = list(span)
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def decode_redo(raw: bytes) -> tuple[int, int, int] | None:
-    """The ``"redo"`` of an epoch-start value: ``(first segment, fileNo, offset)``, or None
-    when it was not recorded."""
+def decode_redo(raw: bytes, name: str = "redo") -> tuple[int, int, int] | None:
+    """The ``"redo"`` (or another log's ``name``) span of an epoch-start value: ``(first
+    segment, fileNo, offset)``, or None when it was not recorded."""
     obj = json.loads(raw.decode("utf-8"))
-    redo = obj.get("redo") if isinstance(obj, dict) else None
+    redo = obj.get(name) if isinstance(obj, dict) else None
     if redo is None:
         return None
     if not (isinstance(redo, list) and len(redo) == 3 and all(isinstance(x, int) for x in redo)):
-        raise ValueError(f"bad epoch-start redo {redo!r}")
+        raise ValueError(f"bad epoch-start {name} {redo!r}")
     return redo[0], redo[1], redo[2]
 
 

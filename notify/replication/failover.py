@@ -134,6 +134,9 @@ class FailoverAgent:
         #: the redo-log copy's (oldest segment, end file, end offset), None when not open
         #: (set by the broker: recorded in the epoch-start node at a take-over)
         self.redo_span: Callable[[], tuple[int, int, int] | None] = lambda: None
+        #: the same span of the delay-queue and queue-state log copies by stream name
+        #: (``delaylog``, ``queuelog``; only those a replicating slave holds)
+        self.log_spans: Callable[[], dict[str, tuple[int, int, int]]] = lambda: {}
         #: a slave that joined before epoch 1 learns it: replication links name it
         self.epoch_known: Callable[[int], None] = lambda epoch: None
 
@@ -237,7 +240,7 @@ class FailoverAgent:
         new = (cur[0].epoch if cur else 0) + 1
         ends = [(p.topic, p.index, p.end) for p in self.store.all_partitions() if not p.memory]
         node = f"{self.base}/epochs/{epoch_node_name(new)}"
-        value = encode_ends(ends, self.redo_span())
+        value = encode_ends(ends, self.redo_span(), self.log_spans())
         try:
             await self._zk(self.client.create, node, value)
         except NodeExistsError:
@@ -284,6 +287,7 @@ class FailoverAgent:
         and drop the redo-log copy: what remains is a prefix of the new master's bytes."""
         cut: dict[tuple[str, int], int] = {}
         redo: list[tuple[int, int, int] | None] = []
+        spans: dict[str, list[tuple[int, int, int] | None]] = {"delaylog": [], "queuelog": []}
         for e in range(local + 1, current + 1):
             try:
                 raw, _ = await self._zk(
@@ -299,6 +303,8 @@ class FailoverAgent:
             for key, start in decode_ends(bytes(raw)).items():
                 cut[key] = min(start, cut.get(key, start))
             redo.append(decode_redo(bytes(raw)))
+            for name, got in spans.items():
+                got.append(decode_redo(bytes(raw), name))
         for part in self.store.all_partitions():
             end = cut.get((part.topic, part.index), -1)
             if end < 0 or part.memory or part.end <= end:
@@ -324,10 +330,12 @@ class FailoverAgent:
         # checkpoints may have discarded records the new history still needs
         sysc = self.config.system
         redo_kept = self._cut_redo(redo) if local else False
+        delay_kept = local and self._cut_log(sysc.delay_log_path, spans["delaylog"], "delay log")
+        queue_kept = local and self._cut_log(sysc.queue_log_path, spans["queuelog"], "queue log")
         for what, path in (
             ("redo log", None if redo_kept else sysc.tx_log_path),
-            ("delay-queue log", sysc.delay_log_path),
-            ("queue-state log", sysc.queue_log_path),
+            ("delay-queue log", None if delay_kept else sysc.delay_log_path),
+            ("queue-state log", None if queue_kept else sysc.queue_log_path),
         ):
             if path is not None and path.exists():
                 log.warning("failover: dropping the %s %s (re-copied from the master)", what,
@@ -339,17 +347,25 @@ class FailoverAgent:
         recorded it and this broker still holds every segment from the oldest any of those
         masters held (so its checkpoints cannot have let go of a record the new history
         needs). Returns whether the log was kept (False: drop it, pull it all)."""
+        return self._cut_log(self.config.system.tx_log_path, spans, "redo log")
+
+    def _cut_log(
+        self, path: Path, spans: list[tuple[int, int, int] | None], what: str
+    ) -> bool:
+        """:meth:`_cut_redo` for any replicated log (the delay-queue and queue-state logs
+        too: their state is rebuilt from the CKPT/SNAPSHOT records in the segments kept, as
+        the checkpoint file is dropped, and every segment from the oldest the new master
+        held is there, so recovery sees what the new master's own copy would)."""
         if not spans or any(s is None for s in spans):
             return False
         first = min(s[0] for s in spans if s is not None)
         at = min(Position(s[1], s[2]) for s in spans if s is not None)
-        path = self.config.system.tx_log_path
         removed = cut_log(path, at, first) if path.exists() else None
         if removed is None:
             return False
         log.warning(
-            "failover: redo log %s kept up to %d:%d (%d bytes cut); pulling only the rest",
-            path, at.file_no, at.offset, removed,
+            "failover: %s %s kept up to %d:%d (%d bytes cut); pulling only the rest",
+            what, path, at.file_no, at.offset, removed,
         )  # fmt: skip
         return True
 

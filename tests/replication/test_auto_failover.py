@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -236,8 +237,8 @@ def test_failover_pause_kill_and_rejoin(group: Group) -> None:
 
     # 3. the killed master comes back as a slave of epoch 3 with the same bytes; give it a
     # tail the new master never had (a batch it appended but never got acknowledged, and
-    # records in its delay-queue, queue-state and redo logs: the first two are pulled
-    # again whole, the redo log is cut where the new master's copy ended and kept)
+    # records in its delay-queue, queue-state and redo logs: each is cut where the new
+    # master's copy ended at its take-over and kept; only the rest is pulled)
     seg = max(p for p in (b.data_dir / "orders-0").iterdir() if p.suffix == ".meta")
     with seg.open("ab") as f:
         f.write(records.encode(123456789, 0, b"never-replicated"))
@@ -249,8 +250,9 @@ def test_failover_pause_kill_and_rejoin(group: Group) -> None:
     st = stats(b.addr)
     assert st["role"] == "slave" and st["failover_epoch"] == "3", st
     text = b.log_path.read_text()
-    assert "cutting" in text and "dropping the delay-queue log" in text
-    assert "redo log" in text and "pulling only the rest" in text  # its redo log was kept
+    assert "cutting" in text and "dropping" not in text  # every log cut and kept
+    for what in ("redo log", "delay log", "queue log"):
+        assert re.search(what + r" \S+ kept up to \d+:\d+ \(\d+ bytes cut\)", text), what
     with WireClient(a.addr) as c:
         assert c.put("orders", 0, b"later").code == 200
         now_ms = int(time.time() * 1000)  # a delayed message due now: a MOVE in a's delay log

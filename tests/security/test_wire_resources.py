@@ -13,6 +13,7 @@ import time
 from notify.protocol import records
 from notify.protocol.frames import ResponseParser, encode_mput
 from tests.conftest import BrokerFactory
+from tests.security.test_http_topic_creation import fd_limit
 from tests.security.wire import MIB, cpu_seconds, raw, rss, send_for, stats
 from tests.wireclient import WireClient, crc
 
@@ -183,3 +184,46 @@ def test_end_and_begin_pairs_at_capacity_stay_cheap(broker_factory: BrokerFactor
     assert _answers(s, 1) == {503: 1}  # still exactly at the cap
     s.close()
     assert used < 2.0, f"{pairs} end+begin pairs at capacity {cap} took {used:.2f} s of CPU"
+
+
+def _closed_now(s: socket.socket) -> bool:
+    """Whether the broker already closed ``s`` (a 503 line may come first)."""
+    s.setblocking(False)
+    try:
+        while True:
+            if not s.recv(4096):
+                return True
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+
+
+def test_idle_sockets_cannot_take_the_brokers_file_descriptors(
+    broker_factory: BrokerFactory,
+) -> None:
+    """Item 8 (file descriptors): ``maxConnections`` (10,000 by default) is above a usual
+    ``RLIMIT_NOFILE`` (1,024), so idle sockets could take every descriptor and the broker
+    could no longer open a segment or a checkpoint. Wire connections are also held to what
+    the descriptors allow (``RLIMIT_NOFILE`` - open - ``fdReserve`` - ``httpMaxConnections``):
+    with a 400 limit, 500 squatters are partly refused with 503 and a client already in keeps
+    writing across segment rolls; once they go, new clients are served again."""
+    with fd_limit(400):
+        b = broker_factory({"r": 1}, maxSegmentSize=4096, fdReserve=64, unflushThreshold=0)
+    with WireClient(b.addr) as c:
+        squatters: list[socket.socket] = []
+        try:
+            for _ in range(500):
+                squatters.append(raw(b.addr))
+            time.sleep(0.3)
+            refused = sum(_closed_now(s) for s in squatters)
+            assert refused >= 100, refused
+            for i in range(60):  # ~15 segment rolls, each opening a file
+                r = c.put("r", 0, b"w" * 1000, opaque=i)
+                assert r.code == 200, r
+        finally:
+            for s in squatters:
+                s.close()
+    time.sleep(0.3)
+    with WireClient(b.addr) as c:
+        assert c.put("r", 0, b"after").code == 200

@@ -32,6 +32,7 @@ from notify.protocol.frames import Response, ResponseParser
 from notify.testing import BrokerProcess, free_port
 
 MIB = 1 << 20
+NUMBERS_TEST = "test_wire_numbers.py::test_huge_offsets_and_odd_numbers_over_http_and_wire_are_4xx"
 APP, ADMIN = "app-secret-1", "admin-secret-2"
 Row = tuple[str, bool, str, str]
 ROWS: list[Row] = []
@@ -206,7 +207,7 @@ def attack_default(b: BrokerProcess) -> None:
     w.close()
     row("get/offset at huge or negative offsets and sizes",
         all(g != "500" for g in got) and alive(b), " ".join(got),
-        "tests/security/test_wire_numbers.py")  # fmt: skip
+        NUMBERS_TEST)  # fmt: skip
 
     # item 4: a 2^40-byte body announced before anything: refused from its header
     w = Wire(b)
@@ -303,7 +304,7 @@ def attack_default(b: BrokerProcess) -> None:
         if st >= 500:
             bad.append(f"{path}: {st}")
     row("HTTP fetch with huge/negative numbers", not bad, "; ".join(bad) or "no 5xx",
-        "tests/security/test_wire_numbers.py")  # fmt: skip
+        NUMBERS_TEST)  # fmt: skip
 
     # unnamed: many topics / partitions via config reload
     ini = b.config_path
@@ -356,7 +357,28 @@ def attack_default(b: BrokerProcess) -> None:
     w.close()
     dt = time.monotonic() - t0
     row("60,000 pipelined BEGINs (cap 30,000)", sum(codes.values()) == n and dt < 30,
-        f"{codes} in {dt:.1f} s", "test_wire_resources.py (begin flood)")
+        f"{codes} in {dt:.1f} s",
+        "test_wire_resources.py::test_begin_flood_at_capacity_stays_cheap")  # fmt: skip
+
+    # unnamed: at the cap, pipelined pairs (roll one back, begin another)
+    w = Wire(b, t=60)
+    cap, pairs = 30_000, 2_000
+    t0 = time.monotonic()
+    frames = b"".join(b"transaction TX:f:%d s BEGIN 600 %d\r\n" % (i, i) for i in range(cap))
+    pair = b"transaction TX:f:%d s ROLLBACK %d\r\ntransaction TX:g:%d s BEGIN 600 %d\r\n"
+    frames += b"".join(pair % (i, i, i, i) for i in range(pairs))
+    threading.Thread(target=w.sock.sendall, args=(frames,), daemon=True).start()
+    codes = {}
+    for _ in range(cap + 2 * pairs):
+        r = w.call(b"")
+        if r is None:
+            break
+        codes[r.code] = codes.get(r.code, 0) + 1
+    w.close()
+    dt = time.monotonic() - t0
+    row("2,000 end+begin pairs at the 30,000 cap", codes == {200: cap + 2 * pairs} and dt < 30,
+        f"{codes} in {dt:.1f} s",
+        "test_wire_resources.py::test_end_and_begin_pairs_at_capacity_stay_cheap")  # fmt: skip
 
     # item 2: authSecret turned on by reload applies to new wire connections at once
     if text:
@@ -437,7 +459,7 @@ def attack_secured(b: BrokerProcess, tls: ssl.SSLContext) -> None:
             bad.append(f"{frame.split()[0].decode()}: {r.code}")
         w.close()
     row("unauthenticated wire verbs (queue verbs too)", not bad, "; ".join(bad) or "all 401/403",
-        "test_wire_auth.py::test_unauthenticated_and_trickling_sockets_are_closed")
+        "test_wire_auth.py::test_every_verb_needs_the_role_it_names")
 
     # app secret: no admin verbs
     bad = []
@@ -450,7 +472,7 @@ def attack_secured(b: BrokerProcess, tls: ssl.SSLContext) -> None:
             bad.append(f"{frame.split()[0].decode()}: {r.code}")
         w.close()
     row("app secret on admin/replica verbs", not bad, "; ".join(bad) or "all 403",
-        "test_wire_auth.py::test_roles_admin_verbs_need_admin_secret")
+        "test_wire_auth.py::test_every_verb_needs_the_role_it_names")
 
     # REST on queue / DLQ / admin endpoints without the admin role
     bad = []
@@ -472,7 +494,8 @@ def attack_secured(b: BrokerProcess, tls: ssl.SSLContext) -> None:
         if st not in (401, 403):
             bad.append(f"anonymous {method} {path}: {st}")
     row("REST admin/queue/DLQ endpoints without the admin role", not bad,
-        "; ".join(bad) or "all 401/403", "test_http_subscribe_and_roles.py (admin routes)")
+        "; ".join(bad) or "all 401/403",
+        "test_http_subscribe_and_roles.py::test_queue_and_dead_letter_routes_need_the_admin_role")
 
     # unnamed: slowloris on the TLS handshake (raw TCP, never a ClientHello)
     fds0 = nfds(b)
@@ -484,12 +507,12 @@ def attack_secured(b: BrokerProcess, tls: ssl.SSLContext) -> None:
             break
     ok_during = alive(b, tls, APP)
     peak = nfds(b)
-    time.sleep(11)  # the handshake timeout (10 s)
+    time.sleep(6)  # tlsHandshakeTimeout (5 s by default)
     after = nfds(b)
     for s in socks:
         s.close()
     row("300 sockets that never start the TLS handshake", ok_during and after < fds0 + 20,
-        f"{len(socks)} open, served={ok_during}, fds {fds0}->{peak}->{after} after 11 s",
+        f"{len(socks)} open, served={ok_during}, fds {fds0}->{peak}->{after} after 6 s",
         "test_wire_tls.py::test_tls_handshake_slowloris_is_bounded")  # fmt: skip
 
     # Missing: the Python client authenticates (and speaks TLS)

@@ -224,6 +224,8 @@ class SystemConfig:
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None
     tls_client_auth: bool = False
+    #: ms a client may take to complete its TLS handshake (wire and HTTP ports)
+    tls_handshake_timeout_ms: int = 5_000
     # queue subscriptions (README "Queues")
     queue_lock_timeout_ms: int = 30_000
     queue_max_deliveries: int = 5
@@ -367,6 +369,7 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "tlsKeyFile": ("tls_key_file", Path),
     "tlsCaFile": ("tls_ca_file", Path),
     "tlsClientAuth": ("tls_client_auth", _bool),
+    "tlsHandshakeTimeout": ("tls_handshake_timeout_ms", _int),
     "queueLockTimeout": ("queue_lock_timeout_ms", _int),
     "queueMaxDeliveries": ("queue_max_deliveries", _int),
     "queueMaxInFlight": ("queue_max_in_flight", _int),
@@ -490,6 +493,7 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "maxBatchSize": (1, (1 << 31) - 1),
     "authTimeout": (0, _DAY_MS),
     "frameTimeout": (0, _DAY_MS),
+    "tlsHandshakeTimeout": (100, 600_000),
     "idleTimeout": (0, 30 * _DAY_MS),
     "maxParkedGets": (1, 1_000_000),
     "maxQueuedReplies": (16, 10_000_000),

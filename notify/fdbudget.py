@@ -6,6 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+from typing import Final
+
+#: Wire connections admitted whatever the descriptor budget says.
+MIN_CONNECTIONS: Final = 16
 
 
 def open_fds() -> int:
@@ -14,6 +18,15 @@ def open_fds() -> int:
         with contextlib.suppress(OSError):
             return len(os.listdir(d))
     return 0
+
+
+def connection_budget(reserve: int, others: int, current: int) -> int:
+    """How many wire connections the descriptors allow in all: the ``current`` ones plus
+    what ``RLIMIT_NOFILE`` leaves once the open descriptors, ``reserve`` (segments,
+    checkpoints, new topics) and ``others`` (the HTTP port's cap) are set aside; never below
+    ``MIN_CONNECTIONS`` (a limit too low for the rest still lets a few clients in)."""
+    spare, _how = spare_fds(reserve + others)
+    return max(MIN_CONNECTIONS, current + spare)
 
 
 def spare_fds(reserve: int) -> tuple[int, str]:

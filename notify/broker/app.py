@@ -26,7 +26,7 @@ from notify.broker.connection import Connection
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config
 from notify.broker.queues import QueueManager
 from notify.broker.service import BrokerService
-from notify.broker.tlsaccept import TLS_HANDSHAKE_S, TlsAccept
+from notify.broker.tlsaccept import TlsAccept
 from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
 from notify.errors import ConfigError, NotifyError
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("notify.broker")
 
 TICK_S: Final = 0.05
-#: A client must finish its TLS handshake within this many seconds.
 RECOVERY_POINT_EVERY_S: Final = 1.0
 
 
@@ -170,7 +169,8 @@ class Broker:
 
         def with_tls() -> asyncio.Protocol:  # the handshake counts toward maxConnections
             assert tls is not None
-            return TlsAccept(service, tls, plain, TLS_HANDSHAKE_S)
+            handshake_s = self.config.system.tls_handshake_timeout_ms / 1000.0
+            return TlsAccept(service, tls, plain, handshake_s)
 
         self._server = await loop.create_server(
             plain if tls is None else with_tls,

@@ -39,6 +39,7 @@ from notify.errors import (
     StoreFullError,
     TxLogError,
 )
+from notify.fdbudget import connection_budget
 from notify.protocol import records
 from notify.protocol.frames import (
     Auth,
@@ -165,6 +166,9 @@ class BrokerService:
         self.connections: set[Connection] = set()
         #: TLS handshakes in progress (they count toward maxConnections: tlsaccept.py)
         self.handshaking = 0
+        #: connections the file descriptors allow (see _fds_allow), and when worked out
+        self._fd_budget = 0
+        self._fd_budget_at = float("-inf")
         self._pending: dict[Partition, _Batch] = {}
         self._commit_scheduled = False
         self._reload = reload
@@ -211,8 +215,24 @@ class BrokerService:
 
     # ------------------------------------------------------------------ connections
 
+    def _fds_allow(self, n: int) -> bool:
+        """Whether the file descriptors allow ``n + 1`` connections: ``maxConnections`` may
+        exceed what ``RLIMIT_NOFILE`` holds, and sockets that took every descriptor left the
+        broker unable to open a segment or a checkpoint. The budget is worked out again (it
+        lists the open descriptors) at most once a second, when it would refuse."""
+        if n < self._fd_budget:
+            return True
+        now = self.loop.time()
+        if now - self._fd_budget_at >= 1.0:
+            sysc = self.config.system
+            http = sysc.http_max_connections if sysc.dashboard_http_port else 0
+            self._fd_budget = connection_budget(sysc.fd_reserve, http, n)
+            self._fd_budget_at = now
+        return n < self._fd_budget
+
     def connection_opened(self, conn: Connection) -> bool:
-        if len(self.connections) >= self.config.system.max_connections:
+        n = len(self.connections)
+        if n >= self.config.system.max_connections or not self._fds_allow(n + self.handshaking):
             self.stats.connections_refused += 1
             return False
         self.connections.add(conn)
@@ -222,7 +242,8 @@ class BrokerService:
 
     def tls_handshake_started(self) -> bool:
         """Admit one more TLS handshake unless connections + handshakes fill maxConnections."""
-        if len(self.connections) + self.handshaking >= self.config.system.max_connections:
+        n = len(self.connections) + self.handshaking
+        if n >= self.config.system.max_connections or not self._fds_allow(n):
             self.stats.connections_refused += 1
             return False
         self.handshaking += 1

@@ -19,10 +19,8 @@ from typing import Final, Protocol, cast
 
 log = logging.getLogger("notify.broker")
 
-#: Seconds a TLS handshake may take (wire and HTTP ports).
-TLS_HANDSHAKE_S: Final = 10.0
 #: Bytes a client may send before the broker answered its TLS ClientHello.
-MAX_HELLO = 64 * 1024
+MAX_HELLO: Final = 64 * 1024
 
 
 def feed(proto: asyncio.BufferedProtocol, data: bytes) -> None:
@@ -49,7 +47,9 @@ class Admission(Protocol):
 
 
 class TlsAccept(asyncio.Protocol):
-    """The first protocol of an accepted TCP socket on a TLS port (see the module doc)."""
+    """The first protocol of an accepted TCP socket on a TLS port (see the module doc);
+    ``timeout_s`` is ``tlsHandshakeTimeout``: a socket that has not completed its handshake
+    by then (silent, or trickling its ClientHello) is closed and its slot freed."""
 
     def __init__(
         self,

@@ -80,8 +80,9 @@ log = logging.getLogger("notify.tx")
 CHECK_TIMEOUT_S: Final = 5.0
 #: how long a timed-out transaction is remembered so its owner gets XA_RBTIMEOUT
 TOMBSTONE_S: Final = 60.0
-#: At capacity, the timer heap is compacted at most this often (unless a timer was pushed).
-COMPACT_EVERY_S: Final = 0.1
+#: The timer heap is compacted once its dead entries outnumber the live ones (plus this
+#: slack), so each pass frees at least half of it: amortised O(1) per transaction.
+COMPACT_SLACK: Final = 64
 
 
 class RedoLog(Protocol):
@@ -159,6 +160,8 @@ class BrokerTx:
     ended_reason: str = ""
     #: why the transaction can only roll back (a put was refused)
     failure: str = ""
+    #: its timer entry counts toward ``maxTxTimeoutTimerCapacity`` (see TxEngine._live)
+    timer_live: bool = False
 
     @property
     def message_count(self) -> int:
@@ -264,10 +267,9 @@ class TxEngine:
         self.stats = TxStats()
         #: (deadline, key) of transactions that can time out; stale entries dropped lazily
         self._timers: list[tuple[float, str]] = []
-        self._compacted_len = 0
-        self._compacted_at = float("-inf")
-        self._untimed = 0  # transactions that left a timed state (see _live_timers)
-        self._untimed_at_compaction = 0
+        #: heap entries of transactions still in a timed state (the rest are dead, dropped
+        #: lazily): the exact count ``maxTxTimeoutTimerCapacity`` bounds
+        self._live = 0
         self._owned: dict[Any, set[str]] = {}
         self._owner_group: dict[Any, str] = {}
         self.groups: dict[str, list[Any]] = {}
@@ -285,13 +287,17 @@ class TxEngine:
 
     def _to(self, tx: BrokerTx, ev: TxEvent) -> None:
         """The one place a transaction changes state."""
-        timed = self._timed(tx)
         try:
             tx.state = next_state(tx.state, ev)
         except TransactionError as e:
             raise TxFailure(XAER_PROTO, f"{tx.key}: {e}") from None
-        if timed and not self._timed(tx):
-            self._untimed += 1  # a heap entry went stale: compaction may free a slot
+        self._untime(tx)
+
+    def _untime(self, tx: BrokerTx) -> None:
+        """Its heap entry goes dead once no deadline applies (the entry is dropped lazily)."""
+        if tx.timer_live and not self._timed(tx):
+            tx.timer_live = False
+            self._live -= 1
 
     def _reply(self, owner: Any, opaque: int, code: int, body: bytes = b"") -> None:
         self.out.append(Reply(owner, opaque, code, body))
@@ -532,30 +538,19 @@ class TxEngine:
             raise TxFailure(XAER_PROTO, f"{ev.value} is not allowed in state {tx.state.value}")
         self._check_owner(tx, owner)
 
-    def _live_timers(self) -> int:
-        """The timers that may still be live (the heap keeps ended ones until they pop). At
-        capacity it is compacted only when that can change the answer (a timer was pushed,
-        or a transaction left its timed state since the last pass), or after
-        COMPACT_EVERY_S: a flood of BEGINs refused at capacity cost one O(capacity) pass
-        each before (100,000 pipelined BEGINs held the event loop for minutes)."""
-        cap = self.limits.capacity
+    def _compact_timers(self) -> None:
+        """Drop dead heap entries once they outnumber the live ones: each pass is O(heap)
+        and frees at least half of it, so it costs O(1) per transaction amortised (a
+        compaction per end+begin pair at capacity cost O(capacity) each before), and the
+        heap never holds more than about twice ``maxTxTimeoutTimerCapacity`` entries."""
         timers = self._timers
-        if len(timers) >= cap:
-            now = self.clock.monotonic()
-            if (
-                len(timers) > self._compacted_len
-                or self._untimed != self._untimed_at_compaction
-                or now - self._compacted_at >= COMPACT_EVERY_S
-            ):
-                self._untimed_at_compaction = self._untimed
-                self._timers = timers = [
-                    (d, k)
-                    for d, k in timers
-                    if (tx := self.txs.get(k)) is not None and tx.deadline == d and self._timed(tx)
-                ]
-                heapq.heapify(timers)
-                self._compacted_len, self._compacted_at = len(timers), now
-        return len(timers)
+        if len(timers) > 2 * self._live + COMPACT_SLACK:
+            self._timers = timers = [
+                (d, k)
+                for d, k in timers
+                if (tx := self.txs.get(k)) is not None and tx.deadline == d and tx.timer_live
+            ]
+            heapq.heapify(timers)
 
     @staticmethod
     def _timed(tx: BrokerTx) -> bool:
@@ -567,7 +562,7 @@ class TxEngine:
         if old is not None and old.state not in TERMINAL:
             raise TxFailure(XAER_DUPID, f"transaction {key} already exists")
         cap = self.limits.capacity
-        live = self._live_timers()
+        live = self._live
         if live >= cap:
             raise TxFailure(
                 XAER_RMFAIL,
@@ -588,7 +583,10 @@ class TxEngine:
         )
         self._to(tx, TxEvent.BEGIN)
         self.txs[key] = tx
+        self._compact_timers()
         heapq.heappush(self._timers, (tx.deadline, key))
+        tx.timer_live = True
+        self._live += 1
         self._owned.setdefault(owner, set()).add(key)
         self.stats.begun += 1
         self._reply(owner, r.opaque, 200)
@@ -725,6 +723,7 @@ class TxEngine:
             raise TxFailure(XAER_RMFAIL, tx.failure) from e
         self._to(tx, TxEvent.PREPARE)
         tx.group = group
+        self._untime(tx)  # a half message has no deadline
         tx.prepared_at_ms = at
 
         def finish() -> tuple[bytes, list[tuple[Any, int]]]:
@@ -900,8 +899,10 @@ class TxEngine:
         while timers and timers[0][0] <= now:
             deadline, key = heapq.heappop(timers)
             tx = self.txs.get(key)
-            if tx is None or tx.deadline != deadline:
+            if tx is None or tx.deadline != deadline or not tx.timer_live:
                 continue
+            tx.timer_live = False
+            self._live -= 1
             if tx.state in OPEN:
                 self.stats.timed_out += 1
                 log.info("transaction %s timed out after %ds: rolled back", tx.key, tx.timeout_s)

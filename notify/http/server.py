@@ -46,7 +46,7 @@ from aiohttp import web
 
 from notify.broker.authlog import record_auth_failure
 from notify.broker.service import MPUT_MAX_BYTES
-from notify.broker.tlsaccept import TLS_HANDSHAKE_S, TlsAccept
+from notify.broker.tlsaccept import TlsAccept
 from notify.http.views import History
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class _CappedSite(web.BaseSite):
 
     def _tls_protocol(self) -> asyncio.BaseProtocol:
         assert self._ssl is not None
-        return TlsAccept(self, self._ssl, self._protocol, TLS_HANDSHAKE_S)
+        return TlsAccept(self, self._ssl, self._protocol, self._http.handshake_timeout_s)
 
     async def start(self) -> None:
         await super().start()
@@ -167,6 +167,7 @@ class HttpServer:
         sysc = broker.config.system
         self.max_connections = sysc.http_max_connections
         self.body_timeout_s = sysc.http_body_timeout_ms / 1000.0
+        self.handshake_timeout_s = sysc.tls_handshake_timeout_ms / 1000.0
         self.allowed_hosts = frozenset(
             {"localhost", sysc.host_name.lower(), *sysc.http_allowed_hosts}
         )

@@ -3,6 +3,7 @@ hand-driven clock, effects read from the outbox. No broker process, no event loo
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +272,34 @@ def test_recovery_reapplies_a_commit_whose_partition_lost_it(tmp_path: Path) -> 
     third = Core(tmp_path)
     third.engine.recover()
     assert third.visible(0) == [b"m1"] and third.engine.stats.recovered_reapplied == 0
+
+
+def _pairs_per_second(root: Path, cap: int, pairs: int) -> float:
+    """At capacity, how many (ROLLBACK one, BEGIN another) pairs the engine does a second."""
+    c = Core(root, capacity=cap)
+    o = Owner("c1")
+    open_keys = [f"TX:s:{i}" for i in range(cap)]
+    for key in open_keys:
+        c.cmd(o, key, "BEGIN", timeout=60)
+    assert replies(c.cmd(o, "TX:x:1", "BEGIN", timeout=60))[0][0] == 503
+    t0 = time.perf_counter()
+    for i in range(pairs):
+        assert replies(c.cmd(o, open_keys[i], "ROLLBACK")) == [(200, b"")]
+        open_keys.append(f"TX:n:{i}")
+        assert replies(c.cmd(o, open_keys[-1], "BEGIN", timeout=60)) == [(200, b"")]
+        # the heap keeps dead entries lazily, never more than about as many as live ones
+        assert len(c.engine._timers) <= 2 * cap + 65
+    rate = pairs / (time.perf_counter() - t0)
+    assert replies(c.cmd(o, "TX:y:1", "BEGIN", timeout=60))[0][0] == 503  # still exact
+    c.log.close()
+    return rate
+
+
+def test_end_and_begin_at_capacity_cost_does_not_grow_with_capacity(tmp_path: Path) -> None:
+    """At ``maxTxTimeoutTimerCapacity`` a client that ends one of its transactions and begins
+    another made the engine compact the whole timer heap (O(capacity)) once per pair: 20,000
+    open transactions cost ~40x a pair at 500. Dead entries are now dropped only once they
+    outnumber the live ones (amortised O(1)), so the rate per pair is flat in capacity."""
+    small = _pairs_per_second(tmp_path / "s", 500, 3000)
+    large = _pairs_per_second(tmp_path / "l", 20_000, 3000)
+    assert large > small / 4, (small, large)

@@ -85,3 +85,29 @@ def test_admin_secret_guards_admin_routes_only(
     # the config view masks both secrets
     system = admin.get("/api/config").json()["system"]
     assert system["auth_secret"] == "***" and system["admin_secret"] == "***"
+
+
+def test_queue_and_dead_letter_routes_need_the_admin_role(
+    http_broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """The queue views and dead-letter routes (which read and replay other applications'
+    messages) need adminSecret; with no token or the app token every admin route and every
+    read is refused, and ``stats reset`` too."""
+    b = http_broker_factory({"t": 1}, authSecret="user-pw", adminSecret="admin-pw")
+    user, admin, anon = Http(b.http_url, "user-pw"), Http(b.http_url, "admin-pw"), Http(b.http_url)
+    admin_only = [
+        ("GET", "/api/queues/t/g/dead-letters", None),
+        ("POST", "/api/queues/t/g/dead-letters/replay", {"all": True}),
+        ("POST", "/api/config/reload", {}),
+        ("POST", "/api/topics", {"name": "t9", "numPartitions": 1}),
+        ("POST", "/api/topics/t/retention", {}),
+        ("POST", "/stats/reset", {}),
+    ]
+    for method, path, body in admin_only:
+        for client, status in ((user, 403), (anon, 401)):
+            r = client.get(path) if method == "GET" else client.post(path, json_body=body)
+            assert r.status == status, (method, path, client.token, r.status, r.text[:100])
+    for path in ("/api/queues", "/api/topics", "/metrics", "/api/overview", "/stats"):
+        assert anon.get(path).status == 401, path
+    assert admin.get("/api/queues/t/g/dead-letters").status in (200, 404)
+    assert admin.get("/api/topics/t9").status == 404  # the app's attempt created nothing

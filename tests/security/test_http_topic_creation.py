@@ -20,7 +20,7 @@ from tests.http.conftest import Http
 
 
 @contextmanager
-def _fd_limit(soft: int) -> Iterator[None]:
+def fd_limit(soft: int) -> Iterator[None]:
     """Children started meanwhile inherit a low RLIMIT_NOFILE."""
     old = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))
@@ -47,7 +47,7 @@ def test_huge_num_partitions_is_refused_cleanly(
 def test_partitions_beyond_the_fd_budget_are_refused(
     http_broker_factory: Callable[..., BrokerProcess],
 ) -> None:
-    with _fd_limit(300):
+    with fd_limit(300):
         b = http_broker_factory({"t": 1}, maxPartitionsPerTopic=65536)
     h = Http(b.http_url)
     ini = Path(b.config_path).read_text()

@@ -5,13 +5,17 @@ Raw sockets against real broker processes.
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from notify.protocol import records
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
+from tests.http.conftest import Http
 from tests.security.wire import closed_within, raw
-from tests.wireclient import WireClient
+from tests.wireclient import WireClient, crc
 
 APP = "app-secret"
 ADMIN = "admin-secret"
@@ -209,3 +213,64 @@ def test_protected_producer_group_needs_its_secret(tmp_path: Path) -> None:
         owner.close()
         thief.close()
         b.stop()
+
+
+def test_every_verb_needs_the_role_it_names(
+    http_broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """With authSecret and adminSecret: before ``auth`` every verb (queue verbs, ``register``,
+    ``transaction``, ``stats`` included) is refused 401/403 and nothing is written; the app
+    secret cannot use the admin verbs (``reload``, ``promote``, ``stats reset``, ``qdlq``) nor
+    the replica verbs (``msync``, ``sync``). 300 wrong wire secrets are all counted in
+    ``/metrics`` and logged as at most two lines."""
+    b = http_broker_factory({"r": 1}, authSecret=APP, adminSecret=ADMIN)
+    body = b"x"
+    anyone = (
+        b"put r 0 1 0 %d 1\r\nx" % crc(body),
+        b"mput r 0 %d 1 1\r\n" % len(records.encode(0, 0, body)) + records.encode(0, 0, body),
+        b"dput r 0 1 0 -1 0 1\r\nx",
+        b"get r g 0 0 1024 1\r\n",
+        b"offset r g 0 0 1\r\n",
+        b"qsub r g 10 earliest 1\r\n",
+        b"qcredit r g 10 1\r\n",
+        b"qack r g 8 1\r\nK 0 0 1\n",
+        b"qdlq r g 0 list 1\r\n",
+        b"transaction TX:a:1 s BEGIN 10 1\r\n",
+        b"register shop 1\r\n",
+        b"reload 1\r\n",
+        b"promote 1\r\n",
+        b"stats 1\r\n",
+        b"msync r 0 0 0 0 1\r\n",
+    )
+    for frame in anyone:
+        with WireClient(b.addr) as c:
+            r = c.call(frame)
+            assert r.code in (401, 403), (frame, r)
+    admin_or_replica = (
+        b"reload 1\r\n",
+        b"promote 1\r\n",
+        b"stats reset 1\r\n",
+        b"qdlq r g 0 list 1\r\n",
+        b"msync r 0 0 0 0 1\r\n",
+        b"sync r 0 1 0 7 %d 1\r\nx" % crc(body),
+    )
+    for frame in admin_or_replica:
+        with WireClient(b.addr) as c:
+            _auth(c, APP)
+            r = c.call(frame)
+            assert r.code == 403, (frame, r)
+    with WireClient(b.addr) as c:
+        _auth(c, APP)
+        assert c.call(b"offset r g 0 9223372036854775807 1\r\n").body == b"0"  # nothing in
+    size0 = b.log_path.stat().st_size
+    for _ in range(300):
+        with WireClient(b.addr) as c:
+            assert c.call(b"auth guess 1\r\n").code == 403
+            assert c.is_closed()
+    lines = [
+        ln for ln in b.log_path.read_text()[size0:].splitlines() if "authentication failed" in ln
+    ]
+    assert 1 <= len(lines) <= 2, lines[:5]
+    metrics = Http(b.http_url, ADMIN).get("/metrics").text
+    total = re.search(r"^notify_auth_failures_total (\S+)$", metrics, re.M)
+    assert total and float(total.group(1)) >= 300, total

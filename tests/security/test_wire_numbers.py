@@ -5,6 +5,7 @@ partitions than the process has file descriptors for."""
 from __future__ import annotations
 
 import resource
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from notify.testing import BrokerProcess
 from tests.broker.test_transactions import stats
 from tests.conftest import BrokerFactory
+from tests.http.conftest import Http
 from tests.security.wire import MIB, rss
 from tests.wireclient import WireClient, crc
 
@@ -76,3 +78,44 @@ def test_reload_cannot_take_every_file_descriptor(broker_factory: BrokerFactory)
     assert len(list(Path(f"/proc/{b.pid}/fd").iterdir())) <= fds0 + 5
     with WireClient(b.addr) as c:
         assert c.put("orders", 0, b"still here").code == 200
+
+
+def test_huge_offsets_and_odd_numbers_over_http_and_wire_are_4xx(
+    http_broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """Offsets and sizes at 2^62, negative, or beyond 64 bits, on the wire ``get``/``offset``
+    and on every HTTP fetch route: a clear refusal or an empty answer, never a 5xx, and the
+    broker keeps serving."""
+    b = http_broker_factory({"orders": 1})
+    with WireClient(b.addr) as c:
+        assert c.put("orders", 0, b"m").code == 200
+        for frame in (
+            b"get orders g 0 4611686018427387904 1048576 1\r\n",
+            b"get orders g 0 -5 1048576 1\r\n",
+            b"offset orders g 0 4611686018427387904 1\r\n",
+            b"get orders g 0 0 4611686018427387904 1\r\n",
+            b"get orders g 99999 0 1024 1\r\n",
+        ):
+            with WireClient(b.addr, timeout=5) as w:
+                try:
+                    r = w.call(frame)
+                except ConnectionError:
+                    continue  # refused and closed
+                assert r.code < 500, (frame, r)
+    bad = []
+    for path in (
+        "/api/topics/orders/partitions/0/messages?offset=-1",
+        "/api/topics/orders/partitions/0/messages?offset=99999999999999999999999",
+        "/api/topics/orders/partitions/0/messages?offset=4611686018427387904",
+        "/api/topics/orders/partitions/99999999999/messages?offset=0",
+        "/api/topics/orders/partitions/-1/messages?offset=0",
+        "/api/topics/orders/partitions/0/messages?offset=0&maxBytes=99999999999999",
+        "/get/0?topic=orders&group=g&partition=0&offset=-1&maxsize=99999999999999",
+        "/get/0?topic=orders&group=g&partition=0&offset=0&maxsize=nan",
+        "/offset/0?topic=orders&partition=0&offset=99999999999999999999",
+    ):
+        status = Http(b.http_url).get(path).status
+        if status >= 500:
+            bad.append((path, status))
+    assert not bad, bad
+    assert stats(b.addr)["version"]

@@ -219,3 +219,77 @@ def test_tls_handshake_slowloris_is_bounded(tmp_path: Path, pki: dict[str, Path]
         for s in squatters:
             s.close()
         b.stop()
+
+
+def _eof(s: socket.socket) -> bool:
+    """Whether the broker closed ``s`` (non-blocking look)."""
+    s.settimeout(0)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+
+
+def test_tls_handshake_squatters_within_the_cap_are_closed_after_the_timeout(
+    tmp_path: Path, pki: dict[str, Path]
+) -> None:
+    """Sockets that take every ``maxConnections`` / ``httpMaxConnections`` slot and never finish
+    their TLS handshake (half of them silent, half trickling a ClientHello a byte at a time)
+    lock real clients out only for ``tlsHandshakeTimeout`` (here 500 ms; it was a fixed 10 s):
+    then the broker closes them and TLS clients are served on both ports."""
+    http_port = free_port()
+    b = BrokerProcess(
+        tmp_path / "b",
+        topics={"r": 1},
+        system={
+            "tlsCertFile": pki["srv.pem"],
+            "tlsKeyFile": pki["srv.key"],
+            "maxConnections": 8,
+            "dashboardHttpPort": http_port,
+            "httpMaxConnections": 8,
+            "tlsHandshakeTimeout": 500,
+        },
+    )
+    b.start()
+    ctx = ssl.create_default_context(cafile=str(pki["ca.pem"]))
+    squatters: list[socket.socket] = []
+    try:
+        for port in (b.port, http_port):
+            for i in range(8):
+                s = socket.create_connection((b.host, port), 5)
+                if i % 2:
+                    s.sendall(b"\x16\x03\x01\x02\x00")  # a 512-byte ClientHello begins
+                squatters.append(s)
+        t0 = time.monotonic()
+        with (  # every slot is taken: a real client gets no service meanwhile
+            pytest.raises((ssl.SSLError, ConnectionError)),
+            ctx.wrap_socket(socket.create_connection((b.host, b.port), 2),
+                            server_hostname="127.0.0.1") as s,  # fmt: skip
+        ):
+            _call(s, b"version 1\r\n")
+        open_ = set(squatters)
+        while open_ and time.monotonic() - t0 < 3.0:
+            for s in list(open_):
+                if _eof(s):
+                    open_.discard(s)
+                elif squatters.index(s) % 2:
+                    try:
+                        s.sendall(b"\x01")  # still "talking": the deadline is not extended
+                    except OSError:
+                        open_.discard(s)
+            time.sleep(0.1)
+        assert not open_, f"{len(open_)} handshake squatters still open after 3 s"
+        with ctx.wrap_socket(socket.create_connection((b.host, b.port), 2),
+                             server_hostname="127.0.0.1") as s:  # fmt: skip
+            (v,) = _call(s, b"version 1\r\n")
+            assert v.code == 200  # type: ignore[attr-defined]
+        c = http.client.HTTPSConnection(b.host, http_port, timeout=2, context=ctx)
+        c.request("GET", "/stats")
+        assert c.getresponse().status == 200
+        c.close()
+    finally:
+        for s in squatters:
+            s.close()
+        b.stop()

@@ -89,6 +89,8 @@ log = logging.getLogger("notify.broker.queues")
 READ_WINDOW: Final = 256 * 1024
 #: Refused ``qack`` items described in the reply (the rest are only counted).
 MAX_REFUSALS_SHOWN: Final = 16
+#: a fenced master (automatic failover) looks again this often whether it may push
+FENCED_RECHECK_S: Final = 0.1
 #: Deliveries are logged (DELIVER records) this long after the push, in one batch.
 DELIVER_LOG_DELAY_S: Final = 0.005
 #: Largest checkpoint (compact form of every group) the queue log accepts.
@@ -171,7 +173,8 @@ class QueueManager:
         self._zk_joining: dict[tuple[Connection, tuple[str, str], str], bool] = {}
         #: automatic failover: why this broker may no longer answer ``conn``'s queue verbs
         #: (replaced master, stale epoch), asked again when an acknowledgement is released
-        self.fence: Callable[[Connection], str | None] | None = None
+        #: (``None``: the broker as a whole, asked before every push)
+        self.fence: Callable[[Connection | None], str | None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -641,6 +644,15 @@ class QueueManager:
         core = g.core
         if not g.subs:
             self._arm(g)
+            return
+        if self.fence is not None and self.fence(None) is not None:
+            # automatic failover: a master that knows it is replaced (lease lapsed, newer
+            # epoch seen) pushes nothing; the new master delivers. Looked at again shortly.
+            if g.timer is None or g.timer_at > self.loop.time() + FENCED_RECHECK_S:
+                if g.timer is not None:
+                    g.timer.cancel()
+                g.timer_at = self.loop.time() + FENCED_RECHECK_S
+                g.timer = self.loop.call_at(g.timer_at, self._wake, g)
             return
         now = self._now_ms()
         fins = core.expire(now)

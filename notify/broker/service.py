@@ -665,13 +665,13 @@ class BrokerService:
             "find the current master and retry"
         )
 
-    def queue_fence(self, conn: Connection) -> str | None:
+    def queue_fence(self, conn: Connection | None) -> str | None:
         """Why a master of an automatic-failover group takes no queue verb or
         acknowledgement from ``conn`` now (its producer saw a newer epoch: ``stale master``;
-        its lease lapsed: ``fenced``), or None."""
+        its lease lapsed: ``fenced``), or None; ``conn`` None: whether it pushes at all."""
         if self.fence is None or self.role != "master":
             return None
-        stale = self._stale(conn)
+        stale = self._stale(conn) if conn is not None else None
         if stale is not None:
             self.stats.epoch_refused += 1
             return stale

@@ -45,7 +45,14 @@ class Group:
     """Broker id 1: ``a`` (configured master, syncSlave=b) and ``b`` ([slave] slaveId=1,
     syncSlave=a for when it is master)."""
 
-    def __init__(self, tmp: Path, zk: ZooKeeperServer, root: str):
+    def __init__(
+        self,
+        tmp: Path,
+        zk: ZooKeeperServer,
+        root: str,
+        topics: dict[str, int] | None = None,
+        system: dict[str, object] | None = None,
+    ):
         self.root = root
         self.zk = zk
         self.tmp = tmp
@@ -65,17 +72,19 @@ class Group:
             # availability after a failover: the new master's synchronous slave is the old
             # master, down or fenced; "async" acknowledges (flagged degraded) meanwhile
             "syncSlaveFailurePolicy": "async",
+            **(system or {}),
         }
+        topics = topics or {"orders": 1}
         self.a = BrokerProcess(
             tmp / "a",
-            topics={"orders": 1},
+            topics=topics,
             system={**common, "syncSlave": f"127.0.0.1:{pb}"},
             zookeeper=zkc,
         )
         self.a.port = pa
         self.b = BrokerProcess(
             tmp / "b",
-            topics={"orders": 1},
+            topics=topics,
             system={**common, "syncSlave": f"127.0.0.1:{pa}"},
             slave={"slaveId": 1, "masterAddress": f"127.0.0.1:{pa}", "slaveMaxDelayInMills": 100},
             zookeeper=zkc,

@@ -89,3 +89,48 @@ def test_queue_verbs_refused_by_a_stale_epoch_and_acks_fenced_at_release(group: 
             kz.close()
     finally:
         c.close()
+
+
+@pytest.fixture
+def short_locks(tmp_path: Path, zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[Group]:
+    g = Group(tmp_path, zookeeper, zk_root, system={"queueLockTimeout": 1000})
+    yield g
+    g.stop()
+
+
+def test_woken_replaced_master_pushes_nothing(short_locks: Group) -> None:
+    """Messages acquired on a master whose locks run out while it is paused past its
+    session: woken, it is fenced and must not push them again (the new master delivers
+    them); it closes the consumer's connection when it rejoins as a slave."""
+    group = short_locks
+    group.start()
+    a, b = group.a, group.b
+    _publish(a.addr, "orders", 10, 1)
+    c = WireClient(a.addr, timeout=0.5)
+    try:
+        assert c.call(b"qsub orders g 10 earliest 1\r\n").code == 200
+        assert len(_pushes(c, 10)) == 10  # held, never acknowledged
+        assert a.proc is not None
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:  # b elected (a's session ended) and a's locks past their deadline meanwhile
+            t0 = time.monotonic()
+            while stats(b.addr).get("role") != "master":
+                assert time.monotonic() - t0 < 15, "b did not take over"
+                time.sleep(0.1)
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        pushed = []
+        deadline = time.monotonic() + 2.0  # until a rejoins as a slave (closes c) or 2 s
+        while time.monotonic() < deadline:
+            try:
+                pushed += [r for r in c.replies(1) if r.kind == "qmsg"]
+            except TimeoutError:
+                continue
+            except OSError:  # closed by the rejoin (ConnectionError is an OSError)
+                break
+        assert pushed == [], f"{len(pushed)} messages pushed by the replaced master"
+    finally:
+        c.close()
+    with WireClient(b.addr) as c2:  # the new master delivers them
+        assert c2.call(b"qsub orders g 10 earliest 2\r\n").code == 200
+        assert len(_pushes(c2, 10)) == 10

@@ -116,6 +116,7 @@ next_state = _TABLE.next_state
 allowed = _TABLE.allowed
 #: The table's answer for the per-message push (looked up once, not per message).
 _ACQUIRED_FROM_AVAILABLE: Final = next_state(S.AVAILABLE, E.ACQUIRE)
+_ACCEPTED: Final = next_state(S.ACQUIRED, E.ACCEPT)
 
 
 #: acknowledgement kinds on the wire (``qack`` items) and the event each one is
@@ -169,6 +170,29 @@ class Delivery:
     count: int
 
 
+class Run:
+    """Messages of one partition pushed to one consumer together, at consecutive offsets
+    (each record right after the previous one) with the same delivery count."""
+
+    __slots__ = ("consumer", "count", "entries", "partition")
+
+    def __init__(self, consumer: int, partition: int, count: int, entries: list[Entry]):
+        self.consumer = consumer
+        self.partition = partition
+        self.count = count
+        self.entries = entries
+
+    @property
+    def start(self) -> int:
+        """Offset of the first record."""
+        return self.entries[0].offset
+
+    @property
+    def end(self) -> int:
+        """Offset after the last record."""
+        return self.entries[-1].next_offset
+
+
 @dataclass(slots=True)
 class Finished:
     """A message reached a finished state: log it (``state`` ACKNOWLEDGED/REJECTED/DEAD)."""
@@ -214,7 +238,8 @@ class PartState:
 @dataclass(slots=True)
 class Consumer:
     credit: int
-    held: set[tuple[int, int]] = field(default_factory=set)
+    #: messages it holds (acquired by it); they are found by ``Entry.consumer``
+    held: int = 0
 
 
 @dataclass(slots=True)
@@ -278,15 +303,22 @@ class QueueGroup:
         elif low_water > ps.frontier:
             ps.frontier = low_water
         for off, nxt, state, count in finished:
+            if off < ps.frontier < nxt:  # a range of records reaching over the frontier
+                off = ps.frontier
             if off >= ps.frontier:
                 ps.skip[off] = (nxt, state, count)
         self._skip_finished(ps)
 
     @staticmethod
     def _skip_finished(ps: PartState) -> None:
-        """Advance an idle partition's frontier over recovered finished messages."""
+        """Advance an idle partition's frontier over recovered finished messages (a skip
+        may be a range of several records); recovered counts it passed are dropped."""
+        moved = False
         while not ps.entries and ps.frontier in ps.skip:
             ps.frontier = ps.skip.pop(ps.frontier)[0]
+            moved = True
+        if moved and ps.counts:
+            ps.counts = {o: c for o, c in ps.counts.items() if o >= ps.frontier}
 
     def room(self) -> int:
         """How many more messages the group may track (``max_in_flight`` window)."""
@@ -294,7 +326,7 @@ class QueueGroup:
 
     def free_credit(self) -> int:
         """Deliveries the live consumers could take now."""
-        return sum(max(0, c.credit - len(c.held)) for c in self.consumers.values())
+        return sum(max(0, c.credit - c.held) for c in self.consumers.values())
 
     def wants_records(self) -> bool:
         """True when reading more of the store would let a delivery happen."""
@@ -329,6 +361,10 @@ class QueueGroup:
             skipped = ps.skip.pop(off, None)
             if skipped is not None:  # finished before a restart: not delivered again
                 ps.frontier = off + length
+                if skipped[0] > ps.frontier:  # a range: the rest is skipped too
+                    ps.skip[ps.frontier] = skipped
+                if ps.counts:
+                    ps.counts.pop(off, None)
                 taken += 1
                 if ps.entries:  # behind an unfinished message: keep it as an exception
                     e = Entry(partition, off, length, skipped[1], skipped[2])
@@ -401,20 +437,40 @@ class QueueGroup:
         if cid in self._rr:
             self._rr.remove(cid)
         out: list[Finished] = []
-        for key in sorted(c.held):
-            e = self._entry(*key)
-            if e is not None and e.state is S.ACQUIRED and e.consumer == cid:
-                f = self._return(e, E.CONSUMER_GONE, now_ms, 0)
-                if f is not None:
-                    out.append(f)
-        c.held.clear()
+        if not c.held:
+            return out
+        acquired = S.ACQUIRED
+        mine = [
+            e
+            for ps in self.parts.values()
+            for src in (ps.entries, ps.replayed)
+            for e in src.values()
+            if e.consumer == cid and e.state is acquired
+        ]
+        mine.sort(key=lambda e: (e.partition, e.offset))
+        for e in mine:
+            f = self._return(e, E.CONSUMER_GONE, now_ms, 0)
+            if f is not None:
+                out.append(f)
+        c.held = 0
         return out
 
     # ------------------------------------------------------------------ delivery
 
     def dispatch(self, now_ms: float) -> list[Delivery]:
-        """Acquire available messages for consumers with free credit, round robin."""
-        out: list[Delivery] = []
+        """Acquire available messages for consumers with free credit, round robin (one
+        :class:`Delivery` per message: :meth:`dispatch_runs` unrolled)."""
+        return [
+            Delivery(r.consumer, e.partition, e.offset, e.length, r.count)
+            for r in self.dispatch_runs(now_ms)
+            for e in r.entries
+        ]
+
+    def dispatch_runs(self, now_ms: float) -> list[Run]:
+        """Acquire available messages for consumers with free credit, round robin; the
+        messages come in :class:`Run` s (what the shell pushes as one piece)."""
+        out: list[Run] = []
+        n = 0
         self._wake_delayed(now_ms)
         rr = self._rr
         avail = self.available
@@ -431,10 +487,11 @@ class QueueGroup:
                 cid = rr[0]
                 rr.rotate(-1)
                 c = self.consumers[cid]
-                held = c.held
-                free = c.credit - len(held)
+                free = c.credit - c.held
                 if free <= 0:
                     continue
+                run: list[Entry] | None = None
+                rp = rc = rend = -1
                 deadline = now_ms + lock
                 # up to a few messages for this consumer in a row (fewer rotations), still
                 # spread: at most a fair share of what is available
@@ -452,22 +509,29 @@ class QueueGroup:
                         progressed = True
                         continue
                     take -= 1
+                    c.held += 1
                     e.state = acquired
                     count = e.count = e.count + 1
                     e.consumer = cid
                     e.deadline = deadline
-                    held.add((e.partition, e.offset))
                     batch.append(e)
                     if count > 1:
                         self.redelivered += 1
-                    out.append(Delivery(cid, e.partition, e.offset, e.length, count))
+                    if run is None or e.offset != rend or e.partition != rp or count != rc:
+                        run = [e]
+                        rp, rc = e.partition, count
+                        out.append(Run(cid, rp, rc, run))
+                    else:
+                        run.append(e)
+                    rend = e.offset + e.length
+                    n += 1
                     progressed = True
             if not progressed:
                 break
         if batch:
             self._seq += 1
             heapq.heappush(self._locks, (now_ms + lock, self._seq, batch))
-        self.delivered += len(out)
+        self.delivered += n
         return out
 
     def take_exhausted(self) -> list[Finished]:
@@ -512,7 +576,7 @@ class QueueGroup:
                     continue
                 c = self.consumers.get(e.consumer)
                 if c is not None:
-                    c.held.discard((e.partition, e.offset))
+                    c.held -= 1
                 f = self._return(e, E.LOCK_EXPIRED, now_ms, 0)
                 if f is not None:
                     out.append(f)
@@ -610,44 +674,109 @@ class QueueGroup:
             return self._refuse(
                 f"release delay {delay_ms} outside 0..{self.limits.max_release_delay_ms} ms"
             )
-        c.held.discard((partition, offset))
+        c.held -= 1
         if event is E.RELEASE:
             return AckResult(True, finished=self._return(e, E.RELEASE, now_ms, delay_ms))
         return AckResult(True, finished=self._finish(e, event, now_ms))
 
     def ack_many(
-        self, cid: int, items: list[tuple[str, int, int, int]], now_ms: float
-    ) -> tuple[int, list[str], list[Finished]]:
-        """:meth:`ack` for the items of one ``qack`` frame, ``(kind, partition, offset,
-        delay_ms)``: ``(applied, refusal reasons, finished items to log)``. Accepts, the
-        bulk of them, take a short path; the low-water offsets advance once per frame."""
+        self, cid: int, items: list[tuple[str, int, int, int, int]], now_ms: float
+    ) -> tuple[int, list[str], list[Finished], list[tuple[int, int, int]]]:
+        """:meth:`ack` for the items of one ``qack`` frame, ``(kind, partition, offset, end,
+        delay_ms)``: ``end`` -1 names the one message at ``offset``, else the item covers
+        every message whose record starts in ``[offset, end)`` (a range). Returns
+        ``(applied, refusal reasons, finished items to log, accepted ranges to log)``: the
+        accepted messages as ``(partition, from, to)`` ranges of consecutive records.
+        Accepts, the bulk of them, take a short path; the low-water offsets advance once
+        per frame."""
         c = self.consumers.get(cid)
         parts = self.parts
         acquired = S.ACQUIRED
+        accepted = _ACCEPTED
         applied = 0
         refused: list[str] = []
         fins: list[Finished] = []
+        acked: list[list[int]] = []
         touched: set[int] = set()
-        for kind, p, off, delay in items:
-            if kind == "A" and c is not None:
-                ps = parts.get(p)
-                e = None if ps is None else ps.entries.get(off) or ps.replayed.get(off)
+        for kind, p, off, end, delay in items:
+            ps = parts.get(p)
+            if end < 0:  # one message
+                e = None
+                if kind == "A" and c is not None and ps is not None:
+                    e = ps.entries.get(off) or ps.replayed.get(off)
                 if e is not None and e.state is acquired and e.consumer == cid:
-                    c.held.discard((p, off))
-                    fins.append(self._finish(e, E.ACCEPT, now_ms, advance=False))
+                    assert c is not None and ps is not None
+                    e.state = accepted
+                    e.consumer = 0
+                    c.held -= 1
+                    if ps.replayed and ps.replayed.pop(off, None) is not None:
+                        self.tracked -= 1
+                    if acked and acked[-1][2] == off and acked[-1][0] == p:
+                        acked[-1][2] = e.offset + e.length
+                    else:
+                        acked.append([p, off, e.offset + e.length])
                     touched.add(p)
                     applied += 1
                     continue
-            res = self.ack(cid, kind, p, off, delay, now_ms)
-            if res.applied:
-                applied += 1
-                if res.finished is not None:
-                    fins.append(res.finished)
-            else:
-                refused.append(res.refused)
+                res = self.ack(cid, kind, p, off, delay, now_ms)
+                if res.applied:
+                    applied += 1
+                    if res.finished is not None:
+                        fins.append(res.finished)
+                else:
+                    refused.append(res.refused)
+                continue
+            if kind not in ACK_EVENTS:
+                refused.append(self._refuse(f"unknown acknowledgement kind {kind!r}").refused)
+                continue
+            if c is None or ps is None or end <= off:
+                refused.append(self._refuse(f"{p}:{off}..{end} is not held by this consumer")
+                               .refused)
+                continue
+            entries, replayed = ps.entries, ps.replayed
+            o = off
+            while o < end:
+                e = entries.get(o)
+                if e is None and replayed:
+                    e = replayed.get(o)
+                if e is None:  # not a tracked record start: finished below the low water?
+                    low = ps.low_water
+                    hi = min(low, end) if o < low else end
+                    inside = sorted(k for k in replayed if o <= k < hi) if replayed else []
+                    stop = inside[0] if inside else hi
+                    if stop > o:
+                        refused.append(
+                            self._refuse(f"{p}:{o}..{stop} is not held by this consumer").refused
+                        )
+                    o = stop
+                    continue
+                if e.state is acquired and e.consumer == cid:
+                    if kind == "A":
+                        e.state = accepted
+                        e.consumer = 0
+                        c.held -= 1
+                        if replayed and replayed.pop(o, None) is not None:
+                            self.tracked -= 1
+                        if acked and acked[-1][2] == o and acked[-1][0] == p:
+                            acked[-1][2] = o + e.length
+                        else:
+                            acked.append([p, o, o + e.length])
+                        touched.add(p)
+                        applied += 1
+                    else:
+                        res = self.ack(cid, kind, p, o, delay, now_ms)
+                        if res.applied:
+                            applied += 1
+                            if res.finished is not None:
+                                fins.append(res.finished)
+                        else:
+                            refused.append(res.refused)
+                else:
+                    refused.append(self._refuse(f"{p}:{o} is not held by this consumer").refused)
+                o += e.length
         for p in touched:
             self._advance(parts[p])
-        return applied, refused, fins
+        return applied, refused, fins, [(p, a, b) for p, a, b in acked]
 
     def _refuse(self, why: str) -> AckResult:
         self.refused_acks += 1
@@ -683,8 +812,9 @@ class QueueGroup:
         self, partition: int, offset: int, next_offset: int, state: MsgState, count: int,
         at_ms: int,
     ) -> None:
-        """Recovery: a logged finished message (idempotent; below the low-water offset it
-        changes nothing but the dead-letter queue)."""
+        """Recovery: a logged finished message, or for an accepted range (ACKED record)
+        every message whose record starts in ``[offset, next_offset)`` (idempotent; below the
+        low-water offset it changes nothing but the dead-letter queue)."""
         key = (partition, offset)
         if state is S.ACKNOWLEDGED:
             self.dead.pop(key, None)
@@ -695,10 +825,12 @@ class QueueGroup:
         if ps is None:
             return
         ps.counts.pop(offset, None)
-        replayed = ps.replayed.pop(offset, None)
-        if replayed is not None:
-            replayed.state = state
-            self.tracked -= 1
+        if ps.replayed:  # a range (ACKED records) may hold several replayed messages
+            for o in [o for o in ps.replayed if offset <= o < next_offset]:
+                ps.replayed.pop(o).state = state
+                self.tracked -= 1
+        if offset < ps.frontier < next_offset:  # a range reaching over the frontier
+            offset = ps.frontier
         if offset >= ps.frontier:
             ps.skip[offset] = (next_offset, state, count)
             self._skip_finished(ps)
@@ -754,25 +886,30 @@ class QueueGroup:
         ]
 
     def compact(self) -> dict[int, tuple[int, list[tuple[int, int, MsgState, int]]]]:
-        """Per partition: (low-water offset, finished messages above it)."""
+        """Per partition: (low-water offset, finished messages above it: ``(offset, next,
+        state, count)``, accepted ones in a row as one range up to ``next``)."""
         out = {}
+        ack = S.ACKNOWLEDGED
         for p, ps in self.parts.items():
-            fin = [
-                (e.offset, e.next_offset, e.state, e.count)
-                for e in ps.entries.values()
-                if e.state in FINISHED
-            ]
+            fin: list[tuple[int, int, MsgState, int]] = []
+            for e in ps.entries.values():
+                if e.state not in FINISHED:
+                    continue
+                if e.state is ack and fin and fin[-1][2] is ack and fin[-1][1] == e.offset:
+                    fin[-1] = (fin[-1][0], e.next_offset, ack, 0)  # accepted in a row: a range
+                else:
+                    fin.append((e.offset, e.next_offset, e.state, e.count))
             fin += [(o, v[0], v[1], v[2]) for o, v in ps.skip.items()]
             out[p] = (ps.low_water, fin)
         return out
 
     def held_by(self, cid: int) -> int:
         c = self.consumers.get(cid)
-        return len(c.held) if c is not None else 0
+        return c.held if c is not None else 0
 
     def counts(self) -> dict[str, int]:
         """Figures for ``stats``."""
-        acquired = sum(len(c.held) for c in self.consumers.values())
+        acquired = sum(c.held for c in self.consumers.values())
         return {
             "consumers": len(self.consumers),
             "tracked": self.tracked,

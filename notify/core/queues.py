@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
@@ -250,6 +251,10 @@ class AckResult:
     applied: bool
     refused: str = ""
     finished: Finished | None = None
+
+
+def _unreachable(e: Entry) -> None:
+    raise QueueError(f"message {e.partition}:{e.offset} appended to no run")
 
 
 class QueueGroup:
@@ -477,6 +482,8 @@ class QueueGroup:
         lock = self.limits.lock_ms
         max_deliveries = self.limits.max_deliveries
         batch: deque[Entry] = deque()
+        batch_append = batch.append
+        popleft = avail.popleft
         acquired = _ACQUIRED_FROM_AVAILABLE
         available = S.AVAILABLE
         while avail and rr:
@@ -490,41 +497,48 @@ class QueueGroup:
                 free = c.credit - c.held
                 if free <= 0:
                     continue
-                run: list[Entry] | None = None
+                # rend -1: the first message opens a run
+                run_append: Callable[[Entry], None] = _unreachable
                 rp = rc = rend = -1
                 deadline = now_ms + lock
                 # up to a few messages for this consumer in a row (fewer rotations), still
                 # spread: at most a fair share of what is available
                 take = min(free, 1 + len(avail) // len(rr), 64)
-                while take > 0 and avail:
-                    e = avail.popleft()
+                got = 0
+                while got < take and avail:
+                    e = popleft()
                     if e.state is not available:  # replayed twice, or already finished
                         continue
-                    if e.count >= max_deliveries or (
+                    count = e.count
+                    if count >= max_deliveries or (
                         self._floors and self._below_floor(e)
                     ):  # delivered up to the limit (before a crash), or its record is gone
-                        if e.count < max_deliveries:
+                        if count < max_deliveries:
                             self.retention_dropped += 1
                         self._exhausted.append(self._finish(e, E.EXHAUSTED, now_ms))
                         progressed = True
                         continue
-                    take -= 1
-                    c.held += 1
+                    got += 1
+                    count += 1
                     e.state = acquired
-                    count = e.count = e.count + 1
+                    e.count = count
                     e.consumer = cid
                     e.deadline = deadline
-                    batch.append(e)
+                    batch_append(e)
                     if count > 1:
                         self.redelivered += 1
-                    if run is None or e.offset != rend or e.partition != rp or count != rc:
+                    off = e.offset
+                    if off == rend and count == rc and e.partition == rp:
+                        run_append(e)
+                    else:
                         run = [e]
+                        run_append = run.append
                         rp, rc = e.partition, count
                         out.append(Run(cid, rp, rc, run))
-                    else:
-                        run.append(e)
-                    rend = e.offset + e.length
-                    n += 1
+                    rend = off + e.length
+                if got:
+                    c.held += got
+                    n += got
                     progressed = True
             if not progressed:
                 break
@@ -735,6 +749,25 @@ class QueueGroup:
                 continue
             entries, replayed = ps.entries, ps.replayed
             o = off
+            if kind == "A":  # the bulk: a run this consumer holds, accepted in one sweep
+                get = entries.get
+                k = 0
+                while o < end:
+                    e = get(o)
+                    if e is None or e.state is not acquired or e.consumer != cid:
+                        break
+                    e.state = accepted
+                    e.consumer = 0
+                    o += e.length
+                    k += 1
+                if k:
+                    c.held -= k
+                    applied += k
+                    touched.add(p)
+                    if acked and acked[-1][2] == off and acked[-1][0] == p:
+                        acked[-1][2] = o
+                    else:
+                        acked.append([p, off, o])
             while o < end:
                 e = entries.get(o)
                 if e is None and replayed:

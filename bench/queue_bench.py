@@ -10,18 +10,25 @@ Prints one table (issue 19), three parts:
   round trip), ``--slow-messages`` messages: throughput must keep growing past 4
   consumers on a topic of 4 partitions (the point of queues). Consumers are machines in
   this model: at most 4 per process (forked), so the client's CPU is not the limit;
-* ``wire`` / ``client``: instant listeners (below);
+* ``wire`` / ``batch`` / ``client``: instant listeners (below);
 * ``redelivery``: a consumer takes a message and never acknowledges it; the time until
   another consumer gets it, against ``--lock-ms`` (``queueLockTimeout``), median of 5.
 
 notify: one broker process, a topic of 4 partitions preloaded with N messages of 100 B, then
-for each consumer count a fresh queue group drains it. Two drivers with instant listeners:
+for each consumer count a fresh queue group drains it. Three drivers with instant listeners:
 
-* ``wire``: raw asyncio connections, ``qsub`` with credit 1000, one ``qack`` frame per read
-  batch accepting every message received (answered once the accepts are fsynced, group
-  committed): the broker's limit;
+* ``wire``: raw asyncio connections, ``qbsub`` with credit 1000 (batched ``qbatch`` pushes),
+  one ``qack`` frame per read batch accepting every run received as one range item
+  (answered once the accepts are fsynced, group committed): the broker's limit;
+* ``batch``: ``session.create_queue_consumer(..., credit=1000, batch_listener=...)``, an
+  async listener called once per pushed frame that returns at once (its return accepts
+  the batch): the library's fast path;
 * ``client``: ``session.create_queue_consumer(..., credit=1000, listener=...)`` with an async
-  listener that returns at once (its return accepts the message): the library's cost.
+  listener per message that returns at once (its return accepts the message): one task
+  per message, accepts coalesced into ranges per loop turn.
+
+Each row also prints the CPU per message (``/proc`` utime+stime over the drain) of the
+broker and of the consumers (this process).
 
 RabbitMQ (only when rabbitmq-server is installed, see ``scripts/peers.sh install``): one
 durable queue preloaded with N persistent messages, each consumer its own connection with
@@ -290,12 +297,14 @@ def notify_rows(
         for driver, fn in (("wire", wire_consumers), ("batch", batch_consumers),
                            ("client", client_consumers)):
             for c in counts:
-                cpu0 = _cpu_s(b.pid)
+                cpu0, own0 = _cpu_s(b.pid), _cpu_s(os.getpid())
                 dt = uvloop.run(fn(b.addr, f"{driver}{c}", c, n))
                 us = (_cpu_s(b.pid) - cpu0) / n * 1e6
+                own = (_cpu_s(os.getpid()) - own0) / n * 1e6
                 rows.append(("notify", driver, c, n / dt))
                 print(f"  notify   {driver:<7} {c:>3} consumers {n / dt:>10,.0f} msg/s "
-                      f"(broker CPU {us:.1f} us/msg)", flush=True)
+                      f"(CPU per message: broker {us:.1f} us, consumers {own:.1f} us)",
+                      flush=True)
     return rows
 
 

@@ -62,9 +62,10 @@ from notify.core.queues import (
     QueueGroup,
     QueueLimits,
     Run,
+    record_spans,
 )
 from notify.errors import NotifyError, OffsetOutOfRangeError, TxLogError
-from notify.protocol import queuelog, records
+from notify.protocol import queuelog
 from notify.protocol.frames import (
     DeadLetterInfo,
     QueueAck,
@@ -724,7 +725,7 @@ class QueueManager:
                 continue
             pieces: list[bytes | memoryview] = []
             for p, count, _n, start, data in out:
-                for off, length in _record_spans(data, start, len(data)):
+                for off, length in record_spans(data, start, len(data)):
                     pieces.append(encode_qmsg(sub.opaque, p, off, count, length))
                     pieces.append(data[off - start : off - start + length])
             sub.conn.send(b"".join(pieces))
@@ -766,10 +767,9 @@ class QueueManager:
             data = sl.segment.read(sl.file_pos, sl.length)
             # a bounded share per partition, so a backlog in one does not starve the others
             share = max(16, core.free_credit())
-            recs = _record_spans(data, ps.frontier, min(core.room(), share))
-            if recs:
-                chunks[p] = (ps.frontier, memoryview(data))  # pushed from here (_push)
-                core.add_records(p, recs)
+            base = ps.frontier
+            if core.add_span(p, data, base, share):
+                chunks[p] = (base, memoryview(data))  # pushed from here (_push)
 
     def retention_floor(self, topic: str, partition: int) -> int | None:
         """The lowest offset of ``topic``-``partition`` a queue group may still read (what
@@ -920,23 +920,6 @@ def _read_span(part: Partition, start: int, length: int) -> bytes:
         if not more:
             break
         out += more
-    return out
-
-
-def _record_spans(data: bytes | memoryview, base: int, room: int) -> list[tuple[int, int]]:
-    """``(offset, length)`` of the whole records at the start of ``data`` (at most
-    ``room``); a trailing partial record is left for the next read."""
-    out: list[tuple[int, int]] = []
-    pos, n = 0, len(data)
-    size = records.HEADER_SIZE
-    unpack = records.HEADER.unpack_from
-    while n - pos >= size and len(out) < room:
-        length = unpack(data, pos)[0]
-        end = pos + size + length
-        if length < 0 or end > n:
-            break
-        out.append((base + pos, size + length))
-        pos = end
     return out
 
 

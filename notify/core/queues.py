@@ -44,6 +44,7 @@ from typing import Final
 
 from notify.errors import NotifyError
 from notify.protocol import queuelog
+from notify.protocol.records import HEADER, HEADER_SIZE
 from notify.transitions import TransitionTable
 
 
@@ -253,6 +254,23 @@ class AckResult:
     finished: Finished | None = None
 
 
+def record_spans(data: bytes | memoryview, base: int, room: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the whole records at the start of ``data`` (read at offset
+    ``base``; at most ``room``); a trailing partial record is left for the next read."""
+    out: list[tuple[int, int]] = []
+    pos, n = 0, len(data)
+    size = HEADER_SIZE
+    unpack = HEADER.unpack_from
+    while n - pos >= size and len(out) < room:
+        length = unpack(data, pos)[0]
+        end = pos + size + length
+        if length < 0 or end > n:
+            break
+        out.append((base + pos, size + length))
+        pos = end
+    return out
+
+
 def _unreachable(e: Entry) -> None:
     raise QueueError(f"message {e.partition}:{e.offset} appended to no run")
 
@@ -383,6 +401,31 @@ class QueueGroup:
             self.available.append(e)
             taken += 1
         return taken
+
+    def add_span(self, partition: int, data: bytes | memoryview, base: int, room: int) -> int:
+        """:meth:`add_records` for the whole records at the start of ``data``, read from the
+        store at offset ``base`` (at most ``room`` of them; a trailing partial record is
+        left); parses and tracks them in one pass in the usual case. Returns how many."""
+        ps = self.parts[partition]
+        limit = min(room, self.limits.max_in_flight - self.tracked)
+        if ps.skip or ps.counts or base != ps.frontier:
+            return self.add_records(partition, record_spans(data, base, max(0, room)))
+        entries, append, available = ps.entries, self.available.append, S.AVAILABLE
+        unpack = HEADER.unpack_from
+        size = HEADER_SIZE
+        pos, n, k = 0, len(data), 0
+        while k < limit and n - pos >= size:
+            length = unpack(data, pos)[0] + size
+            if length < size or pos + length > n:
+                break
+            off = base + pos
+            e = entries[off] = Entry(partition, off, length, available, 0)
+            append(e)
+            pos += length
+            k += 1
+        ps.frontier = base + pos
+        self.tracked += k
+        return k
 
     def skip_to(self, partition: int, offset: int) -> int:
         """The store no longer holds what lies below ``offset`` (retention): move an idle

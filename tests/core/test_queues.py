@@ -17,6 +17,7 @@ from notify.core.queues import (
     next_state,
 )
 from notify.protocol import queuelog
+from notify.protocol.records import encode
 
 S, E = MsgState, MsgEvent
 
@@ -288,3 +289,14 @@ def test_compact_keeps_accepted_runs_as_ranges_and_restores_them() -> None:
     assert k.parts[0].frontier == 150
     k.note_finished(0, 120, 240, S.ACKNOWLEDGED, 0, 0)
     assert k.parts[0].frontier == 240
+
+
+def test_add_span_parses_whole_records_up_to_the_window() -> None:
+    rec = encode(0, 0, b"x" * 10)
+    g = _group(max_in_flight=3)
+    g.add_consumer(1, 10)
+    data = rec * 2 + rec[:7]  # a partial record at the end stays unread
+    assert g.add_span(0, data, 0, 10) == 2
+    assert g.parts[0].frontier == 2 * len(rec)
+    assert g.add_span(1, rec * 5, 0, 10) == 1  # the window (max_in_flight 3) is full
+    assert [(d.partition, d.offset) for d in g.dispatch(0)] == [(0, 0), (0, len(rec)), (1, 0)]

@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from configserver import ConfigServer, ConfigServerError, new_consumer_id
 from notify.errors import ClientError, ConnectionLostError
-from notify.protocol.frames import Response, decode_qbatch, encode_line, encode_qack
+from notify.protocol.frames import QBATCH_RUN, Response, decode_qbatch, encode_line, encode_qack
 from notify.protocol.records import HEADER, HEADER_SIZE, split_payload
 from notify.transport import AsyncConnection, TransportOptions, open_connection
 
@@ -55,23 +55,46 @@ class QueueMessage:
     """A message pushed to a queue consumer; acknowledge it exactly once with
     :meth:`ack`, :meth:`release` or :meth:`reject` (:meth:`renew` keeps the lock)."""
 
-    __slots__ = ("_broker", "_end", "delivery_count", "flag", "msg_id", "offset", "partition",
-                 "payload", "topic")
+    # the record stays in the pushed frame (``_buf`` at ``_pos``): its fields are read when
+    # asked for, so a batch of messages costs little more than its frame
+    __slots__ = ("_broker", "_buf", "_end", "_pos", "delivery_count", "offset", "partition")
 
     def __init__(self, topic: str, broker: _Broker, partition: int, offset: int, count: int,
                  record: bytes):
+        # ``topic`` is the consumer's (read back through ``broker``)
         if len(record) < HEADER_SIZE:
             raise ClientError(f"pushed record of {len(record)} bytes is too short")
-        length, _crc, msg_id, flag = HEADER.unpack_from(record, 0)
-        self.topic = topic
+        length = HEADER.unpack_from(record, 0)[0]
+        if length < 0 or HEADER_SIZE + length > len(record):
+            raise ClientError(f"pushed record of {len(record)} bytes is cut short")
         self._broker = broker
+        self._buf = record
+        self._pos = 0
         self.partition = partition
         self.offset = offset
         self.delivery_count = count
-        self.msg_id = msg_id
-        self.flag = flag
-        self.payload = record[HEADER_SIZE : HEADER_SIZE + length]
         self._end = offset + HEADER_SIZE + length
+
+    @property
+    def topic(self) -> str:
+        """The topic it was published to."""
+        return self._broker.owner.topic
+
+    @property
+    def msg_id(self) -> int:
+        """The message id the broker gave it."""
+        return int(HEADER.unpack_from(self._buf, self._pos)[2])
+
+    @property
+    def flag(self) -> int:
+        """The record's flag bits."""
+        return int(HEADER.unpack_from(self._buf, self._pos)[3])
+
+    @property
+    def payload(self) -> bytes:
+        """The record's payload (attribute block and data)."""
+        start = self._pos + HEADER_SIZE
+        return self._buf[start : start + self._end - self.offset - HEADER_SIZE]
 
     @property
     def data(self) -> bytes:
@@ -198,7 +221,7 @@ class _Broker:
     def _on_push(self, conn: AsyncConnection, r: Response) -> None:
         try:
             if r.kind == "qbatch":
-                msgs, runs = _batch_messages(self.owner.topic, self, r.body)
+                msgs, runs = _batch_messages(self, r.body)
                 self.owner.deliver_batch(self, msgs, runs)
                 return
             msg = QueueMessage(self.owner.topic, self, r.partition, r.offset, r.code, r.body)
@@ -255,32 +278,37 @@ def _encode_qsub(tokens: list[object], opaque: int) -> bytes:
 
 
 def _batch_messages(
-    topic: str, broker: _Broker, body: bytes
+    broker: _Broker, body: bytes
 ) -> tuple[list[QueueMessage], list[tuple[int, int, int, int]]]:
     """The messages of a ``qbatch`` frame and its runs ``(partition, from, to, n)``."""
     msgs: list[QueueMessage] = []
+    append = msgs.append
     runs = []
     new = QueueMessage.__new__
     unpack = HEADER.unpack_from
     hs = HEADER_SIZE
     for p, count, n, first, pos in decode_qbatch(body):
-        off = first
+        off, start = first, pos
+        size = QBATCH_RUN.unpack_from(body, pos - QBATCH_RUN.size)[4]
+        end = pos + size
         for _ in range(n):
-            if len(body) - pos < hs:
+            length = hs + unpack(body, pos)[0] if end - pos >= hs else -1
+            if length < hs or pos + length > end:
                 raise ClientError(f"qbatch run of {n} records at {first} is cut short")
-            length, _crc, msg_id, flag = unpack(body, pos)
             m = new(QueueMessage)
-            m.topic = topic
             m._broker = broker
+            m._buf = body
+            m._pos = pos
             m.partition = p
             m.offset = off
             m.delivery_count = count
-            m.msg_id = msg_id
-            m.flag = flag
-            m.payload = body[pos + hs : pos + hs + length]
-            off = m._end = off + hs + length
-            pos += hs + length
-            msgs.append(m)
+            off = m._end = off + length
+            pos += length
+            append(m)
+        if pos != start + size:
+            raise ClientError(
+                f"qbatch run at {first}: {n} records fill {pos - start} of {size} bytes"
+            )
         runs.append((p, first, off, n))
     return msgs, runs
 

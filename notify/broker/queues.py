@@ -620,9 +620,11 @@ class QueueManager:
                 core.refused_acks += 1
                 if len(refused) < MAX_REFUSALS_SHOWN:
                     refused.append(f"malformed item {line[:40].decode('latin-1')!r}")
-        applied, why, fins, acked = core.ack_many(cid, items, now)
-        nrefused += len(why)
-        refused += why[: max(0, MAX_REFUSALS_SHOWN - len(refused))]
+        applied, n, why, fins, acked = core.ack_many(
+            cid, items, now, max(0, MAX_REFUSALS_SHOWN - len(refused))
+        )
+        nrefused += n
+        refused += why
         body = "\n".join([f"{applied} {nrefused}", *refused])
         pos = self._log_finished(core, fins)
         if acked:

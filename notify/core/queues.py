@@ -737,21 +737,38 @@ class QueueGroup:
         return AckResult(True, finished=self._finish(e, event, now_ms))
 
     def ack_many(
-        self, cid: int, items: list[tuple[str, int, int, int, int]], now_ms: float
-    ) -> tuple[int, list[str], list[Finished], list[tuple[int, int, int]]]:
+        self,
+        cid: int,
+        items: list[tuple[str, int, int, int, int]],
+        now_ms: float,
+        max_reasons: int = 16,
+    ) -> tuple[int, int, list[str], list[Finished], list[tuple[int, int, int]]]:
         """:meth:`ack` for the items of one ``qack`` frame, ``(kind, partition, offset, end,
         delay_ms)``: ``end`` -1 names the one message at ``offset``, else the item covers
         every message whose record starts in ``[offset, end)`` (a range). Returns
-        ``(applied, refusal reasons, finished items to log, accepted ranges to log)``: the
-        accepted messages as ``(partition, from, to)`` ranges of consecutive records.
-        Accepts, the bulk of them, take a short path; the low-water offsets advance once
-        per frame."""
+        ``(applied, refused, the first max_reasons refusal reasons, finished items to log,
+        accepted ranges to log)``: the accepted messages as ``(partition, from, to)``
+        ranges of consecutive records. Accepts, the bulk of them, take a short path; the
+        low-water offsets advance once per frame. Bounded whatever the ranges say: the
+        walk over messages a range names but this consumer does not hold stops after
+        ``max(max_credit, 1024)`` of them per frame (the rest of each range is refused as
+        one span)."""
         c = self.consumers.get(cid)
         parts = self.parts
         acquired = S.ACQUIRED
         accepted = _ACCEPTED
         applied = 0
         refused: list[str] = []
+        nrefused = 0
+        budget = max(self.limits.max_credit, 1024)
+
+        def refuse(why: str) -> None:
+            nonlocal nrefused
+            nrefused += 1
+            self.refused_acks += 1
+            if len(refused) < max_reasons:
+                refused.append(why)
+
         fins: list[Finished] = []
         acked: list[list[int]] = []
         touched: set[int] = set()
@@ -781,14 +798,14 @@ class QueueGroup:
                     if res.finished is not None:
                         fins.append(res.finished)
                 else:
-                    refused.append(res.refused)
+                    self.refused_acks -= 1  # counted again by refuse()
+                    refuse(res.refused)
                 continue
             if kind not in ACK_EVENTS:
-                refused.append(self._refuse(f"unknown acknowledgement kind {kind!r}").refused)
+                refuse(f"unknown acknowledgement kind {kind!r}")
                 continue
-            if c is None or ps is None or end <= off:
-                refused.append(self._refuse(f"{p}:{off}..{end} is not held by this consumer")
-                               .refused)
+            if c is None or ps is None or end <= off or budget <= 0:
+                refuse(f"{p}:{off}..{end} is not held by this consumer")
                 continue
             entries, replayed = ps.entries, ps.replayed
             o = off
@@ -818,13 +835,16 @@ class QueueGroup:
                 if e is None:  # not a tracked record start: finished below the low water?
                     low = ps.low_water
                     hi = min(low, end) if o < low else end
-                    inside = sorted(k for k in replayed if o <= k < hi) if replayed else []
-                    stop = inside[0] if inside else hi
+                    stop = hi
+                    if replayed:
+                        budget -= len(replayed)
+                        stop = min((k for k in replayed if o <= k < hi), default=hi)
                     if stop > o:
-                        refused.append(
-                            self._refuse(f"{p}:{o}..{stop} is not held by this consumer").refused
-                        )
+                        refuse(f"{p}:{o}..{stop} is not held by this consumer")
                     o = stop
+                    if budget <= 0 and o < end:
+                        refuse(f"{p}:{o}..{end} is not held by this consumer")
+                        break
                     continue
                 if e.state is acquired and e.consumer == cid:
                     if kind == "A":
@@ -846,13 +866,19 @@ class QueueGroup:
                             if res.finished is not None:
                                 fins.append(res.finished)
                         else:
-                            refused.append(res.refused)
-                else:
-                    refused.append(self._refuse(f"{p}:{o} is not held by this consumer").refused)
+                            self.refused_acks -= 1  # counted again by refuse()
+                            refuse(res.refused)
+                    o += e.length
+                    continue
+                refuse(f"{p}:{o} is not held by this consumer")
                 o += e.length
+                budget -= 1
+                if budget <= 0 and o < end:
+                    refuse(f"{p}:{o}..{end} is not held by this consumer")
+                    break
         for p in touched:
             self._advance(parts[p])
-        return applied, refused, fins, [(p, a, b) for p, a, b in acked]
+        return applied, nrefused, refused, fins, [(p, a, b) for p, a, b in acked]
 
     def _refuse(self, why: str) -> AckResult:
         self.refused_acks += 1

@@ -251,16 +251,18 @@ def test_range_accepts_refuse_what_is_not_held_and_log_ranges() -> None:
     out = g.dispatch(0)
     mine = sorted(d.offset for d in out if d.consumer == 1)
     assert mine == [0, 30, 60, 90]  # a consumer takes a run in a row
-    applied, refused, fins, acked = g.ack_many(1, [("A", 0, 0, 180, 0)], 1)
+    applied, n, refused, fins, acked = g.ack_many(1, [("A", 0, 0, 180, 0)], 1)
     # its four accepted as one range; the two of consumer 2 in the span refused by name
-    assert applied == 4 and fins == [] and acked == [(0, 0, 120)]
+    assert applied == 4 and n == 2 and fins == [] and acked == [(0, 0, 120)]
     assert refused == ["0:120 is not held by this consumer", "0:150 is not held by this consumer"]
     assert g.held_by(1) == 0 and g.held_by(2) == 4
     # again: everything there is finished and below the low-water offset now -> one span
-    applied, refused, _, acked = g.ack_many(1, [("A", 0, 0, 120, 0)], 2)
+    applied, _, refused, _, acked = g.ack_many(1, [("A", 0, 0, 120, 0)], 2)
     assert applied == 0 and acked == [] and refused == ["0:0..120 is not held by this consumer"]
     # a range release with a delay and a range reject by consumer 2
-    applied, refused, fins, _ = g.ack_many(2, [("R", 0, 120, 180, 50), ("X", 0, 180, 240, 0)], 3)
+    applied, _, refused, fins, _ = g.ack_many(
+        2, [("R", 0, 120, 180, 50), ("X", 0, 180, 240, 0)], 3
+    )
     assert applied == 4 and refused == [] and [f.state for f in fins] == [S.REJECTED] * 2
     assert g.dispatch(10) == []  # released with a delay
     assert sorted(d.offset for d in g.dispatch(60)) == [120, 150]
@@ -300,3 +302,17 @@ def test_add_span_parses_whole_records_up_to_the_window() -> None:
     assert g.parts[0].frontier == 2 * len(rec)
     assert g.add_span(1, rec * 5, 0, 10) == 1  # the window (max_in_flight 3) is full
     assert [(d.partition, d.offset) for d in g.dispatch(0)] == [(0, 0), (0, len(rec)), (1, 0)]
+
+
+def test_a_hostile_range_costs_a_bounded_walk_and_bounded_reasons() -> None:
+    g = _group(max_in_flight=5000, max_credit=10)
+    g.add_consumer(1, 1)
+    g.add_records(0, _recs(0, 3000))
+    assert [d.offset for d in g.dispatch(0)] == [0]
+    before = g.refused_acks
+    applied, n, why, _, acked = g.ack_many(1, [("A", 0, 0, 2**62, 0)] * 3, 1, max_reasons=16)
+    # its one message accepted; 1024 messages it does not hold walked and refused one by
+    # one, then the rest of that range and the two other ranges refused as spans unwalked
+    assert applied == 1 and acked == [(0, 0, 30)]
+    assert n == 1024 + 1 + 2 and len(why) == 16 and g.refused_acks - before == n
+    assert g.tracked == 2999 and g.held_by(1) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from notify.client._queue import _ack_body, _refused_spans
 from notify.errors import ProtocolError
 from notify.protocol import queuelog
 from notify.protocol.frames import (
@@ -48,3 +49,17 @@ def test_acked_and_deliver_runs_records_round_trip() -> None:
         queuelog.decode_deliver_runs(body[:-3])
     with pytest.raises(ProtocolError, match="empty range"):
         queuelog.decode_acked(queuelog.encode_acked("t", "g", [(0, 9, 9)], 0))
+
+
+def test_client_coalesces_accepts_into_ranges_and_reads_span_refusals() -> None:
+    items = [(b"A", 0, 30, 60, 0), (b"A", 0, 0, 30, 0), (b"A", 0, 90, 120, 0),
+             (b"a", 1, 0, 300, 0), (b"A", 1, 300, 330, 0), (b"R", 0, 60, 90, 500),
+             (b"r", 2, 0, 90, 0), (b"X", 3, 7, 9, 0)]
+    body = _ack_body(items, ranges=True)
+    assert sorted(body.split(b"\n")[:-1]) == sorted([
+        b"a 0 0 60", b"A 0 90", b"a 1 0 330", b"R 0 60 500", b"r 2 0 90 0", b"X 3 7",
+    ])
+    # an older broker: one line per message, no range forms
+    assert _ack_body(items[:2], ranges=False) == b"A 0 30\nA 0 0\n"
+    spans = _refused_spans(["0:120 is not held", "2:0..90 is not held", "malformed item 'x'"])
+    assert spans == [(0, 120, 121), (2, 0, 90)]

@@ -435,7 +435,8 @@ class QueueGroup:
             return 0
         gap = offset - ps.frontier
         ps.frontier = offset
-        ps.skip = {o: v for o, v in ps.skip.items() if o >= offset}
+        # a recovered range reaching over the new frontier keeps its part above it
+        ps.skip = {max(o, offset): v for o, v in ps.skip.items() if v[0] > offset}
         ps.counts = {o: c for o, c in ps.counts.items() if o >= offset}
         return gap
 

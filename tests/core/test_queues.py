@@ -316,3 +316,12 @@ def test_a_hostile_range_costs_a_bounded_walk_and_bounded_reasons() -> None:
     assert applied == 1 and acked == [(0, 0, 30)]
     assert n == 1024 + 1 + 2 and len(why) == 16 and g.refused_acks - before == n
     assert g.tracked == 2999 and g.held_by(1) == 0
+
+
+def test_retention_skip_keeps_the_part_of_an_accepted_range_above_it() -> None:
+    g = _group()
+    g.restore(0, 0, [(60, 300, S.ACKNOWLEDGED, 0)])  # recovered: 60..300 accepted, 0..60 not
+    assert g.skip_to(0, 120) == 120  # retention deleted below 120 unread
+    g.add_consumer(1, 100)
+    g.add_records(0, _recs(120, 8))  # 120..360: only 300 and 330 were never accepted
+    assert [d.offset for d in g.dispatch(0)] == [300, 330]

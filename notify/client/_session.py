@@ -921,11 +921,15 @@ class MessageSessionFactory:
         credit: int = 100,
         listener: QueueListener | None = None,
         start: str = "earliest",
+        batch_listener: BatchListener | None = None,
     ) -> QueueConsumer:
         """A synchronous queue consumer (see
         :meth:`AsyncMessageSessionFactory.create_queue_consumer`); a plain ``listener``
-        runs on threads, its return accepts the message and an exception releases it."""
-        core = self.core.create_queue_consumer(topic, group, credit, listener, start)
+        (or ``batch_listener``) runs on threads, its return accepts the message (the batch)
+        and an exception releases it."""
+        core = self.core.create_queue_consumer(
+            topic, group, credit, listener, start, batch_listener
+        )
         return QueueConsumer(self._lt.run(core), self._lt)
 
     def run(self, coro: Any, timeout_s: float | None = None) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -370,3 +371,28 @@ def test_queue_log_written_before_range_records_is_recovered(tmp_path: Path) -> 
             got += _batch_msgs(c.replies(1))
         assert [(o, n) for _, o, _, n in got] == [(offs[1][0], 3), (offs[3][0], 1)]
         c.close()
+
+
+def test_sync_session_batch_listener_runs_on_a_thread(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path, topics={"work": 2}) as b:
+        _publish(b.addr, "work", 10, 2)
+        seen: list[bytes] = []
+        threads: set[str] = set()
+        done = threading.Event()
+
+        def listener(msgs: list[QueueMessage]) -> None:
+            threads.add(threading.current_thread().name)
+            seen.extend(m.data for m in msgs)
+            if len(seen) >= 10:
+                done.set()
+
+        with connect([b.addr]) as session:
+            c = session.create_queue_consumer("work", "g", credit=50, batch_listener=listener)
+            assert done.wait(10)
+            deadline = time.monotonic() + 5
+            while _stats(b.addr)["work/g"]["tracked"] != "0" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            c.close()
+        assert sorted(seen) == sorted(b"m%d" % i for i in range(10))
+        assert _stats(b.addr)["work/g"]["tracked"] == "0"  # all accepted
+        assert "MainThread" not in threads

@@ -496,7 +496,9 @@ class QueueGroup:
             for e in src.values()
             if e.consumer == cid and e.state is acquired
         ]
-        mine.sort(key=lambda e: (e.partition, e.offset))
+        # returned to the front of the available ones: the last first, so they go out again
+        # in offset order (runs of consecutive records)
+        mine.sort(key=lambda e: (e.partition, e.offset), reverse=True)
         for e in mine:
             f = self._return(e, E.CONSUMER_GONE, now_ms, 0)
             if f is not None:
@@ -629,7 +631,7 @@ class QueueGroup:
         acquired = S.ACQUIRED
         while locks and locks[0][0] <= now_ms:
             deadline, _, batch = heapq.heappop(locks)
-            for e in batch:
+            for e in reversed(batch):  # put back in front in the order they were delivered
                 if e.state is not acquired or e.deadline != deadline:
                     continue
                 c = self.consumers.get(e.consumer)
@@ -810,6 +812,7 @@ class QueueGroup:
                 continue
             entries, replayed = ps.entries, ps.replayed
             o = off
+            later: list[int] = []  # released at once: returned last first (offset order)
             if kind == "A":  # the bulk: a run this consumer holds, accepted in one sweep
                 get = entries.get
                 k = 0
@@ -860,6 +863,8 @@ class QueueGroup:
                             acked.append([p, o, o + e.length])
                         touched.add(p)
                         applied += 1
+                    elif kind == "R" and delay == 0:
+                        later.append(o)
                     else:
                         res = self.ack(cid, kind, p, o, delay, now_ms)
                         if res.applied:
@@ -877,6 +882,15 @@ class QueueGroup:
                 if budget <= 0 and o < end:
                     refuse(f"{p}:{o}..{end} is not held by this consumer")
                     break
+            for o in reversed(later):
+                res = self.ack(cid, kind, p, o, 0, now_ms)
+                if res.applied:
+                    applied += 1
+                    if res.finished is not None:
+                        fins.append(res.finished)
+                else:  # cannot happen: held a moment ago
+                    self.refused_acks -= 1  # counted again by refuse()
+                    refuse(res.refused)
         for p in touched:
             self._advance(parts[p])
         return applied, nrefused, refused, fins, [(p, a, b) for p, a, b in acked]

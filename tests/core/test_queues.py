@@ -325,3 +325,22 @@ def test_retention_skip_keeps_the_part_of_an_accepted_range_above_it() -> None:
     g.add_consumer(1, 100)
     g.add_records(0, _recs(120, 8))  # 120..360: only 300 and 330 were never accepted
     assert [d.offset for d in g.dispatch(0)] == [300, 330]
+
+
+def test_returned_messages_go_out_again_in_offset_order() -> None:
+    """A range release, an expired lock batch and a departed consumer put their messages
+    back so that they are delivered again as runs of consecutive records."""
+    g = _group(lock_ms=100)
+    g.add_consumer(1, 10)
+    g.add_records(0, _recs(0, 6))
+    g.dispatch(0)
+    g.ack_many(1, [("R", 0, 0, 90, 0)], 1)
+    (r,) = g.dispatch_runs(2)
+    assert [e.offset for e in r.entries] == [0, 30, 60] and r.count == 2
+    g.expire(200)  # every lock ran out
+    runs = g.dispatch_runs(201)
+    assert [[e.offset for e in r.entries] for r in runs] == [[0, 30, 60], [90, 120, 150]]
+    g.add_consumer(2, 10)
+    g.remove_consumer(1, 202)
+    assert [e.offset for r in g.dispatch_runs(203) for e in r.entries] == [0, 30, 60, 90, 120,
+                                                                          150]

@@ -609,7 +609,10 @@ class QueueManager:
                 if rk is not None:  # <k> <p> <from> <to> [<delayMs>]
                     if n != 4 and (n != 5 or rk != "R"):
                         raise ValueError
-                    items.append((rk, int(t[1]), int(t[2]), int(t[3]), int(t[4]) if n == 5 else 0))
+                    end = int(t[3])
+                    if end < 0:  # (-1 would name one message)
+                        raise ValueError
+                    items.append((rk, int(t[1]), int(t[2]), end, int(t[4]) if n == 5 else 0))
                     continue
                 if n != 3 and (n != 4 or t[0] != b"R"):
                     raise ValueError

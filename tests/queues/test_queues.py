@@ -142,8 +142,10 @@ def test_hostile_clients_bogus_acks_never_acking_and_huge_credit(tmp_path: Path)
         liar_msg = _pushes(liar, 1)[0]
         items = b"".join(b"A %d %d\n" % (m.partition, m.offset) for m in got[:5])
         items += b"A 0 999999\nX 9 0\nR 0 0 -5\nQ 1 1\nnonsense\n"
+        # range forms: a negative end (malformed), an empty range, an unknown partition
+        items += b"a 1 0 -1\na 0 5 3\nx 7 0 100\n"
         rep = liar.call(b"qack work g %d 3\r\n" % len(items) + items)
-        assert rep.code == 200 and rep.body.split(b"\n")[0] == b"0 10", rep
+        assert rep.code == 200 and rep.body.split(b"\n")[0] == b"0 13", rep
         assert liar.call(b"qack work other 8 4\r\nA 0 0\n\n\n").code == 404  # not subscribed
         # the real holder still holds them: its accept works
         items = b"".join(b"A %d %d\n" % (m.partition, m.offset) for m in got[:5])
@@ -153,7 +155,7 @@ def test_hostile_clients_bogus_acks_never_acking_and_huge_credit(tmp_path: Path)
         assert rep.body.split(b"\n")[0] == b"5 0"
         assert sum(r.kind == "qmsg" for r in out) == 5
         st = _stats(b.addr)["work/g"]
-        assert st["refused_acks"] == "10" and int(st["tracked"]) <= 100, st
+        assert st["refused_acks"] == "13" and int(st["tracked"]) <= 100, st
         assert liar_msg.kind == "qmsg"
         # bad verbs keep the connection
         assert liar.call(b"qsub work g 0 earliest 6\r\n").code == 400

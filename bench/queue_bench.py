@@ -10,18 +10,25 @@ Prints one table (issue 19), three parts:
   round trip), ``--slow-messages`` messages: throughput must keep growing past 4
   consumers on a topic of 4 partitions (the point of queues). Consumers are machines in
   this model: at most 4 per process (forked), so the client's CPU is not the limit;
-* ``wire`` / ``client``: instant listeners (below);
+* ``wire`` / ``batch`` / ``client``: instant listeners (below);
 * ``redelivery``: a consumer takes a message and never acknowledges it; the time until
   another consumer gets it, against ``--lock-ms`` (``queueLockTimeout``), median of 5.
 
 notify: one broker process, a topic of 4 partitions preloaded with N messages of 100 B, then
-for each consumer count a fresh queue group drains it. Two drivers with instant listeners:
+for each consumer count a fresh queue group drains it. Three drivers with instant listeners:
 
-* ``wire``: raw asyncio connections, ``qsub`` with credit 1000, one ``qack`` frame per read
-  batch accepting every message received (answered once the accepts are fsynced, group
-  committed): the broker's limit;
+* ``wire``: raw asyncio connections, ``qbsub`` with credit 1000 (batched ``qbatch`` pushes),
+  one ``qack`` frame per read batch accepting every run received as one range item
+  (answered once the accepts are fsynced, group committed): the broker's limit;
+* ``batch``: ``session.create_queue_consumer(..., credit=1000, batch_listener=...)``, an
+  async listener called once per pushed frame that returns at once (its return accepts
+  the batch): the library's fast path;
 * ``client``: ``session.create_queue_consumer(..., credit=1000, listener=...)`` with an async
-  listener that returns at once (its return accepts the message): the library's cost.
+  listener per message that returns at once (its return accepts the message): one task
+  per message, accepts coalesced into ranges per loop turn.
+
+Each row also prints the CPU per message (``/proc`` utime+stime over the drain) of the
+broker and of the consumers (this process).
 
 RabbitMQ (only when rabbitmq-server is installed, see ``scripts/peers.sh install``): one
 durable queue preloaded with N persistent messages, each consumer its own connection with
@@ -48,7 +55,13 @@ sys.path.insert(0, str(ROOT))
 import uvloop  # noqa: E402
 
 from notify.client import AsyncMessageSessionFactory, QueueMessage  # noqa: E402
-from notify.protocol.frames import ResponseParser, encode_line, encode_qack  # noqa: E402
+from notify.protocol.frames import (  # noqa: E402
+    QBATCH_RUN,
+    ResponseParser,
+    decode_qbatch,
+    encode_line,
+    encode_qack,
+)
 from notify.protocol.records import encode  # noqa: E402
 from notify.testing import BrokerProcess  # noqa: E402
 
@@ -106,13 +119,14 @@ async def preload_topic(addr: str, topic: str, n: int) -> None:
 
 
 async def wire_consumers(addr: str, group: str, consumers: int, n: int) -> float:
+    """Raw protocol, ``qbsub``: ``qbatch`` frames, one range item per run accepted."""
     host, port = addr.rsplit(":", 1)
     total = [0]
     done = asyncio.Event()
 
     async def one(i: int) -> None:
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(encode_line("qsub", "q", group, CREDIT, "earliest", 1))
+        writer.write(encode_line("qbsub", "q", group, CREDIT, "earliest", 1))
         parser = ResponseParser()
         opaque = 10
         while not done.is_set():
@@ -120,15 +134,19 @@ async def wire_consumers(addr: str, group: str, consumers: int, n: int) -> float
             if not data:
                 return
             items = []
+            got = 0
             for r in parser.feed(data):
-                if r.kind == "qmsg":
-                    items.append(b"A %d %d\n" % (r.partition, r.offset))
+                if r.kind == "qbatch":
+                    for p, _c, k, first, pos in decode_qbatch(r.body):
+                        end = first + QBATCH_RUN.unpack_from(r.body, pos - QBATCH_RUN.size)[4]
+                        items.append(b"a %d %d %d\n" % (p, first, end))
+                        got += k
                 elif r.code != 200:
                     raise RuntimeError(f"consumer {i}: {r.code} {r.body[:80]!r}")
             if items:
                 opaque += 1
                 writer.write(encode_qack("q", group, b"".join(items), opaque))
-                total[0] += len(items)
+                total[0] += got
                 if total[0] >= n:
                     done.set()
         writer.close()
@@ -140,6 +158,30 @@ async def wire_consumers(addr: str, group: str, consumers: int, n: int) -> float
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    return dt
+
+
+async def batch_consumers(addr: str, group: str, consumers: int, n: int) -> float:
+    """The client library with a ``batch_listener`` (one call per pushed frame; its return
+    accepts the batch, one range item per run)."""
+    total = [0]
+    done = asyncio.Event()
+
+    async def listener(msgs: list[QueueMessage]) -> None:
+        total[0] += len(msgs)
+        if total[0] >= n:
+            done.set()
+
+    async with AsyncMessageSessionFactory([addr]) as s:
+        t0 = time.perf_counter()
+        cs = [
+            await s.create_queue_consumer("q", group, credit=CREDIT, batch_listener=listener)
+            for _ in range(consumers)
+        ]
+        await asyncio.wait_for(done.wait(), 600)
+        dt = time.perf_counter() - t0
+        for c in cs:
+            await c.close()
     return dt
 
 
@@ -252,14 +294,17 @@ def notify_rows(
     with BrokerProcess(workdir / "fast", topics={"q": PARTS}, system=sysc,
                        log_level="warning") as b:
         uvloop.run(preload(b.addr, n))
-        for driver, fn in (("wire", wire_consumers), ("client", client_consumers)):
+        for driver, fn in (("wire", wire_consumers), ("batch", batch_consumers),
+                           ("client", client_consumers)):
             for c in counts:
-                cpu0 = _cpu_s(b.pid)
+                cpu0, own0 = _cpu_s(b.pid), _cpu_s(os.getpid())
                 dt = uvloop.run(fn(b.addr, f"{driver}{c}", c, n))
                 us = (_cpu_s(b.pid) - cpu0) / n * 1e6
+                own = (_cpu_s(os.getpid()) - own0) / n * 1e6
                 rows.append(("notify", driver, c, n / dt))
                 print(f"  notify   {driver:<7} {c:>3} consumers {n / dt:>10,.0f} msg/s "
-                      f"(broker CPU {us:.1f} us/msg)", flush=True)
+                      f"(CPU per message: broker {us:.1f} us, consumers {own:.1f} us)",
+                      flush=True)
     return rows
 
 

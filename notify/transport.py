@@ -15,7 +15,7 @@ The contract:
   may come in any order; replies to nobody (a request that timed out) are dropped;
 * broker-initiated ``check`` frames (half-message check-back) are never taken for replies:
   they go to the connection's ``check_handler`` (asyncio) or are dropped (blocking); pushed
-  queue messages (``qmsg``) go to its ``push_handler`` likewise;
+  queue messages (``qmsg``, ``qbatch``) go to its ``push_handler`` likewise;
 * on every (re)connect, when a shared secret is configured, ``auth <secret>`` is the first
   request and its reply is awaited: a refusal raises :class:`AuthenticationError`;
 * TLS when :attr:`TransportOptions.ssl` is set (build it with :func:`tls_context` from a
@@ -184,7 +184,7 @@ class AsyncConnection(asyncio.Protocol):
         self.producer_group: str | None = None
         #: Called on the loop with each broker-initiated ``check`` frame (must not block).
         self.check_handler: Callable[[AsyncConnection, Response], None] | None = None
-        #: Called on the loop with each pushed queue message (``qmsg``; must not block).
+        #: Called on the loop with each pushed ``qmsg`` or ``qbatch`` frame (must not block).
         self.push_handler: Callable[[AsyncConnection, Response], None] | None = None
 
     # -- asyncio.Protocol
@@ -206,7 +206,7 @@ class AsyncConnection(asyncio.Protocol):
             if r.kind == "check":  # broker-initiated: not a reply to any request
                 self._on_check(r)
                 continue
-            if r.kind == "qmsg":  # a pushed queue message: README "Queues"
+            if r.kind == "qmsg" or r.kind == "qbatch":  # pushed queue message(s): README "Queues"
                 if self.push_handler is not None:
                     self.push_handler(self, r)
                 continue
@@ -535,7 +535,7 @@ class BlockingConnection:
                 if not n:
                     raise ConnectionResetError("the broker closed the connection")
                 for r in self._parser.feed(rbuf[:n].tobytes()):
-                    if r.kind in ("check", "qmsg") or r.opaque not in wanted:
+                    if r.kind in ("check", "qmsg", "qbatch") or r.opaque not in wanted:
                         continue  # a check-back, or the reply to a request that timed out
                     wanted.discard(r.opaque)
                     got[r.opaque] = r

@@ -57,14 +57,15 @@ from notify.config import ServerConfig, SystemConfig
 from notify.core.queues import (
     CODE_STATES,
     STATE_CODES,
-    Delivery,
     Finished,
     MsgState,
     QueueGroup,
     QueueLimits,
+    Run,
+    record_spans,
 )
 from notify.errors import NotifyError, OffsetOutOfRangeError, TxLogError
-from notify.protocol import queuelog, records
+from notify.protocol import queuelog
 from notify.protocol.frames import (
     DeadLetterInfo,
     QueueAck,
@@ -72,6 +73,7 @@ from notify.protocol.frames import (
     QueueSubscribe,
     QueueUnsubscribe,
     encode_dead_letters,
+    encode_qbatch,
     encode_qmsg,
     encode_result,
 )
@@ -95,8 +97,9 @@ FENCED_RECHECK_S: Final = 0.1
 DELIVER_LOG_DELAY_S: Final = 0.005
 #: Largest checkpoint (compact form of every group) the queue log accepts.
 MAX_SNAPSHOT_BYTES: Final = 1 << 30
-#: ``qack`` item kinds as they come on the wire
+#: ``qack`` item kinds as they come on the wire (lower case: the range form)
 _ACK_KINDS: Final = {b"A": "A", b"R": "R", b"X": "X", b"N": "N"}
+_RANGE_KINDS: Final = {b"a": "A", b"r": "R", b"x": "X", b"n": "N"}
 GROUP_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
@@ -119,6 +122,8 @@ class _Sub:
     #: cluster mode: the consumer's ZooKeeper id and the watch on its node
     zk_id: str = ""
     watch: Callable[[], None] | None = None
+    #: ``qbsub``: messages are pushed in ``qbatch`` frames
+    batch: bool = False
 
 
 @dataclass(slots=True)
@@ -162,7 +167,7 @@ class QueueManager:
         self._ckpt_running = False
         self._syncing = False
         self._sync_again = False
-        self._deliveries: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+        self._deliveries: dict[tuple[str, str], list[tuple[int, int, list[int]]]] = {}
         self._deliver_timer: asyncio.TimerHandle | None = None
         self.lost_to_retention = 0
         self.ack_frames = 0
@@ -250,8 +255,16 @@ class QueueManager:
                 core = self._restore_group(topic, group)
                 for p, o, ln in reps:
                     core.restore_replayed(p, o, ln)
-            elif rec.type == queuelog.DELIVER:
-                topic, group, counts = queuelog.decode_deliver(rec.body)
+            elif rec.type == queuelog.ACKED:
+                topic, group, ranges = queuelog.decode_acked(rec.body)
+                core = self._restore_group(topic, group)
+                ack = MsgState.ACKNOWLEDGED
+                for p, a, b, at in ranges:
+                    core.note_finished(p, a, b, ack, 0, at)
+            elif rec.type in (queuelog.DELIVER, queuelog.DELIVER_RUNS):
+                decode = (queuelog.decode_deliver if rec.type == queuelog.DELIVER
+                          else queuelog.decode_deliver_runs)
+                topic, group, counts = decode(rec.body)
                 core = self._restore_group(topic, group)
                 for p, o, c in counts:
                     core.restore_count(p, o, c)
@@ -354,7 +367,9 @@ class QueueManager:
             self._flush_deliveries()  # a replay resets counts: older deliveries go first
         return self._log.append(rtype, body)
 
-    def _note_deliveries(self, core: QueueGroup, counts: list[tuple[int, int, int]]) -> None:
+    def _note_deliveries(
+        self, core: QueueGroup, counts: list[tuple[int, int, list[int]]]
+    ) -> None:
         """Deliveries to log: appended after DELIVER_LOG_DELAY_S (or before a REPLAY record),
         then fsynced in the background (group commit). Their order against DONE records
         does not matter: a count recovered for a finished message is ignored."""
@@ -372,7 +387,9 @@ class QueueManager:
         pos = None
         pending, self._deliveries = self._deliveries, {}
         for (topic, group), counts in pending.items():
-            pos = self._log.append(queuelog.DELIVER, queuelog.encode_deliver(topic, group, counts))
+            pos = self._log.append(
+                queuelog.DELIVER_RUNS, queuelog.encode_deliver_runs(topic, group, counts)
+            )
         return pos
 
     def _log_finished(self, core: QueueGroup, fins: list[Finished]) -> object | None:
@@ -527,12 +544,12 @@ class QueueManager:
         if cid is None:
             self._cid += 1
             cid = subs[key] = self._cid
-            g.subs[cid] = _Sub(conn, r.opaque, r.consumer_id, watch)
+            g.subs[cid] = _Sub(conn, r.opaque, r.consumer_id, watch, r.batch)
         else:
             sub = g.subs[cid]
             if sub.watch is not None and sub.watch is not watch and self.cluster is not None:
                 self.cluster.forget_watch(sub.watch)
-            sub.opaque, sub.zk_id, sub.watch = r.opaque, r.consumer_id, watch
+            sub.opaque, sub.zk_id, sub.watch, sub.batch = r.opaque, r.consumer_id, watch, r.batch
         granted = g.core.add_consumer(cid, r.credit)
         _send(conn, 200, r.opaque, str(granted))
         self.pump(g)
@@ -586,27 +603,44 @@ class QueueManager:
         refused: list[str] = []
         nrefused = 0
         kinds = _ACK_KINDS
-        items: list[tuple[str, int, int, int]] = []
+        ranges = _RANGE_KINDS
+        items: list[tuple[str, int, int, int, int]] = []
         for line in r.items.split(b"\n"):
             t = line.split()
             if not t:
                 continue
             try:
                 n = len(t)
+                rk = ranges.get(t[0])
+                if rk is not None:  # <k> <p> <from> <to> [<delayMs>]
+                    if n != 4 and (n != 5 or rk != "R"):
+                        raise ValueError
+                    end = int(t[3])
+                    if end < 0:  # (-1 would name one message)
+                        raise ValueError
+                    items.append((rk, int(t[1]), int(t[2]), end, int(t[4]) if n == 5 else 0))
+                    continue
                 if n != 3 and (n != 4 or t[0] != b"R"):
                     raise ValueError
                 kind = kinds.get(t[0]) or t[0].decode("ascii")
-                items.append((kind, int(t[1]), int(t[2]), int(t[3]) if n == 4 else 0))
+                items.append((kind, int(t[1]), int(t[2]), -1, int(t[3]) if n == 4 else 0))
             except (ValueError, UnicodeDecodeError):
                 nrefused += 1
                 core.refused_acks += 1
                 if len(refused) < MAX_REFUSALS_SHOWN:
                     refused.append(f"malformed item {line[:40].decode('latin-1')!r}")
-        applied, why, fins = core.ack_many(cid, items, now)
-        nrefused += len(why)
-        refused += why[: max(0, MAX_REFUSALS_SHOWN - len(refused))]
+        applied, n, why, fins, acked = core.ack_many(
+            cid, items, now, max(0, MAX_REFUSALS_SHOWN - len(refused))
+        )
+        nrefused += n
+        refused += why
         body = "\n".join([f"{applied} {nrefused}", *refused])
         pos = self._log_finished(core, fins)
+        if acked:
+            pos = self._append(
+                queuelog.ACKED,
+                queuelog.encode_acked(core.topic, core.group, acked, int(time.time() * 1000)),
+            )
         if pos is None:
             _send(conn, 200, r.opaque, body)
         else:
@@ -656,54 +690,68 @@ class QueueManager:
             return
         now = self._now_ms()
         fins = core.expire(now)
-        counts: list[tuple[int, int, int]] = []
+        counts: list[tuple[int, int, list[int]]] = []
         chunks: dict[int, tuple[int, memoryview]] = {}
         while True:
             chunks.clear()
             if core.wants_records():
                 self._fill(g, chunks)
-            deliveries = core.dispatch(now)
+            runs = core.dispatch_runs(now)
             dead = core.take_exhausted()
             fins += dead
-            if not deliveries:
+            if not runs:
                 if dead:  # recovered at the delivery limit: the window has room again
                     continue
                 break
-            counts += [(d.partition, d.offset, d.count) for d in deliveries]
-            self._push(g, deliveries, chunks)
+            counts += [(r.partition, r.count, [e.offset for e in r.entries]) for r in runs]
+            self._push(g, runs, chunks)
         if counts:  # delivery counts survive a crash once logged and fsynced (README "Queues")
             self._note_deliveries(core, counts)
         self._sync_later(self._log_finished(core, fins))
         self._arm(g)
 
     def _push(
-        self, g: _Group, deliveries: list[Delivery], chunks: dict[int, tuple[int, memoryview]]
+        self, g: _Group, runs: list[Run], chunks: dict[int, tuple[int, memoryview]]
     ) -> None:
-        """One ``qmsg`` frame per delivery, one write per consumer; the records come from
-        what :meth:`_fill` just read when they are in it (one read for many), else from
-        the store (redeliveries)."""
-        frames: dict[int, list[bytes | memoryview]] = {}
+        """One write per consumer: a ``qbatch`` frame of runs (``qbsub``) or one ``qmsg``
+        frame per message (``qsub``). A run's records come from what :meth:`_fill` just
+        read when they are in it (one read for many), else from the store (redeliveries)."""
+        frames: dict[int, list[tuple[int, int, int, int, bytes | memoryview]]] = {}
         parts: dict[int, Partition | None] = {}
         topic = g.core.topic
-        subs = g.subs
-        for d in deliveries:
-            p, off, length = d.partition, d.offset, d.length
+        for r in runs:
+            p, ents = r.partition, r.entries
+            start = ents[0].offset
+            end = ents[-1].offset + ents[-1].length
             ch = chunks.get(p)
             data: bytes | memoryview
-            if ch is not None and ch[0] <= off and off + length <= ch[0] + len(ch[1]):
-                data = ch[1][off - ch[0] : off - ch[0] + length]
+            if ch is not None and ch[0] <= start and end <= ch[0] + len(ch[1]):
+                data = ch[1][start - ch[0] : end - ch[0]]
             else:
                 part = parts.get(p) if p in parts else parts.setdefault(p, self.store.get(topic, p))
                 if part is None:  # cannot happen: partitions are never removed while running
                     continue
-                data = part.read_raw(off, length)
-            out = frames.get(d.consumer)
+                data = _read_span(part, start, end - start)
+                if len(data) != end - start:  # cannot happen: the records were read before
+                    log.error("queue group %s/%s: %s-%d at %d: short read, not pushed",
+                              topic, g.core.group, topic, p, start)
+                    continue
+            out = frames.get(r.consumer)
             if out is None:
-                out = frames[d.consumer] = []
-            out.append(encode_qmsg(subs[d.consumer].opaque, p, off, d.count, len(data)))
-            out.append(data)
+                out = frames[r.consumer] = []
+            out.append((p, r.count, len(ents), start, data))
+        subs = g.subs
         for cid, out in frames.items():
-            subs[cid].conn.send(b"".join(out))
+            sub = subs[cid]
+            if sub.batch:
+                sub.conn.send(b"".join(encode_qbatch(sub.opaque, out)))
+                continue
+            pieces: list[bytes | memoryview] = []
+            for p, count, _n, start, data in out:
+                for off, length in record_spans(data, start, len(data)):
+                    pieces.append(encode_qmsg(sub.opaque, p, off, count, length))
+                    pieces.append(data[off - start : off - start + length])
+            sub.conn.send(b"".join(pieces))
 
     def _fill(self, g: _Group, chunks: dict[int, tuple[int, memoryview]]) -> None:
         """Read records at the frontiers, partitions in turn, while the window has room."""
@@ -742,10 +790,9 @@ class QueueManager:
             data = sl.segment.read(sl.file_pos, sl.length)
             # a bounded share per partition, so a backlog in one does not starve the others
             share = max(16, core.free_credit())
-            recs = _record_spans(data, ps.frontier, min(core.room(), share))
-            if recs:
-                chunks[p] = (ps.frontier, memoryview(data))  # pushed from here (_push)
-                core.add_records(p, recs)
+            base = ps.frontier
+            if core.add_span(p, data, base, share):
+                chunks[p] = (base, memoryview(data))  # pushed from here (_push)
 
     def retention_floor(self, topic: str, partition: int) -> int | None:
         """The lowest offset of ``topic``-``partition`` a queue group may still read (what
@@ -890,20 +937,15 @@ class QueueManager:
         return out
 
 
-def _record_spans(data: bytes, base: int, room: int) -> list[tuple[int, int]]:
-    """``(offset, length)`` of the whole records at the start of ``data`` (at most
-    ``room``); a trailing partial record is left for the next read."""
-    out: list[tuple[int, int]] = []
-    pos, n = 0, len(data)
-    size = records.HEADER_SIZE
-    unpack = records.HEADER.unpack_from
-    while n - pos >= size and len(out) < room:
-        length = unpack(data, pos)[0]
-        end = pos + size + length
-        if length < 0 or end > n:
+def _read_span(part: Partition, start: int, length: int) -> bytes:
+    """``length`` bytes of ``part`` at ``start``, across segment files (shorter only when
+    the store does not hold them)."""
+    out = part.read_raw(start, length)
+    while len(out) < length:
+        more = part.read_raw(start + len(out), length - len(out))
+        if not more:
             break
-        out.append((base + pos, size + length))
-        pos = end
+        out += more
     return out
 
 

@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from configserver import ConfigServer, ConfigServerError, new_consumer_id
 from notify.errors import ClientError, ConnectionLostError
-from notify.protocol.frames import Response, encode_line, encode_qack
+from notify.protocol.frames import QBATCH_RUN, Response, decode_qbatch, encode_line, encode_qack
 from notify.protocol.records import HEADER, HEADER_SIZE, split_payload
 from notify.transport import AsyncConnection, TransportOptions, open_connection
 
@@ -41,6 +41,12 @@ from ._routing import TopicRouter
 log = logging.getLogger("notify.client")
 
 QueueListener = Callable[["QueueMessage"], Any] | Callable[["QueueMessage"], Awaitable[Any]]
+BatchListener = (
+    Callable[[list["QueueMessage"]], Any] | Callable[[list["QueueMessage"]], Awaitable[Any]]
+)
+#: one acknowledgement to send: (wire kind, partition, offset, end offset, delay ms); kinds
+#: in upper case name the message at ``offset``, in lower case every message in [offset, end)
+AckItem = tuple[bytes, int, int, int, int]
 RECONNECT_MIN_S = 0.2
 RECONNECT_MAX_S = 5.0
 
@@ -49,22 +55,46 @@ class QueueMessage:
     """A message pushed to a queue consumer; acknowledge it exactly once with
     :meth:`ack`, :meth:`release` or :meth:`reject` (:meth:`renew` keeps the lock)."""
 
-    __slots__ = ("_broker", "delivery_count", "flag", "msg_id", "offset", "partition",
-                 "payload", "topic")
+    # the record stays in the pushed frame (``_buf`` at ``_pos``): its fields are read when
+    # asked for, so a batch of messages costs little more than its frame
+    __slots__ = ("_broker", "_buf", "_end", "_pos", "delivery_count", "offset", "partition")
 
     def __init__(self, topic: str, broker: _Broker, partition: int, offset: int, count: int,
                  record: bytes):
+        # ``topic`` is the consumer's (read back through ``broker``)
         if len(record) < HEADER_SIZE:
             raise ClientError(f"pushed record of {len(record)} bytes is too short")
-        length, _crc, msg_id, flag = HEADER.unpack_from(record, 0)
-        self.topic = topic
+        length = HEADER.unpack_from(record, 0)[0]
+        if length < 0 or HEADER_SIZE + length > len(record):
+            raise ClientError(f"pushed record of {len(record)} bytes is cut short")
         self._broker = broker
+        self._buf = record
+        self._pos = 0
         self.partition = partition
         self.offset = offset
         self.delivery_count = count
-        self.msg_id = msg_id
-        self.flag = flag
-        self.payload = record[HEADER_SIZE : HEADER_SIZE + length]
+        self._end = offset + HEADER_SIZE + length
+
+    @property
+    def topic(self) -> str:
+        """The topic it was published to."""
+        return self._broker.owner.topic
+
+    @property
+    def msg_id(self) -> int:
+        """The message id the broker gave it."""
+        return int(HEADER.unpack_from(self._buf, self._pos)[2])
+
+    @property
+    def flag(self) -> int:
+        """The record's flag bits."""
+        return int(HEADER.unpack_from(self._buf, self._pos)[3])
+
+    @property
+    def payload(self) -> bytes:
+        """The record's payload (attribute block and data)."""
+        start = self._pos + HEADER_SIZE
+        return self._buf[start : start + self._end - self.offset - HEADER_SIZE]
 
     @property
     def data(self) -> bytes:
@@ -95,20 +125,20 @@ class QueueMessage:
     async def ack(self) -> bool:
         """Accept: done with (durable when this returns True; False: the lock was lost,
         e.g. it timed out or the connection dropped, and the message goes to another)."""
-        return await self._broker.acknowledge(b"A %d %d" % (self.partition, self.offset))
+        return await self._broker.acknowledge((b"A", self.partition, self.offset, self._end, 0))
 
     async def release(self, delay: float = 0.0) -> bool:
         """Give it back for redelivery, no earlier than ``delay`` seconds from now."""
         ms = int(delay * 1000)
-        return await self._broker.acknowledge(b"R %d %d %d" % (self.partition, self.offset, ms))
+        return await self._broker.acknowledge((b"R", self.partition, self.offset, self._end, ms))
 
     async def reject(self) -> bool:
         """Never deliver it again: it goes to the group's dead-letter queue."""
-        return await self._broker.acknowledge(b"X %d %d" % (self.partition, self.offset))
+        return await self._broker.acknowledge((b"X", self.partition, self.offset, self._end, 0))
 
     async def renew(self) -> bool:
         """Keep the lock for another ``queueLockTimeout``."""
-        return await self._broker.acknowledge(b"N %d %d" % (self.partition, self.offset))
+        return await self._broker.acknowledge((b"N", self.partition, self.offset, self._end, 0))
 
     def __repr__(self) -> str:
         return (f"QueueMessage({self.topic!r}, {self.broker} {self.partition}:{self.offset}, "
@@ -124,8 +154,10 @@ class _Broker:
         self.broker_id = broker_id
         self.conn: AsyncConnection | None = None
         self.credit = 0
-        self._items: list[bytes] = []
-        self._waiters: list[tuple[bytes, asyncio.Future[bool]]] = []
+        #: the broker takes ``qbsub`` (batched pushes) and range acknowledgements
+        self.ranges = False
+        self._items: list[AckItem] = []
+        self._waiters: list[tuple[AckItem, asyncio.Future[bool]]] = []
         self._flush_scheduled = False
         self.task: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
@@ -153,10 +185,14 @@ class _Broker:
             conn.push_handler = self._on_push
             self.conn = conn
             try:
-                qsub: list[object] = ["qsub", o.topic, o.group, o.credit, o.start]
+                qsub: list[object] = ["qbsub", o.topic, o.group, o.credit, o.start]
                 if o.cluster is not None:
                     qsub.append(o.consumer_id)
                 r = await conn.request(functools.partial(_encode_qsub, qsub))
+                self.ranges = r.code != 400 or b"unknown command" not in r.body
+                if not self.ranges:  # an older broker: one qmsg frame per message
+                    qsub[0] = "qsub"
+                    r = await conn.request(functools.partial(_encode_qsub, qsub))
                 if r.code == 409:  # our ZooKeeper node went in the meantime: register again
                     raise ConnectionLostError(r.body.decode(errors="replace"))
                 if r.code != 200:
@@ -184,13 +220,17 @@ class _Broker:
 
     def _on_push(self, conn: AsyncConnection, r: Response) -> None:
         try:
+            if r.kind == "qbatch":
+                msgs, runs = _batch_messages(self, r.body)
+                self.owner.deliver_batch(self, msgs, runs)
+                return
             msg = QueueMessage(self.owner.topic, self, r.partition, r.offset, r.code, r.body)
         except ClientError as e:
             log.error("queue consumer: %s", e)
             return
-        self.owner.deliver(msg)
+        self.owner.deliver_batch(self, [msg], [(r.partition, msg.offset, msg._end, 1)])
 
-    def acknowledge(self, item: bytes) -> asyncio.Future[bool]:
+    def acknowledge(self, item: AckItem) -> asyncio.Future[bool]:
         """Queue one ``qack`` item; all items of this loop turn go in one frame. The
         future tells whether the broker applied it (durably)."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -200,7 +240,7 @@ class _Broker:
             self._waiters.append((item, fut))
         return fut
 
-    def acknowledge_nowait(self, item: bytes) -> bool:
+    def acknowledge_nowait(self, item: AckItem) -> bool:
         """Queue one ``qack`` item nobody waits for; False when not connected."""
         conn = self.conn
         if conn is None or not conn.is_open:
@@ -222,7 +262,7 @@ class _Broker:
                 if not f.done():
                     f.set_result(False)
             return
-        body = b"\n".join(items) + b"\n"
+        body = _ack_body(items, self.ranges)
         try:
             fut = conn.submit(lambda op: encode_qack(o.topic, o.group, body, op))
         except ConnectionLostError:
@@ -237,8 +277,92 @@ def _encode_qsub(tokens: list[object], opaque: int) -> bytes:
     return encode_line(*tokens, opaque)
 
 
+def _batch_messages(
+    broker: _Broker, body: bytes
+) -> tuple[list[QueueMessage], list[tuple[int, int, int, int]]]:
+    """The messages of a ``qbatch`` frame and its runs ``(partition, from, to, n)``."""
+    msgs: list[QueueMessage] = []
+    append = msgs.append
+    runs = []
+    new = QueueMessage.__new__
+    unpack = HEADER.unpack_from
+    hs = HEADER_SIZE
+    for p, count, n, first, pos in decode_qbatch(body):
+        off, start = first, pos
+        size = QBATCH_RUN.unpack_from(body, pos - QBATCH_RUN.size)[4]
+        end = pos + size
+        for _ in range(n):
+            length = hs + unpack(body, pos)[0] if end - pos >= hs else -1
+            if length < hs or pos + length > end:
+                raise ClientError(f"qbatch run of {n} records at {first} is cut short")
+            m = new(QueueMessage)
+            m._broker = broker
+            m._buf = body
+            m._pos = pos
+            m.partition = p
+            m.offset = off
+            m.delivery_count = count
+            off = m._end = off + length
+            pos += length
+            append(m)
+        if pos != start + size:
+            raise ClientError(
+                f"qbatch run at {first}: {n} records fill {pos - start} of {size} bytes"
+            )
+        runs.append((p, first, off, n))
+    return msgs, runs
+
+
+def _ack_body(items: list[AckItem], ranges: bool) -> bytes:
+    """``qack`` items; with ``ranges`` (a broker that takes them) the accepts of one
+    partition at consecutive offsets go as one ``a <p> <from> <to>`` line."""
+    lines: list[bytes] = []
+    spans: dict[int, list[tuple[int, int, bool]]] = {}
+    for kind, p, off, end, delay in items:
+        if ranges and (kind == b"A" or kind == b"a"):
+            spans.setdefault(p, []).append((off, end, kind == b"A"))
+        elif kind == b"R" or kind == b"r":
+            if kind == b"r":
+                lines.append(b"r %d %d %d %d" % (p, off, end, delay))
+            else:
+                lines.append(b"R %d %d %d" % (p, off, delay))
+        elif kind.islower():
+            lines.append(b"%s %d %d %d" % (kind, p, off, end))
+        else:
+            lines.append(b"%s %d %d" % (kind, p, off))
+    for p, ss in spans.items():
+        ss.sort()
+        a, b, one = ss[0]
+        for off, end, single in ss[1:]:
+            if off == b:
+                b, one = end, False
+                continue
+            lines.append(b"A %d %d" % (p, a) if one else b"a %d %d %d" % (p, a, b))
+            a, b, one = off, end, single
+        lines.append(b"A %d %d" % (p, a) if one else b"a %d %d %d" % (p, a, b))
+    return b"\n".join(lines) + b"\n"
+
+
+def _refused_spans(lines: list[str]) -> list[tuple[int, int, int]]:
+    """``(partition, from, to)`` named by the refusal lines of a ``qack`` reply
+    (``<p>:<off> ...`` or ``<p>:<from>..<to> ...``)."""
+    out = []
+    for s in lines:
+        head = s.split(" ", 1)[0]
+        p, _, rest = head.partition(":")
+        try:
+            if ".." in rest:
+                lo, hi = rest.split("..", 1)
+                out.append((int(p), int(lo), int(hi)))
+            else:
+                out.append((int(p), int(rest), int(rest) + 1))
+        except ValueError:
+            continue
+    return out
+
+
 def _resolve(
-    fut: asyncio.Future[Response], waiters: list[tuple[bytes, asyncio.Future[bool]]]
+    fut: asyncio.Future[Response], waiters: list[tuple[AckItem, asyncio.Future[bool]]]
 ) -> None:
     """Per item: applied unless the reply names it among the refused (or refused more
     items than it describes)."""
@@ -254,13 +378,13 @@ def _resolve(
         with contextlib.suppress(ValueError, IndexError):
             refused_n = int(lines[0].split()[1])
     shown = lines[1:]
-    for item, f in waiters:
+    spans = _refused_spans(shown) if refused_n else []
+    for (_kind, p, off, _end, _delay), f in waiters:
         if f.done():
             continue
-        t = item.split()
-        key = f"{int(t[1])}:{int(t[2])} "
         bad = r.code != 200 or (
-            refused_n > 0 and (refused_n > len(shown) or any(s.startswith(key) for s in shown))
+            refused_n > 0
+            and (refused_n > len(shown) or any(q == p and lo <= off < hi for q, lo, hi in spans))
         )
         f.set_result(not bad)
 
@@ -278,9 +402,12 @@ class AsyncQueueConsumer:
         listener: QueueListener | None = None,
         start: str = "earliest",
         cluster: ConfigServer | None = None,
+        batch_listener: BatchListener | None = None,
     ):
         if credit < 1:
             raise ClientError("credit must be >= 1")
+        if listener is not None and batch_listener is not None:
+            raise ClientError("give a listener or a batch_listener, not both")
         if start not in ("earliest", "latest"):
             raise ClientError("start must be 'earliest' or 'latest'")
         self.router = router
@@ -299,6 +426,9 @@ class AsyncQueueConsumer:
         self._queue: asyncio.Queue[QueueMessage] = asyncio.Queue()
         self._listener_tasks: set[asyncio.Task[None]] = set()
         self._async_listener = inspect.iscoroutinefunction(listener)
+        #: called with the messages of each pushed frame (README "Queues")
+        self.batch_listener = batch_listener
+        self._async_batch = inspect.iscoroutinefunction(batch_listener)
 
     async def start_consuming(self, timeout_s: float = 10.0) -> None:
         """Subscribe on every broker holding the topic (waits for the first answers)."""
@@ -313,6 +443,55 @@ class AsyncQueueConsumer:
         if self.error is not None:
             await self.close()
             raise self.error
+
+    def deliver_batch(
+        self, broker: _Broker, msgs: list[QueueMessage], runs: list[tuple[int, int, int, int]]
+    ) -> None:
+        """The messages of one pushed frame (on the loop), ``runs`` their ``(partition,
+        from, to, n)``: to the batch listener in one call, else one by one."""
+        if self.closed:
+            return
+        if self.batch_listener is None:
+            deliver = self.deliver
+            for m in msgs:
+                deliver(m)
+            return
+        t = asyncio.get_running_loop().create_task(self._run_batch(broker, msgs, runs))
+        self._listener_tasks.add(t)
+        t.add_done_callback(self._listener_tasks.discard)
+
+    async def _run_batch(
+        self, broker: _Broker, msgs: list[QueueMessage], runs: list[tuple[int, int, int, int]]
+    ) -> None:
+        """Run the batch listener: its return accepts every message of the batch, an
+        exception releases them all (one range item per run)."""
+        assert self.batch_listener is not None
+        try:
+            if self._async_batch:
+                await cast(Coroutine[Any, Any, Any], self.batch_listener(msgs))
+            else:
+                res = await asyncio.get_running_loop().run_in_executor(
+                    None, self.batch_listener, msgs
+                )
+                if inspect.isawaitable(res):
+                    await res
+        except Exception as e:
+            log.error("queue batch listener failed on %d message(s): released for "
+                      "redelivery (%s: %s)", len(msgs), type(e).__name__, e)
+            accept = False
+        else:
+            accept = True
+        if broker.ranges:
+            kind = b"a" if accept else b"r"
+            for p, a, b, n in runs:
+                if n == 1:
+                    broker.acknowledge_nowait((kind.upper(), p, a, b, 0))
+                else:
+                    broker.acknowledge_nowait((kind, p, a, b, 0))
+        else:
+            kind = b"A" if accept else b"R"
+            for m in msgs:
+                broker.acknowledge_nowait((kind, m.partition, m.offset, m._end, 0))
 
     def deliver(self, msg: QueueMessage) -> None:
         """A pushed message (on the loop): to the listener or the iterator."""
@@ -350,10 +529,10 @@ class AsyncQueueConsumer:
         if error is not None:
             log.error("queue listener failed on %r: released for redelivery (%s: %s)",
                       msg, type(error).__name__, error)
-            item = b"R %d %d 0" % (msg.partition, msg.offset)
+            kind = b"R"
         else:
-            item = b"A %d %d" % (msg.partition, msg.offset)
-        msg._broker.acknowledge_nowait(item)
+            kind = b"A"
+        msg._broker.acknowledge_nowait((kind, msg.partition, msg.offset, msg._end, 0))
 
     async def _run_listener(self, msg: QueueMessage) -> None:
         assert self.listener is not None

@@ -45,7 +45,7 @@ from ._errors import ClientTransactionError
 from ._loopthread import LoopThread, ThreadFuture
 from ._message import BatchSendResult, Headers, Message, SendResult
 from ._producer import AsyncProducer
-from ._queue import AsyncQueueConsumer, QueueConsumer, QueueListener
+from ._queue import AsyncQueueConsumer, BatchListener, QueueConsumer, QueueListener
 from ._routing import (
     BrokerDirectory,
     Partition,
@@ -152,10 +152,13 @@ class AsyncMessageSessionFactory:
         credit: int = 100,
         listener: QueueListener | None = None,
         start: str = "earliest",
+        batch_listener: BatchListener | None = None,
     ) -> AsyncQueueConsumer:
         """A consumer of queue group ``group`` of ``topic``, subscribed on every broker of
         the topic: the brokers push messages (at most ``credit`` unacknowledged per broker)
-        and each is acknowledged (README "Queues"). ``start`` places a new group."""
+        and each is acknowledged (README "Queues"). ``start`` places a new group. A
+        ``batch_listener`` gets the messages of each pushed frame in one list: its return
+        accepts them all, an exception releases them all."""
         self._check_open()
         cluster = self.cluster
         if cluster is not None and cluster.embedded_backend:
@@ -163,7 +166,8 @@ class AsyncMessageSessionFactory:
         elif cluster is not None:
             await self.start()
         c = AsyncQueueConsumer(
-            self.router, self.pool.options, topic, group, credit, listener, start, cluster
+            self.router, self.pool.options, topic, group, credit, listener, start, cluster,
+            batch_listener,
         )
         self._queue_consumers.append(c)
         await c.start_consuming(self.config.request_timeout_s)
@@ -917,11 +921,15 @@ class MessageSessionFactory:
         credit: int = 100,
         listener: QueueListener | None = None,
         start: str = "earliest",
+        batch_listener: BatchListener | None = None,
     ) -> QueueConsumer:
         """A synchronous queue consumer (see
         :meth:`AsyncMessageSessionFactory.create_queue_consumer`); a plain ``listener``
-        runs on threads, its return accepts the message and an exception releases it."""
-        core = self.core.create_queue_consumer(topic, group, credit, listener, start)
+        (or ``batch_listener``) runs on threads, its return accepts the message (the batch)
+        and an exception releases it."""
+        core = self.core.create_queue_consumer(
+            topic, group, credit, listener, start, batch_listener
+        )
         return QueueConsumer(self._lt.run(core), self._lt)
 
     def run(self, coro: Any, timeout_s: float | None = None) -> Any:

@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
 from notify.errors import NotifyError
 from notify.protocol import queuelog
+from notify.protocol.records import HEADER, HEADER_SIZE
 from notify.transitions import TransitionTable
 
 
@@ -116,6 +118,7 @@ next_state = _TABLE.next_state
 allowed = _TABLE.allowed
 #: The table's answer for the per-message push (looked up once, not per message).
 _ACQUIRED_FROM_AVAILABLE: Final = next_state(S.AVAILABLE, E.ACQUIRE)
+_ACCEPTED: Final = next_state(S.ACQUIRED, E.ACCEPT)
 
 
 #: acknowledgement kinds on the wire (``qack`` items) and the event each one is
@@ -169,6 +172,29 @@ class Delivery:
     count: int
 
 
+class Run:
+    """Messages of one partition pushed to one consumer together, at consecutive offsets
+    (each record right after the previous one) with the same delivery count."""
+
+    __slots__ = ("consumer", "count", "entries", "partition")
+
+    def __init__(self, consumer: int, partition: int, count: int, entries: list[Entry]):
+        self.consumer = consumer
+        self.partition = partition
+        self.count = count
+        self.entries = entries
+
+    @property
+    def start(self) -> int:
+        """Offset of the first record."""
+        return self.entries[0].offset
+
+    @property
+    def end(self) -> int:
+        """Offset after the last record."""
+        return self.entries[-1].next_offset
+
+
 @dataclass(slots=True)
 class Finished:
     """A message reached a finished state: log it (``state`` ACKNOWLEDGED/REJECTED/DEAD)."""
@@ -214,7 +240,8 @@ class PartState:
 @dataclass(slots=True)
 class Consumer:
     credit: int
-    held: set[tuple[int, int]] = field(default_factory=set)
+    #: messages it holds (acquired by it); they are found by ``Entry.consumer``
+    held: int = 0
 
 
 @dataclass(slots=True)
@@ -225,6 +252,27 @@ class AckResult:
     applied: bool
     refused: str = ""
     finished: Finished | None = None
+
+
+def record_spans(data: bytes | memoryview, base: int, room: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the whole records at the start of ``data`` (read at offset
+    ``base``; at most ``room``); a trailing partial record is left for the next read."""
+    out: list[tuple[int, int]] = []
+    pos, n = 0, len(data)
+    size = HEADER_SIZE
+    unpack = HEADER.unpack_from
+    while n - pos >= size and len(out) < room:
+        length = unpack(data, pos)[0]
+        end = pos + size + length
+        if length < 0 or end > n:
+            break
+        out.append((base + pos, size + length))
+        pos = end
+    return out
+
+
+def _unreachable(e: Entry) -> None:
+    raise QueueError(f"message {e.partition}:{e.offset} appended to no run")
 
 
 class QueueGroup:
@@ -278,15 +326,22 @@ class QueueGroup:
         elif low_water > ps.frontier:
             ps.frontier = low_water
         for off, nxt, state, count in finished:
+            if off < ps.frontier < nxt:  # a range of records reaching over the frontier
+                off = ps.frontier
             if off >= ps.frontier:
                 ps.skip[off] = (nxt, state, count)
         self._skip_finished(ps)
 
     @staticmethod
     def _skip_finished(ps: PartState) -> None:
-        """Advance an idle partition's frontier over recovered finished messages."""
+        """Advance an idle partition's frontier over recovered finished messages (a skip
+        may be a range of several records); recovered counts it passed are dropped."""
+        moved = False
         while not ps.entries and ps.frontier in ps.skip:
             ps.frontier = ps.skip.pop(ps.frontier)[0]
+            moved = True
+        if moved and ps.counts:
+            ps.counts = {o: c for o, c in ps.counts.items() if o >= ps.frontier}
 
     def room(self) -> int:
         """How many more messages the group may track (``max_in_flight`` window)."""
@@ -294,7 +349,7 @@ class QueueGroup:
 
     def free_credit(self) -> int:
         """Deliveries the live consumers could take now."""
-        return sum(max(0, c.credit - len(c.held)) for c in self.consumers.values())
+        return sum(max(0, c.credit - c.held) for c in self.consumers.values())
 
     def wants_records(self) -> bool:
         """True when reading more of the store would let a delivery happen."""
@@ -329,6 +384,10 @@ class QueueGroup:
             skipped = ps.skip.pop(off, None)
             if skipped is not None:  # finished before a restart: not delivered again
                 ps.frontier = off + length
+                if skipped[0] > ps.frontier:  # a range: the rest is skipped too
+                    ps.skip[ps.frontier] = skipped
+                if ps.counts:
+                    ps.counts.pop(off, None)
                 taken += 1
                 if ps.entries:  # behind an unfinished message: keep it as an exception
                     e = Entry(partition, off, length, skipped[1], skipped[2])
@@ -343,6 +402,31 @@ class QueueGroup:
             taken += 1
         return taken
 
+    def add_span(self, partition: int, data: bytes | memoryview, base: int, room: int) -> int:
+        """:meth:`add_records` for the whole records at the start of ``data``, read from the
+        store at offset ``base`` (at most ``room`` of them; a trailing partial record is
+        left); parses and tracks them in one pass in the usual case. Returns how many."""
+        ps = self.parts[partition]
+        limit = min(room, self.limits.max_in_flight - self.tracked)
+        if ps.skip or ps.counts or base != ps.frontier:
+            return self.add_records(partition, record_spans(data, base, max(0, room)))
+        entries, append, available = ps.entries, self.available.append, S.AVAILABLE
+        unpack = HEADER.unpack_from
+        size = HEADER_SIZE
+        pos, n, k = 0, len(data), 0
+        while k < limit and n - pos >= size:
+            length = unpack(data, pos)[0] + size
+            if length < size or pos + length > n:
+                break
+            off = base + pos
+            e = entries[off] = Entry(partition, off, length, available, 0)
+            append(e)
+            pos += length
+            k += 1
+        ps.frontier = base + pos
+        self.tracked += k
+        return k
+
     def skip_to(self, partition: int, offset: int) -> int:
         """The store no longer holds what lies below ``offset`` (retention): move an idle
         frontier there; returns how many bytes were skipped."""
@@ -351,7 +435,8 @@ class QueueGroup:
             return 0
         gap = offset - ps.frontier
         ps.frontier = offset
-        ps.skip = {o: v for o, v in ps.skip.items() if o >= offset}
+        # a recovered range reaching over the new frontier keeps its part above it
+        ps.skip = {max(o, offset): v for o, v in ps.skip.items() if v[0] > offset}
         ps.counts = {o: c for o, c in ps.counts.items() if o >= offset}
         return gap
 
@@ -401,26 +486,50 @@ class QueueGroup:
         if cid in self._rr:
             self._rr.remove(cid)
         out: list[Finished] = []
-        for key in sorted(c.held):
-            e = self._entry(*key)
-            if e is not None and e.state is S.ACQUIRED and e.consumer == cid:
-                f = self._return(e, E.CONSUMER_GONE, now_ms, 0)
-                if f is not None:
-                    out.append(f)
-        c.held.clear()
+        if not c.held:
+            return out
+        acquired = S.ACQUIRED
+        mine = [
+            e
+            for ps in self.parts.values()
+            for src in (ps.entries, ps.replayed)
+            for e in src.values()
+            if e.consumer == cid and e.state is acquired
+        ]
+        # returned to the front of the available ones: the last first, so they go out again
+        # in offset order (runs of consecutive records)
+        mine.sort(key=lambda e: (e.partition, e.offset), reverse=True)
+        for e in mine:
+            f = self._return(e, E.CONSUMER_GONE, now_ms, 0)
+            if f is not None:
+                out.append(f)
+        c.held = 0
         return out
 
     # ------------------------------------------------------------------ delivery
 
     def dispatch(self, now_ms: float) -> list[Delivery]:
-        """Acquire available messages for consumers with free credit, round robin."""
-        out: list[Delivery] = []
+        """Acquire available messages for consumers with free credit, round robin (one
+        :class:`Delivery` per message: :meth:`dispatch_runs` unrolled)."""
+        return [
+            Delivery(r.consumer, e.partition, e.offset, e.length, r.count)
+            for r in self.dispatch_runs(now_ms)
+            for e in r.entries
+        ]
+
+    def dispatch_runs(self, now_ms: float) -> list[Run]:
+        """Acquire available messages for consumers with free credit, round robin; the
+        messages come in :class:`Run` s (what the shell pushes as one piece)."""
+        out: list[Run] = []
+        n = 0
         self._wake_delayed(now_ms)
         rr = self._rr
         avail = self.available
         lock = self.limits.lock_ms
         max_deliveries = self.limits.max_deliveries
         batch: deque[Entry] = deque()
+        batch_append = batch.append
+        popleft = avail.popleft
         acquired = _ACQUIRED_FROM_AVAILABLE
         available = S.AVAILABLE
         while avail and rr:
@@ -431,43 +540,58 @@ class QueueGroup:
                 cid = rr[0]
                 rr.rotate(-1)
                 c = self.consumers[cid]
-                held = c.held
-                free = c.credit - len(held)
+                free = c.credit - c.held
                 if free <= 0:
                     continue
+                # rend -1: the first message opens a run
+                run_append: Callable[[Entry], None] = _unreachable
+                rp = rc = rend = -1
                 deadline = now_ms + lock
                 # up to a few messages for this consumer in a row (fewer rotations), still
                 # spread: at most a fair share of what is available
                 take = min(free, 1 + len(avail) // len(rr), 64)
-                while take > 0 and avail:
-                    e = avail.popleft()
+                got = 0
+                while got < take and avail:
+                    e = popleft()
                     if e.state is not available:  # replayed twice, or already finished
                         continue
-                    if e.count >= max_deliveries or (
+                    count = e.count
+                    if count >= max_deliveries or (
                         self._floors and self._below_floor(e)
                     ):  # delivered up to the limit (before a crash), or its record is gone
-                        if e.count < max_deliveries:
+                        if count < max_deliveries:
                             self.retention_dropped += 1
                         self._exhausted.append(self._finish(e, E.EXHAUSTED, now_ms))
                         progressed = True
                         continue
-                    take -= 1
+                    got += 1
+                    count += 1
                     e.state = acquired
-                    count = e.count = e.count + 1
+                    e.count = count
                     e.consumer = cid
                     e.deadline = deadline
-                    held.add((e.partition, e.offset))
-                    batch.append(e)
+                    batch_append(e)
                     if count > 1:
                         self.redelivered += 1
-                    out.append(Delivery(cid, e.partition, e.offset, e.length, count))
+                    off = e.offset
+                    if off == rend and count == rc and e.partition == rp:
+                        run_append(e)
+                    else:
+                        run = [e]
+                        run_append = run.append
+                        rp, rc = e.partition, count
+                        out.append(Run(cid, rp, rc, run))
+                    rend = off + e.length
+                if got:
+                    c.held += got
+                    n += got
                     progressed = True
             if not progressed:
                 break
         if batch:
             self._seq += 1
             heapq.heappush(self._locks, (now_ms + lock, self._seq, batch))
-        self.delivered += len(out)
+        self.delivered += n
         return out
 
     def take_exhausted(self) -> list[Finished]:
@@ -507,12 +631,12 @@ class QueueGroup:
         acquired = S.ACQUIRED
         while locks and locks[0][0] <= now_ms:
             deadline, _, batch = heapq.heappop(locks)
-            for e in batch:
+            for e in reversed(batch):  # put back in front in the order they were delivered
                 if e.state is not acquired or e.deadline != deadline:
                     continue
                 c = self.consumers.get(e.consumer)
                 if c is not None:
-                    c.held.discard((e.partition, e.offset))
+                    c.held -= 1
                 f = self._return(e, E.LOCK_EXPIRED, now_ms, 0)
                 if f is not None:
                     out.append(f)
@@ -610,44 +734,166 @@ class QueueGroup:
             return self._refuse(
                 f"release delay {delay_ms} outside 0..{self.limits.max_release_delay_ms} ms"
             )
-        c.held.discard((partition, offset))
+        c.held -= 1
         if event is E.RELEASE:
             return AckResult(True, finished=self._return(e, E.RELEASE, now_ms, delay_ms))
         return AckResult(True, finished=self._finish(e, event, now_ms))
 
     def ack_many(
-        self, cid: int, items: list[tuple[str, int, int, int]], now_ms: float
-    ) -> tuple[int, list[str], list[Finished]]:
-        """:meth:`ack` for the items of one ``qack`` frame, ``(kind, partition, offset,
-        delay_ms)``: ``(applied, refusal reasons, finished items to log)``. Accepts, the
-        bulk of them, take a short path; the low-water offsets advance once per frame."""
+        self,
+        cid: int,
+        items: list[tuple[str, int, int, int, int]],
+        now_ms: float,
+        max_reasons: int = 16,
+    ) -> tuple[int, int, list[str], list[Finished], list[tuple[int, int, int]]]:
+        """:meth:`ack` for the items of one ``qack`` frame, ``(kind, partition, offset, end,
+        delay_ms)``: ``end`` -1 names the one message at ``offset``, else the item covers
+        every message whose record starts in ``[offset, end)`` (a range). Returns
+        ``(applied, refused, the first max_reasons refusal reasons, finished items to log,
+        accepted ranges to log)``: the accepted messages as ``(partition, from, to)``
+        ranges of consecutive records. Accepts, the bulk of them, take a short path; the
+        low-water offsets advance once per frame. Bounded whatever the ranges say: the
+        walk over messages a range names but this consumer does not hold stops after
+        ``max(max_credit, 1024)`` of them per frame (the rest of each range is refused as
+        one span)."""
         c = self.consumers.get(cid)
         parts = self.parts
         acquired = S.ACQUIRED
+        accepted = _ACCEPTED
         applied = 0
         refused: list[str] = []
+        nrefused = 0
+        budget = max(self.limits.max_credit, 1024)
+
+        def refuse(why: str) -> None:
+            nonlocal nrefused
+            nrefused += 1
+            self.refused_acks += 1
+            if len(refused) < max_reasons:
+                refused.append(why)
+
         fins: list[Finished] = []
+        acked: list[list[int]] = []
         touched: set[int] = set()
-        for kind, p, off, delay in items:
-            if kind == "A" and c is not None:
-                ps = parts.get(p)
-                e = None if ps is None else ps.entries.get(off) or ps.replayed.get(off)
+        for kind, p, off, end, delay in items:
+            ps = parts.get(p)
+            if end < 0:  # one message
+                e = None
+                if kind == "A" and c is not None and ps is not None:
+                    e = ps.entries.get(off) or ps.replayed.get(off)
                 if e is not None and e.state is acquired and e.consumer == cid:
-                    c.held.discard((p, off))
-                    fins.append(self._finish(e, E.ACCEPT, now_ms, advance=False))
+                    assert c is not None and ps is not None
+                    e.state = accepted
+                    e.consumer = 0
+                    c.held -= 1
+                    if ps.replayed and ps.replayed.pop(off, None) is not None:
+                        self.tracked -= 1
+                    if acked and acked[-1][2] == off and acked[-1][0] == p:
+                        acked[-1][2] = e.offset + e.length
+                    else:
+                        acked.append([p, off, e.offset + e.length])
                     touched.add(p)
                     applied += 1
                     continue
-            res = self.ack(cid, kind, p, off, delay, now_ms)
-            if res.applied:
-                applied += 1
-                if res.finished is not None:
-                    fins.append(res.finished)
-            else:
-                refused.append(res.refused)
+                res = self.ack(cid, kind, p, off, delay, now_ms)
+                if res.applied:
+                    applied += 1
+                    if res.finished is not None:
+                        fins.append(res.finished)
+                else:
+                    self.refused_acks -= 1  # counted again by refuse()
+                    refuse(res.refused)
+                continue
+            if kind not in ACK_EVENTS:
+                refuse(f"unknown acknowledgement kind {kind!r}")
+                continue
+            if c is None or ps is None or end <= off or budget <= 0:
+                refuse(f"{p}:{off}..{end} is not held by this consumer")
+                continue
+            entries, replayed = ps.entries, ps.replayed
+            o = off
+            later: list[int] = []  # released at once: returned last first (offset order)
+            if kind == "A":  # the bulk: a run this consumer holds, accepted in one sweep
+                get = entries.get
+                k = 0
+                while o < end:
+                    e = get(o)
+                    if e is None or e.state is not acquired or e.consumer != cid:
+                        break
+                    e.state = accepted
+                    e.consumer = 0
+                    o += e.length
+                    k += 1
+                if k:
+                    c.held -= k
+                    applied += k
+                    touched.add(p)
+                    if acked and acked[-1][2] == off and acked[-1][0] == p:
+                        acked[-1][2] = o
+                    else:
+                        acked.append([p, off, o])
+            while o < end:
+                e = entries.get(o)
+                if e is None and replayed:
+                    e = replayed.get(o)
+                if e is None:  # not a tracked record start: finished below the low water?
+                    low = ps.low_water
+                    hi = min(low, end) if o < low else end
+                    stop = hi
+                    if replayed:
+                        budget -= len(replayed)
+                        stop = min((k for k in replayed if o <= k < hi), default=hi)
+                    if stop > o:
+                        refuse(f"{p}:{o}..{stop} is not held by this consumer")
+                    o = stop
+                    if budget <= 0 and o < end:
+                        refuse(f"{p}:{o}..{end} is not held by this consumer")
+                        break
+                    continue
+                if e.state is acquired and e.consumer == cid:
+                    if kind == "A":
+                        e.state = accepted
+                        e.consumer = 0
+                        c.held -= 1
+                        if replayed and replayed.pop(o, None) is not None:
+                            self.tracked -= 1
+                        if acked and acked[-1][2] == o and acked[-1][0] == p:
+                            acked[-1][2] = o + e.length
+                        else:
+                            acked.append([p, o, o + e.length])
+                        touched.add(p)
+                        applied += 1
+                    elif kind == "R" and delay == 0:
+                        later.append(o)
+                    else:
+                        res = self.ack(cid, kind, p, o, delay, now_ms)
+                        if res.applied:
+                            applied += 1
+                            if res.finished is not None:
+                                fins.append(res.finished)
+                        else:
+                            self.refused_acks -= 1  # counted again by refuse()
+                            refuse(res.refused)
+                    o += e.length
+                    continue
+                refuse(f"{p}:{o} is not held by this consumer")
+                o += e.length
+                budget -= 1
+                if budget <= 0 and o < end:
+                    refuse(f"{p}:{o}..{end} is not held by this consumer")
+                    break
+            for o in reversed(later):
+                res = self.ack(cid, kind, p, o, 0, now_ms)
+                if res.applied:
+                    applied += 1
+                    if res.finished is not None:
+                        fins.append(res.finished)
+                else:  # cannot happen: held a moment ago
+                    self.refused_acks -= 1  # counted again by refuse()
+                    refuse(res.refused)
         for p in touched:
             self._advance(parts[p])
-        return applied, refused, fins
+        return applied, nrefused, refused, fins, [(p, a, b) for p, a, b in acked]
 
     def _refuse(self, why: str) -> AckResult:
         self.refused_acks += 1
@@ -683,8 +929,9 @@ class QueueGroup:
         self, partition: int, offset: int, next_offset: int, state: MsgState, count: int,
         at_ms: int,
     ) -> None:
-        """Recovery: a logged finished message (idempotent; below the low-water offset it
-        changes nothing but the dead-letter queue)."""
+        """Recovery: a logged finished message, or for an accepted range (ACKED record)
+        every message whose record starts in ``[offset, next_offset)`` (idempotent; below the
+        low-water offset it changes nothing but the dead-letter queue)."""
         key = (partition, offset)
         if state is S.ACKNOWLEDGED:
             self.dead.pop(key, None)
@@ -695,10 +942,12 @@ class QueueGroup:
         if ps is None:
             return
         ps.counts.pop(offset, None)
-        replayed = ps.replayed.pop(offset, None)
-        if replayed is not None:
-            replayed.state = state
-            self.tracked -= 1
+        if ps.replayed:  # a range (ACKED records) may hold several replayed messages
+            for o in [o for o in ps.replayed if offset <= o < next_offset]:
+                ps.replayed.pop(o).state = state
+                self.tracked -= 1
+        if offset < ps.frontier < next_offset:  # a range reaching over the frontier
+            offset = ps.frontier
         if offset >= ps.frontier:
             ps.skip[offset] = (next_offset, state, count)
             self._skip_finished(ps)
@@ -754,25 +1003,30 @@ class QueueGroup:
         ]
 
     def compact(self) -> dict[int, tuple[int, list[tuple[int, int, MsgState, int]]]]:
-        """Per partition: (low-water offset, finished messages above it)."""
+        """Per partition: (low-water offset, finished messages above it: ``(offset, next,
+        state, count)``, accepted ones in a row as one range up to ``next``)."""
         out = {}
+        ack = S.ACKNOWLEDGED
         for p, ps in self.parts.items():
-            fin = [
-                (e.offset, e.next_offset, e.state, e.count)
-                for e in ps.entries.values()
-                if e.state in FINISHED
-            ]
+            fin: list[tuple[int, int, MsgState, int]] = []
+            for e in ps.entries.values():
+                if e.state not in FINISHED:
+                    continue
+                if e.state is ack and fin and fin[-1][2] is ack and fin[-1][1] == e.offset:
+                    fin[-1] = (fin[-1][0], e.next_offset, ack, 0)  # accepted in a row: a range
+                else:
+                    fin.append((e.offset, e.next_offset, e.state, e.count))
             fin += [(o, v[0], v[1], v[2]) for o, v in ps.skip.items()]
             out[p] = (ps.low_water, fin)
         return out
 
     def held_by(self, cid: int) -> int:
         c = self.consumers.get(cid)
-        return len(c.held) if c is not None else 0
+        return c.held if c is not None else 0
 
     def counts(self) -> dict[str, int]:
         """Figures for ``stats``."""
-        acquired = sum(len(c.held) for c in self.consumers.values())
+        acquired = sum(c.held for c in self.consumers.values())
         return {
             "consumers": len(self.consumers),
             "tracked": self.tracked,

@@ -27,8 +27,10 @@ Two consumers holding the same message (the first one's lock ran out while it wo
 the claim is a primary key, so the second transaction's claim waits for the first one and
 then finds it done (or fails and is retried once the first one committed).
 
-Claims are kept until :meth:`QueueInbox.prune` deletes the old ones (see its doc for what
-"old" must cover).
+Claims are kept for ``retention`` (default :data:`DEFAULT_RETENTION`, 7 days): at most
+every ``prune_interval`` (default 1 hour) a transaction, after its ack, deletes the claims
+older than that (:meth:`QueueInbox.prune`; see its doc for what "old" must cover).
+``retention=None`` keeps them all (prune by hand).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import time
 from collections.abc import Iterator, Sequence
 
 import sqlalchemy as sa
@@ -55,6 +58,10 @@ log = logging.getLogger("notify.offsets")
 
 #: Claim attempts when a concurrent transaction claimed the same message first.
 CLAIM_ATTEMPTS = 3
+#: How long claims are kept by default (README "Queues": longer than a message can come back).
+DEFAULT_RETENTION = dt.timedelta(days=7)
+#: How often, at most, a transaction prunes the claims past the retention.
+DEFAULT_PRUNE_INTERVAL = dt.timedelta(hours=1)
 
 
 class QueueTransaction:
@@ -90,12 +97,29 @@ def _key(m: SyncQueueMessage) -> tuple[str, str, str, int]:
 
 class QueueInbox:
     """Claims of applied queue messages in the application's database (``engine``, with
-    ``notify db upgrade`` run on it; ``table`` names the claims table)."""
+    ``notify db upgrade`` run on it; ``table`` names the claims table). Claims older than
+    ``retention`` are deleted at most every ``prune_interval`` after a transaction's ack
+    (``retention=None``: never, call :meth:`prune` yourself)."""
 
-    def __init__(self, engine: Engine, table: str = QUEUE_DONE_TABLE) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        table: str = QUEUE_DONE_TABLE,
+        retention: dt.timedelta | None = DEFAULT_RETENTION,
+        prune_interval: dt.timedelta = DEFAULT_PRUNE_INTERVAL,
+    ) -> None:
+        if retention is not None and retention <= dt.timedelta(0):
+            raise OffsetStoreError(f"retention must be positive (or None), got {retention}")
+        if prune_interval < dt.timedelta(0):
+            raise OffsetStoreError(f"prune_interval must be >= 0, got {prune_interval}")
         self.engine = engine
         self.table = queue_done_table(sa.MetaData(), table)
         self._url = engine.url.render_as_string(hide_password=True)
+        self.retention = retention
+        self.prune_interval = prune_interval
+        self._next_prune = 0.0  # time.monotonic() of the next automatic prune
+        #: claims deleted by the automatic pruning so far
+        self.pruned = 0
 
     @contextlib.contextmanager
     def transaction(self, messages: Sequence[SyncQueueMessage]) -> Iterator[QueueTransaction]:
@@ -128,6 +152,22 @@ class QueueInbox:
         crashpoint("queue_tx_committed")
         qt.acked = settle_all(qt.messages + qt.duplicates, accept=True)
         crashpoint("queue_tx_acked")
+        self._auto_prune()
+
+    def _auto_prune(self) -> None:
+        """Delete the claims past ``retention``, at most once per ``prune_interval``; a
+        failure is logged (the claims stay until the next attempt), never raised."""
+        if self.retention is None:
+            return
+        now = time.monotonic()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + self.prune_interval.total_seconds()
+        try:
+            self.pruned += self.prune(self.retention)
+        except OffsetStoreError as e:
+            log.warning("queue inbox: pruning claims older than %s failed: %s",
+                        self.retention, e)
 
     def _claim(
         self, msgs: list[SyncQueueMessage]

@@ -66,11 +66,18 @@ Queue subscriptions (Notify-style push with per-message acknowledgement; README 
         credit granted. Messages then
         arrive as ``qmsg`` frames carrying this opaque, at most <credit> unacknowledged
     qmsg <subOpaque> <partition> <offset> <deliveryCount> <len>\\r\\n<record>  (to the client)
+    qbsub <topic> <group> <credit> <start> [<consumerId>] <opaque>\\r\\n
+        ``qsub`` with batched pushes: messages arrive as ``qbatch`` frames instead
+    qbatch <subOpaque> <len>\\r\\n<runs>     (to the client; see :func:`encode_qbatch`)
     qack <topic> <group> <len> <opaque>\\r\\n<items>
         <items>: lines ``A <partition> <offset>`` (accept), ``R <partition> <offset>
         [<delayMs>]`` (release), ``X <partition> <offset>`` (reject), ``N <partition>
-        <offset>`` (renew the lock). Reply body ``<applied> <refused>`` then one line per
-        refused item (at most 16); answered once accepted/rejected items are durable
+        <offset>`` (renew the lock); in lower case with ``<from> <to>`` instead of
+        ``<offset>`` (``a <partition> <from> <to>``, ``r ... [<delayMs>]``, ``x``, ``n``) the
+        same for every message of the consumer whose record starts in ``[from, to)``.
+        Reply body ``<applied> <refused>`` then one line per refused item (at most 16):
+        ``<partition>:<offset> <why>`` or ``<partition>:<from>..<to> <why>`` for a span;
+        answered once accepted/rejected items are durable
     qunsub <topic> <group> <opaque>\\r\\n   leave the group: held messages return at once
     qdlq <topic> <group> <len> <action> <opaque>\\r\\n<body>    (admin role when adminSecret is set)
         the group's dead-letter queue. ``list``: body empty or ``<from> <limit>``; reply body
@@ -87,6 +94,7 @@ Replies::
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Final
 
@@ -315,6 +323,8 @@ class QueueSubscribe:
     opaque: int
     #: cluster mode: the consumer's id under ``consumers/<group>/queue-ids/<topic>/``
     consumer_id: str = ""
+    #: ``qbsub``: pushes come as ``qbatch`` frames (many messages each)
+    batch: bool = False
 
 
 @dataclass(slots=True)
@@ -408,6 +418,7 @@ _LINE_COUNTS: Final = {
     b"auth": (3, 5),
     b"register": (3, 4),
     b"qsub": (6, 7),
+    b"qbsub": (6, 7),
     b"qunsub": (4, 4),
     b"epoch": (4, 4),
 }
@@ -762,7 +773,7 @@ class RequestParser:
             opaque = _int(t[-1], "opaque", 0)
             secret = _text(t[2], "groupSecret", opaque) if n == 4 else ""
             return Register(_text(t[1], "producerGroup", opaque), opaque, secret)
-        if cmd == b"qsub" or cmd == b"qunsub":
+        if cmd == b"qsub" or cmd == b"qunsub" or cmd == b"qbsub":
             return _decode_queue_line(cmd, t)
         if not cmd:
             raise ProtocolError("empty command line", 400, 0)
@@ -815,10 +826,11 @@ def _decode_queue_line(cmd: bytes, t: list[bytes]) -> Request:
         return QueueUnsubscribe(topic, group, opaque)
     start = _text(t[4], "start", opaque)
     if start not in ("earliest", "latest"):
-        raise ProtocolError(f"qsub: start must be earliest or latest, got {start[:20]!r}", 400,
-                            opaque)
+        raise ProtocolError(f"{name}: start must be earliest or latest, got {start[:20]!r}",
+                            400, opaque)
     consumer_id = _text(t[5], "consumerId", opaque) if n == 7 else ""
-    return QueueSubscribe(topic, group, _int(t[3], "credit", opaque), start, opaque, consumer_id)
+    return QueueSubscribe(topic, group, _int(t[3], "credit", opaque), start, opaque, consumer_id,
+                          cmd == b"qbsub")
 
 
 def _is_key_qualifier(key: str, slot: bytes) -> bool:
@@ -942,6 +954,47 @@ def encode_qmsg(
     return b"qmsg %d %d %d %d %d\r\n" % (sub_opaque, partition, offset, count, record_len)
 
 
+#: one run of a ``qbatch`` body: partition, delivery count, records, first offset, bytes
+QBATCH_RUN: Final = struct.Struct(">IHIqI")
+
+
+def encode_qbatch(sub_opaque: int, runs: list[tuple[int, int, int, int, bytes | memoryview]]
+                  ) -> list[bytes | memoryview]:
+    """Broker -> client: many pushed messages in one frame, ``qbatch <subOpaque> <len>`` then
+    runs of ``partition:u32 count:u16 n:u32 firstOffset:i64 bytes:u32`` (big-endian) each
+    followed by ``bytes`` of ``n`` whole records in the on-disk layout, at consecutive
+    offsets from ``firstOffset``, all with delivery count ``count``. ``runs``: ``(partition,
+    count, n, first_offset, records)``; returns the frame's pieces (to join or write)."""
+    out: list[bytes | memoryview] = [b""]
+    size = 0
+    pack = QBATCH_RUN.pack
+    for p, c, n, first, data in runs:
+        out.append(pack(p, min(c, 65535), n, first, len(data)))
+        out.append(data)
+        size += QBATCH_RUN.size + len(data)
+    out[0] = b"qbatch %d %d\r\n" % (sub_opaque, size)
+    return out
+
+
+def decode_qbatch(body: bytes) -> list[tuple[int, int, int, int, int]]:
+    """The runs of a ``qbatch`` body: ``(partition, count, n, first_offset, start)``, the
+    run's records at ``body[start:]`` (:class:`ProtocolError` when malformed)."""
+    out = []
+    pos, end = 0, len(body)
+    unpack = QBATCH_RUN.unpack_from
+    try:
+        while pos < end:
+            p, c, n, first, size = unpack(body, pos)
+            pos += QBATCH_RUN.size
+            if pos + size > end:
+                raise ValueError(f"run of {size} bytes beyond the frame")
+            out.append((p, c, n, first, pos))
+            pos += size
+    except (struct.error, ValueError) as e:
+        raise ProtocolError(f"malformed qbatch frame: {e}") from None
+    return out
+
+
 def encode_qack(topic: str, group: str, items: bytes, opaque: int) -> bytes:
     """``qack``: ``items`` are ``K <partition> <offset> [<delayMs>]`` lines."""
     return f"qack {topic} {group} {len(items)} {opaque}\r\n".encode() + items
@@ -1008,7 +1061,8 @@ class Response:
     broker-initiated check-back: ``tx_key``, ``topic`` and ``partition`` are set, ``body``
     holds the half message's records, ``code`` is 0) or ``"qmsg"`` (a pushed queue
     message: ``opaque`` is the subscription's, ``partition`` and ``offset`` say which
-    message, ``code`` is its delivery count, ``body`` its record)."""
+    message, ``code`` is its delivery count, ``body`` its record) or ``"qbatch"`` (pushed
+    queue messages, ``body`` as :func:`decode_qbatch` reads it)."""
 
     kind: str
     code: int
@@ -1047,6 +1101,8 @@ class ResponseParser:
                 if t[0] == b"qmsg" and len(t) == 6:
                     kind, code, length, opaque = "qmsg", int(t[4]), int(t[5]), int(t[1])
                     extra = (None, None, int(t[2]), int(t[3]))
+                elif t[0] == b"qbatch" and len(t) == 3:
+                    kind, code, length, opaque = "qbatch", 0, int(t[2]), int(t[1])
                 elif t[0] == b"check" and len(t) == 6:
                     kind, code, length, opaque = "check", 0, int(t[4]), int(t[5])
                     extra = (t[1].decode(), t[2].decode(), int(t[3]), -1)

@@ -22,7 +22,20 @@ SNAPSHOT 5     index:u32 last:u8 chunk   one chunk (at most SNAPSHOT_CHUNK bytes
                checkpoint state below; a checkpoint appends all chunks of its state (index 0,
                1, ...; ``last`` = 1 on the final one) and points at chunk 0, so the log alone
                holds the state and replicas (stream ``__queuelog``) need only its frames
+ACKED    6     topic:str group:str n:u32 n*(partition:u32 from:i64 to:i64 at_ms:i64)
+               ranges of accepted messages: every message whose record starts in
+               ``[from, to)`` was acknowledged (a range holds whole records, ``to`` is the
+               offset after its last one); what a ``qack`` accepts, one range per run
+DELIVRUN 7     topic:str group:str n:u32 n*(partition:u32 count:u16 k:u32 k*offset:i64)
+               DELIVER in runs: the ``k`` messages at these offsets were pushed with
+               delivery count ``count``
 =======  ====  ===============================================================================
+
+Records 6 and 7 replace DONE (for accepts) and DELIVER since the batched push: a broker
+reads logs written before them (types 1-5) as they were, while an older broker does not
+know them (a queue log written by this version needs this version or a newer one).
+A checkpoint's finished exceptions may span several records (``next`` beyond the first
+record's end): consecutive accepted messages are kept as one range.
 
 The checkpoint state (:func:`encode_snapshot`) is the compact form of every group:
 ``n:u32`` groups, each ``topic:str group:str parts:u32 parts*(partition:u32 low_water:i64
@@ -47,6 +60,8 @@ DONE: Final = 2
 REPLAY: Final = 3
 DELIVER: Final = 4
 SNAPSHOT: Final = 5
+ACKED: Final = 6
+DELIVER_RUNS: Final = 7
 #: Largest chunk of a SNAPSHOT record (a replication frame carries whole records).
 SNAPSHOT_CHUNK: Final = 1 << 20
 
@@ -65,6 +80,8 @@ _DEAD = struct.Struct(">IqIHBq")
 _DELIVER = struct.Struct(">IqH")
 _COUNT = struct.Struct(">IIqH")
 _CHUNK = struct.Struct(">IB")
+_ACKED = struct.Struct(">Iqqq")
+_RUN = struct.Struct(">IHI")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +223,59 @@ def decode_deliver(body: bytes) -> tuple[str, str, list[tuple[int, int, int]]]:
         return topic, group, out
     except (struct.error, UnicodeDecodeError) as e:
         raise ProtocolError(f"corrupt queue DELIVER record: {e}") from None
+
+
+def encode_acked(topic: str, group: str, ranges: list[tuple[int, int, int]], at_ms: int) -> bytes:
+    """ACKED body: ``(partition, from, to)`` ranges of accepted messages."""
+    pack = _ACKED.pack
+    return _s(topic) + _s(group) + _U32.pack(len(ranges)) + b"".join(
+        [pack(p, a, b, at_ms) for p, a, b in ranges]
+    )
+
+
+def decode_acked(body: bytes) -> tuple[str, str, list[tuple[int, int, int, int]]]:
+    """``(topic, group, [(partition, from, to, at_ms)])`` of an ACKED record."""
+    try:
+        r = _Reader(body)
+        topic, group = r.s(), r.s()
+        (n,) = r.st(_U32)
+        out: list[tuple[int, int, int, int]] = []
+        for _ in range(n):
+            p, a, b, at = r.st(_ACKED)
+            if b <= a:
+                raise struct.error(f"empty range {a}..{b}")
+            out.append((p, a, b, at))
+        return topic, group, out
+    except (struct.error, UnicodeDecodeError) as e:
+        raise ProtocolError(f"corrupt queue ACKED record: {e}") from None
+
+
+def encode_deliver_runs(
+    topic: str, group: str, runs: list[tuple[int, int, list[int]]]
+) -> bytes:
+    """DELIVRUN body: ``(partition, count, offsets)`` runs (count capped at 65535)."""
+    out = [_s(topic), _s(group), _U32.pack(len(runs))]
+    for p, c, offs in runs:
+        out.append(_RUN.pack(p, min(c, 65535), len(offs)))
+        out.append(struct.pack(f">{len(offs)}q", *offs))
+    return b"".join(out)
+
+
+def decode_deliver_runs(body: bytes) -> tuple[str, str, list[tuple[int, int, int]]]:
+    """``(topic, group, [(partition, offset, count)])`` of a DELIVRUN record."""
+    try:
+        r = _Reader(body)
+        topic, group = r.s(), r.s()
+        (n,) = r.st(_U32)
+        out: list[tuple[int, int, int]] = []
+        for _ in range(n):
+            p, c, k = r.st(_RUN)
+            offs = struct.unpack_from(f">{k}q", r.buf, r.pos)
+            r.pos += 8 * k
+            out += [(p, o, c) for o in offs]
+        return topic, group, out
+    except (struct.error, UnicodeDecodeError) as e:
+        raise ProtocolError(f"corrupt queue DELIVRUN record: {e}") from None
 
 
 def encode_snapshot(groups: list[GroupSnapshot]) -> bytes:

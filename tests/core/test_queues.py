@@ -17,6 +17,7 @@ from notify.core.queues import (
     next_state,
 )
 from notify.protocol import queuelog
+from notify.protocol.records import encode
 
 S, E = MsgState, MsgEvent
 
@@ -227,3 +228,119 @@ def test_recovered_delivery_counts_resume_and_the_limit_holds() -> None:
     assert queuelog.decode_snapshot(legacy) == [old]
     body = queuelog.encode_deliver("t", "g", [(0, 30, 70000)])
     assert queuelog.decode_deliver(body) == ("t", "g", [(0, 30, 65535)])
+
+
+def test_runs_group_consecutive_records_per_consumer() -> None:
+    g = _group()
+    g.add_consumer(1, 100)
+    g.add_records(0, _recs(0, 10))
+    g.add_records(1, _recs(0, 5))
+    runs = g.dispatch_runs(0)
+    assert [(r.consumer, r.partition, r.count, r.start, r.end) for r in runs] == [
+        (1, 0, 1, 0, 300),
+        (1, 1, 1, 0, 150),
+    ]
+    assert g.held_by(1) == 15 and g.delivered == 15
+
+
+def test_range_accepts_refuse_what_is_not_held_and_log_ranges() -> None:
+    g = _group()
+    g.add_consumer(1, 4)
+    g.add_consumer(2, 4)
+    g.add_records(0, _recs(0, 8))
+    out = g.dispatch(0)
+    mine = sorted(d.offset for d in out if d.consumer == 1)
+    assert mine == [0, 30, 60, 90]  # a consumer takes a run in a row
+    applied, n, refused, fins, acked = g.ack_many(1, [("A", 0, 0, 180, 0)], 1)
+    # its four accepted as one range; the two of consumer 2 in the span refused by name
+    assert applied == 4 and n == 2 and fins == [] and acked == [(0, 0, 120)]
+    assert refused == ["0:120 is not held by this consumer", "0:150 is not held by this consumer"]
+    assert g.held_by(1) == 0 and g.held_by(2) == 4
+    # again: everything there is finished and below the low-water offset now -> one span
+    applied, _, refused, _, acked = g.ack_many(1, [("A", 0, 0, 120, 0)], 2)
+    assert applied == 0 and acked == [] and refused == ["0:0..120 is not held by this consumer"]
+    # a range release with a delay and a range reject by consumer 2
+    applied, _, refused, fins, _ = g.ack_many(
+        2, [("R", 0, 120, 180, 50), ("X", 0, 180, 240, 0)], 3
+    )
+    assert applied == 4 and refused == [] and [f.state for f in fins] == [S.REJECTED] * 2
+    assert g.dispatch(10) == []  # released with a delay
+    assert sorted(d.offset for d in g.dispatch(60)) == [120, 150]
+
+
+def test_compact_keeps_accepted_runs_as_ranges_and_restores_them() -> None:
+    g = _group()
+    g.add_consumer(1, 100)
+    g.add_records(0, _recs(0, 10))
+    g.dispatch(0)
+    # 0 stays held (the low-water offset), 30..150 accepted in a row, 150 held, 180.. accepted
+    g.ack_many(1, [("A", 0, 30, 150, 0), ("A", 0, 180, 300, 0)], 1)
+    low, fin = g.compact()[0]
+    assert low == 0
+    assert fin == [(30, 150, S.ACKNOWLEDGED, 0), (180, 300, S.ACKNOWLEDGED, 0)]
+    h = _group()
+    h.restore(0, low, fin)
+    h.restore_count(0, 60, 2)  # a count logged inside an accepted range: dropped on the read
+    h.add_consumer(1, 100)
+    h.add_records(0, _recs(0, 10))
+    assert [(d.offset, d.count) for d in h.dispatch(0)] == [(0, 1), (150, 1)]
+    assert h.parts[0].counts == {}
+    # a range reaching over the frontier is clipped to it (recovery after the frontier moved)
+    k = _group()
+    k.restore(0, 90, [(30, 150, S.ACKNOWLEDGED, 0)])
+    assert k.parts[0].frontier == 150
+    k.note_finished(0, 120, 240, S.ACKNOWLEDGED, 0, 0)
+    assert k.parts[0].frontier == 240
+
+
+def test_add_span_parses_whole_records_up_to_the_window() -> None:
+    rec = encode(0, 0, b"x" * 10)
+    g = _group(max_in_flight=3)
+    g.add_consumer(1, 10)
+    data = rec * 2 + rec[:7]  # a partial record at the end stays unread
+    assert g.add_span(0, data, 0, 10) == 2
+    assert g.parts[0].frontier == 2 * len(rec)
+    assert g.add_span(1, rec * 5, 0, 10) == 1  # the window (max_in_flight 3) is full
+    assert [(d.partition, d.offset) for d in g.dispatch(0)] == [(0, 0), (0, len(rec)), (1, 0)]
+
+
+def test_a_hostile_range_costs_a_bounded_walk_and_bounded_reasons() -> None:
+    g = _group(max_in_flight=5000, max_credit=10)
+    g.add_consumer(1, 1)
+    g.add_records(0, _recs(0, 3000))
+    assert [d.offset for d in g.dispatch(0)] == [0]
+    before = g.refused_acks
+    applied, n, why, _, acked = g.ack_many(1, [("A", 0, 0, 2**62, 0)] * 3, 1, max_reasons=16)
+    # its one message accepted; 1024 messages it does not hold walked and refused one by
+    # one, then the rest of that range and the two other ranges refused as spans unwalked
+    assert applied == 1 and acked == [(0, 0, 30)]
+    assert n == 1024 + 1 + 2 and len(why) == 16 and g.refused_acks - before == n
+    assert g.tracked == 2999 and g.held_by(1) == 0
+
+
+def test_retention_skip_keeps_the_part_of_an_accepted_range_above_it() -> None:
+    g = _group()
+    g.restore(0, 0, [(60, 300, S.ACKNOWLEDGED, 0)])  # recovered: 60..300 accepted, 0..60 not
+    assert g.skip_to(0, 120) == 120  # retention deleted below 120 unread
+    g.add_consumer(1, 100)
+    g.add_records(0, _recs(120, 8))  # 120..360: only 300 and 330 were never accepted
+    assert [d.offset for d in g.dispatch(0)] == [300, 330]
+
+
+def test_returned_messages_go_out_again_in_offset_order() -> None:
+    """A range release, an expired lock batch and a departed consumer put their messages
+    back so that they are delivered again as runs of consecutive records."""
+    g = _group(lock_ms=100)
+    g.add_consumer(1, 10)
+    g.add_records(0, _recs(0, 6))
+    g.dispatch(0)
+    g.ack_many(1, [("R", 0, 0, 90, 0)], 1)
+    (r,) = g.dispatch_runs(2)
+    assert [e.offset for e in r.entries] == [0, 30, 60] and r.count == 2
+    g.expire(200)  # every lock ran out
+    runs = g.dispatch_runs(201)
+    assert [[e.offset for e in r.entries] for r in runs] == [[0, 30, 60], [90, 120, 150]]
+    g.add_consumer(2, 10)
+    g.remove_consumer(1, 202)
+    assert [e.offset for r in g.dispatch_runs(203) for e in r.entries] == [0, 30, 60, 90, 120,
+                                                                          150]

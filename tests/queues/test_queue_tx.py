@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from notify.client import connect
 from notify.migrations import upgrade
 from notify.offsets import QueueInbox
+from notify.offsets.base import OffsetStoreError
 from notify.testing import BrokerProcess
 from tests.offsets.conftest import sql_url
 from tests.services import PostgresServer, fresh_database
@@ -212,4 +213,40 @@ def test_two_consumers_holding_one_message_apply_it_once(
         assert _stats(b.addr)["jobs/g"]["tracked"] == "0"
     with engine.connect() as c:
         assert [r[0] for r in c.execute(sa.text("SELECT body FROM applied"))] == ["job0"]
+    engine.dispose()
+
+
+def test_inbox_prunes_claims_past_its_retention(tmp_path: Path) -> None:
+    """Automatic pruning: claims younger than ``retention`` stay; older ones go after a
+    transaction, at most once per ``prune_interval``."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    upgrade(url)
+    engine = sa.create_engine(url)
+    with pytest.raises(OffsetStoreError, match="retention must be positive"):
+        QueueInbox(engine, retention=dt.timedelta(0))
+    keep = QueueInbox(engine, retention=dt.timedelta(hours=1), prune_interval=dt.timedelta(0))
+    short = QueueInbox(engine, retention=dt.timedelta(milliseconds=1),
+                       prune_interval=dt.timedelta(hours=1))
+
+    def claims() -> int:
+        with engine.connect() as c:
+            return int(c.execute(sa.text("SELECT COUNT(*) FROM notify_queue_done")).scalar_one())
+
+    with BrokerProcess(tmp_path / "b", topics={"jobs": 1}) as b:
+        _publish(b.addr, "jobs", 3, 1, prefix=b"job")
+        with connect([b.addr]) as session:
+            consumer = session.create_queue_consumer("jobs", "g", credit=10)
+            msgs = [m for m in (consumer.get(5) for _ in range(3)) if m is not None]
+            with keep.transaction(msgs[:1]):
+                pass
+            assert claims() == 1 and keep.pruned == 0  # younger than an hour: kept
+            time.sleep(0.01)
+            with short.transaction(msgs[1:2]):
+                pass
+            assert short.pruned >= 1 and not short.is_done(msgs[0])  # past 1 ms: pruned
+            before = claims()
+            with short.transaction(msgs[2:]):
+                pass
+            assert claims() == before + 1  # within prune_interval: no second pruning
+            consumer.close()
     engine.dispose()

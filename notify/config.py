@@ -226,6 +226,20 @@ class SystemConfig:
     tls_client_auth: bool = False
     #: ms a client may take to complete its TLS handshake (wire and HTTP ports)
     tls_handshake_timeout_ms: int = 5_000
+    #: bytes a client may send before its TLS ClientHello is answered (wire and HTTP ports)
+    tls_max_hello_size: int = 64 * KIB
+    #: the longest wire request header line (``put topic ... opaque``), CRLF excluded
+    max_header_size: int = 4 * KIB
+    #: queued reply bytes per wire connection past which reading pauses (resumes at 1/4)
+    write_buffer_size: int = 4 * MIB
+    #: the longest a long-polling ``get`` (wire, MetaQ HTTP ``/get``) is held
+    max_long_poll_wait_ms: int = 60_000
+    #: HTTP JSON request bodies (REST); MetaQ's ``/put`` takes ``maxMessageSize``
+    http_max_body_size: int = 32 * MIB
+    #: REST fetch: ``maxSize`` and ``limit`` at most; REST produce: messages per request
+    http_max_fetch_size: int = 16 * MIB
+    http_max_fetch_messages: int = 10_000
+    http_max_produce_messages: int = 1000
     # queue subscriptions (README "Queues")
     queue_lock_timeout_ms: int = 30_000
     queue_max_deliveries: int = 5
@@ -370,6 +384,14 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "tlsCaFile": ("tls_ca_file", Path),
     "tlsClientAuth": ("tls_client_auth", _bool),
     "tlsHandshakeTimeout": ("tls_handshake_timeout_ms", _int),
+    "tlsMaxHelloSize": ("tls_max_hello_size", _int),
+    "maxHeaderSize": ("max_header_size", _int),
+    "writeBufferSize": ("write_buffer_size", _int),
+    "maxLongPollWait": ("max_long_poll_wait_ms", _int),
+    "httpMaxBodySize": ("http_max_body_size", _int),
+    "httpMaxFetchSize": ("http_max_fetch_size", _int),
+    "httpMaxFetchMessages": ("http_max_fetch_messages", _int),
+    "httpMaxProduceMessages": ("http_max_produce_messages", _int),
     "queueLockTimeout": ("queue_lock_timeout_ms", _int),
     "queueMaxDeliveries": ("queue_max_deliveries", _int),
     "queueMaxInFlight": ("queue_max_in_flight", _int),
@@ -494,6 +516,14 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "authTimeout": (0, _DAY_MS),
     "frameTimeout": (0, _DAY_MS),
     "tlsHandshakeTimeout": (100, 600_000),
+    "tlsMaxHelloSize": (4 * KIB, 16 * MIB),
+    "maxHeaderSize": (512, 64 * KIB),
+    "writeBufferSize": (64 * KIB, GIB),
+    "maxLongPollWait": (0, 3_600_000),
+    "httpMaxBodySize": (KIB, GIB),
+    "httpMaxFetchSize": (KIB, 256 * MIB),
+    "httpMaxFetchMessages": (1, 1_000_000),
+    "httpMaxProduceMessages": (1, 1_000_000),
     "idleTimeout": (0, 30 * _DAY_MS),
     "maxParkedGets": (1, 1_000_000),
     "maxQueuedReplies": (16, 10_000_000),

@@ -169,8 +169,9 @@ class Broker:
 
         def with_tls() -> asyncio.Protocol:  # the handshake counts toward maxConnections
             assert tls is not None
-            handshake_s = self.config.system.tls_handshake_timeout_ms / 1000.0
-            return TlsAccept(service, tls, plain, handshake_s)
+            sysc = self.config.system
+            handshake_s = sysc.tls_handshake_timeout_ms / 1000.0
+            return TlsAccept(service, tls, plain, handshake_s, sysc.tls_max_hello_size)
 
         self._server = await loop.create_server(
             plain if tls is None else with_tls,

@@ -59,9 +59,6 @@ class ConnectionHost(Protocol):
 
 log = logging.getLogger("notify.broker")
 
-WRITE_HIGH_WATER = 4 * 1024 * 1024
-WRITE_LOW_WATER = 1024 * 1024
-
 
 class PendingReplies:
     """Replies to the puts of one connection to one partition in one commit round."""
@@ -107,7 +104,13 @@ class Connection(asyncio.Protocol):
     def __init__(self, service: ConnectionHost):
         self.service = service
         sysc = service.config.system  # read per connection: a reload applies to the next one
-        self.parser = RequestParser(sysc.max_message_size, max_batch_bytes=sysc.max_batch_size)
+        self.parser = RequestParser(
+            sysc.max_message_size,
+            max_batch_bytes=sysc.max_batch_size,
+            max_header_bytes=sysc.max_header_size,
+        )
+        #: queued reply bytes past which reading pauses (``writeBufferSize``; resumes at 1/4)
+        self._write_high = sysc.write_buffer_size
         self.out: deque[OutItem] = deque()
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -158,7 +161,7 @@ class Connection(asyncio.Protocol):
         # TLS: the bytes must go through the SSL object, never sendfile'd in clear
         tls = transport.get_extra_info("ssl_object") is not None
         self._fd = sock.fileno() if sock is not None and not tls else -1
-        t.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
+        t.set_write_buffer_limits(self._write_high, self._write_high // 4)
         if not self.service.connection_opened(self):
             self.closing = True
             self.closed = True

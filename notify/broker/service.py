@@ -98,9 +98,6 @@ log = logging.getLogger("notify.broker")
 
 _HEADER = records.HEADER
 _CRC_MASK: Final = 0x7FFFFFFF
-#: Longest a long-poll ``get`` may be held, whatever the client asks.
-MAX_LONG_POLL_MS: Final = 60_000
-MPUT_MAX_BYTES: Final = 16 * 1024 * 1024
 #: ``put`` to this partition: the broker chooses one (MetaQ's ``Partition.RandomPartiton``).
 RANDOM_PARTITION: Final = -1
 LONG_MAX: Final = 2**63 - 1
@@ -161,7 +158,6 @@ class BrokerService:
         self.stats = BrokerStats()
         self.ids = IdGenerator(config.system.broker_id)
         self.max_message = config.system.max_message_size
-        self.max_frame_body = max(self.max_message, MPUT_MAX_BYTES)
         self.max_transfer = config.system.max_transfer_size
         self.connections: set[Connection] = set()
         #: TLS handshakes in progress (they count toward maxConnections: tlsaccept.py)
@@ -792,7 +788,7 @@ class BrokerService:
             )
         slot = PendingReplies(conn, r.partition)
         slot.items.append([r.opaque])
-        wait_s = min(r.max_wait_ms, MAX_LONG_POLL_MS) / 1000.0
+        wait_s = min(r.max_wait_ms, self.config.system.max_long_poll_wait_ms) / 1000.0
         entry: list[Any] = [conn, r, slot, None]
         entry[3] = self.loop.call_later(wait_s, self._unpark, part, entry, True)
         waiters = self._waiting.get(part)

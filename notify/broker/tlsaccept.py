@@ -19,7 +19,8 @@ from typing import Final, Protocol, cast
 
 log = logging.getLogger("notify.broker")
 
-#: Bytes a client may send before the broker answered its TLS ClientHello.
+#: Bytes a client may send before the broker answered its TLS ClientHello (default of
+#: ``tlsMaxHelloSize``).
 MAX_HELLO: Final = 64 * 1024
 
 
@@ -49,7 +50,8 @@ class Admission(Protocol):
 class TlsAccept(asyncio.Protocol):
     """The first protocol of an accepted TCP socket on a TLS port (see the module doc);
     ``timeout_s`` is ``tlsHandshakeTimeout``: a socket that has not completed its handshake
-    by then (silent, or trickling its ClientHello) is closed and its slot freed."""
+    by then (silent, or trickling its ClientHello) is closed and its slot freed; one that sends
+    more than ``max_hello`` bytes (``tlsMaxHelloSize``) before it is answered is closed."""
 
     def __init__(
         self,
@@ -57,11 +59,13 @@ class TlsAccept(asyncio.Protocol):
         ctx: ssl.SSLContext,
         make: Callable[[], asyncio.BaseProtocol],
         timeout_s: float,
+        max_hello: int = MAX_HELLO,
     ) -> None:
         self.admission = admission
         self.ctx = ctx
         self.make = make
         self.timeout_s = timeout_s
+        self.max_hello = max_hello
         self.app: asyncio.Protocol | None = None
         self.early: list[bytes] = []  # app data read between the handshake and the hand-over
         self.lost = False
@@ -96,6 +100,9 @@ class TlsAccept(asyncio.Protocol):
             await asyncio.sleep(0)
             await asyncio.sleep(0)
             self.started = True
+            if self.lost:  # over tlsMaxHelloSize (or gone) while start_tls was setting up
+                handshake.cancel()
+                raise ConnectionError("lost before the handshake")
             hello, self.raw_early = b"".join(self.raw_early), []
             if hello:
                 feed(cast(asyncio.BufferedProtocol, raw.get_protocol()), hello)
@@ -119,8 +126,9 @@ class TlsAccept(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self.started:  # raw bytes read before start_tls took the socket over
             self.raw_early.append(data)
-            if sum(map(len, self.raw_early)) > MAX_HELLO:
+            if sum(map(len, self.raw_early)) > self.max_hello:
                 self.lost = True
+                self.raw_early.clear()
                 if self.raw is not None:
                     self.raw.abort()
             return

@@ -46,7 +46,6 @@ from notify.http.bridge import call, call_one
 from notify.http.params import INT32, bad_request, int_param, parse_int, topic_name
 from notify.http.server import (
     ADMIN_ROUTE,
-    MAX_REQUEST_BYTES,
     SERVER,
     HttpServer,
     json_response,
@@ -67,11 +66,8 @@ from notify.protocol.replies import PutAck, XAFailure
 
 log = logging.getLogger("notify.http")
 
-MAX_PRODUCE_MESSAGES: Final = 1000
 DEFAULT_FETCH_BYTES: Final = 256 * 1024
-MAX_FETCH_BYTES: Final = 16 * 1024 * 1024
 DEFAULT_FETCH_LIMIT: Final = 100
-MAX_FETCH_LIMIT: Final = 10_000
 ADMIN_SESSION: Final = "http-admin"
 # XAException codes worth their own HTTP status
 _XA_STATUS: Final = {-4: 404, -5: 400, -6: 409}
@@ -82,7 +78,8 @@ def _server(request: web.Request) -> HttpServer:
 
 
 async def _json_body(request: web.Request) -> Any:
-    raw = await read_body(request, MAX_REQUEST_BYTES)
+    limit = _server(request).broker.config.system.http_max_body_size
+    raw = await read_body(request, limit, "JSON body (httpMaxBodySize)")
     if not raw.strip():
         raise bad_request("expected a JSON body")
     try:
@@ -201,8 +198,9 @@ async def produce(request: web.Request) -> web.Response:
         msgs = [data]
     else:
         raise bad_request("expected a message object, a list of them or {'messages': [...]}")
-    if not 1 <= len(msgs) <= MAX_PRODUCE_MESSAGES:
-        raise bad_request(f"between 1 and {MAX_PRODUCE_MESSAGES} messages per request")
+    most = service.config.system.http_max_produce_messages
+    if not 1 <= len(msgs) <= most:
+        raise bad_request(f"between 1 and {most} messages per request (httpMaxProduceMessages)")
     nparts = len(service.store.topic_partitions(topic))
     reqs: list[Put] = []
     for i, m in enumerate(msgs):
@@ -269,8 +267,11 @@ async def fetch(request: web.Request) -> web.Response:
         raise _not_found(f"partition {index} of topic {topic!r} does not exist")
     q = request.query
     offset = int_param(q, "offset", part.min_offset)
-    max_bytes = int_param(q, "maxSize", DEFAULT_FETCH_BYTES, 1, MAX_FETCH_BYTES)
-    limit = int_param(q, "limit", DEFAULT_FETCH_LIMIT, 1, MAX_FETCH_LIMIT)
+    sysc = service.config.system
+    cap = sysc.http_max_fetch_size
+    max_bytes = int_param(q, "maxSize", min(DEFAULT_FETCH_BYTES, cap), 1, cap)
+    most = sysc.http_max_fetch_messages
+    limit = int_param(q, "limit", min(DEFAULT_FETCH_LIMIT, most), 1, most)
     try:
         sl = part.slice(offset, max_bytes, max(max_bytes, service.max_message + 20))
     except OffsetOutOfRangeError as e:

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from notify.http import api, metaq, metrics
 from notify.http.host import BrokerHost
-from notify.http.server import ASSETS, MAX_REQUEST_BYTES, SERVER, HttpServer, errors_and_auth
+from notify.http.server import ASSETS, SERVER, HttpServer, errors_and_auth
 
 __all__ = ["build_app", "start_http"]
 
@@ -18,7 +18,10 @@ __all__ = ["build_app", "start_http"]
 def build_app(server: HttpServer) -> web.Application:
     """The application serving ``server``'s broker: dashboard assets, MetaQ's HTTP protocol,
     the REST face and ``/metrics``."""
-    app = web.Application(middlewares=[errors_and_auth], client_max_size=MAX_REQUEST_BYTES)
+    app = web.Application(
+        middlewares=[errors_and_auth],
+        client_max_size=server.broker.config.system.http_max_body_size,
+    )
     app[SERVER] = server
 
     async def asset(request: web.Request) -> web.Response:

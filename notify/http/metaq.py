@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from notify.broker.service import MAX_LONG_POLL_MS
 from notify.config import RESERVED_PREFIX
 from notify.http.bridge import call_one
 from notify.http.params import INT32, group_name, int_param, topic_name
@@ -78,7 +77,7 @@ async def get(request: web.Request) -> web.Response:
         int_param(q, "offset"),
         int_param(q, "maxsize", aliases=("maxSize",), lo=INT32[0], hi=INT32[1]),
         1,
-        int_param(q, "maxWait", 0, 0, MAX_LONG_POLL_MS),
+        int_param(q, "maxWait", 0, 0, service.config.system.max_long_poll_wait_ms),
     )
     timeout = req.max_wait_ms / 1000.0 + 30.0
     return _reply(await call_one(service, req, timeout), binary=True)

@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from notify.broker.authlog import auth_failures_total
 from notify.core.states import TxState
-from notify.http.views import groups_view, replication_view
+from notify.http.views import replication_view
 from notify.version import __version__
 
 if TYPE_CHECKING:
@@ -56,6 +56,16 @@ class BrokerCollector(Collector):
         self.http_refused = http_refused
 
     def collect(self) -> Iterator[Metric]:
+        for item in self.collect_deferred():
+            if isinstance(item, _GroupSnapshot):
+                yield from item.families()
+            else:
+                yield item
+
+    def collect_deferred(self) -> Iterator[Metric | _GroupSnapshot]:
+        """The families, except the per-group ones: a cheap copy of the group positions
+        stands in their place, to be turned into families off the loop (they may be tens of
+        thousands of series)."""
         service = self.broker.service
         if service is None:
             return
@@ -151,32 +161,15 @@ class BrokerCollector(Collector):
 
         yield CounterMetricFamily("notify_fsyncs", "fsyncs completed", service.flusher.fsyncs)
 
-        lag = GaugeMetricFamily(
-            "notify_consumer_lag_bytes",
-            "Bytes between a group's last fetch offset and the partition's visible end",
-            labels=["group", "topic", "partition"],
-        )
-        pos = GaugeMetricFamily(
-            "notify_consumer_offset",
-            "Offset of a group's last fetch",
-            labels=["group", "topic", "partition"],
-        )
-        rows = groups_view(service, count_messages=False)
-        cap = self.broker.config.system.metrics_max_consumer_series
-        for g in rows[:cap]:
-            lv = [g["group"], g["topic"], str(g["partition"])]
-            lag.add_metric(lv, g["lag_bytes"])
-            pos.add_metric(lv, g["offset"])
-        yield from (lag, pos)
-        yield GaugeMetricFamily(
-            "notify_consumer_groups",
-            "Consumer group names remembered (maxConsumerGroups)",
+        parts: list[tuple[str, int, int, list[tuple[str, tuple[int, float]]]]] = []
+        for (topic, index), seen in service.consumer_positions.items():
+            where = service.store.get(topic, index)
+            if where is not None:
+                parts.append((topic, index, where.visible_end, list(seen.items())))
+        yield _GroupSnapshot(
+            parts,
+            self.broker.config.system.metrics_max_consumer_series,
             len(service.consumer_positions),
-        )
-        yield GaugeMetricFamily(
-            "notify_consumer_series_dropped",
-            "Group/partition series left out of this scrape (metricsMaxConsumerSeries)",
-            max(0, len(rows) - cap),
         )
 
         yield from self._replication()
@@ -261,7 +254,8 @@ class BrokerMetrics:
 
     def __init__(self, broker: BrokerHost, http_refused: Callable[[], int] | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(BrokerCollector(broker, http_refused))
+        self.collector = BrokerCollector(broker, http_refused)
+        self.registry.register(self.collector)
         self.fsync_seconds = Histogram(
             "notify_fsync_seconds",
             "Time from the start of an fsync round to each partition's fsync completing",
@@ -285,20 +279,79 @@ class BrokerMetrics:
         return generate_latest(self.registry)
 
     async def render_async(self) -> bytes:
-        """Collect on the loop (the broker's state is only consistent there), render the
-        text in a worker thread."""
-        frozen = _Frozen(list(self.registry.collect()))
+        """Collect on the loop (the broker's state is only consistent there) into plain
+        copies; build the per-group families and render the text in a worker thread."""
+        items = [*self.collector.collect_deferred(), *self.fsync_seconds.collect()]
+        frozen = _Frozen(items)
         return await asyncio.get_running_loop().run_in_executor(None, generate_latest, frozen)
 
 
-class _Frozen(Collector):
-    """Metric families collected already."""
+class _GroupSnapshot:
+    """The consumer positions copied on the loop: per partition (topic, index, visible end,
+    [(group, (offset, seen at))]), the series cap and the number of group names."""
 
-    def __init__(self, families: list[Metric]):
-        self.families = families
+    def __init__(
+        self,
+        parts: list[tuple[str, int, int, list[tuple[str, tuple[int, float]]]]],
+        cap: int,
+        names: int,
+    ):
+        self.parts = parts
+        self.cap = cap
+        self.names = names
+
+    def families(self) -> list[Metric]:
+        """Lag and offset per (group, topic, partition), sorted, at most ``cap`` series."""
+        lag = GaugeMetricFamily(
+            "notify_consumer_lag_bytes",
+            "Bytes between a group's last fetch offset and the partition's visible end",
+            labels=["group", "topic", "partition"],
+        )
+        pos = GaugeMetricFamily(
+            "notify_consumer_offset",
+            "Offset of a group's last fetch",
+            labels=["group", "topic", "partition"],
+        )
+        left = self.cap
+        total = 0
+        for topic, index, end, seen in sorted(self.parts, key=lambda p: (p[0], p[1])):
+            total += len(seen)
+            if left <= 0:
+                continue
+            for group, (offset, _at) in sorted(seen)[:left]:
+                lv = [group, topic, str(index)]
+                lag.add_metric(lv, max(0, end - offset))
+                pos.add_metric(lv, offset)
+                left -= 1
+        return [
+            lag,
+            pos,
+            GaugeMetricFamily(
+                "notify_consumer_groups",
+                "Consumer group names remembered (maxConsumerGroups)",
+                self.names,
+            ),
+            GaugeMetricFamily(
+                "notify_consumer_series_dropped",
+                "Group/partition series left out of this scrape (metricsMaxConsumerSeries)",
+                max(0, total - self.cap),
+            ),
+        ]
+
+
+class _Frozen(Collector):
+    """Metric families collected already (group snapshots are expanded when rendered, in
+    the worker thread)."""
+
+    def __init__(self, items: list[Metric | _GroupSnapshot]):
+        self.items = items
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
+        for item in self.items:
+            if isinstance(item, _GroupSnapshot):
+                yield from item.families()
+            else:
+                yield item
 
 
 def add_routes(

@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Final, cast
 from aiohttp import web
 
 from notify.broker.authlog import record_auth_failure
-from notify.broker.service import MPUT_MAX_BYTES
 from notify.broker.tlsaccept import TlsAccept
 from notify.http.views import History
 
@@ -58,7 +57,6 @@ log = logging.getLogger("notify.http")
 SAMPLE_EVERY_S: Final = 1.0
 SHUTDOWN_TIMEOUT_S: Final = 2.0
 #: Largest request body accepted (a JSON batch of base64 payloads); bigger gets 413.
-MAX_REQUEST_BYTES: Final = 2 * MPUT_MAX_BYTES
 ASSETS: Final = {
     "/": ("index.html", "text/html"),
     "/dashboard.js": ("dashboard.js", "application/javascript"),
@@ -136,7 +134,9 @@ class _CappedSite(web.BaseSite):
 
     def _tls_protocol(self) -> asyncio.BaseProtocol:
         assert self._ssl is not None
-        return TlsAccept(self, self._ssl, self._protocol, self._http.handshake_timeout_s)
+        return TlsAccept(
+            self, self._ssl, self._protocol, self._http.handshake_timeout_s, self._http.max_hello
+        )
 
     async def start(self) -> None:
         await super().start()
@@ -168,6 +168,7 @@ class HttpServer:
         self.max_connections = sysc.http_max_connections
         self.body_timeout_s = sysc.http_body_timeout_ms / 1000.0
         self.handshake_timeout_s = sysc.tls_handshake_timeout_ms / 1000.0
+        self.max_hello = sysc.tls_max_hello_size
         self.allowed_hosts = frozenset(
             {"localhost", sysc.host_name.lower(), *sysc.http_allowed_hosts}
         )
@@ -400,7 +401,8 @@ async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamR
                 raise
             text = e.text or e.reason
             if e.status == 413 and text.startswith("Maximum request body size"):
-                text = f"request body too large (limit {MAX_REQUEST_BYTES} bytes)"
+                limit = server.broker.config.system.http_max_body_size
+                text = f"request body too large (limit {limit} bytes, httpMaxBodySize)"
             resp = error_response(request, e.status, text)
     if _body_unread(request):
         resp.force_close()  # never read (or parse) what follows an unread body

@@ -166,7 +166,6 @@ class BrokerService:
         #: TLS handshakes in progress (they count toward maxConnections: tlsaccept.py)
         self.handshaking = 0
         self._pending: dict[Partition, _Batch] = {}
-        self._commit_scheduled = False
         self._reload = reload
         self._topic_parts: dict[str, list[Partition]] = {}
         self._waiting: dict[Partition, list[list[Any]]] = {}
@@ -277,9 +276,11 @@ class BrokerService:
                 self._other(conn, r)
             if conn.closing:
                 break
-        if self._pending and not self._commit_scheduled:
-            self._commit_scheduled = True
-            self.loop.call_soon(self.commit)
+        if self._pending:
+            # written now, not at the next loop turn: a lone put is answered in the turn
+            # that read it when the flush policy needs no fsync first (one chunk's puts
+            # to a partition are still one append)
+            self.commit()
 
     def _auth_required(self, conn: Connection, r: Request | ProtocolError) -> None:
         opaque = getattr(r, "opaque", 0)
@@ -528,7 +529,6 @@ class BrokerService:
 
     def commit(self) -> None:
         """Write every pending batch: one buffer and one write per partition."""
-        self._commit_scheduled = False
         pending = self._pending
         if not pending:
             return
@@ -536,25 +536,37 @@ class BrokerService:
         pack = _HEADER.pack
         for part, batch in pending.items():
             groups = batch.groups
-            for g in groups:
-                g.conn.open_groups.clear()
-            ids = _IdStream(self.ids, batch.count)
             offset = base = part.end
-            chunks: list[bytes] = []
-            add = chunks.append
-            for g in groups:
-                items = g.items
-                first = ids.take(len(items))
-                for it in items:
-                    body = it[1]
-                    add(pack(len(body), it[2], first, it[3]))
-                    add(body)
-                    it[1] = None  # the body is not needed for the reply
-                    it[4] = first
-                    it[5] = offset
-                    first += 1
-                    offset += 20 + len(body)
-            data = b"".join(chunks)
+            if batch.count == 1:  # a lone put: no id stream, no list of chunks
+                g = groups[0]
+                g.conn.open_groups.clear()
+                it = g.items[0]
+                body = it[1]
+                first = self.ids.next_block(1)
+                data = pack(len(body), it[2], first, it[3]) + body
+                it[1] = None
+                it[4] = first
+                it[5] = offset
+                offset += 20 + len(body)
+            else:
+                for g in groups:
+                    g.conn.open_groups.clear()
+                ids = _IdStream(self.ids, batch.count)
+                chunks: list[bytes] = []
+                add = chunks.append
+                for g in groups:
+                    items = g.items
+                    first = ids.take(len(items))
+                    for it in items:
+                        body = it[1]
+                        add(pack(len(body), it[2], first, it[3]))
+                        add(body)
+                        it[1] = None  # the body is not needed for the reply
+                        it[4] = first
+                        it[5] = offset
+                        first += 1
+                        offset += 20 + len(body)
+                data = b"".join(chunks)
             try:
                 part.append(data, hold=self._holds)
             except NotifyError as e:

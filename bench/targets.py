@@ -1,9 +1,9 @@
 """Issue 16's targets in one run: every shape measured, one table (shape, measured, target,
 met), the raw limits and the peers of the same run beside them.
 
-    .venv/bin/python bench/targets.py             # ~6 minutes
-    .venv/bin/python bench/targets.py --quick     # ~3 minutes
-    .venv/bin/python bench/targets.py --skip-peers --skip-pg
+    .venv/bin/python bench/targets.py             # ~3 minutes (2.6 on 2026-11-23, loaded)
+    .venv/bin/python bench/targets.py --quick     # ~2 minutes
+    .venv/bin/python bench/targets.py --skip-peers --skip-pg --markdown
 
 Reuses the other benchmarks' functions (nothing measured twice in two ways):
 ``bench/client_e2e.py`` (client produce shapes, consume, end-to-end latency),
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -102,6 +103,20 @@ def _rate_row(
 # ------------------------------------------------------------------------ client shapes
 
 
+def version_round_trips(addr: str, count: int) -> float:
+    """The floor under ``send()`` one at a time: a blocking socket writing ``version``
+    and reading its reply, ``count`` times (nothing stored, no client library); seconds."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t0 = time.perf_counter()
+        for i in range(count):
+            sock.sendall(b"version %d\r\n" % (i + 1))
+            if not sock.recv(4096):
+                raise RuntimeError("broker closed the connection")
+        return time.perf_counter() - t0
+
+
 def client_rows(work: Path, count: int, one_count: int, lat_s: float) -> list[Target]:
     rows: list[Target] = []
     topics = {ce.TOPIC: 4, "lat1": 1, "lat4": 4}
@@ -156,6 +171,17 @@ def client_rows(work: Path, count: int, one_count: int, lat_s: float) -> list[Ta
                 )
             )
             _log(f"{label}: {n / secs:,.0f} msg/s")
+        c0 = time.process_time()
+        secs = version_round_trips(addr, one_count)
+        rows.append(
+            _rate_row(
+                "  (limit: raw `version` round trip: no library, no disk)",
+                one_count,
+                secs,
+                time.process_time() - c0,
+                None,
+            )
+        )
         c0 = time.process_time()
         secs = ce.raw_put_round_trips(addr, one_count, 100)
         rows.append(
@@ -483,6 +509,29 @@ def peer_rows(work: Path, seconds: float, notify_tx: dict[int, float]) -> list[T
 # ------------------------------------------------------------------------ table
 
 
+def _measured(r: Target) -> str:
+    if r.measured is None:
+        return "—"
+    if r.unit.startswith("x "):
+        return f"{r.measured:.2f}{r.unit}"
+    if r.unit == "ms":
+        return f"{r.measured:,.2f} ms"
+    if r.unit == "% of PG":
+        return f"{r.measured:.0f}% of PG"
+    return f"{r.measured:,.0f} {r.unit}"
+
+
+def print_markdown(rows: list[Target], header: str) -> None:
+    """The same table as Markdown (for README "Benchmarks")."""
+    print(f"\n{header}\n")
+    print("| shape | measured | target | met | client CPU µs | notes |")
+    print("|---|---:|---|:---:|---:|---|")
+    for r in rows:
+        met = {True: "yes", False: "**no**", None: ""}[r.met]
+        cpu = f"{r.cpu_us:.1f}" if r.cpu_us is not None else ""
+        print(f"| {r.shape} | {_measured(r)} | {r.target} | {met} | {cpu} | {r.note} |")
+
+
 def print_table(rows: list[Target], header: str) -> None:
     t = Table(title="issue 16 targets, one run", caption=header)
     for col, just in (
@@ -495,14 +544,7 @@ def print_table(rows: list[Target], header: str) -> None:
     ):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in rows:
-        if r.measured is None:
-            measured = "—"
-        elif r.unit.startswith("x "):
-            measured = f"{r.measured:.2f}{r.unit}"
-        elif r.unit in ("ms", "% of PG"):
-            measured = f"{r.measured:,.2f} {r.unit}" if r.unit == "ms" else f"{r.measured:.0f}%"
-        else:
-            measured = f"{r.measured:,.0f} {r.unit}"
+        measured = _measured(r)
         met = {True: "[green]yes[/green]", False: "[red]no[/red]", None: ""}[r.met]
         cpu = f"{r.cpu_us:.1f}" if r.cpu_us is not None else ""
         t.add_row(r.shape, measured, r.target, met, cpu, r.note)
@@ -511,10 +553,11 @@ def print_table(rows: list[Target], header: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="shorter runs (~3 minutes)")
+    ap.add_argument("--quick", action="store_true", help="shorter runs (~2 minutes)")
     ap.add_argument("--skip-peers", action="store_true", help="no Redis/RabbitMQ/NATS rows")
     ap.add_argument("--skip-pg", action="store_true", help="no XA / outbox rows")
     ap.add_argument("--dir", default=None, help="where servers keep data (default: temp)")
+    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     a = ap.parse_args()
     seconds = 1.5 if a.quick else 3.0
     count = 150_000 if a.quick else 300_000
@@ -571,6 +614,8 @@ def main() -> int:
         "transaction)"
     )
     print_table(raw + rows, header)
+    if a.markdown:
+        print_markdown(raw + rows, header)
     measured = [r for r in rows if r.met is not None]
     console.print(f"targets met: {sum(bool(r.met) for r in measured)} of {len(measured)} measured")
     return 0

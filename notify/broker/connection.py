@@ -185,9 +185,9 @@ class Connection(asyncio.Protocol):
                 self.service.handle(self, reqs)
             finally:
                 self._receiving = False
-            if self._pump_wanted:  # replies ready now (e.g. a lone put): written this turn
-                self._pump_wanted = False
-                self.pump()
+                if self._pump_wanted:  # replies ready now (a lone put): written this turn
+                    self._pump_wanted = False
+                    self.pump()
         if parser.closed and not self.closing:
             self.close_after_replies()  # framing lost: nothing more can be understood
         now = self.service.loop.time()

@@ -39,7 +39,7 @@ from notify.errors import (
     StoreFullError,
     TxLogError,
 )
-from notify.protocol import records
+from notify.protocol import hotpath, records
 from notify.protocol.frames import (
     Auth,
     DelayedPut,
@@ -440,8 +440,8 @@ class BrokerService:
             return self._error(conn, 403, r.opaque, f"topic {r.topic!r} does not accept publish")
         if not 1 <= r.count <= MAX_BATCH:
             return self._error(conn, 400, r.opaque, f"mput count {r.count} outside 1..{MAX_BATCH}")
+        err = self._check_records(r.records, r.count)
         buf = bytearray(r.records)
-        err = self._check_records(buf, r.count)
         if err:
             return self._error(conn, 400, r.opaque, f"mput: {err}")
         if self._writes_refused(conn):
@@ -479,33 +479,19 @@ class BrokerService:
             self.sync_master.replicate(part, base, buf, r.count) if self.sync_master else None,
         )
 
-    def _check_records(self, buf: bytearray, count: int) -> str | None:
-        """Validate ``count`` whole records with correct checksums filling ``buf``."""
-        mv = memoryview(buf)
-        n = len(buf)
-        pos = 0
-        seen = 0
-        unpack = _HEADER.unpack_from
-        crc32 = zlib.crc32
+    def _check_records(self, data: bytes, count: int) -> str | None:
+        """Validate ``count`` whole records with correct checksums filling ``data`` (the
+        loop is compiled with the client's hot paths: notify.protocol.hotpath)."""
         max_msg = self.max_message
-        flags = 0
-        try:
-            while pos < n:
-                if n - pos < records.HEADER_SIZE:
-                    return f"record {seen}: incomplete header"
-                length, crc, _mid, flag = unpack(mv, pos)
-                flags |= flag
-                if length < 0 or length > max_msg:
-                    return f"record {seen}: length {length} outside 0..{max_msg}"
-                end = pos + records.HEADER_SIZE + length
-                if end > n:
-                    return f"record {seen}: length {length} runs past the body"
-                if crc32(mv[pos + records.HEADER_SIZE : end]) & _CRC_MASK != crc:
-                    return f"record {seen}: checksum mismatch"
-                pos = end
-                seen += 1
-        finally:
-            mv.release()
+        seen, flags, verdict, length = records.check_records(data, max_msg)
+        if verdict == hotpath.SHORT_HEADER:
+            return f"record {seen}: incomplete header"
+        if verdict == hotpath.BAD_LENGTH:
+            return f"record {seen}: length {length} outside 0..{max_msg}"
+        if verdict == hotpath.PAST_END:
+            return f"record {seen}: length {length} runs past the body"
+        if verdict == hotpath.BAD_CHECKSUM:
+            return f"record {seen}: checksum mismatch"
         if seen != count:
             return f"body holds {seen} records, header says {count}"
         self._checked_flags = flags  # read by _mput (idempotent producers)
@@ -969,8 +955,8 @@ class BrokerService:
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
+        err = self._check_records(r.records, r.count)
         buf = bytearray(r.records)
-        err = self._check_records(buf, r.count)
         if err:
             return self._error(conn, 400, r.opaque, f"msync: {err}")
         end = part.end

@@ -8,8 +8,9 @@ notify.testing.BrokerProcess) on 127.0.0.1 with its data in a temp directory, th
 
 1. produce: ``--count`` messages of ``--size`` bytes with the asyncio API
    (``send_nowait``, at most ``--window`` unacknowledged, mput batches), msg/s; then
-   ``send_batch_nowait`` (``--batch`` messages per call), and the synchronous API:
-   ``send_batch_future``, ``send_future`` per message, ``send()`` one at a time;
+   ``post()`` per message (no future), ``send_batch_nowait`` (``--batch`` messages per
+   call), and the synchronous API: ``send_batch_future``, ``post()`` and ``send_future``
+   per message, ``send()`` one at a time;
 2. consume: the same messages from the earliest offset with an async listener, msg/s;
 3. latency: a fixed rate (``--rate``, default 10,000 msg/s for ``--seconds``) from this
    process while a consumer in a child process (synchronous session, inline listener,
@@ -81,6 +82,27 @@ async def produce(addr: str, count: int, size: int, window: int) -> tuple[float,
     return elapsed, failed
 
 
+async def produce_posts(addr: str, count: int, size: int, window: int) -> tuple[float, int]:
+    """``post()`` per message (no future; results counted), at most ``window`` pending."""
+    body = b"x" * size
+    async with AsyncMessageSessionFactory([addr]) as s:
+        p = s.create_producer()
+        await p.publish(TOPIC)
+        t0 = time.perf_counter()
+        sent = 0
+        while sent < count:
+            n = min(5000, count - sent)
+            for _ in range(n):
+                p.post(TOPIC, body)
+            sent += n
+            await p.drain(window)
+        await p.flush()
+        elapsed = time.perf_counter() - t0
+        failed = p.posts_failed
+        assert p.posts_acked + failed == count
+    return elapsed, failed
+
+
 async def produce_batches(addr: str, count: int, size: int, batch: int) -> tuple[float, int]:
     """``send_batch_nowait`` of ``batch`` messages at a time, at most 64 batches pending."""
     body = b"x" * size
@@ -106,7 +128,8 @@ async def produce_batches(addr: str, count: int, size: int, batch: int) -> tuple
 
 def produce_sync(addr: str, count: int, size: int, mode: str, batch: int) -> tuple[float, int]:
     """The synchronous API: ``send_batch`` (blocking per ``batch``), ``send_future`` (one
-    future per message) or ``send`` (one at a time, waiting for each ack)."""
+    future per message), ``post`` (no future, results counted) or ``send`` (one at a
+    time, waiting for each ack)."""
     body = b"x" * size
     failed = 0
     with MessageSessionFactory([addr]) as s:
@@ -128,6 +151,14 @@ def produce_sync(addr: str, count: int, size: int, mode: str, batch: int) -> tup
                     failed += sum(not f.result().success for f in pending)
                     pending = []
             failed += sum(not f.result().success for f in pending)
+        elif mode == "post":
+            for i in range(count):
+                p.post(TOPIC, body)
+                if i % 5000 == 4999:
+                    while p.outstanding > 50_000:
+                        time.sleep(0.0005)
+            p.flush()
+            failed = p.posts_failed
         else:
             for _i in range(count):
                 failed += not p.send(TOPIC, body).success
@@ -292,6 +323,19 @@ def main() -> None:
             console.print(f"produce: {p_s:.2f}s, failed {failed}")
             extra: list[tuple[str, int, float, int, float]] = []
             cpu = time.process_time()
+            po_s, po_failed = uvloop.run(
+                produce_posts(broker.addr, args.count, args.size, args.window)
+            )
+            extra.append(
+                (
+                    "produce (async, post() per message)",
+                    args.count,
+                    po_s,
+                    po_failed,
+                    time.process_time() - cpu,
+                )
+            )
+            cpu = time.process_time()
             b_s, b_failed = uvloop.run(
                 produce_batches(broker.addr, args.count, args.size, args.batch)
             )
@@ -306,6 +350,7 @@ def main() -> None:
             )
             for mode, n, label in (
                 ("batch", args.count, f"produce (sync, send_batch x{args.batch})"),
+                ("post", args.count, "produce (sync, post() per message)"),
                 ("future", args.count // 2, "produce (sync, send_future)"),
                 ("one", args.one_count, "produce (sync, send() one at a time)"),
             ):

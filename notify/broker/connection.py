@@ -40,7 +40,7 @@ from notify.broker.stats import BrokerStats
 from notify.config import ServerConfig
 from notify.errors import ProtocolError
 from notify.protocol.frames import RequestParser, encode_error, encode_result
-from notify.protocol.replies import encode_put_acks
+from notify.protocol.replies import encode_put_ack, encode_put_acks
 from notify.store.partition import Slice
 
 
@@ -83,6 +83,9 @@ class PendingReplies:
             )
         if self.body is not None:
             return self.body
+        if len(self.items) == 1:  # a lone put
+            it = self.items[0]
+            return encode_put_ack(self.partition, it[0], it[4], it[5])
         return encode_put_acks(self.partition, ((it[0], it[4], it[5]) for it in self.items))
 
     def resolve(self) -> None:
@@ -138,6 +141,9 @@ class Connection(asyncio.Protocol):
         self._writing_paused = False
         self._queue_full = False
         self._pump_scheduled = False
+        #: inside ``data_received``: a pump asked for runs at its end, in the same loop turn
+        self._receiving = False
+        self._pump_wanted = False
         self._opened_at = 0.0
         self._last_rx = 0.0
         self._frame_since: float | None = None
@@ -177,7 +183,14 @@ class Connection(asyncio.Protocol):
         parser = self.parser
         reqs = parser.feed(data)
         if reqs:
-            self.service.handle(self, reqs)
+            self._receiving = True
+            try:
+                self.service.handle(self, reqs)
+            finally:
+                self._receiving = False
+                if self._pump_wanted:  # replies ready now (a lone put): written this turn
+                    self._pump_wanted = False
+                    self.pump()
         if parser.closed and not self.closing:
             self.close_after_replies()  # framing lost: nothing more can be understood
         now = self.service.loop.time()
@@ -323,13 +336,17 @@ class Connection(asyncio.Protocol):
     def send(self, item: OutItem) -> None:
         """Queue a reply item; written as soon as everything before it is ready.
 
-        Writes are deferred to the end of the current loop turn, so all the replies a
-        turn produces for this connection leave in one ``write``."""
+        Replies produced while a chunk of requests is handled are written when its
+        handling ends (one ``write`` for all of them, in the same loop turn); others
+        (a flush or a slave confirming later) at the next loop turn."""
         self.out.append(item)
         self.queued += 1
         self.schedule_pump()
 
     def schedule_pump(self) -> None:
+        if self._receiving:
+            self._pump_wanted = True
+            return
         if not self._pump_scheduled:
             self._pump_scheduled = True
             self.service.loop.call_soon(self._scheduled_pump)

@@ -40,7 +40,7 @@ from notify.errors import (
     TxLogError,
 )
 from notify.fdbudget import connection_budget
-from notify.protocol import records
+from notify.protocol import hotpath, records
 from notify.protocol.frames import (
     Auth,
     DelayedPut,
@@ -166,7 +166,6 @@ class BrokerService:
         self._fd_budget = 0
         self._fd_budget_at = float("-inf")
         self._pending: dict[Partition, _Batch] = {}
-        self._commit_scheduled = False
         self._reload = reload
         self._topic_parts: dict[str, list[Partition]] = {}
         self._waiting: dict[Partition, list[list[Any]]] = {}
@@ -294,9 +293,11 @@ class BrokerService:
                 self._other(conn, r)
             if conn.closing:
                 break
-        if self._pending and not self._commit_scheduled:
-            self._commit_scheduled = True
-            self.loop.call_soon(self.commit)
+        if self._pending:
+            # written now, not at the next loop turn: a lone put is answered in the turn
+            # that read it when the flush policy needs no fsync first (one chunk's puts
+            # to a partition are still one append)
+            self.commit()
 
     def _auth_required(self, conn: Connection, r: Request | ProtocolError) -> None:
         opaque = getattr(r, "opaque", 0)
@@ -456,8 +457,8 @@ class BrokerService:
             return self._error(conn, 403, r.opaque, f"topic {r.topic!r} does not accept publish")
         if not 1 <= r.count <= MAX_BATCH:
             return self._error(conn, 400, r.opaque, f"mput count {r.count} outside 1..{MAX_BATCH}")
+        err = self._check_records(r.records, r.count)
         buf = bytearray(r.records)
-        err = self._check_records(buf, r.count)
         if err:
             return self._error(conn, 400, r.opaque, f"mput: {err}")
         if self._writes_refused(conn):
@@ -495,33 +496,19 @@ class BrokerService:
             self.sync_master.replicate(part, base, buf, r.count) if self.sync_master else None,
         )
 
-    def _check_records(self, buf: bytearray, count: int) -> str | None:
-        """Validate ``count`` whole records with correct checksums filling ``buf``."""
-        mv = memoryview(buf)
-        n = len(buf)
-        pos = 0
-        seen = 0
-        unpack = _HEADER.unpack_from
-        crc32 = zlib.crc32
+    def _check_records(self, data: bytes, count: int) -> str | None:
+        """Validate ``count`` whole records with correct checksums filling ``data`` (the
+        loop is compiled with the client's hot paths: notify.protocol.hotpath)."""
         max_msg = self.max_message
-        flags = 0
-        try:
-            while pos < n:
-                if n - pos < records.HEADER_SIZE:
-                    return f"record {seen}: incomplete header"
-                length, crc, _mid, flag = unpack(mv, pos)
-                flags |= flag
-                if length < 0 or length > max_msg:
-                    return f"record {seen}: length {length} outside 0..{max_msg}"
-                end = pos + records.HEADER_SIZE + length
-                if end > n:
-                    return f"record {seen}: length {length} runs past the body"
-                if crc32(mv[pos + records.HEADER_SIZE : end]) & _CRC_MASK != crc:
-                    return f"record {seen}: checksum mismatch"
-                pos = end
-                seen += 1
-        finally:
-            mv.release()
+        seen, flags, verdict, length = records.check_records(data, max_msg)
+        if verdict == hotpath.SHORT_HEADER:
+            return f"record {seen}: incomplete header"
+        if verdict == hotpath.BAD_LENGTH:
+            return f"record {seen}: length {length} outside 0..{max_msg}"
+        if verdict == hotpath.PAST_END:
+            return f"record {seen}: length {length} runs past the body"
+        if verdict == hotpath.BAD_CHECKSUM:
+            return f"record {seen}: checksum mismatch"
         if seen != count:
             return f"body holds {seen} records, header says {count}"
         self._checked_flags = flags  # read by _mput (idempotent producers)
@@ -545,7 +532,6 @@ class BrokerService:
 
     def commit(self) -> None:
         """Write every pending batch: one buffer and one write per partition."""
-        self._commit_scheduled = False
         pending = self._pending
         if not pending:
             return
@@ -553,25 +539,37 @@ class BrokerService:
         pack = _HEADER.pack
         for part, batch in pending.items():
             groups = batch.groups
-            for g in groups:
-                g.conn.open_groups.clear()
-            ids = _IdStream(self.ids, batch.count)
             offset = base = part.end
-            chunks: list[bytes] = []
-            add = chunks.append
-            for g in groups:
-                items = g.items
-                first = ids.take(len(items))
-                for it in items:
-                    body = it[1]
-                    add(pack(len(body), it[2], first, it[3]))
-                    add(body)
-                    it[1] = None  # the body is not needed for the reply
-                    it[4] = first
-                    it[5] = offset
-                    first += 1
-                    offset += 20 + len(body)
-            data = b"".join(chunks)
+            if batch.count == 1:  # a lone put: no id stream, no list of chunks
+                g = groups[0]
+                g.conn.open_groups.clear()
+                it = g.items[0]
+                body = it[1]
+                first = self.ids.next_block(1)
+                data = pack(len(body), it[2], first, it[3]) + body
+                it[1] = None
+                it[4] = first
+                it[5] = offset
+                offset += 20 + len(body)
+            else:
+                for g in groups:
+                    g.conn.open_groups.clear()
+                ids = _IdStream(self.ids, batch.count)
+                chunks: list[bytes] = []
+                add = chunks.append
+                for g in groups:
+                    items = g.items
+                    first = ids.take(len(items))
+                    for it in items:
+                        body = it[1]
+                        add(pack(len(body), it[2], first, it[3]))
+                        add(body)
+                        it[1] = None  # the body is not needed for the reply
+                        it[4] = first
+                        it[5] = offset
+                        first += 1
+                        offset += 20 + len(body)
+                data = b"".join(chunks)
             try:
                 part.append(data, hold=self._holds)
             except NotifyError as e:
@@ -988,8 +986,8 @@ class BrokerService:
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
+        err = self._check_records(r.records, r.count)
         buf = bytearray(r.records)
-        err = self._check_records(buf, r.count)
         if err:
             return self._error(conn, 400, r.opaque, f"msync: {err}")
         end = part.end

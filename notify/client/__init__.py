@@ -63,7 +63,7 @@ from ._errors import (
     XAError,
 )
 from ._fetchsize import FetchSizer
-from ._message import BatchSendResult, Headers, Message, SendResult
+from ._message import BatchSendResult, Headers, Message, PostFailure, SendResult
 from ._producer import AsyncProducer
 from ._queue import (
     AsyncQueueConsumer,
@@ -136,6 +136,7 @@ __all__ = [
     "OffsetStore",
     "Partition",
     "PartitionSelector",
+    "PostFailure",
     "Producer",
     "ProducerConfig",
     "QueueConsumer",

@@ -153,6 +153,9 @@ class ProducerConfig:
     #: Raise the error of every failed send (from ``send()`` / the future) instead of
     #: returning ``SendResult(success=False)``. Programming errors always raise.
     raise_on_error: bool = False
+    #: Failed :meth:`~notify.client.AsyncProducer.post` messages kept for
+    #: ``post_failures()`` (the oldest are dropped past it; ``posts_failed`` counts all).
+    max_post_failures: int = 10_000
 
 
 @dataclass(slots=True)

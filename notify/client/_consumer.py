@@ -262,6 +262,8 @@ class AsyncConsumer:
         self._manual: dict[str, list[_Cursor]] = {}
         self._manual_rr: dict[str, int] = {}
         self._dedup = DuplicateWindow(config.dedup_window)
+        #: (broker id, partition) -> its tag in the duplicate window's keys (_dedup_base)
+        self._dedup_tags: dict[tuple[int, int], int] = {}
         self._stats = ConsumerStats()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop_evt: asyncio.Event | None = None
@@ -464,6 +466,16 @@ class AsyncConsumer:
             await asyncio.wait(running, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         return None
 
+    def _dedup_base(self, part: Partition) -> int:
+        """The duplicate window's key of a message is ``base | msg_id``: ints hash and
+        compare several times cheaper than (broker, partition, id) tuples. ``base`` is a
+        small per-partition tag above the 64 bits of the id."""
+        bp = (part.broker_id, part.partition)
+        tag = self._dedup_tags.get(bp)
+        if tag is None:
+            tag = self._dedup_tags[bp] = len(self._dedup_tags) + 1
+        return tag << 64
+
     def _accepted(self, sub: _Subscription, msgs: list[Message]) -> list[Message]:
         out = []
         for m in msgs:
@@ -471,7 +483,7 @@ class AsyncConsumer:
             if sub.accept is not None and not sub.accept(m):
                 self._stats.filtered += 1
                 continue
-            key = (m.partition.broker_id, m.partition.partition, m.msg_id)
+            key = self._dedup_base(m.partition) | m.msg_id
             if self._dedup.seen(key):
                 self._stats.duplicates += 1
                 continue
@@ -559,7 +571,7 @@ class AsyncConsumer:
                 assert offset is not None
                 target = offset
             out[str(part)] = target
-            self._dedup.forget(_of_partition(part))
+            self._dedup.forget(_of_tag(self._dedup_base(part) >> 64))
             if not await self._move(topic, part, target):
                 pending.append(TopicPartitionOffset(topic, str(part), target))
         if pending:
@@ -1213,9 +1225,8 @@ class AsyncConsumer:
         inline = not sub.is_async and self._executor is None
         if listener is None or sub.accept is not None or not (sub.is_async or inline):
             return 0, False
-        part = cur.partition
-        bid, pid = part.broker_id, part.partition
-        keys = [(bid, pid, m[3]) for m in msgs]
+        base = self._dedup_base(cur.partition)
+        keys = [base | m[3] for m in msgs]
         dedup = self._dedup
         if not dedup.none_seen(keys):
             return 0, False
@@ -1287,7 +1298,7 @@ class AsyncConsumer:
         duplicate window already passed)."""
         st = self._stats
         st.messages += 1
-        key = (m.partition.broker_id, m.partition.partition, m.msg_id)
+        key = self._dedup_base(m.partition) | m.msg_id
         if failed is None:
             if sub.accept is not None and not sub.accept(m):
                 st.filtered += 1
@@ -1595,9 +1606,9 @@ def _adopt_legacy_offsets(cfg: ConsumerConfig, store: FileOffsetStore, group: st
     )
 
 
-def _of_partition(part: Partition) -> Callable[[Hashable], bool]:
-    bp = (part.broker_id, part.partition)
-    return lambda k: isinstance(k, tuple) and k[:2] == bp
+def _of_tag(tag: int) -> Callable[[Hashable], bool]:
+    """The duplicate window's keys of one partition (see ``_dedup_base``)."""
+    return lambda k: isinstance(k, int) and k >> 64 == tag
 
 
 def _as_list(parts: Partition | str | Iterable[Partition | str]) -> list[Partition | str]:

@@ -76,6 +76,21 @@ class SendResult(NamedTuple):
         return self
 
 
+class PostFailure(NamedTuple):
+    """A message of :meth:`AsyncProducer.post` that was not stored (after its retries).
+
+    ``payload`` and ``flag`` are the record as it was sent (with its attribute block when
+    ``flag`` says so: ``Message(topic, partition, -1, -1, flag, payload)`` decodes it);
+    ``error`` is why.
+    """
+
+    topic: str
+    partition: Partition | None
+    payload: bytes
+    flag: int
+    error: Exception
+
+
 @dataclass(frozen=True, slots=True)
 class BatchSendResult:
     """Outcome of one :meth:`~notify.client.AsyncProducer.send_batch` (one object per batch,

@@ -53,7 +53,14 @@ from notify.transport import AsyncConnection
 from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._errors import ClientTransactionError, TransactionConnectionError
-from ._message import BatchSendResult, Headers, Message, SendResult, build_payload
+from ._message import (
+    BatchSendResult,
+    Headers,
+    Message,
+    PostFailure,
+    SendResult,
+    build_payload,
+)
 from ._routing import Partition, TopicRouter
 from ._selectors import KeyHashSelector, PartitionSelector
 from ._spool import Spool, existing_spools
@@ -78,14 +85,15 @@ _Ack = tuple[int, int]  # (msg_id, offset)
 class _Item:
     """One queued message (``send_nowait``)."""
 
-    __slots__ = ("flag", "future", "nbytes", "payload")
+    __slots__ = ("flag", "future", "nbytes", "payload", "topic")
     count = 1
+    topic: str  # set for posts only (their failures name it)
 
     def __init__(
         self,
         payload: bytes,
         flag: int,
-        future: asyncio.Future[SendResult] | concurrent.futures.Future[SendResult],
+        future: asyncio.Future[SendResult] | concurrent.futures.Future[SendResult] | None,
     ):
         self.payload = payload
         self.flag = flag
@@ -147,7 +155,32 @@ class _BatchItem:
         return BatchSendResult(True, part, [-1] * n, [-1] * n, spooled=True)
 
 
+class _PostRun(_BatchItem):
+    """Messages of :meth:`AsyncProducer.post` queued back to back for one partition, with
+    one flag: a list of payloads and no future, filled while it is the queue's last item
+    (so a message posted one at a time costs a list append, not an object and a future).
+    Results are counted by the producer; failures kept as :class:`PostFailure`."""
+
+    __slots__ = ("queue", "topic")
+
+    def __init__(self, topic: str, payload: bytes, flag: int, queue: deque[_Queued]):
+        self.topic = topic
+        self.queue = queue  # its partition's queue: open while it is that queue's tail
+        self.payloads = [payload]
+        self.flag = flag
+        self.future = None  # type: ignore[assignment]
+        self.count = 1
+        self.nbytes = len(payload) + rec.HEADER_SIZE
+
+
 _Queued = _Item | _BatchItem
+
+
+def _retrieve(f: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as seen (a posted message joined to a transaction: the
+    commit reports the failure)."""
+    if not f.cancelled():
+        f.exception()
 
 
 def _retriable(e: BaseException) -> bool:
@@ -434,6 +467,7 @@ class AsyncProducer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._outstanding = 0
         self._idle: asyncio.Event | None = None
+        self._idle_at = 0  # _idle is set once at most this many messages are outstanding
         self._closed = False
         self._closing_hard = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -447,6 +481,11 @@ class AsyncProducer:
             f"notify_tx_{self.session_id}", default=None
         )
         self._channel: TxChannel | None = None
+        #: :meth:`post` results: messages stored, messages failed (after retries)
+        self.posts_acked = 0
+        self.posts_failed = 0
+        self._post_failures: deque[PostFailure] = deque(maxlen=max(1, config.max_post_failures))
+        self._open_runs: dict[str, _PostRun] = {}  # per topic: the run posts fill
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -558,6 +597,117 @@ class AsyncProducer:
             return
         self._dispatch(topic, parts, item, key, payload)
         return
+
+    def post(
+        self,
+        topic: str,
+        data: bytes,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        *,
+        headers: Headers | None = None,
+    ) -> None:
+        """Queue one message without a future: the fastest way to send messages one at a
+        time (fire and forget, results reported in bulk).
+
+        Same routing, order, batching and retries as :meth:`send_nowait`. Results are
+        counted: :attr:`posts_acked` (stored) and :attr:`posts_failed` (not stored after
+        the retries); each failure is kept as a :class:`PostFailure` (topic, partition,
+        the record, the error) until :meth:`post_failures` takes them (at most
+        ``ProducerConfig.max_post_failures``, the oldest dropped first). ``await flush()``
+        waits for every result. Data that is not bytes or a closed producer raise here;
+        an exception in a custom selector is a failure like the others (its error is the
+        exception). Inside a transaction of the current context the message joins it (as
+        with ``send_nowait``; the transaction's commit reports its failure).
+        """
+        tx = self._tx_var.get()
+        if tx is not None and not tx.finished:
+            tx.send_nowait(topic, data, attribute, key, headers=headers).add_done_callback(
+                _retrieve
+            )
+            return
+        if self._closed:
+            raise ClientError("producer is closed")
+        if type(data) is not bytes:
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise ClientError(f"message data must be bytes, not {type(data).__name__}")
+            data = bytes(data)
+        if attribute is None and key is None and not headers:
+            payload, flag = data, 0
+        else:
+            payload, flag = build_payload(data, attribute, key, headers)
+        self._outstanding += 1
+        n = len(payload) + rec.HEADER_SIZE
+        cfg = self.config
+        run = self._open_runs.get(topic) if key is None else None
+        if (
+            run is not None
+            and run.flag == flag
+            and run.count < cfg.batch_max_count
+            and run.nbytes + n <= cfg.batch_max_bytes
+        ):
+            q = run.queue
+            if q and q[-1] is run:  # still waiting at the tail of its partition's queue
+                run.payloads.append(payload)
+                run.count += 1
+                run.nbytes += n
+                return
+        if not self._spools_restored:
+            self._restore_spools()
+        parts = None if topic in self._unrouted else self.router.cached(topic)
+        sel = self.selector
+        if parts and key is None and type(sel) is KeyHashSelector and self.producer_id is None:
+            # sticky round robin: a run fills for one partition, the next run goes to the
+            # next partition (one partition per message when the pump keeps up)
+            part = parts[sel.next_index(len(parts))]
+            hit = self._sender_by_id.get((topic, id(part)))
+            s = hit[1] if hit is not None and hit[0] is part else self._sender(topic, part)
+            queue = s.queue
+            run = _PostRun(topic, payload, flag, queue)
+            queue.append(run)
+            self._open_runs[topic] = run
+            if not s.scheduled and s.in_flight < cfg.max_in_flight_per_partition:
+                s.scheduled = True
+                (self._loop or self.loop).call_soon(s.pump)
+            return
+        item = _Item(payload, flag, None)  # not routed yet, a key, a custom selector...
+        item.topic = topic
+        if parts is None:
+            waiting = self._unrouted.get(topic)
+            if waiting is None:
+                waiting = self._unrouted[topic] = deque()
+                self._spawn(self._route_later(topic))
+            waiting.append((item, key, payload))
+            return
+        self._dispatch(topic, parts, item, key, payload)
+
+    def post_failures(self) -> list[PostFailure]:
+        """Take the kept failures of :meth:`post` (oldest first); see ``posts_failed``.
+        Safe from another thread (the blocking API's)."""
+        out: list[PostFailure] = []
+        q = self._post_failures
+        while True:
+            try:
+                out.append(q.popleft())
+            except IndexError:
+                return out
+
+    def post_failed(self, topic: str, payload: bytes, err: Exception) -> None:
+        """Count and keep a post that never reached a queue (e.g. the producer closed
+        before the blocking API's buffer was drained)."""
+        self.posts_failed += 1
+        self._post_failures.append(PostFailure(topic, None, payload, 0, err))
+
+    def _post_result(self, item: _Queued, result: Any) -> None:
+        """Count the result of a futureless item (:meth:`post`); keep its failures."""
+        if result.success:
+            self.posts_acked += item.count
+            return
+        self.posts_failed += item.count
+        err = result.error if result.error is not None else ClientError("not stored")
+        topic: str = getattr(item, "topic", "")
+        for flag, payload in item.records():
+            self._post_failures.append(PostFailure(topic, result.partition, payload, flag, err))
 
     async def send_batch(
         self,
@@ -777,9 +927,17 @@ class AsyncProducer:
 
     async def flush(self) -> None:
         """Wait until every queued message has its result."""
-        while self._outstanding:
+        await self.drain(0)
+
+    async def drain(self, limit: int = 0) -> None:
+        """Wait until at most ``limit`` messages are queued or in flight (back-pressure for
+        :meth:`post` and :meth:`send_nowait` loops: ``await producer.drain(50_000)``)."""
+        while self._outstanding > limit:
             if self._idle is None or self._idle.is_set():
                 self._idle = asyncio.Event()
+                self._idle_at = limit
+            else:
+                self._idle_at = max(self._idle_at, limit)
             await self._idle.wait()
 
     async def close(self, timeout_s: float | None = 30.0) -> None:
@@ -1029,13 +1187,15 @@ class AsyncProducer:
 
     def _resolve(self, item: _Queued, result: Any) -> None:
         fut = item.future
-        if not fut.done():
+        if fut is None:
+            self._post_result(item, result)
+        elif not fut.done():
             if self._raise_on_error and not result.success and result.error is not None:
                 fut.set_exception(result.error)
             else:
                 fut.set_result(result)
         self._outstanding -= item.count
-        if not self._outstanding and self._idle is not None:
+        if self._idle is not None and self._outstanding <= self._idle_at:
             self._idle.set()
 
     def _acked_all(self, part: Partition, items: Sequence[_Queued], mid: int, off: int) -> None:
@@ -1043,35 +1203,43 @@ class AsyncProducer:
         mput ack): :meth:`_resolve` of each, without its per-message calls."""
         count = 0
         new = tuple.__new__  # SendResult(True, part, off, mid) without NamedTuple.__new__
+        posted = 0
         for it in items:
             if isinstance(it, _Item):
                 fut = it.future
-                if not fut.done():
+                if fut is None:
+                    posted += 1
+                elif not fut.done():
                     fut.set_result(new(SendResult, (True, part, off, mid, None, False)))
                 mid += 1
                 count += 1
             else:
                 bfut = it.future
-                if not bfut.done():
+                if bfut is None:  # a run of posts
+                    posted += it.count
+                elif not bfut.done():
                     bfut.set_result(it.acked(part, mid, off))
                 mid += it.count
                 count += it.count
             if off >= 0:
                 off += it.nbytes
+        self.posts_acked += posted
         self._outstanding -= count
-        if not self._outstanding and self._idle is not None:
+        if self._idle is not None and self._outstanding <= self._idle_at:
             self._idle.set()
 
     def _fail_hard(self, item: _Queued, error: Exception) -> None:
         """Fail ``item`` with ``error`` itself (programming errors always raise)."""
-        if not item.future.done():
+        if item.future is None:  # a post: a failure like the others
+            self._post_result(item, SendResult(False, None, error=error))
+        elif not item.future.done():
             item.future.set_exception(error)
         self._outstanding -= item.count
-        if not self._outstanding and self._idle is not None:
+        if self._idle is not None and self._outstanding <= self._idle_at:
             self._idle.set()
 
     def _maybe_idle(self) -> None:
-        if not self._outstanding and self._idle is not None:
+        if self._idle is not None and self._outstanding <= self._idle_at:
             self._idle.set()
 
     def _dispatch(

@@ -43,7 +43,7 @@ from ._direct import DirectPool, send_direct
 from ._directtx import DirectTransaction, direct_eligible
 from ._errors import ClientTransactionError
 from ._loopthread import LoopThread, ThreadFuture
-from ._message import BatchSendResult, Headers, Message, SendResult
+from ._message import BatchSendResult, Headers, Message, PostFailure, SendResult
 from ._producer import AsyncProducer
 from ._queue import AsyncQueueConsumer, BatchListener, QueueConsumer, QueueListener
 from ._routing import (
@@ -283,6 +283,17 @@ class AsyncMessageSessionFactory:
         await self.close()
 
 
+#: a blocking-API post waiting for the loop: (topic, data, attribute, key, headers)
+_Posted = tuple[str, bytes, str | None, bytes | str | None, Headers | None]
+
+
+def _retrieve_thread(f: concurrent.futures.Future[Any]) -> None:
+    """Mark a posted message's future (inside a transaction) as seen: its failure is
+    the transaction's."""
+    if not f.cancelled():
+        f.exception()
+
+
 def _gather_sync(
     futs: list[concurrent.futures.Future[SendResult]],
 ) -> concurrent.futures.Future[BatchSendResult]:
@@ -351,6 +362,10 @@ class Producer:
         #: one entry per send_future() not yet queued in the core (then core.outstanding
         #: counts it): deque append/pop are atomic, no lock per message
         self._posted: collections.deque[None] = collections.deque()
+        #: post(): messages not handed to the core yet, and whether a drain is scheduled
+        self._post_buf: list[_Posted] = []
+        self._post_wake = False
+        self._post_lock = threading.Lock()
 
     def send(
         self,
@@ -405,6 +420,7 @@ class Producer:
         tx = self.current_transaction()
         if tx is not None:
             return tx.send_future(topic, data, attribute, key, headers=headers)
+        self._seal_posts()
         out: ThreadFuture[SendResult] = ThreadFuture()
         posted = self._posted
         posted.append(None)  # until the core counts it (core.outstanding); atomic, no lock
@@ -417,6 +433,88 @@ class Producer:
             posted.pop()
             raise
         return out
+
+    def post(
+        self,
+        topic: str,
+        data: bytes,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        *,
+        headers: Headers | None = None,
+    ) -> None:
+        """Queue one message without a future (see :meth:`AsyncProducer.post`): the
+        calling thread appends it to a buffer the loop thread drains, one wake-up per
+        burst instead of a hop per message. Results: :attr:`posts_acked`,
+        :attr:`posts_failed`, :meth:`post_failures`; :meth:`flush` waits for all. Order
+        per partition is kept with this thread's other sends. Joins this thread's
+        transaction when one is open."""
+        tx = self.current_transaction()
+        if tx is not None:
+            tx.send_future(topic, data, attribute, key, headers=headers).add_done_callback(
+                _retrieve_thread
+            )
+            return
+        if type(data) is not bytes and not isinstance(data, bytes | bytearray | memoryview):
+            raise ClientError(f"message data must be bytes, not {type(data).__name__}")
+        self._posted.append(None)  # send() takes the loop's way until the core has these
+        with self._post_lock:
+            buf = self._post_buf
+            buf.append((topic, data, attribute, key, headers))
+            if self._post_wake:
+                return
+            self._post_wake = True
+        try:
+            self._lt.post(functools.partial(self._drain_posts, buf), ThreadFuture())
+        except BaseException:
+            with self._post_lock:
+                if self._post_buf is buf:
+                    self._post_buf, self._post_wake = [], False
+            for _ in buf:
+                self._posted.pop()
+            raise
+
+    def _seal_posts(self) -> None:
+        """A send queued on the loop after posts: later posts go in a new buffer drained
+        after it (the pending drain takes only the posts made before it)."""
+        if self._post_wake:
+            with self._post_lock:
+                if self._post_wake:
+                    self._post_buf, self._post_wake = [], False
+
+    def _drain_posts(self, items: list[_Posted]) -> None:
+        """On the loop: hand one buffer of posts to the core, in order."""
+        with self._post_lock:
+            if self._post_buf is items:
+                self._post_buf, self._post_wake = [], False
+        core = self.core
+        posted = self._posted
+        for topic, data, attribute, key, headers in items:
+            try:
+                core.post(topic, data, attribute, key, headers=headers)
+            except ClientError as e:  # closed meanwhile: a failure, not lost silently
+                core.post_failed(topic, bytes(data), e)
+            finally:
+                posted.pop()
+
+    @property
+    def posts_acked(self) -> int:
+        """Messages of :meth:`post` stored so far."""
+        return self.core.posts_acked
+
+    @property
+    def posts_failed(self) -> int:
+        """Messages of :meth:`post` not stored (after the retries) so far."""
+        return self.core.posts_failed
+
+    def post_failures(self) -> list[PostFailure]:
+        """Take the kept failures of :meth:`post` (see :meth:`AsyncProducer.post_failures`)."""
+        return self.core.post_failures()
+
+    @property
+    def outstanding(self) -> int:
+        """Messages queued (also those posted and not yet handed to the loop) or in flight."""
+        return self.core.outstanding + len(self._posted)
 
     def _send_into(
         self,
@@ -461,6 +559,7 @@ class Producer:
             futs = [tx.send_future(topic, d, attribute, key) for d in datas]
             return _gather_sync(futs)
         core = self.core
+        self._seal_posts()
         return self._track(
             lambda: self._lt.call(lambda: core.send_batch_nowait(topic, datas, attribute, key))
         )

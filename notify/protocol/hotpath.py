@@ -88,3 +88,50 @@ def encode_records(payloads: list[bytes], flag: int, msg_id: int) -> bytes:
         parts.append(pack(len(p), crc32(p) & _CRC_MASK, msg_id, flag))
         parts.append(p)
     return b"".join(parts)
+
+
+#: check_records' verdicts beyond OK, BAD_LENGTH (a length outside 0..max) and
+#: BAD_CHECKSUM: fewer than a header's bytes are left ...
+SHORT_HEADER: Final = 3
+#: ... or a record's length runs past the end of the data
+PAST_END: Final = 4
+
+
+def check_records(data: bytes, max_length: int) -> tuple[int, int, int, int]:
+    """Validate that ``data`` is whole records back to back, each length in
+    0..``max_length`` and each checksum right (the broker's check of an ``mput`` body).
+
+    Returns ``(count, flags, verdict, length)``: ``count`` records passed (on an error the
+    bad one is record number ``count``), ``flags`` the OR of their flags, ``verdict``
+    :data:`OK` or what is wrong with the bad record, ``length`` its length field."""
+    n = len(data)
+    pos = 0
+    count = 0
+    flags = 0
+    crc32 = zlib.crc32
+    while pos < n:
+        if n - pos < _HEADER_SIZE:
+            return count, flags, SHORT_HEADER, 0
+        length = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
+        if length & 0x80000000:
+            length -= 0x100000000
+        if length < 0 or length > max_length:
+            return count, flags, BAD_LENGTH, length
+        end = pos + _HEADER_SIZE + length
+        if end > n:
+            return count, flags, PAST_END, length
+        crc = (
+            (data[pos + 4] << 24) | (data[pos + 5] << 16) | (data[pos + 6] << 8) | data[pos + 7]
+        )
+        if crc32(data[pos + _HEADER_SIZE : end]) & _CRC_MASK != crc:
+            return count, flags, BAD_CHECKSUM, length
+        flag = (
+            (data[pos + 16] << 24) | (data[pos + 17] << 16) | (data[pos + 18] << 8) | data[pos + 19]
+        )
+        if flag & 0x80000000:
+            flag -= 0x100000000
+        flags |= flag
+        pos = end
+        count += 1
+    return count, flags, OK, 0
+

@@ -82,6 +82,12 @@ def put_ack_msg_id(body: bytes) -> int:
     return PutAck.parse(body).msg_id
 
 
+def encode_put_ack(partition: int, opaque: int, msg_id: int, offset: int) -> bytes:
+    """The whole ``result 200`` frame of one put ack (the broker's lone put)."""
+    body = b"%d %d %d" % (msg_id, partition, offset)
+    return b"result 200 %d %d\r\n%b" % (len(body), opaque, body)
+
+
 def encode_put_acks(partition: int, acks: Iterable[tuple[int, int, int]]) -> bytes:
     """Whole ``result 200`` frames for many put acks of one partition, as one bytes.
 

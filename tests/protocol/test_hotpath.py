@@ -127,3 +127,30 @@ def test_a_stale_build_is_not_used(caplog: pytest.LogCaptureFixture) -> None:
     if accel.NATIVE is None:  # a build was found but not used: only because it is stale
         assert accel.choose(native, digest) is None
         assert records._native_decode is None
+
+
+def _check_cases() -> list[tuple[bytes, int]]:
+    """mput bodies: whole, a partial record, a bad checksum, negative and too long
+    lengths, a short header, empty."""
+    cases = [(b, 1 << 20) for b in _buffers()]
+    whole = b"".join(records.encode(0, f, b"p" * n) for f, n in ((0, 5), (4, 300), (-1, 0)))
+    cases += [(whole, 299), (whole, 300), (whole + b"\x00" * 7, 1 << 20), (b"", 0)]
+    return cases
+
+
+def test_check_records_builds_agree() -> None:
+    expect = [records.check_records_py(b, m) for b, m in _check_cases()]
+    assert [hotpath.check_records(b, m) for b, m in _check_cases()] == expect
+    verdicts = {e[2] for e in expect}
+    assert verdicts == {
+        hotpath.OK,
+        hotpath.BAD_LENGTH,
+        hotpath.BAD_CHECKSUM,
+        hotpath.SHORT_HEADER,
+        hotpath.PAST_END,
+    }
+    ok = [e for e in expect if e[2] == hotpath.OK and e[0] == 3]
+    assert ok and ok[0][1] == (0 | 4 | -1)  # the OR of the flags of the records passed
+    native = _native()
+    assert [native.check_records(b, m) for b, m in _check_cases()] == expect
+    assert records._native_check is native.check_records

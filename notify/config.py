@@ -214,7 +214,8 @@ class SystemConfig:
     max_batch_size: int = 16 * MIB
     auth_timeout_ms: int = 10_000
     frame_timeout_ms: int = 30_000
-    idle_timeout_ms: int = 0
+    #: 5 min: 10x notify clients' worst silence (2 x 30 s heartbeat), 30x MetaQ Java's 10 s
+    idle_timeout_ms: int = 300_000
     max_parked_gets: int = 1024
     max_queued_replies: int = 65_536
     max_delay_ms: int = 90 * 24 * 3600 * 1000

@@ -24,6 +24,12 @@ The contract:
   no reply in time -> :class:`~notify.errors.RequestTimeoutError`, a garbage stream ->
   :class:`~notify.errors.ConnectionLostError` (the connection is dropped), an untrusted TLS
   certificate -> :class:`TLSError`.
+* keep-alive: brokers close a connection silent for ``idleTimeout`` (default 5 minutes), so
+  an :class:`AsyncConnection` sends ``version`` when no request went out for
+  :attr:`TransportOptions.heartbeat_s` (checked every ``heartbeat_s``: a connection is never
+  silent for more than twice that, 60 s by default); a :class:`BlockingConnection` (no thread
+  of its own) checks, when unused for :data:`REUSE_CHECK_S`, that the broker has not closed
+  it, and reconnects if it has.
 """
 
 from __future__ import annotations
@@ -61,6 +67,11 @@ DEFAULT_REQUEST_TIMEOUT_S: Final = 30.0
 #: Environment variable holding the shared secret (``authSecret``) for clients and the CLI.
 SECRET_ENV: Final = "NOTIFY_SECRET"
 OPAQUE_MAX: Final = 2**31 - 1
+#: Seconds without a request after which an :class:`AsyncConnection` sends ``version`` (the
+#: broker's ``idleTimeout`` is 300 s by default; MetaQ's Java client beats after 10 s idle).
+DEFAULT_HEARTBEAT_S: Final = 30.0
+#: A :class:`BlockingConnection` unused this long checks that the broker kept it open.
+REUSE_CHECK_S: Final = 1.0
 _RECV_BYTES: Final = 1 << 18
 
 #: ``build(opaque) -> frame``: how callers hand a request to a connection.
@@ -117,15 +128,19 @@ def tls_context(
 
 @dataclass(frozen=True, slots=True)
 class TransportOptions:
-    """How to open a connection: shared secret, TLS context, connect timeout."""
+    """How to open a connection: shared secret, TLS context, connect timeout, and the
+    keep-alive of asyncio connections (``heartbeat_s``; 0 = none)."""
 
     secret: str | None = None
     ssl: ssl.SSLContext | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
 
     def __post_init__(self) -> None:
         if self.secret is not None and (not self.secret or any(c.isspace() for c in self.secret)):
             raise ClientError("the shared secret must be non-empty and contain no whitespace")
+        if not self.heartbeat_s >= 0:  # also refuses NaN
+            raise ClientError(f"heartbeat_s must be >= 0 (0 = none), not {self.heartbeat_s}")
 
     @classmethod
     def build(
@@ -138,12 +153,13 @@ class TransportOptions:
         tls_cert_file: str | Path | None = None,
         tls_key_file: str | Path | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ) -> TransportOptions:
         """Options from plain settings; TLS is on when ``tls`` is set or a CA / client
         certificate file is given. An empty ``secret`` means none."""
         use_tls = tls or bool(tls_ca_file) or bool(tls_cert_file)
         ctx = tls_context(tls_ca_file, tls_verify, tls_cert_file, tls_key_file) if use_tls else None
-        return cls(secret or None, ctx, connect_timeout_s)
+        return cls(secret or None, ctx, connect_timeout_s, heartbeat_s)
 
 
 def _auth_error(address: str, r: Response) -> AuthenticationError:
@@ -186,6 +202,12 @@ class AsyncConnection(asyncio.Protocol):
         self.check_handler: Callable[[AsyncConnection, Response], None] | None = None
         #: Called on the loop with each pushed ``qmsg`` or ``qbatch`` frame (must not block).
         self.push_handler: Callable[[AsyncConnection, Response], None] | None = None
+        #: keep-alive (:meth:`start_heartbeat`): its timer, the opaque counter at the last
+        #: check (unchanged = no request since), the last ``version`` sent and their number
+        self._beat: asyncio.TimerHandle | None = None
+        self._beat_mark = -1
+        self._beat_opaque = 0
+        self.heartbeats = 0
 
     # -- asyncio.Protocol
 
@@ -212,6 +234,8 @@ class AsyncConnection(asyncio.Protocol):
                 continue
             fut = pending.pop(r.opaque, None)
             if fut is None:
+                if r.opaque == self._beat_opaque:
+                    continue  # the answer to a heartbeat
                 log.debug("%s: reply for unknown opaque %d dropped", self.address, r.opaque)
             elif not fut.done():
                 fut.set_result(r)
@@ -228,6 +252,7 @@ class AsyncConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._stop_heartbeat()
         reason = f": {exc}" if exc else ""
         self._fail_all(ConnectionLostError(f"connection to {self.address} lost{reason}"))
         for w in self._drain_waiters:
@@ -337,6 +362,33 @@ class AsyncConnection(asyncio.Protocol):
         self._drain_waiters.append(w)
         await w
 
+    def start_heartbeat(self, interval_s: float) -> None:
+        """Send ``version`` whenever no request went out for ``interval_s`` (checked every
+        ``interval_s``, so the broker never sees more than twice that of silence and does not
+        close the connection for ``idleTimeout``). No cost per request: the check compares
+        the opaque counter with its value at the previous check."""
+        self._stop_heartbeat()
+        if interval_s > 0 and not self._closed:
+            self._beat_mark = self._opaque
+            self._beat = self._loop.call_later(interval_s, self._heartbeat, interval_s)
+
+    def _heartbeat(self, interval_s: float) -> None:
+        self._beat = None
+        t = self._transport
+        if self._closed or t is None:
+            return
+        if self._opaque == self._beat_mark:  # nothing sent since the last check
+            o = self._beat_opaque = self.next_opaque()
+            t.write(encode_line("version", o))  # the reply is dropped in data_received
+            self.heartbeats += 1
+        self._beat_mark = self._opaque
+        self._beat = self._loop.call_later(interval_s, self._heartbeat, interval_s)
+
+    def _stop_heartbeat(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
+
     def _expire(self, opaque: int, timeout_s: float) -> None:
         fut = self._pending.pop(opaque, None)
         if fut is not None and not fut.done():
@@ -352,11 +404,13 @@ class AsyncConnection(asyncio.Protocol):
 
     def close(self) -> None:
         """Close the connection; requests in flight fail with ConnectionLostError."""
+        self._stop_heartbeat()
         if self._transport is not None and not self._closed:
             self._transport.close()
         self._closed = True
 
     def abort(self) -> None:
+        self._stop_heartbeat()
         if self._transport is not None:
             self._transport.abort()
         self._closed = True
@@ -403,6 +457,7 @@ async def open_connection(
         if r.code != 200:
             conn.abort()
             raise _auth_error(address, r)
+    conn.start_heartbeat(opts.heartbeat_s)
     log.debug("connected to %s", address)
     return conn
 
@@ -419,7 +474,9 @@ class BlockingConnection:
 
     :meth:`exchange` pipelines several requests in one write and returns their replies in
     request order, matched by opaque. After a failure or a timeout the socket is dropped
-    (the next call reconnects, and authenticates again).
+    (the next call reconnects, and authenticates again). A connection unused for
+    :data:`REUSE_CHECK_S` is first checked (:meth:`peer_closed`, no round trip): one the
+    broker closed meanwhile (``idleTimeout``, a restart) is replaced before the request.
     """
 
     def __init__(
@@ -436,6 +493,7 @@ class BlockingConnection:
         self._parser = ResponseParser()
         self._opaque = 0
         self._armed: float | None = None  # the socket's current per-call timeout
+        self._used = 0.0  # monotonic time the last exchange ended
         #: receive buffer, reused: a fresh 256 KiB ``recv`` per reply costs the allocator
         #: (and page faults) more than the system call itself
         self._rbuf = memoryview(bytearray(_RECV_BYTES))
@@ -470,6 +528,7 @@ class BlockingConnection:
         self._sock = sock
         self._armed = None
         self._parser = ResponseParser()
+        self._used = time.monotonic()
         if opts.secret:
             secret = opts.secret
             r = self.exchange([lambda o: encode_line("auth", secret, o)], opts.connect_timeout_s)[0]
@@ -516,6 +575,9 @@ class BlockingConnection:
 
         Raises :class:`ConnectionLostError`, :class:`RequestTimeoutError` (both drop the
         socket), :class:`TLSError` or :class:`AuthenticationError` (on connect)."""
+        start = time.monotonic()
+        if start - self._used > REUSE_CHECK_S and self.peer_closed():
+            self.drop()  # closed by the broker while unused (idleTimeout, restart)
         self.connect()
         sock = self._sock
         assert sock is not None
@@ -524,7 +586,7 @@ class BlockingConnection:
         wanted = set(opaques)
         got: dict[int, Response] = {}
         limit = self.request_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + limit
+        deadline = start + limit
         try:
             if limit != self._armed:
                 self._arm(sock, limit)
@@ -552,6 +614,7 @@ class BlockingConnection:
         except (OSError, ProtocolError) as e:
             self.drop()
             raise ConnectionLostError(f"connection to {self.address} lost: {e}") from e
+        self._used = time.monotonic()
         return [got[o] for o in opaques]
 
     def _arm(self, sock: socket.socket, timeout: float) -> None:

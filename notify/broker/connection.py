@@ -18,8 +18,13 @@ fsync); it reads again once the queue is down to half. Either way memory stays b
 
 Deadlines (``[system]`` settings, re-read on reload, one timer per connection): a connection
 that must authenticate and has not within ``authTimeout`` ms is closed; a frame (header and
-body) must complete within ``frameTimeout`` ms of its first byte; with ``idleTimeout`` a
-connection that sent nothing for that long and waits for nothing is closed.
+body) must complete within ``frameTimeout`` ms of its first byte; a connection that sent
+nothing and was sent nothing for ``idleTimeout`` ms (default 5 minutes), and waits for
+nothing, is closed. Waiting means: replies queued, a long-poll get parked, a transaction
+open, a queue subscription (``qsub``: pushes may be minutes apart) or a replication link
+(``replica`` role). Clients keep an idle connection alive with a cheap request: notify's
+send ``version`` after ``heartbeat_interval_s`` (30 s) without one, MetaQ's Java client
+(Gecko) after 10 s.
 
 Roles: ``authenticated`` (may produce and consume), ``admin`` (``reload``, ``promote``,
 ``stats reset``, resolving other connections' transactions) and ``replica`` (a broker of the
@@ -134,6 +139,8 @@ class Connection(asyncio.Protocol):
         self.client_epoch = 0
         #: id(entry) -> (partition, entry) of the long-poll gets parked for this connection
         self.parked: dict[int, tuple[Any, list[Any]]] = {}
+        #: queue groups this connection consumes (``qsub``; kept by the QueueManager)
+        self.queue_subscriptions = 0
         #: replies queued and not yet handed to the transport (a put group counts each put)
         self.queued = 0
         self._fd = -1
@@ -145,7 +152,7 @@ class Connection(asyncio.Protocol):
         self._receiving = False
         self._pump_wanted = False
         self._opened_at = 0.0
-        self._last_rx = 0.0
+        self._last_io = 0.0  # the last byte in either direction (``idleTimeout``)
         self._frame_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -174,7 +181,7 @@ class Connection(asyncio.Protocol):
             t.write(encode_error(ProtocolError("too many connections, try again later", 503)))
             t.close()
             return
-        self._opened_at = self._last_rx = self.service.loop.time()
+        self._opened_at = self._last_io = self.service.loop.time()
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -194,7 +201,7 @@ class Connection(asyncio.Protocol):
         if parser.closed and not self.closing:
             self.close_after_replies()  # framing lost: nothing more can be understood
         now = self.service.loop.time()
-        self._last_rx = now
+        self._last_io = now
         if parser.in_frame:
             if reqs or self._frame_since is None:  # a new frame started in this chunk
                 self._frame_since = now
@@ -266,9 +273,10 @@ class Connection(asyncio.Protocol):
             due.append(self._frame_since + sysc.frame_timeout_ms / 1000.0)
         if sysc.idle_timeout_ms:
             idle_s = sysc.idle_timeout_ms / 1000.0
-            at = self._last_rx + idle_s
-            # idle but waiting for something (replies, a parked get): look again later
-            due.append(at if at > now else now + min(idle_s, 1.0))
+            at = self._last_io + idle_s
+            # silent but waiting (a parked get, a subscription...): look again in idle_s; a
+            # wait mostly ends with a write (the answer, a push) that restarts the count
+            due.append(at if at > now else now + idle_s)
         if due:
             self._timer = self.service.loop.call_at(min(due) + 0.001, self._deadline)
 
@@ -294,10 +302,12 @@ class Connection(asyncio.Protocol):
             why = f"incomplete frame for longer than frameTimeout {sysc.frame_timeout_ms} ms"
         elif (
             sysc.idle_timeout_ms
-            and now - self._last_rx >= sysc.idle_timeout_ms / 1000.0
+            and now - self._last_io >= sysc.idle_timeout_ms / 1000.0
             and not self.out
             and not self.parked
             and not self.session
+            and not self.queue_subscriptions
+            and not self.replica
         ):
             log.info(
                 "closing idle connection %s (idleTimeout %d ms)", self.peer, sysc.idle_timeout_ms
@@ -365,6 +375,8 @@ class Connection(asyncio.Protocol):
         if t is None or self.closed:
             return
         out = self.out
+        if out:  # bytes to the client count as activity (the answer to a long poll...)
+            self._last_io = self.service.loop.time()
         chunks: list[bytes] = []
         while out:
             if self._writing_paused:

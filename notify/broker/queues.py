@@ -550,6 +550,7 @@ class QueueManager:
             if sub.watch is not None and sub.watch is not watch and self.cluster is not None:
                 self.cluster.forget_watch(sub.watch)
             sub.opaque, sub.zk_id, sub.watch, sub.batch = r.opaque, r.consumer_id, watch, r.batch
+        conn.queue_subscriptions = len(subs)  # a subscribed consumer is never idle-closed
         granted = g.core.add_consumer(cid, r.credit)
         _send(conn, 200, r.opaque, str(granted))
         self.pump(g)
@@ -569,9 +570,11 @@ class QueueManager:
 
     def _unsubscribe(self, conn: Connection, r: QueueUnsubscribe) -> None:
         key = (r.topic, r.group)
-        cid = self.by_conn.get(conn, {}).pop(key, None)
+        subs = self.by_conn.get(conn, {})
+        cid = subs.pop(key, None)
         if cid is None:
             return _send(conn, 404, r.opaque, f"not subscribed to queue group {r.group!r}")
+        conn.queue_subscriptions = len(subs)
         self._leave(key, cid)
         _send(conn, 200, r.opaque, "")
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from notify.transport import SECRET_ENV, TransportOptions
+from notify.transport import DEFAULT_HEARTBEAT_S, SECRET_ENV, TransportOptions
 
 #: Default fetch window (MetaQ's consumer ``maxSize``).
 DEFAULT_MAX_SIZE_BYTES = 1 << 20
@@ -90,6 +90,10 @@ class ClientConfig:
     #: Client certificate (PEM) and its key, for brokers that ask for one.
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    #: Keep-alive: a connection with no request for this long sends ``version`` (never
+    #: silent for more than twice this; brokers close connections silent for ``idleTimeout``,
+    #: 300 s by default, so keep it below half of that). 0 = none.
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_S
 
     def transport_options(self) -> TransportOptions:
         """The :class:`~notify.transport.TransportOptions` of these settings (builds the TLS
@@ -102,6 +106,7 @@ class ClientConfig:
             tls_cert_file=self.tls_cert_file,
             tls_key_file=self.tls_key_file,
             connect_timeout_s=self.connect_timeout_s,
+            heartbeat_s=self.heartbeat_interval_s,
         )
 
 

@@ -33,7 +33,9 @@ class ConnectionPool:
     failed attempt the next one to the same address waits out the backoff (growing from
     ``backoff_min_s`` to ``backoff_max_s``, reset by a successful connect), so retry loops do
     not hammer a dead broker. Every connection is opened with ``options`` (shared secret,
-    TLS); a refused secret raises :class:`~notify.transport.AuthenticationError`.
+    TLS, keep-alive: ``version`` after ``heartbeat_s`` without a request, so the broker's
+    ``idleTimeout`` never closes it); a refused secret raises
+    :class:`~notify.transport.AuthenticationError`.
     """
 
     def __init__(
@@ -44,7 +46,9 @@ class ConnectionPool:
         options: TransportOptions | None = None,
     ):
         base = options or TransportOptions()
-        self._options = TransportOptions(base.secret, base.ssl, connect_timeout_s)
+        self._options = TransportOptions(
+            base.secret, base.ssl, connect_timeout_s, base.heartbeat_s
+        )
         self._backoff_min_s = backoff_min_s
         self._backoff_max_s = backoff_max_s
         self._conns: dict[str, AsyncConnection] = {}

@@ -26,7 +26,7 @@ from notify.broker.connection import Connection, PendingReplies
 from notify.config import SystemConfig
 from notify.core.apply import Applier
 from notify.core.effects import Applied, Complete, Defer, Effect, Force, Reply, SendCheck
-from notify.core.transactions import BrokerTx, IdSource, TxEngine, TxLimits, TxStats
+from notify.core.transactions import BrokerTx, IdSource, TxEngine, TxLimits, TxPut, TxStats
 from notify.errors import TxLogError
 from notify.faults import crashpoint
 from notify.protocol.frames import MultiPut, Put, Register, Transaction, encode_check, encode_result
@@ -125,6 +125,16 @@ class TransactionManager:
         )
         self._drain()
 
+    def oneshot(
+        self, conn: Connection, begin: Transaction, puts: list[TxPut], commit: Transaction
+    ) -> bool:
+        """BEGIN, puts and COMMIT_ONE_PHASE that arrived together, as one unit (see
+        :meth:`TxEngine.oneshot`); False: run them one by one."""
+        if not self.engine.oneshot(conn, begin, puts, commit):
+            return False
+        self._drain()
+        return True
+
     def mput(self, conn: Connection, r: MultiPut, buf: bytearray) -> None:
         assert r.tx_key is not None
         self.engine.mput(conn, r.tx_key, r.topic, r.partition, buf, r.count, r.opaque)
@@ -195,6 +205,8 @@ class TransactionManager:
         if upto is None:
             return
         err: str | None = None
+        if self.engine.acked_before_force:
+            crashpoint("before_half_commit_force")  # tests: the acknowledged COMMIT unforced
         try:
             self.log.sync(upto)
         except TxLogError as e:

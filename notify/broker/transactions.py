@@ -39,6 +39,9 @@ from txlog import Position, TxLog, TxLogConfig
 
 log = logging.getLogger("notify.tx")
 
+#: the longest an answered half-message COMMIT waits for a force another step starts
+LAZY_FORCE_S = 0.002
+
 
 class TransactionManager:
     """Broker transactions: the engine plus the loop, the log's fsyncs and the jobs."""
@@ -77,6 +80,7 @@ class TransactionManager:
             crashpoint,
         )
         self._force_upto: Position | None = None
+        self._lazy_armed = False
         self._closed = False
         #: a slave's log is its master's copy: no engine runs on it, no checkpoint of ours
         #: (notify.replication.redo does them) until ``promote`` recovers it
@@ -184,6 +188,12 @@ class TransactionManager:
                         tk.set(500, encode_xa_failure(XAER_RMFAIL, f"not acknowledged: {fenced}"))
                     tk.slot.body = encode_result(tk.code, tk.opaque, tk.body)
                     tk.slot.resolve()
+                elif isinstance(eff, Force) and eff.lazy:
+                    # an answered half-message commit: the next force covers it (e.g. the
+                    # next PREPARE's), or this one after LAZY_FORCE_S; nobody waits meanwhile
+                    if not self._lazy_armed:
+                        self._lazy_armed = True
+                        self.loop.call_later(LAZY_FORCE_S, self._lazy_force)
                 elif isinstance(eff, Force):
                     if self._force_upto is None:
                         self._force_upto = eff.pos
@@ -198,6 +208,16 @@ class TransactionManager:
                         )
                 else:
                     self.on_applied(eff)
+
+    def _lazy_force(self) -> None:
+        self._lazy_armed = False
+        if not self.engine.pending_force or self._closed:
+            return  # a force since covered it
+        if self._force_upto is None:
+            self._force_upto = self.log.end_position
+            self._force_round()
+        else:
+            self._force_upto = self.log.end_position  # a round is already scheduled
 
     def _force_round(self) -> None:
         """Group commit of one loop turn: one fdatasync covers every step queued meanwhile."""
@@ -283,7 +303,8 @@ class TransactionManager:
         if self._closed:
             return
         self._closed = True
-        if self._force_upto is not None:
+        if self._force_upto is not None or self.engine.pending_force:
+            self._force_upto = self.log.end_position
             self._force_round()
         if not self.replica:
             self._checkpoint_at(self.engine.checkpoint_position())

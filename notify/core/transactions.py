@@ -779,7 +779,7 @@ class TxEngine:
             finish()
             return
         self._forcing.append(_Step(pos, None, finish, unsure))
-        self.out.append(Force(pos))
+        self.out.append(Force(pos, lazy=True))
 
     def _finish(
         self,

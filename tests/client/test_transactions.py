@@ -381,7 +381,8 @@ def test_half_messages_commit_rollback_unknown(broker_factory: BrokerFactory) ->
         assert r.state is LocalTxState.COMMIT and r.error is None and r.msg_id > 0
         assert r.send_result.offset == -1 and r.tx_key.startswith(f"TX:{p.session_id}:")
         assert local[0].data == b"commit" and local[0].msg_id == r.msg_id
-        assert bodies(b.addr, "single", 1) == [b"commit"]
+        # readable once its COMMIT is forced, within LAZY_FORCE_S (README "Transactions")
+        wait_until(lambda: bodies(b.addr, "single", 1) == [b"commit"], timeout=5)
         bodies_before = [b"commit"]
         r = p.send_in_transaction("single", b"rollback", decide(LocalTxState.ROLLBACK))
         assert r.state is LocalTxState.ROLLBACK

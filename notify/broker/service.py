@@ -31,6 +31,7 @@ from notify.broker.idgen import MAX_BATCH, IdGenerator
 from notify.broker.stats import BrokerStats, ConsumerPositions
 from notify.config import ServerConfig, served_config, validate_topic
 from notify.core.effects import Applied
+from notify.core.transactions import TxPut
 from notify.errors import (
     InvalidTopicError,
     NotifyError,
@@ -262,7 +263,11 @@ class BrokerService:
     # ------------------------------------------------------------------ dispatch
 
     def handle(self, conn: Connection, reqs: list[Request | ProtocolError]) -> None:
-        for r in reqs:
+        i = 0
+        n = len(reqs)
+        while i < n:
+            r = reqs[i]
+            i += 1
             t = type(r)
             if not conn.authenticated and t is not Auth and t is not Quit:
                 if isinstance(r, ProtocolError) and r.fatal:
@@ -290,6 +295,11 @@ class BrokerService:
                     break
             else:
                 self.stats.cmd_other += 1
+                if t is Transaction and i < n - 1 and r.type == "BEGIN":  # type: ignore[union-attr]
+                    end = self._oneshot(conn, reqs, i - 1)
+                    if end:
+                        i = end
+                        continue
                 self._other(conn, r)
             if conn.closing:
                 break
@@ -298,6 +308,80 @@ class BrokerService:
             # that read it when the flush policy needs no fsync first (one chunk's puts
             # to a partition are still one append)
             self.commit()
+
+    def _oneshot(self, conn: Connection, reqs: list[Request | ProtocolError], at: int) -> int:
+        """``reqs[at]`` is a BEGIN: when it is followed, in this same read, by puts of its
+        transaction and its COMMIT_ONE_PHASE, and every put would be accepted, hand the
+        whole transaction to the engine as one unit (one redo write); returns the index
+        after the COMMIT, or 0 to run the requests one by one (any error is theirs)."""
+        txm = self.transactions
+        begin = reqs[at]
+        assert isinstance(begin, Transaction)
+        key = begin.tx_key
+        if txm is None or key is None or self._writes_refused(conn):
+            return 0
+        puts: list[TxPut] = []
+        nput = nmput = 0
+        j = at + 1
+        n = len(reqs)
+        while True:
+            if j >= n:
+                return 0
+            r = reqs[j]
+            t = type(r)
+            if t is Put:
+                if r.tx_key != key:  # type: ignore[union-attr]
+                    return 0
+                item = self._oneshot_put(r)  # type: ignore[arg-type]
+                nput += 1
+            elif t is MultiPut:
+                if r.tx_key != key:  # type: ignore[union-attr]
+                    return 0
+                item = self._oneshot_mput(r)  # type: ignore[arg-type]
+                nmput += 1
+            elif t is Transaction and r.type == "COMMIT_ONE_PHASE":  # type: ignore[union-attr]
+                break
+            else:
+                return 0
+            if item is None:
+                return 0
+            puts.append(item)
+            j += 1
+        commit = reqs[j]
+        assert isinstance(commit, Transaction)
+        if not txm.oneshot(conn, begin, puts, commit):
+            return 0
+        st = self.stats
+        st.cmd_put += nput
+        st.cmd_mput += nmput
+        st.cmd_other += 1  # the COMMIT (the BEGIN was counted)
+        return j + 1
+
+    def _oneshot_put(self, r: Put) -> TxPut | None:
+        """A transactional put as :meth:`_put` would accept it, else None (no reply)."""
+        if r.partition == RANDOM_PARTITION:
+            r.partition = self._random_partition(r.topic)
+        parts = self._topic_parts.get(r.topic)
+        if parts is None or not 0 <= r.partition < len(parts) or not self._accept[r.topic][0]:
+            return None
+        body = r.body
+        if len(body) > self.max_message:
+            return None
+        crc = zlib.crc32(body) & _CRC_MASK
+        if r.checksum != -1 and r.checksum != crc:
+            return None
+        return TxPut(r.topic, r.partition, r.opaque, body, 0, r.flag, crc)
+
+    def _oneshot_mput(self, r: MultiPut) -> TxPut | None:
+        """A transactional mput as :meth:`_mput` would accept it, else None (no reply)."""
+        parts = self._topic_parts.get(r.topic)
+        if parts is None or not 0 <= r.partition < len(parts) or not self._accept[r.topic][0]:
+            return None
+        if not 1 <= r.count <= MAX_BATCH:
+            return None
+        if self._check_records(r.records, r.count):
+            return None
+        return TxPut(r.topic, r.partition, r.opaque, bytearray(r.records), r.count)
 
     def _auth_required(self, conn: Connection, r: Request | ProtocolError) -> None:
         opaque = getattr(r, "opaque", 0)

@@ -26,7 +26,7 @@ from notify.broker.connection import Connection, PendingReplies
 from notify.config import SystemConfig
 from notify.core.apply import Applier
 from notify.core.effects import Applied, Complete, Defer, Effect, Force, Reply, SendCheck
-from notify.core.transactions import BrokerTx, IdSource, TxEngine, TxLimits, TxStats
+from notify.core.transactions import BrokerTx, IdSource, TxEngine, TxLimits, TxPut, TxStats
 from notify.errors import TxLogError
 from notify.faults import crashpoint
 from notify.protocol.frames import MultiPut, Put, Register, Transaction, encode_check, encode_result
@@ -38,6 +38,9 @@ from notify.store.partition import Partition
 from txlog import Position, TxLog, TxLogConfig
 
 log = logging.getLogger("notify.tx")
+
+#: the longest an answered half-message COMMIT waits for a force another step starts
+LAZY_FORCE_S = 0.002
 
 
 class TransactionManager:
@@ -77,6 +80,7 @@ class TransactionManager:
             crashpoint,
         )
         self._force_upto: Position | None = None
+        self._lazy_armed = False
         self._closed = False
         #: a slave's log is its master's copy: no engine runs on it, no checkpoint of ours
         #: (notify.replication.redo does them) until ``promote`` recovers it
@@ -124,6 +128,16 @@ class TransactionManager:
             conn, r.tx_key, r.topic, r.partition, r.flag, r.body, crc, r.opaque, reply_partition
         )
         self._drain()
+
+    def oneshot(
+        self, conn: Connection, begin: Transaction, puts: list[TxPut], commit: Transaction
+    ) -> bool:
+        """BEGIN, puts and COMMIT_ONE_PHASE that arrived together, as one unit (see
+        :meth:`TxEngine.oneshot`); False: run them one by one."""
+        if not self.engine.oneshot(conn, begin, puts, commit):
+            return False
+        self._drain()
+        return True
 
     def mput(self, conn: Connection, r: MultiPut, buf: bytearray) -> None:
         assert r.tx_key is not None
@@ -174,6 +188,12 @@ class TransactionManager:
                         tk.set(500, encode_xa_failure(XAER_RMFAIL, f"not acknowledged: {fenced}"))
                     tk.slot.body = encode_result(tk.code, tk.opaque, tk.body)
                     tk.slot.resolve()
+                elif isinstance(eff, Force) and eff.lazy:
+                    # an answered half-message commit: the next force covers it (e.g. the
+                    # next PREPARE's), or this one after LAZY_FORCE_S; nobody waits meanwhile
+                    if not self._lazy_armed:
+                        self._lazy_armed = True
+                        self.loop.call_later(LAZY_FORCE_S, self._lazy_force)
                 elif isinstance(eff, Force):
                     if self._force_upto is None:
                         self._force_upto = eff.pos
@@ -189,12 +209,24 @@ class TransactionManager:
                 else:
                     self.on_applied(eff)
 
+    def _lazy_force(self) -> None:
+        self._lazy_armed = False
+        if not self.engine.pending_force or self._closed:
+            return  # a force since covered it
+        if self._force_upto is None:
+            self._force_upto = self.log.end_position
+            self._force_round()
+        else:
+            self._force_upto = self.log.end_position  # a round is already scheduled
+
     def _force_round(self) -> None:
         """Group commit of one loop turn: one fdatasync covers every step queued meanwhile."""
         upto, self._force_upto = self._force_upto, None
         if upto is None:
             return
         err: str | None = None
+        if self.engine.acked_before_force:
+            crashpoint("before_half_commit_force")  # tests: the acknowledged COMMIT unforced
         try:
             self.log.sync(upto)
         except TxLogError as e:
@@ -271,7 +303,8 @@ class TransactionManager:
         if self._closed:
             return
         self._closed = True
-        if self._force_upto is not None:
+        if self._force_upto is not None or self.engine.pending_force:
+            self._force_upto = self.log.end_position
             self._force_round()
         if not self.replica:
             self._checkpoint_at(self.engine.checkpoint_position())

@@ -68,6 +68,9 @@ class Complete:
 @dataclass(frozen=True, slots=True)
 class Force:
     pos: Position
+    #: nobody waits for it (an answered half-message commit): the shell may let the next
+    #: force cover it, or run it after a short delay
+    lazy: bool = False
 
 
 @dataclass(frozen=True, slots=True)

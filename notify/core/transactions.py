@@ -36,7 +36,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 from notify.config import SystemConfig
 from notify.core.apply import Applier, PartitionLookup, Share, group_shares, no_crashpoint
@@ -201,6 +201,21 @@ class TxFailure(TransactionError):
 
 
 @dataclass(slots=True)
+class TxPut:
+    """One put of a one-shot transaction (:meth:`TxEngine.oneshot`), validated by the shell:
+    a ``put``'s body (``count`` 0, with its flag and CRC) or an ``mput``'s records
+    (``count`` of them, ids still 0, stamped in place)."""
+
+    topic: str
+    partition: int
+    opaque: int
+    data: bytes | bytearray
+    count: int = 0
+    flag: int = 0
+    crc: int = 0
+
+
+@dataclass(slots=True)
 class _Step:
     """A step waiting for the redo log to be forced up to ``pos``."""
 
@@ -278,6 +293,9 @@ class TxEngine:
         self._tombstones: deque[tuple[float, str]] = deque()
         #: (first record, placements) of applied transactions not yet flushed in partitions
         self._unflushed: deque[tuple[Position, tuple[Placement, ...]]] = deque()
+        #: APPLIED records not yet written: they go out with the next redo write (one
+        #: write system call fewer per commit), see :meth:`write_backlog`
+        self._backlog: list[tuple[int, bytes]] = []
         self._opaque = 0
 
     # ------------------------------------------------------------------ helpers
@@ -307,7 +325,29 @@ class TxEngine:
         self.out.append(Reply(owner, opaque, code, body))
 
     def _log(self, rtype: int, body: bytes) -> Position:
-        return self.log.append(rtype, body)
+        backlog = self._backlog
+        if not backlog:
+            return self.log.append(rtype, body)
+        backlog.append((rtype, body))  # the waiting APPLIED records ride along, in order
+        try:
+            pos = self.log.append_many(backlog)[-1]
+        except TxLogError:
+            backlog.pop()
+            raise
+        self._backlog = []
+        return pos
+
+    def write_backlog(self) -> None:
+        """Write the APPLIED records still waiting for the next redo write (before a
+        checkpoint, at close): they are hints for recovery, which re-checks a commit
+        without one by message id, so they are never forced."""
+        if not self._backlog:
+            return
+        backlog, self._backlog = self._backlog, []
+        try:
+            self.log.append_many(backlog)
+        except TxLogError as e:
+            log.error("%d APPLIED records not logged (recovery re-checks): %s", len(backlog), e)
 
     # ------------------------------------------------------------------ owners
 
@@ -433,6 +473,93 @@ class TxEngine:
             return self._fail(owner, opaque, e)
         self._reply(owner, opaque, 200, MultiPutAck(first, partition, -1, count).encode())
 
+    def oneshot(
+        self, owner: Any, begin: Transaction, puts: list[TxPut], commit: Transaction
+    ) -> bool:
+        """BEGIN, ``puts`` and COMMIT_ONE_PHASE of one local transaction that arrived
+        together (one read): handled as one unit with the same replies, states and redo
+        records as one by one, but the APPEND_MSG records and the COMMIT go to the redo log
+        in one write. False (nothing changed, nothing answered) when the shape is not the
+        plain one (unknown or reused key, capacity reached, over ``maxTxSize``, a
+        ``msgs=<n>`` mismatch, a failing log write): the shell then runs the requests one
+        by one, which gives the usual errors."""
+        key = begin.tx_key
+        if key is None or commit.tx_key != key or not puts:
+            return False
+        try:
+            key = validate_key(key)
+        except TransactionError:
+            return False
+        if is_xa(key) or key in self.txs or len(self._timers) >= self.limits.capacity:
+            return False
+        count = 0
+        nbytes = 0
+        for p in puts:
+            count += p.count or 1
+            nbytes += len(p.data) + (records.HEADER_SIZE if not p.count else 0)
+        if nbytes > self.limits.max_tx_size or (
+            commit.expect_messages is not None and commit.expect_messages != count
+        ):
+            return False
+        cap_s = self.limits.max_timeout_s
+        timeout = cap_s if not begin.timeout or begin.timeout <= 0 else min(begin.timeout, cap_s)
+        now_ms = self._now_ms()
+        tx = BrokerTx(
+            key=key,
+            xa=False,
+            owner=owner,
+            state=TxState.NEW,
+            timeout_s=timeout,
+            deadline=self.clock.monotonic() + timeout,
+            created_ms=now_ms,
+        )
+        self._to(tx, TxEvent.BEGIN)
+        acks: list[Reply] = [Reply(owner, begin.opaque, 200, b"")]
+        frames: list[tuple[int, bytes]] = []
+        batches = tx.batches
+        hints: list[tuple[str, int, int]] = []
+        seen: set[tuple[str, int]] = set()
+        store = self.store
+        for p in puts:
+            if p.count:
+                first = self.ids.next_block(p.count)
+                records.stamp_ids(p.data, first)  # type: ignore[arg-type]
+                am = lr.AppendMsg(key, p.topic, p.partition, p.count, bytes(p.data))
+                ack = MultiPutAck(first, p.partition, -1, p.count).encode()
+            else:
+                msg_id = self.ids.next()
+                rec = records.encode(msg_id, p.flag, cast(bytes, p.data), p.crc)
+                am = lr.AppendMsg(key, p.topic, p.partition, 1, rec)
+                ack = PutAck(msg_id, p.partition, -1).encode()
+            self._to(tx, TxEvent.PUT)
+            batches.append(am)
+            tx.nbytes += len(am.records)
+            frames.append((lr.APPEND_MSG, am.encode()))
+            acks.append(Reply(owner, p.opaque, 200, ack))
+            k = (p.topic, p.partition)
+            if k not in seen:
+                seen.add(k)
+                part = store.get(p.topic, p.partition)
+                hints.append((p.topic, p.partition, part.end if part is not None else 0))
+        frames.append((lr.COMMIT, lr.Commit(key, now_ms, tuple(hints)).encode()))
+        backlog = self._backlog
+        try:
+            positions = self.log.append_many(backlog + frames if backlog else frames)
+        except TxLogError:
+            return False  # nothing written: the one-by-one path reports the failure
+        if backlog:
+            self._backlog = []
+        tx.first_pos = positions[len(backlog)]
+        self.txs[key] = tx
+        self.stats.begun += 1
+        self.out.extend(acks)
+        self.crashpoint("after_append_msg")  # (the COMMIT is in the same write)
+        self._to(tx, TxEvent.COMMIT_ONE_PHASE)  # -> COMMITTING
+        tx.hints = tuple(hints)
+        pos = positions[-1]
+        self._step(owner, commit.opaque, lambda: self._committed(tx, pos))
+        return True
+
     # ------------------------------------------------------------------ the command
 
     def handle(self, owner: Any, r: Transaction) -> None:
@@ -473,6 +600,13 @@ class TxEngine:
                 self._check(tx, ev, owner)
                 if ev is TxEvent.COMMIT_ONE_PHASE:
                     self._check_count(tx, r.expect_messages)
+                elif (
+                    tx.group
+                    and not tx.xa
+                    and tx.state is TxState.PREPARED
+                    and (tx.owner is owner or self._owner_group.get(owner) == tx.group)
+                ):  # a half message committed by its producer group (not an admin)
+                    return self._commit_half(owner, r.opaque, tx)
                 self._step(owner, r.opaque, lambda: self._commit(tx, ev))
             elif t == "ROLLBACK":
                 self._check(tx, TxEvent.ROLLBACK, owner)
@@ -627,6 +761,24 @@ class TxEngine:
         self._forcing.append(_Step(pos, ticket, finish, unsure))
         self.out.append(Force(pos))
 
+    def _commit_half(self, owner: Any, opaque: int, tx: BrokerTx) -> None:
+        """COMMIT_TWO_PHASE of a prepared half message: answered as soon as the COMMIT is
+        logged, without waiting for its force. Safe because the PREPARE was forced and the
+        messages are applied (readable) only once the COMMIT is forced: if a crash loses
+        the COMMIT, recovery finds the half message prepared and the check-back asks the
+        producer group, whose checker answers COMMIT from the application's database
+        (README "Transactions")."""
+        try:
+            pos, finish, unsure = self._commit(tx, TxEvent.COMMIT_TWO_PHASE)
+        except TxFailure as e:
+            return self._fail(owner, opaque, e)
+        self._reply(owner, opaque, 200)
+        if pos is None or not self.limits.force_at_commit:
+            finish()
+            return
+        self._forcing.append(_Step(pos, None, finish, unsure))
+        self.out.append(Force(pos, lazy=True))
+
     def _finish(
         self,
         owner: Any,
@@ -655,6 +807,12 @@ class TxEngine:
         w = _VisibleWait(ticket, body, waits)
         for part, _end in waits:
             self._visible_waits.setdefault(part, []).append(w)
+
+    @property
+    def acked_before_force(self) -> bool:
+        """Whether a step waiting for the force was already answered (a half message's
+        commit, see :meth:`_commit_half`)."""
+        return any(s.ticket is None for s in self._forcing)
 
     @property
     def pending_force(self) -> bool:
@@ -767,6 +925,12 @@ class TxEngine:
             raise TxFailure(XAER_RMFAIL, f"commit record not written: {e}") from e
         self._to(tx, ev)  # -> COMMITTING; no other command can touch it now
         tx.hints = tuple(hints)
+        return self._committed(tx, pos)
+
+    def _committed(
+        self, tx: BrokerTx, pos: Position
+    ) -> tuple[Position | None, Callable[[], tuple[bytes, list[tuple[Any, int]]]], str]:
+        """A COMMIT record was written at ``pos`` (not yet forced): the step that applies it."""
 
         def finish() -> tuple[bytes, list[tuple[Any, int]]]:
             self.crashpoint("after_commit_record")
@@ -815,16 +979,20 @@ class TxEngine:
             return None
         tx.apply_error = None
         placements = tuple(placed)
-        try:
-            self._log(
-                lr.APPLIED,
-                lr.Applied(
-                    tx.key,
-                    tuple((p.topic, p.partition, p.offset, p.count, p.nbytes) for p in placements),
-                ).encode(),
-            )
-        except TxLogError as e:
-            log.error("APPLIED of %s not logged (recovery re-checks it): %s", tx.key, e)
+        applied = lr.Applied(
+            tx.key, tuple((p.topic, p.partition, p.offset, p.count, p.nbytes) for p in placements)
+        ).encode()
+        if recovering:
+            # a re-apply may land below the COMMIT's hint (the partition's tail was lost):
+            # only this record tells the next recovery where, so it is written now
+            try:
+                self._log(lr.APPLIED, applied)
+            except TxLogError as e:
+                log.error("APPLIED of %s not logged (recovery re-checks it): %s", tx.key, e)
+        else:
+            # the next redo write carries it: the messages went at or after the COMMIT's
+            # hint, where a recovery without this record finds them by message id
+            self._backlog.append((lr.APPLIED, applied))
         self.crashpoint("after_apply")
         self._to(tx, TxEvent.APPLIED)
         if tx.first_pos is not None:
@@ -974,7 +1142,9 @@ class TxEngine:
 
     def checkpoint_position(self) -> Position:
         """Where replay must start: the first record of the oldest transaction that is
-        unfinished, or applied but not yet on disk in its partitions."""
+        unfinished, or applied but not yet on disk in its partitions (the waiting APPLIED
+        records are written first)."""
+        self.write_backlog()
         unflushed = self._unflushed
         while unflushed and self.applier.durable(unflushed[0][1]):
             unflushed.popleft()

@@ -16,10 +16,16 @@ COMMIT         3     key:str decided_at_ms:i64 n:u16 n*(topic:str partition:u32 
                      go at or after it
 ROLLBACK       4     key:str reason:str
 APPLIED        9     key:str n:u16 n*(topic:str partition:u32 offset:i64 count:u32 bytes:u64)
-                     where the messages went; written after the apply, not forced
+                     where the messages went; never forced: written with the next redo
+                     write after the apply (at once after a recovery's re-apply, which
+                     may land below the COMMIT's hint) and before every checkpoint
 HEURISTIC      10    key:str outcome:u8 (1 commit, 2 rollback) by:str  (an admin's decision)
 FORGET         8     key:str
 =============  ====  ==========================================================================
+
+A transaction whose BEGIN, puts and COMMIT_ONE_PHASE arrive together writes its APPEND_MSG
+records and its COMMIT in one write (``TxLog.append_many``): the same records, so recovery
+reads them as any other.
 
 Recovery replays these in order: a key with COMMIT but no APPLIED is applied again
 idempotently (the messages' ids tell what is already in the partition); a key with

@@ -45,7 +45,7 @@ from notify.broker.idgen import IdGenerator
 from notify.config import default_topic, parse_config
 from notify.core.apply import Applier
 from notify.core.effects import Applied, Complete, Defer, Effect, Force, Reply, SendCheck, Ticket
-from notify.core.transactions import TxEngine, TxLimits
+from notify.core.transactions import TxEngine, TxLimits, TxPut
 from notify.errors import NotifyError
 from notify.protocol import records
 from notify.protocol.frames import Transaction
@@ -92,7 +92,10 @@ class TxRecord:
     key: str
     msgs: list[tuple[str, int, int, bytes]] = field(default_factory=list)  # topic, p, id, body
     delayed: list[tuple[int, str, int, bytes, int]] = field(default_factory=list)
-    outcome: str = "open"  # open, commit_sent, committed, rolled_back, prepared
+    outcome: str = "open"  # open, commit_sent, committed, rolled_back, prepared, half_committed
+    #: a half message: the application's decision, once it made one (what its checker says)
+    db: bool | None = None
+    half: bool = False
     placements: dict[int, tuple[str, int, int]] = field(default_factory=dict)
 
 
@@ -375,15 +378,60 @@ class World:
             rec.outcome = "committed" if r[0] == 200 else "rolled_back"
             self.log(f"{key} commit -> {r[0]}")
 
-    def decide(self, key: str, commit: bool) -> Generator[None, None, None]:
+    def oneshot(self) -> Generator[None, None, None]:
+        """BEGIN, puts (some as one ``mput``) and COMMIT_ONE_PHASE arriving in one read: the
+        engine's one-unit path (one redo write for the APPEND_MSGs and the COMMIT)."""
+        owner = Owner(f"c{self._n}")
+        self._n += 1
+        key = f"TX:{owner.name}:{self._n}"
+        rec = self.txs[key] = TxRecord(key)
+        puts: list[TxPut] = []
+        bodies: dict[int, list[tuple[str, int, bytes]]] = {}
+        count = 0
+        for _ in range(self.rng.randrange(1, 4)):
+            topic, p = self.pick_partition()
+            o = self.opaque()
+            if self.rng.random() < 0.3:
+                bs = [self.body() for _ in range(self.rng.randrange(1, 4))]
+                buf = bytearray(b"".join(records.encode(0, 0, b, records.checksum(b)) for b in bs))
+                puts.append(TxPut(topic, p, o, buf, len(bs)))
+            else:
+                bs = [self.body() + b"x" * self.rng.choice((20, 60, 400))]
+                puts.append(TxPut(topic, p, o, bs[0], 0, 0, records.checksum(bs[0])))
+            bodies[o] = [(topic, p, b) for b in bs]
+            count += len(bs)
+        rec.outcome = "commit_sent"
+        oc = self.opaque()
+        begin = Transaction(key, "s", "BEGIN", self.rng.choice((None, 2, 30)), None, self.opaque())
+        commit = Transaction(key, "s", "COMMIT_ONE_PHASE", None, None, oc, count)
+        if not self.core.engine.oneshot(owner, begin, puts, commit):
+            rec.outcome = "rolled_back"  # refused before anything was written
+            self.log(f"{key} oneshot refused")
+            return
+        self.drain()
+        for o, sent in bodies.items():
+            r = self.answer(o)
+            assert r is not None and r[0] == 200, (key, r)
+            first = int(r[1].split()[0])
+            rec.msgs.extend((t, q, first + i, b) for i, (t, q, b) in enumerate(sent))
+        self.log(f"{key} oneshot {count} messages")
+        while (r := self.answer(oc)) is None:
+            yield
+        rec.outcome = "committed" if r[0] == 200 else "unknown"
+        self.log(f"{key} oneshot commit -> {r[0]}")
+
+    def decide(
+        self, key: str, commit: bool, owner: Owner | None = None
+    ) -> Generator[None, None, None]:
         """Commit or roll back a prepared transaction from another owner (a coordinator,
-        or a producer answering a check-back)."""
+        or a producer answering a check-back: ``owner``, a member of the group)."""
         rec = self.txs[key]
         tx = self.core.engine.txs.get(key)
         if tx is None or tx.state.value != "PREPARED" or rec.outcome.endswith("_sent"):
             return
-        owner = Owner(f"admin{self._n}")
-        self._n += 1
+        if owner is None:
+            owner = Owner(f"admin{self._n}")
+            self._n += 1
         o = self.opaque()
         verb = "COMMIT_TWO_PHASE" if commit else "ROLLBACK"
         rec.outcome = "commit_sent" if commit else "rollback_sent"
@@ -391,7 +439,10 @@ class World:
         self.drain()
         while (r := self.answer(o)) is None:
             yield
-        if r[0] == 200:
+        if r[0] == 200 and commit and rec.half:
+            # acknowledged once logged; applied (readable) once its COMMIT is forced
+            rec.outcome = "half_committed"
+        elif r[0] == 200:
             rec.outcome = "committed" if commit else "rolled_back"
         else:
             rec.outcome = "unknown"
@@ -408,7 +459,7 @@ class World:
             self.producers.append(backup)
         self.drain()
         key = f"TX:{producer.name}:1"
-        rec = self.txs[key] = TxRecord(key)
+        rec = self.txs[key] = TxRecord(key, half=True)
         o = self.opaque()
         engine.handle(producer, Transaction(key, "s", "BEGIN", 30, None, o))
         self.drain()
@@ -428,6 +479,11 @@ class World:
             yield
         if r == (200, b"0") and rec.outcome == "open":
             rec.outcome = "prepared"
+        if rec.outcome == "prepared" and self.rng.random() < 0.5:
+            rec.db = self.rng.random() < 0.7  # the local transaction ran: the producer decides
+            self.log(f"{key} half decided by its producer: {rec.db}")
+            yield from self.decide(key, rec.db, producer)
+            return
         producer.closed = True
         engine.owner_lost(producer)  # dies before deciding: the check-back decides
         self.drain()
@@ -439,7 +495,9 @@ class World:
             rec = self.txs.get(c.key)
             if rec is None or self.rng.random() < 0.3:
                 continue  # no answer: asked again later
-            yield from self.decide(c.key, self.rng.random() < 0.6)
+            if rec.db is None:  # the application's database decides, once
+                rec.db = self.rng.random() < 0.6
+            yield from self.decide(c.key, rec.db, None if c.owner.closed else c.owner)
 
     # ------------------------------------------------------------------ system actions
 
@@ -546,8 +604,10 @@ class World:
                 g = self.delayed_put()
             elif kind < 0.3:
                 g = self.plain_put()
-            elif kind < 0.55:
+            elif kind < 0.47:
                 g = self.transaction(xa=False)
+            elif kind < 0.55:
+                g = self.oneshot()
             elif kind < 0.7:
                 g = self.transaction(xa=True)
             elif kind < 0.8:
@@ -601,6 +661,11 @@ class World:
         # without a group are rolled back by recovery
         for key, rec in self.txs.items():
             tx = self.core.engine.txs.get(key)
+            if rec.outcome == "half_committed":
+                # its unforced COMMIT may be lost: then it is prepared again and the check-back
+                # recommits it (rec.db is True); else recovery applied it
+                prepared = tx is not None and tx.state.value == "PREPARED"
+                rec.outcome = "prepared" if prepared else "committed"
             if rec.outcome == "prepared" and (tx is None or tx.state.value != "PREPARED"):
                 self.fail(f"acknowledged PREPARE of {key} lost by the restart")
 
@@ -674,6 +739,11 @@ class World:
                 if rec.placements and rec.placements != placed:
                     self.fail(f"{key}: offsets changed {rec.placements} -> {placed}")
                 rec.placements = placed
+            elif rec.outcome == "half_committed":
+                if present and len(present) != len(rec.msgs):
+                    self.fail(f"half commit of {key} partly visible ({len(present)})")
+                if final and not present and rec.msgs:
+                    self.fail(f"acknowledged half commit {key} never applied")
             elif rec.outcome == "unknown":
                 if present and len(present) != len(rec.msgs):
                     self.fail(f"commit of {key} partly visible ({len(present)}/{len(rec.msgs)})")

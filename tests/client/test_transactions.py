@@ -32,6 +32,7 @@ from notify.client import (
 )
 from notify.client._transaction import as_state, reply_error
 from notify.errors import BrokerError, ClientError, TransactionError
+from notify.protocol import logrecords as lr
 from notify.protocol import records
 from notify.protocol.frames import Response, encode_check
 from notify.testing import BrokerProcess
@@ -39,6 +40,7 @@ from notify.transport import AsyncConnection
 from tests.client.conftest import wait_until
 from tests.conftest import BrokerFactory
 from tests.wireclient import WireClient
+from txlog import records as txrecords
 
 FAST = ClientConfig(
     request_timeout_s=3.0, reconnect_backoff_min_s=0.02, reconnect_backoff_max_s=0.2
@@ -379,7 +381,8 @@ def test_half_messages_commit_rollback_unknown(broker_factory: BrokerFactory) ->
         assert r.state is LocalTxState.COMMIT and r.error is None and r.msg_id > 0
         assert r.send_result.offset == -1 and r.tx_key.startswith(f"TX:{p.session_id}:")
         assert local[0].data == b"commit" and local[0].msg_id == r.msg_id
-        assert bodies(b.addr, "single", 1) == [b"commit"]
+        # readable once its COMMIT is forced, within LAZY_FORCE_S (README "Transactions")
+        wait_until(lambda: bodies(b.addr, "single", 1) == [b"commit"], timeout=5)
         bodies_before = [b"commit"]
         r = p.send_in_transaction("single", b"rollback", decide(LocalTxState.ROLLBACK))
         assert r.state is LocalTxState.ROLLBACK
@@ -446,6 +449,52 @@ CHILD = textwrap.dedent(
     p.send_in_transaction("orders", b"from-dead-producer", local_tx)
     """
 )
+
+
+@pytest.mark.crash
+def test_half_commit_lost_in_a_crash_is_recommitted_by_check_back(tmp_path: Path) -> None:
+    """COMMIT_TWO_PHASE of a half message is answered before its force (the PREPARE was
+    forced; README "Transactions"). A crash that loses that COMMIT (cut off the redo log,
+    as a power loss drops the page cache) brings the message back prepared and invisible,
+    and the check-back commits it from the application's answer, exactly once."""
+    b = BrokerProcess(
+        tmp_path,
+        topics={"single": 1},
+        system={"flushTxLogAtCommit": 1, "txCheckBackDelay": 200},
+        env={"NOTIFY_CRASHPOINTS": "before_half_commit_force"},
+    )
+    b.start()
+    committed: set[bytes] = set()  # the application's table
+
+    def checker(msg: Message) -> LocalTxState:
+        return LocalTxState.COMMIT if msg.data in committed else LocalTxState.ROLLBACK
+
+    def local_tx(msg: Message) -> LocalTxState:
+        committed.add(msg.data)
+        return LocalTxState.COMMIT
+
+    try:
+        with connect([b.addr], config=FAST) as s:
+            p = s.create_transactional_producer("shop", checker)
+            r = p.send_in_transaction("single", b"paid-7", local_tx)
+            assert r.state is LocalTxState.COMMIT and r.error is None  # acknowledged
+        assert b.wait_exit(10) is not None, "crashpoint not reached"
+        redo = tmp_path / "data" / "transactions"
+        segs = sorted(redo.glob("redo.*"), key=lambda q: int(q.name.split(".")[1]))
+        data = segs[-1].read_bytes()
+        last = txrecords.decode(data).records[-1]
+        assert last.type == lr.COMMIT and lr.key_of(last.body) == r.tx_key
+        os.truncate(segs[-1], last.offset)  # the unforced COMMIT is lost
+        b.env = {}
+        b.start()
+        assert bodies(b.addr, "single", 1) == []  # prepared again: invisible
+        with connect([b.addr], config=FAST) as s:
+            s.create_transactional_producer("shop", checker)
+            wait_until(lambda: bodies(b.addr, "single", 1) == [b"paid-7"], timeout=10)
+        b.restart()
+        assert bodies(b.addr, "single", 1) == [b"paid-7"]
+    finally:
+        b.stop()
 
 
 @pytest.mark.crash

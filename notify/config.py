@@ -170,6 +170,8 @@ class SystemConfig:
     max_tx_timeout_timer_capacity: int = 30000
     max_tx_timeout_in_seconds: int = 60
     flush_tx_log_at_commit: int = 1
+    #: ms an answered half-message COMMIT waits for a force another step starts (README)
+    half_commit_force_delay_ms: int = 2
     accept_publish: bool = True
     accept_subscribe: bool = True
     stat: bool = True
@@ -336,6 +338,7 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "maxTxTimeoutTimerCapacity": ("max_tx_timeout_timer_capacity", _int),
     "maxTxTimeoutInSeconds": ("max_tx_timeout_in_seconds", _int),
     "flushTxLogAtCommit": ("flush_tx_log_at_commit", _int),
+    "halfCommitForceDelay": ("half_commit_force_delay_ms", _int),
     "acceptPublish": ("accept_publish", _bool),
     "acceptSubscribe": ("accept_subscribe", _bool),
     "stat": ("stat", _bool),
@@ -491,6 +494,7 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "maxTxTimeoutTimerCapacity": (1, 10_000_000),
     "maxTxTimeoutInSeconds": (1, 7 * 86_400),
     "flushTxLogAtCommit": (0, 2),
+    "halfCommitForceDelay": (0, 1000),
     "maxMessageSize": (1, MAX_MESSAGE_SIZE_LIMIT),
     "maxConnections": (1, 1_000_000),
     "configWatchInterval": (0, _DAY_MS),

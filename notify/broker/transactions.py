@@ -39,10 +39,6 @@ from txlog import Position, TxLog, TxLogConfig
 
 log = logging.getLogger("notify.tx")
 
-#: the longest an answered half-message COMMIT waits for a force another step starts
-LAZY_FORCE_S = 0.002
-
-
 class TransactionManager:
     """Broker transactions: the engine plus the loop, the log's fsyncs and the jobs."""
 
@@ -57,6 +53,8 @@ class TransactionManager:
         on_applied: Callable[[Applied], None],
     ) -> None:
         self.sys = sysc
+        #: how long an answered half-message COMMIT waits for a force another step starts
+        self.lazy_force_s = sysc.half_commit_force_delay_ms / 1000
         self.loop = loop
         self.scheduler = scheduler
         self.flusher = flusher
@@ -190,10 +188,11 @@ class TransactionManager:
                     tk.slot.resolve()
                 elif isinstance(eff, Force) and eff.lazy:
                     # an answered half-message commit: the next force covers it (e.g. the
-                    # next PREPARE's), or this one after LAZY_FORCE_S; nobody waits meanwhile
+                    # next PREPARE's), or this one after halfCommitForceDelay;
+                    # nobody waits meanwhile
                     if not self._lazy_armed:
                         self._lazy_armed = True
-                        self.loop.call_later(LAZY_FORCE_S, self._lazy_force)
+                        self.loop.call_later(self.lazy_force_s, self._lazy_force)
                 elif isinstance(eff, Force):
                     if self._force_upto is None:
                         self._force_upto = eff.pos

@@ -355,6 +355,23 @@ def test_async_transactions(broker: BrokerProcess) -> None:
 # --------------------------------------------------------------------------- half messages
 
 
+def test_half_commit_is_readable_after_half_commit_force_delay(
+    broker_factory: BrokerFactory,
+) -> None:
+    """halfCommitForceDelay: an answered half-message COMMIT that no other fsync covers is
+    forced (and becomes readable) that long after it, not before and not much later."""
+    b = broker_factory(halfCommitForceDelay=600)
+    with connect([b.addr], config=FAST) as s:
+        p = s.create_transactional_producer("shop-delay", lambda m: LocalTxState.COMMIT)
+        r = p.send_in_transaction("single", b"late", lambda m: LocalTxState.COMMIT)
+        acked = time.monotonic()
+        assert r.state is LocalTxState.COMMIT
+        assert bodies(b.addr, "single", 1) == []  # answered, not forced yet: invisible
+        wait_until(lambda: bodies(b.addr, "single", 1) == [b"late"], timeout=5)
+        waited = time.monotonic() - acked
+        assert 0.4 <= waited < 3.0, waited
+
+
 def test_half_messages_commit_rollback_unknown(broker_factory: BrokerFactory) -> None:
     b = broker_factory(txCheckBackDelay=300)
     asked: list[Message] = []
@@ -381,7 +398,7 @@ def test_half_messages_commit_rollback_unknown(broker_factory: BrokerFactory) ->
         assert r.state is LocalTxState.COMMIT and r.error is None and r.msg_id > 0
         assert r.send_result.offset == -1 and r.tx_key.startswith(f"TX:{p.session_id}:")
         assert local[0].data == b"commit" and local[0].msg_id == r.msg_id
-        # readable once its COMMIT is forced, within LAZY_FORCE_S (README "Transactions")
+        # readable once its COMMIT is forced, within halfCommitForceDelay (README "Transactions")
         wait_until(lambda: bodies(b.addr, "single", 1) == [b"commit"], timeout=5)
         bodies_before = [b"commit"]
         r = p.send_in_transaction("single", b"rollback", decide(LocalTxState.ROLLBACK))

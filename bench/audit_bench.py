@@ -215,6 +215,8 @@ def run_audit(
         "outputs_s": round(t3 - t2, 1),
         "audit_s": round(t3 - t1, 1),
         "cores_used": round((c3 - c1) / (t3 - t1), 2),
+        "cpu_s": round(c3 - c1, 1),
+        "load": [round(x, 1) for x in os.getloadavg()],
         "rows": rows,
         "rows_per_s": round(rows / (t3 - t1)),
         "findings": counts,
@@ -231,8 +233,10 @@ def _tree_cpu() -> float:
         pid = todo.pop()
         try:
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(stat[11]) + int(stat[12])
-            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            total += sum(int(x) for x in stat[11:15])  # own and reaped children
+            # children of every thread: the JVM starts the Python workers from its own
+            tasks = Path(f"/proc/{pid}/task").iterdir()
+            kids = [k for t in tasks for k in (t / "children").read_text().split()]
         except OSError:
             continue
         todo += [int(k) for k in kids]
@@ -357,7 +361,7 @@ def main() -> None:
         print(
             f"{'run':<18}{'txs':>10}{'messages':>11}{'rows':>11}{'session s':>10}{'read+chk s':>11}"
             f"{'find s':>7}{'out s':>7}{'audit s':>8}{'rows/s':>9}{'cores':>6}{'found':>8}"
-            f"{'parsed':>11}"
+            f"{'parsed':>11}{'cpu s':>8}{'load':>6}"
         )
         for name, g, r in rows:
             print(
@@ -365,6 +369,7 @@ def main() -> None:
                 f"{r['rows']:>11,}{r['session_s']:>10}{r['read_s']:>11}{r['checks_s']:>7}"
                 f"{r['outputs_s']:>7}{r['audit_s']:>8}{r['rows_per_s']:>9,}{r['cores_used']:>6}"
                 f"{sum(r['findings'].values()):>8,}{r['rows_parsed']:>11,}"
+                f"{r['cpu_s']:>8}{r['load'][0]:>6}"
             )
         if not args.no_scaling:
             one, two = rows[-2][2], rows[-1][2]

@@ -296,7 +296,7 @@ def test_end_records_go_out_with_the_next_write(tmp_path: Path) -> None:
         writes = 0
         real = log.txlog._pwrite
 
-        def counting(fd: int, data: bytes | memoryview, offset: int) -> int:
+        def counting(fd: int, data: memoryview, offset: int) -> int:
             nonlocal writes
             writes += 1
             return real(fd, data, offset)

@@ -9,8 +9,11 @@ Writes:
 
 * :meth:`DecisionLog.decide` appends a DECISION record and returns once it is fsynced
   (group commit: concurrent deciders share one fsync). This is the commit point.
-* :meth:`DecisionLog.end` appends END without waiting: a lost END only makes recovery look
-  at a finished transaction once more.
+* :meth:`DecisionLog.end` applies END to the table at once and queues its record, which goes
+  out with the next write (in the same write syscall as the next decision), at a checkpoint,
+  on close, or once :data:`END_BATCH` are queued; never fsynced. A lost END only makes
+  recovery look at a finished transaction once more (and a reader of the files, ``notify xa``,
+  see it as decided a little longer).
 * :meth:`DecisionLog.heuristic` / :meth:`DecisionLog.ack` are fsynced.
 
 Every append happens under one short lock together with the update of the in-memory
@@ -53,6 +56,8 @@ log = logging.getLogger("notify.xa.log")
 
 LOCK_FILE: Final = "LOCK"
 DEFAULT_CHECKPOINT_BYTES: Final = 4 * 2**20
+#: queued END records written together without waiting for another write
+END_BATCH: Final = 64
 
 
 def _now_ms() -> int:
@@ -73,6 +78,9 @@ class DecisionLog:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._ckpt_lock = threading.Lock()
+        #: END records applied to the table, not yet written (see :meth:`end`)
+        self._ends: list[tuple[int, bytes]] = []
+        self._closed = False
         self.checkpoint_bytes = checkpoint_bytes
         if coordinator_id is not None:
             validate_coordinator_id(coordinator_id)
@@ -162,9 +170,23 @@ class DecisionLog:
         with self._lock:
             if self._closed:
                 raise DecisionLogError("the decision log is closed")
-            pos = self._log.append(rtype, body)
+            if self._ends:  # queued ENDs go out in the same write, before the record
+                pos = self._log.append_many([*self._ends, (rtype, body)])[-1]
+                self._ends = []  # (kept queued when the write failed: nothing was written)
+            else:
+                pos = self._log.append(rtype, body)
             self.table.apply(record)
         return pos
+
+    def _write_ends_locked(self) -> None:
+        """Write the queued END records (``_lock`` held); a failure is only logged."""
+        ends, self._ends = self._ends, []
+        if not ends or self._closed:
+            return
+        try:
+            self._log.append_many(ends)
+        except TxLogError as e:
+            log.warning("%d END records not written (%s): recovery will look again", len(ends), e)
 
     def _sync(self, pos: Position) -> None:
         self._log.sync(pos)
@@ -225,11 +247,23 @@ class DecisionLog:
             log.warning("decision log %s reopened after a failed fsync", self.path)
 
     def end(self, gtrid: bytes) -> None:
-        """Forget the decision of ``gtrid`` (phase 2 done); appended, not fsynced."""
-        try:
-            self._append(rec.EndRecord(gtrid, _now_ms()))
-        except (TxLogError, DecisionLogError) as e:
-            log.warning("END of %s not written (%s): recovery will look at it again", gtrid, e)
+        """Forget the decision of ``gtrid`` (phase 2 done): gone from the table now, its
+        record written with the next write (see the module docstring), never fsynced."""
+        record = rec.EndRecord(gtrid, _now_ms())
+        frame = rec.encode(record)
+        with self._lock:
+            if self._closed:
+                log.warning("END of %s not written (the log is closed)", gtrid)
+                return
+            self.table.apply(record)
+            self._ends.append(frame)
+            if len(self._ends) >= END_BATCH:
+                self._write_ends_locked()
+
+    def flush_ends(self) -> None:
+        """Write the queued END records now (no fsync)."""
+        with self._lock:
+            self._write_ends_locked()
 
     def heuristic(self, report: rec.HeuristicRecord) -> None:
         """Record a heuristic outcome durably."""
@@ -285,6 +319,7 @@ class DecisionLog:
             return False
         try:
             with self._lock:
+                self._write_ends_locked()
                 end = self._log.end_position
                 if not force and _distance(self._ckpt_end, end) < self.checkpoint_bytes:
                     return False
@@ -308,6 +343,7 @@ class DecisionLog:
             self.checkpoint(force=True)
         finally:
             with self._lock:
+                self._write_ends_locked()  # when the checkpoint above could not run
                 self._closed = True
             try:
                 self._log.close()

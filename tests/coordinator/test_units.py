@@ -278,6 +278,46 @@ def test_lock_and_peek(tmp_path: Path) -> None:
         pass
 
 
+def test_end_records_go_out_with_the_next_write(tmp_path: Path) -> None:
+    """END is applied at once but written with the next record (one write syscall), at a
+    checkpoint, on close or once END_BATCH are queued; never lost from the table."""
+    from notify.xa.decisionlog import END_BATCH
+
+    path = tmp_path / "xa"
+    with DecisionLog.open(path, "t1", checkpoint_bytes=1 << 30) as log:
+        log.decide(_decision(b"a"))
+        log.decide(_decision(b"b"))
+        before = log.end_position
+        log.end(b"a")
+        assert [d.gtrid for d in log.decisions()] == [b"b"]  # gone from the table now
+        assert log.end_position == before  # nothing written yet
+        seen = peek(path)  # what a crash now would leave: "a" looked at once more
+        assert seen is not None and set(seen.decisions) == {b"a", b"b"}
+        writes = 0
+        real = log.txlog._pwrite
+
+        def counting(fd: int, data: memoryview, offset: int) -> int:
+            nonlocal writes
+            writes += 1
+            return real(fd, data, offset)
+
+        log.txlog._pwrite = counting  # type: ignore[method-assign]
+        log.decide(_decision(b"c"))
+        assert writes == 1  # END of "a" and the decision of "c": one write
+        seen = peek(path)
+        assert seen is not None and set(seen.decisions) == {b"b", b"c"}
+        for i in range(END_BATCH):
+            log.end(b"x%d" % i)  # unknown gtrids are harmless
+        assert writes == 2  # the batch went out on its own
+        log.end(b"b")
+        assert log.checkpoint(force=True)
+        seen = peek(path)
+        assert seen is not None and set(seen.decisions) == {b"c"}
+        log.end(b"c")
+    with DecisionLog.open(path, "t1") as log:  # the END queued at close was written
+        assert log.decisions() == []
+
+
 def test_torn_tail_is_truncated(tmp_path: Path) -> None:
     path = tmp_path / "xa"
     with DecisionLog.open(path, "t1") as log:

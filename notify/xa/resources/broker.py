@@ -129,6 +129,7 @@ class BrokerParticipant:
         self._begun = False  # BEGIN reached the broker
         self._ended = False
         self._sent = 0
+        self._last_key: tuple[Xid, str] | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -138,8 +139,13 @@ class BrokerParticipant:
         return self._producer
 
     def _key_of(self, xid: Xid) -> str:
+        last = self._last_key
+        if last is not None and last[0] == xid:  # the branch's own calls: computed once
+            return last[1]
         uq = self.unique_qualifier or qualifier_of(xid.gtrid) or "null"
-        return xid.key(uq)
+        key = xid.key(uq)
+        self._last_key = (xid, key)
+        return key
 
     def _exchange(self, builds: list[FrameBuilder]) -> list[Response]:
         """Send the frames in one write and return their replies in order."""

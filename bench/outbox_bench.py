@@ -2,9 +2,12 @@
 INSERT + COMMIT in PostgreSQL alone (the transactional-outbox baseline; issue #16).
 
     .venv/bin/python bench/outbox_bench.py [--threads 1,8] [--seconds 5] [--pg-fsync on|off]
+        [--early-ack]
 
 Starts its own PostgreSQL (tests/services.py; ``--pg-fsync on``, the default, turns fsync and
-synchronous_commit back on) and broker (flushTxLogAtCommit=1), then with the same threads:
+synchronous_commit back on) and broker (flushTxLogAtCommit=1; ``--early-ack``:
+halfCommitEarlyAck=true, the COMMIT of a half message answered before its fsync, README
+"Transactions"), then with the same threads:
 
 * ``pg alone``: per transaction BEGIN, one INSERT, COMMIT on a connection per thread (what a
   transactional outbox costs before its relay: the outbox row is that INSERT);
@@ -53,9 +56,7 @@ def bench_pg(
 
         def op(k: int) -> None:
             with conn.transaction():
-                conn.execute(
-                    "INSERT INTO orders (id, note) VALUES (%s, 'pg alone')", (base + k,)
-                )
+                conn.execute("INSERT INTO orders (id, note) VALUES (%s, 'pg alone')", (base + k,))
 
         return op
 
@@ -112,6 +113,7 @@ def main() -> int:
     ap.add_argument("--threads", default="1,8", help="comma-separated thread counts")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--pg-fsync", choices=["on", "off"], default="on")
+    ap.add_argument("--early-ack", action="store_true", help="halfCommitEarlyAck=true")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     rows: list[Row] = []
@@ -119,7 +121,7 @@ def main() -> int:
     broker = BrokerProcess(
         work / "broker",
         topics={TOPIC: PARTS},
-        system={"flushTxLogAtCommit": 1},
+        system={"flushTxLogAtCommit": 1, "halfCommitEarlyAck": str(a.early_ack).lower()},
         log_level="warning",
     )
     broker.start()

@@ -170,6 +170,8 @@ class SystemConfig:
     max_tx_timeout_timer_capacity: int = 30000
     max_tx_timeout_in_seconds: int = 60
     flush_tx_log_at_commit: int = 1
+    #: answer a half message's COMMIT once logged, before its force (README "Transactions")
+    half_commit_early_ack: bool = False
     #: ms an answered half-message COMMIT waits for a force another step starts (README)
     half_commit_force_delay_ms: int = 2
     accept_publish: bool = True
@@ -338,6 +340,7 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "maxTxTimeoutTimerCapacity": ("max_tx_timeout_timer_capacity", _int),
     "maxTxTimeoutInSeconds": ("max_tx_timeout_in_seconds", _int),
     "flushTxLogAtCommit": ("flush_tx_log_at_commit", _int),
+    "halfCommitEarlyAck": ("half_commit_early_ack", _bool),
     "halfCommitForceDelay": ("half_commit_force_delay_ms", _int),
     "acceptPublish": ("accept_publish", _bool),
     "acceptSubscribe": ("accept_subscribe", _bool),

@@ -119,6 +119,8 @@ class TxLimits:
     check_back_max_times: int = 15
     check_back_concurrency: int = 16
     force_at_commit: bool = True
+    #: a half message's COMMIT answered before its force (``halfCommitEarlyAck``)
+    half_early_ack: bool = False
     delay_topic: str = "__delay"
 
     @classmethod
@@ -131,6 +133,7 @@ class TxLimits:
             check_back_max_times=sysc.tx_check_back_max_times,
             check_back_concurrency=sysc.tx_check_back_concurrency,
             force_at_commit=sysc.flush_tx_log_at_commit == 1,
+            half_early_ack=sysc.half_commit_early_ack,
         )
 
 
@@ -601,7 +604,8 @@ class TxEngine:
                 if ev is TxEvent.COMMIT_ONE_PHASE:
                     self._check_count(tx, r.expect_messages)
                 elif (
-                    tx.group
+                    self.limits.half_early_ack
+                    and tx.group
                     and not tx.xa
                     and tx.state is TxState.PREPARED
                     and (tx.owner is owner or self._owner_group.get(owner) == tx.group)
@@ -762,12 +766,12 @@ class TxEngine:
         self.out.append(Force(pos))
 
     def _commit_half(self, owner: Any, opaque: int, tx: BrokerTx) -> None:
-        """COMMIT_TWO_PHASE of a prepared half message: answered as soon as the COMMIT is
-        logged, without waiting for its force. Safe because the PREPARE was forced and the
-        messages are applied (readable) only once the COMMIT is forced: if a crash loses
-        the COMMIT, recovery finds the half message prepared and the check-back asks the
-        producer group, whose checker answers COMMIT from the application's database
-        (README "Transactions")."""
+        """COMMIT_TWO_PHASE of a prepared half message with ``halfCommitEarlyAck``: answered
+        as soon as the COMMIT is logged, without waiting for its force. Safe because the
+        PREPARE was forced and the messages are applied (readable) only once the COMMIT is
+        forced: if a crash loses the COMMIT, recovery finds the half message prepared and the
+        check-back asks the producer group, whose checker answers COMMIT from the
+        application's database (README "Transactions")."""
         try:
             pos, finish, unsure = self._commit(tx, TxEvent.COMMIT_TWO_PHASE)
         except TxFailure as e:

@@ -355,12 +355,27 @@ def test_async_transactions(broker: BrokerProcess) -> None:
 # --------------------------------------------------------------------------- half messages
 
 
+def test_half_commit_is_readable_when_acknowledged_by_default(
+    broker_factory: BrokerFactory,
+) -> None:
+    """Without ``halfCommitEarlyAck`` a half message's COMMIT is answered once forced and
+    applied: the message is readable the moment ``send_in_transaction`` returns, every time."""
+    b = broker_factory(halfCommitForceDelay=600)  # unused unless early acks are on
+    with connect([b.addr], config=FAST) as s:
+        p = s.create_transactional_producer("shop-strict", lambda m: LocalTxState.COMMIT)
+        for i in range(20):
+            r = p.send_in_transaction("single", b"m%d" % i, lambda m: LocalTxState.COMMIT)
+            assert r.state is LocalTxState.COMMIT and r.error is None
+            assert bodies(b.addr, "single", 1)[-1] == b"m%d" % i  # no wait
+
+
 def test_half_commit_is_readable_after_half_commit_force_delay(
     broker_factory: BrokerFactory,
 ) -> None:
-    """halfCommitForceDelay: an answered half-message COMMIT that no other fsync covers is
-    forced (and becomes readable) that long after it, not before and not much later."""
-    b = broker_factory(halfCommitForceDelay=600)
+    """halfCommitEarlyAck + halfCommitForceDelay: an answered half-message COMMIT that no
+    other fsync covers is forced (and becomes readable) that long after it, not before and
+    not much later."""
+    b = broker_factory(halfCommitEarlyAck="true", halfCommitForceDelay=600)
     with connect([b.addr], config=FAST) as s:
         p = s.create_transactional_producer("shop-delay", lambda m: LocalTxState.COMMIT)
         r = p.send_in_transaction("single", b"late", lambda m: LocalTxState.COMMIT)
@@ -398,8 +413,7 @@ def test_half_messages_commit_rollback_unknown(broker_factory: BrokerFactory) ->
         assert r.state is LocalTxState.COMMIT and r.error is None and r.msg_id > 0
         assert r.send_result.offset == -1 and r.tx_key.startswith(f"TX:{p.session_id}:")
         assert local[0].data == b"commit" and local[0].msg_id == r.msg_id
-        # readable once its COMMIT is forced, within halfCommitForceDelay (README "Transactions")
-        wait_until(lambda: bodies(b.addr, "single", 1) == [b"commit"], timeout=5)
+        assert bodies(b.addr, "single", 1) == [b"commit"]  # readable when acknowledged
         bodies_before = [b"commit"]
         r = p.send_in_transaction("single", b"rollback", decide(LocalTxState.ROLLBACK))
         assert r.state is LocalTxState.ROLLBACK
@@ -470,14 +484,15 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.crash
 def test_half_commit_lost_in_a_crash_is_recommitted_by_check_back(tmp_path: Path) -> None:
-    """COMMIT_TWO_PHASE of a half message is answered before its force (the PREPARE was
-    forced; README "Transactions"). A crash that loses that COMMIT (cut off the redo log,
-    as a power loss drops the page cache) brings the message back prepared and invisible,
-    and the check-back commits it from the application's answer, exactly once."""
+    """With ``halfCommitEarlyAck`` COMMIT_TWO_PHASE of a half message is answered before its
+    force (the PREPARE was forced; README "Transactions"). A crash that loses that COMMIT
+    (cut off the redo log, as a power loss drops the page cache) brings the message back
+    prepared and invisible, and the check-back commits it from the application's answer,
+    exactly once."""
     b = BrokerProcess(
         tmp_path,
         topics={"single": 1},
-        system={"flushTxLogAtCommit": 1, "txCheckBackDelay": 200},
+        system={"flushTxLogAtCommit": 1, "txCheckBackDelay": 200, "halfCommitEarlyAck": "true"},
         env={"NOTIFY_CRASHPOINTS": "before_half_commit_force"},
     )
     b.start()

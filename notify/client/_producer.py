@@ -486,6 +486,8 @@ class AsyncProducer:
         self.posts_failed = 0
         self._post_failures: deque[PostFailure] = deque(maxlen=max(1, config.max_post_failures))
         self._open_runs: dict[str, _PostRun] = {}  # per topic: the run posts fill
+        #: per topic: the partition list and sender ``send_nowait`` filled last (sticky)
+        self._sticky: dict[str, tuple[list[Partition], _PartitionSender]] = {}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -586,10 +588,23 @@ class AsyncProducer:
             return
         sel = self.selector
         if key is None and parts and type(sel) is KeyHashSelector and self.producer_id is None:
-            # the common case without the general dispatch's calls: round robin
+            # the common case without the general dispatch's calls: round robin by batch
+            # (sticky, as Kafka's KIP-480): while the partition picked last has a send
+            # scheduled and less than a batch queued, the message joins it, so a burst
+            # goes out as one frame instead of one frame per partition
+            st = self._sticky.get(topic)
+            if (
+                st is not None
+                and st[0] is parts
+                and st[1].scheduled
+                and len(st[1].queue) < self.config.batch_max_count
+            ):
+                st[1].queue.append(item)
+                return
             part = parts[sel.next_index(len(parts))]
             hit = self._sender_by_id.get((topic, id(part)))
             s = hit[1] if hit is not None and hit[0] is part else self._sender(topic, part)
+            self._sticky[topic] = (parts, s)
             s.queue.append(item)  # _PartitionSender.add inline
             if not s.scheduled and s.in_flight < self.config.max_in_flight_per_partition:
                 s.scheduled = True

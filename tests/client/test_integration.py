@@ -23,6 +23,7 @@ from notify.client import (
     Message,
     Partition,
     ProducerConfig,
+    RoundRobinSelector,
     TopicPartitionOffset,
     connect,
     list_dead_letters,
@@ -108,6 +109,34 @@ def test_send_batch_async_and_sync(broker: BrokerProcess, tmp_path: Path) -> Non
     tagged = [by_off[o] for o in sb.offsets]
     assert {m.attribute for m in tagged} == {"tag"} and tagged[0].data == b"s0"
     assert {m.key for m in tagged} == {"k"}
+
+
+def test_keyless_sends_go_round_robin_by_batch(broker: BrokerProcess) -> None:
+    """Without a key, the messages of one burst join one partition (one frame) until a
+    batch's worth is queued, then the next partition; successive bursts rotate over all
+    partitions (sticky round robin, README "Client API"); ``RoundRobinSelector`` still
+    picks a partition per message."""
+
+    async def produce() -> None:
+        async with AsyncMessageSessionFactory([broker.addr], config=FAST) as s:
+            p = s.create_producer(ProducerConfig(batch_max_count=8))
+            await p.publish("test")
+            n = 4  # DEFAULT_TOPICS of notify.testing
+            seen: list[str] = []
+            for _burst in range(2 * n):
+                res = await asyncio.gather(*[p.send_nowait("test", b"m") for _ in range(20)])
+                assert all(r.success for r in res)
+                parts = [str(r.partition) for r in res]
+                runs = [parts[0:8], parts[8:16], parts[16:20]]  # batches of 8
+                assert all(len(set(run)) == 1 for run in runs), parts
+                assert len({run[0] for run in runs}) == min(3, n), parts
+                seen += parts
+            assert len(set(seen)) == n
+            rr = s.create_producer(selector=RoundRobinSelector())
+            res = await asyncio.gather(*[rr.send_nowait("test", b"m") for _ in range(n)])
+            assert len({str(r.partition) for r in res}) == n
+
+    asyncio.run(produce())
 
 
 def test_unknown_topic_is_a_failed_send(broker: BrokerProcess) -> None:

@@ -22,6 +22,28 @@ IN_CI = bool(os.environ.get("CI"))
 
 BrokerFactory = Callable[..., BrokerProcess]
 
+#: Files that take 20 s or more (a full run's ``--durations``), longest first: collected
+#: first, so the two xdist workers (``--dist loadfile`` hands out files in collection order)
+#: start on them and end together instead of one finishing a long file alone.
+SLOW_FIRST: tuple[str, ...] = (
+    "tests/audit/test_cluster.py",
+    "tests/audit/test_incremental.py",
+    "tests/sim/test_core_sim.py",
+    "tests/audit/test_audit.py",
+    "tests/cluster/test_e2e.py",
+    "tests/security/test_wire_resources.py",
+    "tests/faults/test_kill9.py",
+    "tests/coordinator/test_random.py",
+    "tests/sim/test_storage_sim.py",
+    "tests/offsets/test_exactly_once.py",
+    "tests/audit/test_reuse.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda it: rank.get(it.nodeid.split("::", 1)[0], len(SLOW_FIRST)))
+
 
 @pytest.fixture
 def broker_factory(tmp_path: Path) -> Iterator[BrokerFactory]:

@@ -30,7 +30,7 @@ checkpoint file's entries; ``starts`` as for ``notify-log`` (the checkpoint is a
 whole).
 
 Both are partitioned by file: one Spark input partition per segment or redo file, largest
-first. Rows come as Arrow record batches (pyarrow is required on the executors, and the
+first. Rows come as Arrow record batches (pyarrow and numpy are required on the executors, and the
 ``notify`` package must be importable there).
 """
 

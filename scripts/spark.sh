@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-PKGS=("pyspark>=4.0" "pyarrow")
+PKGS=("pyspark>=4.0" "pyarrow" "numpy")
 
 warn() { echo "spark.sh: warning: $*" >&2; }
 
@@ -17,7 +17,7 @@ have_py() {
   "$PY" - <<'EOF' 2>/dev/null
 import importlib.util, sys
 import pyspark
-ok = importlib.util.find_spec("pyarrow") is not None and int(pyspark.__version__.split(".")[0]) >= 4
+ok = all(importlib.util.find_spec(m) for m in ("pyarrow", "numpy")) and int(pyspark.__version__.split(".")[0]) >= 4
 sys.exit(0 if ok else 1)
 EOF
 }

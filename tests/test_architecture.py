@@ -38,7 +38,6 @@ LAZY_ALLOWED: Final = {
     ("notify.audit.cli", "pyspark.sql"),
     ("notify.audit.session", "pyspark"),
     ("notify.audit.session", "pyspark.sql"),
-    ("notify.audit.sources", "pyarrow"),
     # modules that import pyspark at their top, loaded by the audit command only when it
     # runs (and notify.audit's module __getattr__ that exposes them on first use)
     ("notify.audit", "importlib"),

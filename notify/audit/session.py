@@ -38,7 +38,7 @@ SMALL_INPUT_JAVA_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss
 
 def spark_missing() -> str | None:
     """Why a local Spark cannot start on this machine (no pyspark, pyarrow or Java), else None."""
-    for mod, pkg in (("pyspark", "pyspark>=4.0"), ("pyarrow", "pyarrow")):
+    for mod, pkg in (("pyspark", "pyspark>=4.0"), ("pyarrow", "pyarrow"), ("numpy", "numpy")):
         if importlib.util.find_spec(mod) is None:
             return f"{pkg} is not installed (bash scripts/spark.sh install)"
     java_home = os.environ.get("JAVA_HOME")

@@ -30,7 +30,7 @@ checkpoint file's entries; ``starts`` as for ``notify-log`` (the checkpoint is a
 whole).
 
 Both are partitioned by file: one Spark input partition per segment or redo file, largest
-first. Rows come as Arrow record batches (pyarrow is required on the executors, and the
+first. Rows come as Arrow record batches (pyarrow and numpy are required on the executors, and the
 ``notify`` package must be importable there).
 """
 
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from notify.audit import formats
+from notify.audit import bulk, formats
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -64,37 +64,7 @@ def _truthy(v: str | None, default: bool = False) -> bool:
     return v.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _arrow_schema(columns: Sequence[tuple[str, str]]) -> Any:
-    import pyarrow as pa  # type: ignore[import-untyped]
-
-    place = pa.struct(
-        [
-            ("topic", pa.string()),
-            ("partition", pa.int32()),
-            ("offset", pa.int64()),
-            ("count", pa.int32()),
-            ("bytes", pa.int64()),
-        ]
-    )
-    hint = pa.struct([("topic", pa.string()), ("partition", pa.int32()), ("hint", pa.int64())])
-    simple = {
-        "string": pa.string(),
-        "int": pa.int32(),
-        "long": pa.int64(),
-        "boolean": pa.bool_(),
-        "binary": pa.binary(),
-        "array<long>": pa.list_(pa.int64()),
-        "array<int>": pa.list_(pa.int32()),
-    }
-    fields = []
-    for name, t in columns:
-        if t in simple:
-            fields.append(pa.field(name, simple[t]))
-        elif t.startswith("array<struct<topic:string,partition:int,offset"):
-            fields.append(pa.field(name, pa.list_(place)))
-        else:
-            fields.append(pa.field(name, pa.list_(hint)))
-    return pa.schema(fields)
+_arrow_schema = bulk.arrow_schema
 
 
 class FilePartition(InputPartition):
@@ -165,15 +135,12 @@ class NotifyLogReader(DataSourceReader):
         return _partitions(formats.find_segments(self.path, self.topics), self.starts)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        import pyarrow as pa
-
         assert isinstance(partition, FilePartition)
         seg = partition.file
         assert isinstance(seg, formats.SegmentFile)
-        schema = _arrow_schema(self.columns)
-        for cols in formats.read_segment(seg, with_payload=self.payload, start=partition.start):
-            arrays = [pa.array(cols[f.name], f.type) for f in schema]
-            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        yield from bulk.read_segment_batches(
+            seg, _arrow_schema(self.columns), with_payload=self.payload, start=partition.start
+        )
 
 
 # ---------------------------------------------------------------------------- notify-txlog
@@ -212,47 +179,11 @@ class NotifyTxlogReader(DataSourceReader):
         assert isinstance(partition, FilePartition)
         f = partition.file
         assert isinstance(f, formats.TxlogFile)
-        schema = _arrow_schema(formats.TXLOG_COLUMNS)
-        for cols in formats.read_txlog_file(f, self.max_record_bytes, start=partition.start):
-            yield txlog_batch(cols, schema)
+        yield from bulk.read_txlog_batches(f, self.max_record_bytes, start=partition.start)
 
 
-def txlog_batch(cols: formats.TxlogColumns, schema: Any) -> Any:
-    """An Arrow record batch of :data:`~notify.audit.formats.TXLOG_COLUMNS` from columns."""
-    import pyarrow as pa
-
-    n = cols.rows
-    nulls = {w: pa.array(cols.invalid(w), pa.bool_()) for w in (0, 1, 2)}
-
-    def lists(offsets: list[int], which: int, values: Any) -> Any:
-        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=nulls[which])
-
-    arrays: list[Any] = []
-    scalars = cols.columns()
-    for fl in schema:
-        name = fl.name
-        if name == "file":
-            arrays.append(pa.repeat(pa.scalar(cols.file.path, pa.string()), n))
-        elif name == "file_no":
-            arrays.append(pa.repeat(pa.scalar(cols.file.file_no, pa.int64()), n))
-        elif name in ("msg_ids", "checksums", "sizes"):
-            vals = {"msg_ids": cols.ids, "checksums": cols.crcs, "sizes": cols.sizes}[name]
-            arrays.append(lists(cols.ids_off, 0, pa.array(vals, fl.type.value_type)))
-        elif name == "placements":
-            st = fl.type.value_type
-            values = pa.StructArray.from_arrays(
-                [pa.array(v, st.field(i).type) for i, v in enumerate(cols.pl)], fields=list(st)
-            )
-            arrays.append(lists(cols.pl_off, 1, values))
-        elif name == "hints":
-            st = fl.type.value_type
-            values = pa.StructArray.from_arrays(
-                [pa.array(v, st.field(i).type) for i, v in enumerate(cols.h)], fields=list(st)
-            )
-            arrays.append(lists(cols.h_off, 2, values))
-        else:
-            arrays.append(pa.array(scalars[name], fl.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+#: kept for callers of the earlier name
+txlog_batch = bulk.txlog_batch
 
 
 def register_sources(spark: SparkSession) -> None:

@@ -20,9 +20,7 @@ the record-at-a-time reader's.
 
 from __future__ import annotations
 
-import os
 import struct
-import zlib
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -36,7 +34,7 @@ from notify.audit.formats import TxlogColumns, TxlogFile
 from notify.broker.idgen import EPOCH_MS
 from notify.protocol import logrecords as lr
 from notify.protocol.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
-from txlog.records import DEFAULT_MAX_RECORD_BYTES, CorruptReason
+from txlog.records import DEFAULT_MAX_RECORD_BYTES
 
 __all__ = ["arrow_schema", "read_txlog_batches", "txlog_batch"]
 
@@ -507,65 +505,12 @@ def read_txlog_batches(
         for cols in formats.read_txlog_file(f, max_record_bytes, start=start):
             yield txlog_batch(cols)
         return
-    crc32 = zlib.crc32
-    unpack = formats._FRAME.unpack_from
-    max_length = max_record_bytes + 1
-    error: str | None = None
-    with open(f.path, "rb") as fh:
-        file_size = os.fstat(fh.fileno()).st_size
-        if start:
-            fh.seek(start)
-        base = start
-        buf = b""
-        while True:
-            data = fh.read(formats.CHUNK)
-            buf = buf + data if buf else data
-            n = len(buf)
-            at_eof = not data or base + n >= file_size
-            pos = 0
-            frames: list[int] = []
-            mv = memoryview(buf)
-            while n - pos >= 8:
-                length, crc = unpack(buf, pos)
-                if length == 0:
-                    error = CorruptReason.ZERO_FILLED if crc == 0 else CorruptReason.BAD_LENGTH
-                    break
-                if length > max_length:
-                    error = CorruptReason.TOO_LARGE
-                    break
-                end = pos + 8 + length
-                if end > n:
-                    break
-                if crc32(mv[pos + 8 : end]) != crc:
-                    error = CorruptReason.CRC_MISMATCH
-                    break
-                if buf[pos + 8] == 0:
-                    error = CorruptReason.BAD_TYPE
-                    break
-                frames.append(pos)
-                pos = end
-            mv.release()
-            if frames:
-                yield from _batches(buf, np.array(frames, np.int64), base, f)
-            base += pos
-            buf = buf[pos:]
-            if error is not None:
-                break
-            if at_eof:
-                if buf:
-                    error = (
-                        CorruptReason.ZERO_FILLED
-                        if not any(buf)
-                        else (
-                            CorruptReason.TRUNCATED_HEADER
-                            if len(buf) < 8
-                            else CorruptReason.TRUNCATED_RECORD
-                        )
-                    )
-                break
-    if error is not None:
+    walk = formats.TxlogFrames(f.path, max_record_bytes, start)
+    for base, buf, frames in walk:
+        yield from _batches(buf, np.array(frames, np.int64), base, f)
+    if walk.error is not None:
         cols = TxlogColumns(f)
-        cols.special(base, "CORRUPT", file_size - base, f"{error} at position {base}")
+        walk.corrupt_row(cols)
         yield txlog_batch(cols)
 
 
@@ -586,8 +531,6 @@ def _batches(buf: bytes, frames: I64, base: int, f: TxlogFile) -> Iterator[Any]:
 
 # ---------------------------------------------------------------------------- segments
 
-_REC_HEAD: Final = struct.Struct(HEADER.format[:3])  # length, crc
-_CRC_MASK: Final = formats._CRC_MASK
 _ATTR_LEN_SIZE: Final = formats._ATTR_LEN.size
 
 
@@ -597,60 +540,12 @@ def read_segment_batches(
     """Arrow record batches of one segment file with the columns of ``schema``
     (:data:`~notify.audit.formats.LOG_COLUMNS`, and ``payload`` when ``with_payload``): the
     rows of :func:`~notify.audit.formats.read_segment`, the header fields read in bulk."""
-    unpack = _REC_HEAD.unpack_from
-    crc32 = zlib.crc32
-    hs = HEADER_SIZE
-    error: str | None = None
-    error_at = 0
-    with open(seg.path, "rb") as f:
-        file_size = os.fstat(f.fileno()).st_size
-        if start:
-            f.seek(start)
-        base = start
-        buf = b""
-        while True:
-            data = f.read(formats.CHUNK)
-            buf = buf + data if buf else data
-            mv = memoryview(buf)
-            n = len(buf)
-            pos = 0
-            at_eof = not data or base + n >= file_size
-            starts: list[int] = []
-            oks: list[bool] = []
-            while n - pos >= hs:
-                length, crc = unpack(buf, pos)
-                end = pos + hs + length
-                if length <= 0 or end > n:
-                    if length < 0:
-                        error = f"bad length {length}"
-                        break
-                    if length == 0 and crc == 0 and HEADER.unpack_from(buf, pos)[2] == 0:
-                        error = "zero-filled area"
-                        break
-                    if end > n:
-                        break
-                starts.append(pos)
-                oks.append(crc32(mv[pos + hs : end]) & _CRC_MASK == crc)
-                pos = end
-            mv.release()
-            if starts:
-                batch = _segment_batch(seg, schema, buf, starts, oks, base, with_payload)
-                for i in range(0, batch.num_rows, _OUT_ROWS):
-                    yield batch.slice(i, _OUT_ROWS)
-            if error is not None:
-                error_at = base + pos
-                break
-            base += pos
-            buf = buf[pos:]
-            if at_eof:
-                if buf:
-                    error = (
-                        "zero-filled area"
-                        if not any(buf)
-                        else ("incomplete header" if len(buf) < hs else "incomplete record")
-                    )
-                    error_at = base
-                break
+    walk = formats.SegmentRecords(seg.path, start)
+    for base, buf, starts, oks in walk:
+        batch = _segment_batch(seg, schema, buf, starts, oks, base, with_payload)
+        for i in range(0, batch.num_rows, _OUT_ROWS):
+            yield batch.slice(i, _OUT_ROWS)
+    error, error_at = walk.error, walk.error_at
     if error is not None:  # one row with the place and why ends the file
         consts: dict[str, Any] = {"topic": seg.topic, "partition": seg.partition}
         consts |= {"file": seg.path, "segment_start": seg.start}

@@ -160,6 +160,76 @@ def _has_segments(d: Path) -> bool:
     return any(_segment_start(n) is not None for n in os.listdir(d))
 
 
+class SegmentRecords:
+    """The records of one segment file from ``start`` (a record boundary), a chunk at a
+    time: iterating yields ``(base, buf, starts, oks)``, the chunk ``buf`` read at file
+    position ``base``, the positions in it of its records (framing intact: ``HEADER`` and
+    ``length`` bytes) and whether each one's CRC matches. A record whose framing is broken
+    ends the walk: afterwards :attr:`error` says why (None for a clean end) and
+    :attr:`error_at` at which file position."""
+
+    def __init__(self, path: str | os.PathLike[str], start: int = 0):
+        self.path = path
+        self.start = start
+        self.error: str | None = None
+        self.error_at = 0
+
+    def __iter__(self) -> Iterator[tuple[int, bytes, list[int], list[bool]]]:
+        unpack = HEADER.unpack_from
+        crc32 = zlib.crc32
+        hs = HEADER_SIZE
+        error: str | None = None
+        error_at = 0
+        with open(self.path, "rb") as f:
+            file_size = os.fstat(f.fileno()).st_size
+            if self.start:
+                f.seek(self.start)
+            base = self.start  # file position of buf[0]
+            buf = b""
+            while True:
+                data = f.read(CHUNK)
+                buf = buf + data if buf else data
+                mv = memoryview(buf)
+                n = len(buf)
+                pos = 0
+                at_eof = not data or base + n >= file_size
+                starts: list[int] = []
+                oks: list[bool] = []
+                while n - pos >= hs:
+                    length, crc, mid, _flag = unpack(buf, pos)
+                    end = pos + hs + length
+                    if length <= 0 or end > n:
+                        if length < 0:
+                            error = f"bad length {length}"
+                            break
+                        if length == 0 and mid == 0 and crc == 0:
+                            error = "zero-filled area"
+                            break
+                        if end > n:
+                            break
+                    starts.append(pos)
+                    oks.append(crc32(mv[pos + hs : end]) & _CRC_MASK == crc)
+                    pos = end
+                mv.release()
+                if starts:
+                    yield base, buf, starts, oks
+                if error is not None:
+                    error_at = base + pos
+                    break
+                base += pos
+                buf = buf[pos:]
+                if at_eof:
+                    if buf:
+                        error = (
+                            "zero-filled area"
+                            if not any(buf)
+                            else ("incomplete header" if len(buf) < hs else "incomplete record")
+                        )
+                        error_at = base
+                    break
+        self.error, self.error_at = error, error_at
+
+
 def read_segment(
     seg: SegmentFile,
     with_payload: bool = False,
@@ -174,10 +244,7 @@ def read_segment(
     """
     names = [n for n, _ in LOG_COLUMNS] + (["payload"] if with_payload else [])
     unpack = HEADER.unpack_from
-    crc32 = zlib.crc32
     hs = HEADER_SIZE
-    error: str | None = None
-    error_at = 0
     offs: list[int] = []
     ids: list[int] = []
     flags: list[int] = []
@@ -187,69 +254,31 @@ def read_segment(
     attrs: dict[int, str] = {}
     payloads: list[bytes] = []
     payload = payloads if with_payload else None
-    with open(seg.path, "rb") as f:
-        file_size = os.fstat(f.fileno()).st_size
-        if start:
-            f.seek(start)
-        base = start  # file position of buf[0]
-        buf = b""
-        while True:
-            data = f.read(CHUNK)
-            buf = buf + data if buf else data
-            mv = memoryview(buf)
-            n = len(buf)
-            pos = 0
-            at_eof = not data or base + n >= file_size
-            seg_base = seg.start + base
-            while n - pos >= hs:
-                length, crc, mid, flag = unpack(buf, pos)
-                end = pos + hs + length
-                if length <= 0 or end > n:
-                    if length < 0:
-                        error = f"bad length {length}"
-                        break
-                    if length == 0 and mid == 0 and crc == 0:
-                        error = "zero-filled area"
-                        break
-                    if end > n:
-                        break
-                offs.append(seg_base + pos)
-                ids.append(mid)
-                flags.append(flag)
-                crcs.append(crc)
-                oks.append(crc32(mv[pos + hs : end]) & _CRC_MASK == crc)
-                lens.append(length)
-                if flag & FLAG_ATTRIBUTE and length >= 4:
-                    (alen,) = _ATTR_LEN.unpack_from(buf, pos + hs)
-                    if 0 <= alen <= length - 4:
-                        attrs[len(ids) - 1] = bytes(mv[pos + hs + 4 : pos + hs + 4 + alen]).decode(
-                            "utf-8", "replace"
-                        )
-                if with_payload:
-                    payloads.append(buf[pos + hs : end])
-                pos = end
-                if len(ids) >= batch_rows:
-                    yield _segment_batch(seg, offs, ids, flags, crcs, oks, lens, attrs, payload)
-                    offs, ids, flags, crcs, oks, lens, payloads = [], [], [], [], [], [], []
-                    attrs = {}
-                    payload = payloads if with_payload else None
-            mv.release()
-            if error is not None:
-                error_at = base + pos
-                break
-            base += pos
-            buf = buf[pos:]
-            if at_eof:
-                if buf:
-                    error = (
-                        "zero-filled area"
-                        if not any(buf)
-                        else (
-                            "incomplete header" if len(buf) < HEADER_SIZE else "incomplete record"
-                        )
-                    )
-                    error_at = base
-                break
+    walk = SegmentRecords(seg.path, start)
+    for base, buf, starts, chunk_oks in walk:
+        seg_base = seg.start + base
+        for pos, ok in zip(starts, chunk_oks, strict=True):
+            length, crc, mid, flag = unpack(buf, pos)
+            end = pos + hs + length
+            offs.append(seg_base + pos)
+            ids.append(mid)
+            flags.append(flag)
+            crcs.append(crc)
+            oks.append(ok)
+            lens.append(length)
+            if flag & FLAG_ATTRIBUTE and length >= 4:
+                (alen,) = _ATTR_LEN.unpack_from(buf, pos + hs)
+                if 0 <= alen <= length - 4:
+                    a0 = pos + hs + 4
+                    attrs[len(ids) - 1] = buf[a0 : a0 + alen].decode("utf-8", "replace")
+            if with_payload:
+                payloads.append(buf[pos + hs : end])
+            if len(ids) >= batch_rows:
+                yield _segment_batch(seg, offs, ids, flags, crcs, oks, lens, attrs, payload)
+                offs, ids, flags, crcs, oks, lens, payloads = [], [], [], [], [], [], []
+                attrs = {}
+                payload = payloads if with_payload else None
+    error, error_at = walk.error, walk.error_at
     if ids or error is not None:
         cols = _segment_batch(seg, offs, ids, flags, crcs, oks, lens, attrs, payload)
         if error is not None:  # one row with the place and why ends the file
@@ -746,6 +775,88 @@ class TxlogColumns:
         return out
 
 
+class TxlogFrames:
+    """The intact frames of one redo file from ``start`` (a frame boundary), a chunk at a
+    time: iterating yields ``(base, buf, frames)``, the chunk ``buf`` read at file position
+    ``base`` and the positions in it of its intact frames (each ``length:u32 · crc:u32 ·
+    payload``, checked as :func:`txlog.records.decode` does). The first frame that is not
+    intact ends the walk: afterwards :attr:`error` says why (a :class:`CorruptReason`, None
+    for a clean end) and :attr:`error_at` where; :attr:`file_size` is the file's size."""
+
+    def __init__(self, path: str | os.PathLike[str], max_record_bytes: int, start: int = 0):
+        self.path = path
+        self.max_length = max_record_bytes + 1
+        self.start = start
+        self.error: str | None = None
+        self.error_at = start
+        self.file_size = 0
+
+    def __iter__(self) -> Iterator[tuple[int, bytes, list[int]]]:
+        crc32 = zlib.crc32
+        unpack = _FRAME.unpack_from
+        max_length = self.max_length
+        error: str | None = None
+        with open(self.path, "rb") as fh:
+            file_size = self.file_size = os.fstat(fh.fileno()).st_size
+            if self.start:
+                fh.seek(self.start)
+            base = self.start
+            buf = b""
+            while True:
+                data = fh.read(CHUNK)
+                buf = buf + data if buf else data
+                n = len(buf)
+                at_eof = not data or base + n >= file_size
+                pos = 0
+                frames: list[int] = []
+                mv = memoryview(buf)
+                while n - pos >= 8:
+                    length, crc = unpack(buf, pos)
+                    if length == 0:
+                        error = CorruptReason.ZERO_FILLED if crc == 0 else CorruptReason.BAD_LENGTH
+                        break
+                    if length > max_length:
+                        error = CorruptReason.TOO_LARGE
+                        break
+                    end = pos + 8 + length
+                    if end > n:
+                        break
+                    if crc32(mv[pos + 8 : end]) != crc:
+                        error = CorruptReason.CRC_MISMATCH
+                        break
+                    if buf[pos + 8] == 0:
+                        error = CorruptReason.BAD_TYPE
+                        break
+                    frames.append(pos)
+                    pos = end
+                mv.release()
+                if frames:
+                    yield base, buf, frames
+                base += pos
+                buf = buf[pos:]
+                if error is not None:
+                    break
+                if at_eof:
+                    if buf:
+                        error = (
+                            CorruptReason.ZERO_FILLED
+                            if not any(buf)
+                            else (
+                                CorruptReason.TRUNCATED_HEADER
+                                if len(buf) < 8
+                                else CorruptReason.TRUNCATED_RECORD
+                            )
+                        )
+                    break
+        self.error, self.error_at = error, base
+
+    def corrupt_row(self, cols: TxlogColumns) -> None:
+        """After the walk: the ``CORRUPT`` row saying why it ended early, if it did."""
+        if self.error is not None:
+            at = self.error_at
+            cols.special(at, "CORRUPT", self.file_size - at, f"{self.error} at position {at}")
+
+
 def read_txlog_file(
     f: TxlogFile,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
@@ -754,72 +865,26 @@ def read_txlog_file(
 ) -> Iterator[TxlogColumns]:
     """Rows of one redo (or the checkpoint) file, ``batch_rows`` at a time.
 
-    Frames are checked as :func:`txlog.records.decode` does; the first frame that is not
-    intact ends the file with a ``CORRUPT`` row saying why. ``start``: the file position to
-    begin at (a frame boundary where an earlier read stopped; ignored for the checkpoint).
+    Frames are checked as :func:`txlog.records.decode` does (:class:`TxlogFrames`); the
+    first frame that is not intact ends the file with a ``CORRUPT`` row saying why.
+    ``start``: the file position to begin at (a frame boundary where an earlier read
+    stopped; ignored for the checkpoint).
     """
     cols = TxlogColumns(f)
     if f.file_no < 0:
         _checkpoint_rows(cols, max_record_bytes)
         yield cols
         return
-    crc32 = zlib.crc32
     unpack = _FRAME.unpack_from
-    max_length = max_record_bytes + 1
-    error: str | None = None
-    with open(f.path, "rb") as fh:
-        file_size = os.fstat(fh.fileno()).st_size
-        if start:
-            fh.seek(start)
-        base = start
-        buf = b""
-        while True:
-            data = fh.read(CHUNK)
-            buf = buf + data if buf else data
-            n = len(buf)
-            at_eof = not data or base + n >= file_size
-            pos = 0
-            while n - pos >= 8:
-                length, crc = unpack(buf, pos)
-                if length == 0:
-                    error = CorruptReason.ZERO_FILLED if crc == 0 else CorruptReason.BAD_LENGTH
-                    break
-                if length > max_length:
-                    error = CorruptReason.TOO_LARGE
-                    break
-                end = pos + 8 + length
-                if end > n:
-                    break
-                payload = buf[pos + 8 : end]
-                if crc32(payload) != crc:
-                    error = CorruptReason.CRC_MISMATCH
-                    break
-                if payload[0] == 0:
-                    error = CorruptReason.BAD_TYPE
-                    break
-                cols.add(base + pos, payload, crc)
-                pos = end
-                if cols.rows >= batch_rows:
-                    yield cols
-                    cols = TxlogColumns(f)
-            base += pos
-            buf = buf[pos:]
-            if error is not None:
-                break
-            if at_eof:
-                if buf:
-                    error = (
-                        CorruptReason.ZERO_FILLED
-                        if not any(buf)
-                        else (
-                            CorruptReason.TRUNCATED_HEADER
-                            if len(buf) < 8
-                            else CorruptReason.TRUNCATED_RECORD
-                        )
-                    )
-                break
-    if error is not None:
-        cols.special(base, "CORRUPT", file_size - base, f"{error} at position {base}")
+    walk = TxlogFrames(f.path, max_record_bytes, start)
+    for base, buf, frames in walk:
+        for pos in frames:
+            length, crc = unpack(buf, pos)
+            cols.add(base + pos, buf[pos + 8 : pos + 8 + length], crc)
+            if cols.rows >= batch_rows:
+                yield cols
+                cols = TxlogColumns(f)
+    walk.corrupt_row(cols)
     if cols.rows:
         yield cols
 

@@ -236,7 +236,7 @@ class BrokerCollector(Collector):
                 "1 for the synchronous slave's current state",
                 labels=["state"],
             )
-            for name in ("in_sync", "degraded", "refusing"):
+            for name in ("connecting", "in_sync", "degraded", "refusing"):
                 state.add_metric([name], 1 if sync["state"] == name else 0)
             yield state
             batches = CounterMetricFamily(

@@ -95,6 +95,10 @@ class SyncMaster:
         self.dropped_batches = 0
         self.kept_batches = 0
         self._resync = False  # something was taken back: the probe checks the slave's ends
+        #: the probe has seen the slave's partitions end where this master's do (until then
+        #: ``stats`` says ``connecting``, not ``in_sync``: nothing confirmed it yet)
+        self.confirmed = False
+        self._probe_warned = 0.0
 
     @property
     def holds(self) -> bool:
@@ -274,16 +278,24 @@ class SyncMaster:
                         self.addr, self.secret, self.broker_id, self.tls, self.epoch
                     )
                     log.info("connected to synchronous slave %s", self.addr)
-                if (self.refusing or self.degraded or self._resync) and await self._in_sync(
-                    self.link
-                ):
-                    log.info("synchronous slave %s is back in sync", self.addr)
+                if (
+                    self.refusing or self.degraded or self._resync or not self.confirmed
+                ) and await self._in_sync(self.link):
+                    log.info(
+                        "synchronous slave %s is %s",
+                        self.addr,
+                        "back in sync" if self.confirmed else "in sync",
+                    )
+                    self.confirmed = True
                     self._resync = False
                     self.refusing = False
                     self.degraded = False
                     self.failures = 0
             except NotifyError as e:
                 self.last_error = str(e)
+                if time.monotonic() - self._probe_warned > 60:  # once a minute at most
+                    self._probe_warned = time.monotonic()
+                    log.warning("synchronous slave %s: no link yet (%s)", self.addr, e)
                 if self.link is not None:
                     self.link.close()
                 self.link = None
@@ -317,7 +329,11 @@ class SyncMaster:
         return True
 
     def stats_items(self) -> list[tuple[str, object]]:
-        state = "refusing" if self.refusing else ("degraded" if self.degraded else "in_sync")
+        if self.refusing or self.degraded:
+            state = "refusing" if self.refusing else "degraded"
+        else:
+            state = "in_sync" if self.confirmed else "connecting"
+
         return [
             ("role", "master"),
             ("sync_slave", self.addr),

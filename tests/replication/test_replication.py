@@ -198,6 +198,45 @@ def test_sync_slave_has_every_acknowledged_message_after_master_sigkill(tmp_path
         master.stop()
 
 
+def test_sync_slave_state_is_in_sync_only_once_confirmed(tmp_path: Path) -> None:
+    """A master whose synchronous slave never answered reports ``connecting`` (not
+    ``in_sync``, which told a waiting operator or test that puts were safe when they were
+    acknowledged degraded), then ``in_sync`` once its probe saw the slave's ends match."""
+    slave_port = free_port()
+    master = BrokerProcess(
+        tmp_path / "m",
+        topics=TOPICS,
+        system={
+            "replicationSecret": "rs",
+            "syncSlave": f"127.0.0.1:{slave_port}",
+            "syncSlaveFailurePolicy": "async",
+        },
+    )
+    master.start()
+    slave = BrokerProcess(
+        tmp_path / "s",
+        topics=TOPICS,
+        system={"replicationSecret": "rs"},
+        slave={"slaveId": 1, "masterAddress": master.addr, "slaveMaxDelayInMills": 200},
+    )
+    slave.port = slave_port
+    try:
+        time.sleep(0.6)  # a probe or two found nobody there
+        assert stats(master.addr)["sync_slave_state"] == "connecting"
+        assert "no link yet" in master.log_path.read_text()
+        slave.start()
+        deadline = time.monotonic() + 10
+        while stats(master.addr)["sync_slave_state"] != "in_sync":
+            assert time.monotonic() < deadline, stats(master.addr)
+            time.sleep(0.05)
+        with WireClient(master.addr) as c:
+            assert c.put("rep", 0, b"confirmed").code == 200
+        assert stats(master.addr)["sync_slave_state"] == "in_sync"  # pushed, not degraded
+    finally:
+        slave.stop()
+        master.stop()
+
+
 @pytest.mark.parametrize("policy", ["refuse", "async"])
 def test_sync_slave_failure_policies(tmp_path: Path, policy: str) -> None:
     master, slave = _pair(tmp_path, policy, timeout_ms=500)

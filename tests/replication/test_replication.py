@@ -56,6 +56,14 @@ def segment_bytes(b: BrokerProcess, topic: str, part: int) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(d.glob("*.meta")))
 
 
+def wait_in_sync(addr: str, timeout_s: float) -> None:
+    """Until the master at ``addr`` reports its synchronous slave ``in_sync``."""
+    deadline = time.monotonic() + timeout_s
+    while stats(addr)["sync_slave_state"] != "in_sync":
+        assert time.monotonic() < deadline, stats(addr)
+        time.sleep(0.05)
+
+
 def produce(addr: str, n: int, start: int = 0, parts: int = 3) -> dict[int, tuple[int, int, bytes]]:
     """Pipelined puts; returns opaque -> (partition, offset, body) of acknowledged ones."""
     acked: dict[int, tuple[int, int, bytes]] = {}
@@ -225,10 +233,7 @@ def test_sync_slave_state_is_in_sync_only_once_confirmed(tmp_path: Path) -> None
         assert stats(master.addr)["sync_slave_state"] == "connecting"
         assert "no link yet" in master.log_path.read_text()
         slave.start()
-        deadline = time.monotonic() + 10
-        while stats(master.addr)["sync_slave_state"] != "in_sync":
-            assert time.monotonic() < deadline, stats(master.addr)
-            time.sleep(0.05)
+        wait_in_sync(master.addr, 10)
         with WireClient(master.addr) as c:
             assert c.put("rep", 0, b"confirmed").code == 200
         assert stats(master.addr)["sync_slave_state"] == "in_sync"  # pushed, not degraded
@@ -253,10 +258,7 @@ def test_sync_slave_failure_policies(tmp_path: Path, policy: str) -> None:
             assert codes == [200] * 4
             assert stats(master.addr)["sync_slave_state"] == "degraded"
         slave.start()
-        deadline = time.monotonic() + 15
-        while stats(master.addr)["sync_slave_state"] != "in_sync":
-            assert time.monotonic() < deadline, stats(master.addr)
-            time.sleep(0.1)
+        wait_in_sync(master.addr, 15)
         with WireClient(master.addr) as c:
             assert c.put("rep", 0, b"back").code == 200
             recs, _ = records.decode_all(c.call(b"get rep g 0 0 1048576 1\r\n").body, 0)
@@ -286,10 +288,7 @@ def test_idempotent_retry_after_503_and_on_the_promoted_slave(tmp_path: Path) ->
         codes = [put(master.addr, 1)[0] for _ in range(4)]  # the client retrying
         assert codes == [503] * 4
         slave.start()
-        deadline = time.monotonic() + 15
-        while stats(master.addr)["sync_slave_state"] != "in_sync":
-            assert time.monotonic() < deadline, stats(master.addr)
-            time.sleep(0.1)
+        wait_in_sync(master.addr, 15)
         code1, ack1 = put(master.addr, 1)
         assert code1 == 200
         wait_equal(master, slave)

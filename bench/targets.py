@@ -403,6 +403,20 @@ def pg_rows(work: Path, seconds: float) -> list[Target]:
 # ------------------------------------------------------------------------ peers
 
 
+def _peer_row(peer: str, shape: str, goal: float, mine: float, rate: float) -> Target:
+    """notify's transaction rate ``mine`` against a peer's ``rate`` in the same shape: met
+    when at least ``goal`` times the peer's."""
+    _log(f"{peer}, {shape}: {rate:,.0f} tx/s")
+    return Target(
+        shape,
+        mine / rate if rate else None,
+        f"x {peer}",
+        f">= {goal:g}x",
+        mine >= goal * rate if rate else None,
+        note=f"notify {mine:,.0f} vs {peer} {rate:,.0f} tx/s",
+    )
+
+
 def peer_rows(work: Path, seconds: float, notify_tx: dict[int, float]) -> list[Target]:
     """1-message transactions with an fsync before the ack at 1 and 32 clients: Redis
     MULTI/EXEC (appendfsync always) and RabbitMQ tx.commit; NATS JetStream has no
@@ -425,19 +439,15 @@ def peer_rows(work: Path, seconds: float, notify_tx: dict[int, float]) -> list[T
                     ops, _m, dt, _lat = uvloop.run(
                         rs._clients(make, n, seconds, rs._pipeline(1, True))
                     )
-                    rate = ops / dt
-                    mine = notify_tx.get(n, 0.0)
                     rows.append(
-                        Target(
+                        _peer_row(
+                            "Redis",
                             f"vs Redis MULTI/EXEC appendfsync=always, 1 msg/tx, {n} client(s)",
-                            mine / rate if rate else None,
-                            "x Redis",
-                            ">= 1.5x",
-                            mine >= 1.5 * rate if rate else None,
-                            note=f"notify {mine:,.0f} vs Redis {rate:,.0f} tx/s",
+                            1.5,
+                            notify_tx.get(n, 0.0),
+                            ops / dt,
                         )
                     )
-                    _log(f"Redis always {n} client(s): {rate:,.0f} tx/s")
             finally:
                 srv.stop()
         else:
@@ -462,19 +472,15 @@ def peer_rows(work: Path, seconds: float, notify_tx: dict[int, float]) -> list[T
                     ops, _m, dt, _lat = uvloop.run(
                         rb._clients(rsrv.port, n, seconds, rb._tx(1), tx=True)
                     )
-                    rate = ops / dt
-                    mine = notify_tx.get(n, 0.0)
                     rows.append(
-                        Target(
+                        _peer_row(
+                            "RabbitMQ",
                             f"vs RabbitMQ tx.commit (persistent), 1 msg/tx, {n} client(s)",
-                            mine / rate if rate else None,
-                            "x RabbitMQ",
-                            ">= 2x",
-                            mine >= 2 * rate if rate else None,
-                            note=f"notify {mine:,.0f} vs RabbitMQ {rate:,.0f} tx/s",
+                            2.0,
+                            notify_tx.get(n, 0.0),
+                            ops / dt,
                         )
                     )
-                    _log(f"RabbitMQ tx {n} client(s): {rate:,.0f} tx/s")
             finally:
                 rsrv.stop()
         else:

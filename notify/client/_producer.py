@@ -551,6 +551,26 @@ class AsyncProducer:
         self.send_into(fut, topic, data, attribute, key, headers)
         return fut
 
+    def _payload(
+        self,
+        data: bytes,
+        attribute: str | None,
+        key: bytes | str | None,
+        headers: Headers | None,
+    ) -> tuple[bytes, int]:
+        """A message's record payload and flag (the key and headers go in the attribute
+        block); raises :class:`ClientError` when the producer is closed or ``data`` is not
+        bytes-like."""
+        if self._closed:
+            raise ClientError("producer is closed")
+        if type(data) is not bytes:
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise ClientError(f"message data must be bytes, not {type(data).__name__}")
+            data = bytes(data)
+        if attribute is None and key is None and not headers:
+            return data, 0
+        return build_payload(data, attribute, key, headers)
+
     def send_into(
         self,
         fut: asyncio.Future[SendResult] | concurrent.futures.Future[SendResult],
@@ -563,16 +583,7 @@ class AsyncProducer:
         """:meth:`send_nowait` resolving ``fut`` instead of a future of its own (outside
         transactions; on the loop). The synchronous API passes its thread-safe future: no
         asyncio future chained to it, no callback per message."""
-        if self._closed:
-            raise ClientError("producer is closed")
-        if type(data) is not bytes:
-            if not isinstance(data, bytes | bytearray | memoryview):
-                raise ClientError(f"message data must be bytes, not {type(data).__name__}")
-            data = bytes(data)
-        if attribute is None and key is None and not headers:
-            payload, flag = data, 0
-        else:  # the key and headers stay on the message (attribute block)
-            payload, flag = build_payload(data, attribute, key, headers)
+        payload, flag = self._payload(data, attribute, key, headers)
         loop = self._loop or self.loop
         item = _Item(payload, flag, fut)
         self._outstanding += 1
@@ -641,16 +652,7 @@ class AsyncProducer:
                 _retrieve
             )
             return
-        if self._closed:
-            raise ClientError("producer is closed")
-        if type(data) is not bytes:
-            if not isinstance(data, bytes | bytearray | memoryview):
-                raise ClientError(f"message data must be bytes, not {type(data).__name__}")
-            data = bytes(data)
-        if attribute is None and key is None and not headers:
-            payload, flag = data, 0
-        else:
-            payload, flag = build_payload(data, attribute, key, headers)
+        payload, flag = self._payload(data, attribute, key, headers)
         self._outstanding += 1
         n = len(payload) + rec.HEADER_SIZE
         cfg = self.config

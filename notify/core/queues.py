@@ -788,10 +788,7 @@ class QueueGroup:
                     c.held -= 1
                     if ps.replayed and ps.replayed.pop(off, None) is not None:
                         self.tracked -= 1
-                    if acked and acked[-1][2] == off and acked[-1][0] == p:
-                        acked[-1][2] = e.offset + e.length
-                    else:
-                        acked.append([p, off, e.offset + e.length])
+                    _extend_run(acked, p, off, e.offset + e.length)
                     touched.add(p)
                     applied += 1
                     continue
@@ -828,10 +825,7 @@ class QueueGroup:
                     c.held -= k
                     applied += k
                     touched.add(p)
-                    if acked and acked[-1][2] == off and acked[-1][0] == p:
-                        acked[-1][2] = o
-                    else:
-                        acked.append([p, off, o])
+                    _extend_run(acked, p, off, o)
             while o < end:
                 e = entries.get(o)
                 if e is None and replayed:
@@ -857,10 +851,7 @@ class QueueGroup:
                         c.held -= 1
                         if replayed and replayed.pop(o, None) is not None:
                             self.tracked -= 1
-                        if acked and acked[-1][2] == o and acked[-1][0] == p:
-                            acked[-1][2] = o + e.length
-                        else:
-                            acked.append([p, o, o + e.length])
+                        _extend_run(acked, p, o, o + e.length)
                         touched.add(p)
                         applied += 1
                     elif kind == "R" and delay == 0:
@@ -1040,3 +1031,13 @@ class QueueGroup:
             "retention_dropped": self.retention_dropped,
             "retention_skipped_bytes": self.retention_skipped_bytes,
         }
+
+
+def _extend_run(acked: list[list[int]], p: int, start: int, end: int) -> None:
+    """Add accepted bytes ``start..end`` of partition ``p`` to ``acked``, the runs of an
+    acknowledgement batch (``[partition, from, to]``), extending the last run when it ends
+    where this one starts."""
+    if acked and acked[-1][2] == start and acked[-1][0] == p:
+        acked[-1][2] = end
+    else:
+        acked.append([p, start, end])

@@ -172,17 +172,7 @@ async def batch_consumers(addr: str, group: str, consumers: int, n: int) -> floa
         if total[0] >= n:
             done.set()
 
-    async with AsyncMessageSessionFactory([addr]) as s:
-        t0 = time.perf_counter()
-        cs = [
-            await s.create_queue_consumer("q", group, credit=CREDIT, batch_listener=listener)
-            for _ in range(consumers)
-        ]
-        await asyncio.wait_for(done.wait(), 600)
-        dt = time.perf_counter() - t0
-        for c in cs:
-            await c.close()
-    return dt
+    return await _timed(addr, group, consumers, done, batch_listener=listener)
 
 
 async def client_consumers(addr: str, group: str, consumers: int, n: int) -> float:
@@ -194,10 +184,18 @@ async def client_consumers(addr: str, group: str, consumers: int, n: int) -> flo
         if total[0] >= n:
             done.set()
 
+    return await _timed(addr, group, consumers, done, listener=listener)
+
+
+async def _timed(
+    addr: str, group: str, consumers: int, done: asyncio.Event, **listener: Any
+) -> float:
+    """Seconds from starting ``consumers`` queue consumers of ``group`` (with ``listener``:
+    ``listener=`` or ``batch_listener=``) until ``done`` is set."""
     async with AsyncMessageSessionFactory([addr]) as s:
         t0 = time.perf_counter()
         cs = [
-            await s.create_queue_consumer("q", group, credit=CREDIT, listener=listener)
+            await s.create_queue_consumer("q", group, credit=CREDIT, **listener)
             for _ in range(consumers)
         ]
         await asyncio.wait_for(done.wait(), 600)

@@ -25,7 +25,9 @@ REPL = "repl-secret"
 def _end(addr: str, topic: str = "rep", part: int = 0) -> int:
     with WireClient(addr) as c:
         line = b"offset %s g %d 9223372036854775807 1\r\n" % (topic.encode(), part)
-        return int(c.call(line).body)
+        r = c.call(line)
+    # -1 until the broker has the partition (a slave learns its master's topics by pulling)
+    return int(r.body) if r.code == 200 else -1
 
 
 def _wait(cond: object, timeout: float = 15.0) -> None:

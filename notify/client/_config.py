@@ -186,6 +186,8 @@ class ConsumerConfig:
     listener_threads: int = DEFAULT_LISTENER_THREADS
     recover_interval_s: float = DEFAULT_RECOVER_INTERVAL_S
     max_recover_attempts: int = DEFAULT_MAX_RECOVER_ATTEMPTS
+    #: Message ids remembered to drop redelivered duplicates: at least the last this many
+    #: (two generations of this size, so at most about twice as many); 0 turns it off.
     dedup_window: int = DEFAULT_DEDUP_WINDOW
     max_fetch_bytes: int = DEFAULT_MAX_FETCH_BYTES
     idle_backoff_min_s: float = DEFAULT_IDLE_BACKOFF_MIN_S

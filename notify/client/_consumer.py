@@ -165,6 +165,9 @@ class _Cursor:
         "task",
         "timed_out",
         "topic",
+        "watch_done",
+        "watch_run",
+        "watch_since",
     )
 
     def __init__(self, topic: str, partition: Partition, sizer: FetchSizer):
@@ -181,6 +184,11 @@ class _Cursor:
         self.task: asyncio.Task[None] | None = None
         self.deadline = 0.0  # 0: no listener running
         self.timed_out = False
+        # a run of messages (_deliver_run) is watched by its progress instead: the
+        # watchdog times how long ``done`` stays where it first saw it
+        self.watch_run = False
+        self.watch_done = -1
+        self.watch_since = 0.0
         # cluster mode (issue #7): stop this partition only / a message is being handled
         self.stopped = False
         self.busy = False
@@ -1235,11 +1243,13 @@ class AsyncConsumer:
         limit = timeout or 0.0
         if watched and self._watchdog is None:
             self._watchdog = self._spawn(self._watchdog_loop(limit))
-        clock = asyncio.get_running_loop().time
         last = len(msgs) - 1
         n = 0
         err: Exception | None = None
         cur.busy = True
+        # no clock read per message: the watchdog sees ``cur.done`` move (see _watchdog_loop)
+        cur.watch_since = 0.0
+        cur.watch_run = watched
         try:
             for m in msgs:
                 if self._stopping or cur.stopped or cur.paused:
@@ -1247,8 +1257,6 @@ class AsyncConsumer:
                 if inline:
                     listener(m)
                 else:
-                    if watched:
-                        cur.deadline = clock() + limit
                     await listener(m)
                 cur.done = msgs[n + 1][2] if n < last else end
                 cur.msg_id = m[3]
@@ -1268,7 +1276,7 @@ class AsyncConsumer:
             err = e
         finally:
             cur.busy = False
-            cur.deadline = 0.0
+            cur.watch_run = False
             if n:
                 self._stats.messages += n
                 self._stats.delivered += n
@@ -1392,13 +1400,26 @@ class AsyncConsumer:
             cur.deadline = 0.0
 
     async def _watchdog_loop(self, timeout: float) -> None:
+        """Cancel a cursor's task whose listener runs past ``timeout`` on one message: a
+        single delivery sets ``cur.deadline``; during a run (:meth:`_deliver_run`) the
+        message is timed from the first tick that saw ``cur.done`` (which moves once per
+        message) where it is, so it is never cut early and at most one period late."""
         loop = asyncio.get_running_loop()
         period = min(max(timeout / 4, 0.01), 0.5)
         while not self._stopping:
             await self._sleep(period)
             now = loop.time()
             for cur in self._cursors.values():
-                if 0.0 < cur.deadline < now and not cur.timed_out and cur.task is not None:
+                if cur.timed_out or cur.task is None:
+                    continue
+                if cur.watch_run:
+                    if cur.watch_since == 0.0 or cur.done != cur.watch_done:
+                        cur.watch_done, cur.watch_since = cur.done, now
+                        continue
+                    late = now - cur.watch_since > timeout
+                else:
+                    late = 0.0 < cur.deadline < now
+                if late:
                     cur.timed_out = True
                     cur.task.cancel()
 

@@ -599,6 +599,50 @@ def test_hanging_async_listener_is_cut_by_the_watchdog(
     asyncio.run(main())
 
 
+def test_watchdog_in_a_run_cuts_only_the_message_past_the_timeout(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Messages delivered as one run are timed by their progress: a slow message under the
+    timeout is never cut, a hanging one in the middle of the run is cut soon after it."""
+
+    async def main() -> None:
+        async with AsyncMessageSessionFactory([broker.addr], config=FAST) as s:
+            p = s.create_producer()
+            datas = [b"%d" % i for i in range(40)]
+            for d in datas:
+                assert (await p.send("single", d)).success
+            seen: list[bytes] = []
+            started: dict[bytes, float] = {}
+            cut_after: list[float] = []
+            loop = asyncio.get_running_loop()
+
+            async def listener(m: Message) -> None:
+                first = m.data not in started
+                started.setdefault(m.data, loop.time())
+                if m.data == b"5":
+                    await asyncio.sleep(0.3)  # under the 0.5 s timeout, with others before it
+                if m.data == b"20" and first:
+                    try:
+                        await asyncio.sleep(30)
+                    except asyncio.CancelledError:
+                        cut_after.append(loop.time() - started[m.data])
+                        raise
+                seen.append(m.data)
+
+            c = s.create_consumer(cconf(tmp_path, max_retries=1, listener_timeout_s=0.5))
+            c.subscribe("single", listener)
+            await c.complete_subscribe()
+            for _ in range(1000):
+                if len(seen) == len(datas):
+                    break
+                await asyncio.sleep(0.01)
+            assert seen == datas  # each once, in order; "20" on its retry
+            assert len(cut_after) == 1 and 0.5 < cut_after[0] < 1.5, cut_after
+            assert c.stats.listener_failures == 1
+
+    asyncio.run(main())
+
+
 def test_delayed_send_arrives_when_due(broker: BrokerProcess, tmp_path: Path) -> None:
     import time as _time
 

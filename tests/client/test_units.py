@@ -228,13 +228,28 @@ def test_recover_store_purge_and_replay_by_id(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- small pieces
 
 
-def test_duplicate_window_is_a_bounded_lru() -> None:
+def test_duplicate_window_remembers_the_last_capacity_keys_and_stays_bounded() -> None:
     w = DuplicateWindow(3)
     for k in (1, 2, 3):
         w.add(k)
     assert w.seen(1)  # refreshes 1
-    w.add(4)  # evicts 2, the least recently seen
-    assert 2 not in w and 1 in w and 3 in w and 4 in w and len(w) == 3
+    for k in (4, 5):
+        w.add(k)
+    # the last three distinct keys touched (1 refreshed, 4, 5) are always remembered
+    assert 1 in w and 4 in w and 5 in w
+    w.add(6)
+    assert 2 not in w and 3 not in w  # older than two generations
+    assert w.seen(5) and not w.seen(2)
+    big = DuplicateWindow(100)
+    for start in range(0, 10_000, 7):
+        keys = list(range(start, start + 7))
+        assert big.none_seen(keys)
+        big.add_new(keys)
+        assert all(k in big for k in range(max(0, start + 7 - 100), start + 7))
+        assert len(big) <= 2 * 100 + 7
+    assert not big.none_seen([20_000, 20_000])  # not distinct
+    assert not big.none_seen([9_990, 20_001])  # one remembered
+    assert big.forget(lambda k: k % 2 == 0) > 0 and 9_990 not in big and 9_991 in big
     off = DuplicateWindow(0)
     off.add(1)
     assert not off.seen(1)

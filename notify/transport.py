@@ -72,6 +72,9 @@ OPAQUE_MAX: Final = 2**31 - 1
 DEFAULT_HEARTBEAT_S: Final = 30.0
 #: A :class:`BlockingConnection` unused this long checks that the broker kept it open.
 REUSE_CHECK_S: Final = 1.0
+#: a blocking exchange may answer its timeout this share of it late (at most 1 s) rather
+#: than re-arm the socket's kernel timeout after every partial reply
+REARM_SLACK: Final = 0.05
 _RECV_BYTES: Final = 1 << 18
 
 #: ``build(opaque) -> frame``: how callers hand a request to a connection.
@@ -573,6 +576,9 @@ class BlockingConnection:
     ) -> list[Response]:
         """Send the frames ``build(opaque)`` in one write; their replies, in order.
 
+        Gives up ``timeout_s`` (default: the request timeout) after the call, or up to
+        :data:`REARM_SLACK` of it (at most 1 s) later when the replies came in parts.
+
         Raises :class:`ConnectionLostError`, :class:`RequestTimeoutError` (both drop the
         socket), :class:`TLSError` or :class:`AuthenticationError` (on connect)."""
         start = time.monotonic()
@@ -605,7 +611,12 @@ class BlockingConnection:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise TimeoutError
-                    self._arm(sock, remaining)
+                    # the next receive gives up ``armed`` seconds from now: re-arm (two
+                    # system calls, and two more to restore ``limit`` next time) only when
+                    # that would overshoot the deadline by more than the slack
+                    armed = self._armed
+                    if armed is None or armed - remaining > min(1.0, limit * REARM_SLACK):
+                        self._arm(sock, remaining)
         except (TimeoutError, BlockingIOError):  # BlockingIOError: a kernel timeout expired
             self.drop()
             raise RequestTimeoutError(

@@ -68,3 +68,37 @@ def test_silent_peer_times_out_on_time_and_the_next_request_reconnects() -> None
         r = conn.request(lambda o: b"version %d\r\n" % o)  # the request timeout again
         assert r.code == 200 and r.body == b"1.0"
         conn.close()
+
+
+def test_partial_reply_then_silence_times_out_by_the_deadline() -> None:
+    """Two requests in one exchange: the first answered at once, the second never. The
+    socket is not re-armed after the partial reply unless that would overshoot the
+    deadline by more than REARM_SLACK of the timeout."""
+
+    def handler(c: socket.socket) -> None:
+        with c, contextlib.suppress(OSError):
+            buf = b""
+            while b"\r\n" not in buf:
+                d = c.recv(4096)
+                if not d:
+                    return
+                buf += d
+            opaque = buf.split(b"\r\n", 1)[0].split()[-1]
+            time.sleep(0.2)  # the first reply comes half way
+            c.sendall(b"result 200 3 %s\r\n1.0" % opaque)
+            while c.recv(4096):
+                pass
+
+    srv, addr = _server(handler)
+    with srv:
+        conn = BlockingConnection(addr, request_timeout_s=5.0)
+        limit = 0.4
+        t = time.monotonic()
+        with pytest.raises(RequestTimeoutError):
+            conn.exchange(
+                [lambda o: b"version %d\r\n" % o, lambda o: b"version %d\r\n" % o], limit
+            )
+        took = time.monotonic() - t
+        # not re-armed, the second receive would wait a whole 0.4 s more (0.6 s in all)
+        assert limit - 0.01 < took < limit * 1.05 + 0.1, took
+        conn.close()

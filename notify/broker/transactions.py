@@ -134,7 +134,7 @@ class TransactionManager:
         :meth:`TxEngine.oneshot`); False: run them one by one."""
         if not self.engine.oneshot(conn, begin, puts, commit):
             return False
-        self._drain()
+        self._drain(coalesce=True)
         return True
 
     def mput(self, conn: Connection, r: MultiPut, buf: bytearray) -> None:
@@ -163,19 +163,38 @@ class TransactionManager:
         if fut is not None:
             fut.add_done_callback(_consume)
 
-    def _drain(self) -> None:
+    def _drain(self, coalesce: bool = False) -> None:
+        """Carry out the engine's effects. ``coalesce`` (a one-shot transaction: BEGIN,
+        puts and COMMIT that arrived together): the replies that come before the COMMIT's
+        deferred reply on the same connection are written with it, in one write, instead
+        of ahead of it (the client waits for all of them anyway: one wake-up, not two)."""
         out = self.out
+        held: list[bytes] = []  # (coalesce) replies of ``held_by`` for the next Defer
+        held_by: Connection | None = None
         while out:
             batch = out[:]
             out.clear()
             for eff in batch:
                 if isinstance(eff, Reply):
                     conn: Connection = eff.owner
-                    if not conn.closed:
-                        conn.send(encode_result(eff.code, eff.opaque, eff.body))
-                elif isinstance(eff, Defer):
+                    if conn.closed:
+                        continue
+                    frame = encode_result(eff.code, eff.opaque, eff.body)
+                    if coalesce and (held_by is None or held_by is conn):
+                        held_by = conn
+                        held.append(frame)
+                    else:
+                        conn.send(frame)
+                    continue
+                if held and not (isinstance(eff, Defer) and eff.ticket.owner is held_by):
+                    self._release(held_by, held)  # anything else keeps its order
+                coalesce = False
+                if isinstance(eff, Defer):
                     slot = PendingReplies(eff.ticket.owner, 0)
                     slot.items.append([eff.ticket.opaque])
+                    if held:  # written before the deferred reply, when it is set
+                        slot.body = b"".join(held)
+                        held = []
                     eff.ticket.slot = slot
                     if not eff.ticket.owner.closed:
                         eff.ticket.owner.send(slot)
@@ -184,7 +203,8 @@ class TransactionManager:
                     fenced = self._fenced() if tk.code == 200 else None
                     if fenced is not None:  # replaced after the step: outcome unknown here
                         tk.set(500, encode_xa_failure(XAER_RMFAIL, f"not acknowledged: {fenced}"))
-                    tk.slot.body = encode_result(tk.code, tk.opaque, tk.body)
+                    prefix = tk.slot.body or b""  # the coalesced replies before it
+                    tk.slot.body = prefix + encode_result(tk.code, tk.opaque, tk.body)
                     tk.slot.resolve()
                 elif isinstance(eff, Force) and eff.lazy:
                     # an answered half-message commit: the next force covers it (e.g. the
@@ -207,6 +227,15 @@ class TransactionManager:
                         )
                 else:
                     self.on_applied(eff)
+        if held:
+            self._release(held_by, held)
+
+    @staticmethod
+    def _release(conn: Connection | None, held: list[bytes]) -> None:
+        if conn is not None and not conn.closed:
+            for frame in held:
+                conn.send(frame)
+        held.clear()
 
     def _lazy_force(self) -> None:
         self._lazy_armed = False

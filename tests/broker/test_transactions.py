@@ -49,6 +49,29 @@ def stats(addr: str) -> dict[str, str]:
     return dict(line.partition(" ")[::2] for line in body.split("\r\n")[1:-2])
 
 
+def test_one_shot_transaction_is_answered_in_one_write(broker: BrokerProcess) -> None:
+    """BEGIN, puts and COMMIT_ONE_PHASE sent in one write: the broker answers all of them
+    together once the COMMIT is durable (not the BEGIN and put replies first, which would
+    wake the client twice a transaction); each reply is the one it would be alone."""
+    with WireClient(broker.addr) as c:
+        for n in range(5):
+            key = f"TX:s1:{100 + n}"
+            bodies = [b"a%d" % n, b"b%d" % n]
+            frames = [f"transaction {key} s1 BEGIN 10 1\r\n".encode()]
+            frames += [
+                b"put test 0 %d 0 %d %s %d\r\n%b" % (len(b), crc(b), key.encode(), 2 + i, b)
+                for i, b in enumerate(bodies)
+            ]
+            frames.append(f"transaction {key} s1 COMMIT_ONE_PHASE msgs=2 4\r\n".encode())
+            c.send(b"".join(frames))
+            first = c.parser.feed(c.sock.recv(1 << 20))  # what the first write carried
+            assert [(r.opaque, r.code) for r in first] == [(1, 200), (2, 200), (3, 200), (4, 200)]
+            assert all(r.body.split()[2] == b"-1" for r in first[1:3])  # put acks, in a tx
+    assert [r.body for r in read_all(broker.addr, "test", 0)][-10:] == [
+        b"%s%d" % (x, n) for n in range(5) for x in (b"a", b"b")
+    ]
+
+
 def test_local_commit_is_all_or_nothing(broker: BrokerProcess) -> None:
     with WireClient(broker.addr) as c:
         assert tx(c, "TX:s1:1", "BEGIN", " 10") == (200, b"")

@@ -42,6 +42,10 @@ from notify.transitions import TransitionTable
 class TxState(Enum):
     """Where a transaction is; ``NEW`` is the state before it exists."""
 
+    #: members are singletons compared by identity: hash them so too (``Enum.__hash__``
+    #: is Python code hashing the name, run for every transition-table lookup)
+    __hash__ = object.__hash__
+
     NEW = "NEW"
     ACTIVE = "ACTIVE"
     ENDED = "ENDED"
@@ -57,6 +61,10 @@ class TxState(Enum):
 
 class TxEvent(Enum):
     """What can happen to a transaction."""
+
+    #: members are singletons compared by identity: hash them so too (``Enum.__hash__``
+    #: is Python code hashing the name, run for every transition-table lookup)
+    __hash__ = object.__hash__
 
     BEGIN = "begin"
     PUT = "put"

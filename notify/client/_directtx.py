@@ -54,6 +54,7 @@ from ._loopthread import LoopThread
 from ._message import Headers, SendResult, build_payload
 from ._producer import AsyncProducer
 from ._routing import Partition
+from ._selectors import select_in_transaction
 from ._transaction import (
     ACTIVE,
     COMMITTED,
@@ -174,6 +175,7 @@ class DirectTransaction(Transaction):
         self._begun = False  # BEGIN written
         self._queue: list[_Queued] = []
         self._local: dict[str, list[Partition]] = {}
+        self._chosen: dict[str, Partition] = {}  # keyless messages' partition, per topic
         self._written = 0  # messages written (COMMIT's msgs=<n>)
         self._failure: Exception | None = None
         #: when the broker would have timed it out, had BEGIN gone with the first message
@@ -266,7 +268,7 @@ class DirectTransaction(Transaction):
         # this topic's partitions on the bound broker, looked up once per transaction
         parts = self._local.get(topic) or self._parts(topic)
         try:
-            return p.selector(topic, parts, key, body)
+            return select_in_transaction(p.selector, self._chosen, topic, parts, key, body)
         except ClientError:
             raise
         except Exception as e:

@@ -62,3 +62,33 @@ class KeyHashSelector:
     def next_index(self, n: int) -> int:
         """The index among ``n`` partitions of the next message without a key."""
         return self._fallback.next_index(n)
+
+
+def select_in_transaction(
+    selector: PartitionSelector,
+    chosen: dict[str, Partition],
+    topic: str,
+    partitions: Sequence[Partition],
+    key: bytes | str | None,
+    data: bytes,
+) -> Partition:
+    """The partition of one message of a transaction. Under the default selector
+    (:class:`KeyHashSelector`) the messages without a key stay on the partition the
+    transaction's first keyless message of ``topic`` got (``chosen``, one per transaction),
+    so they travel as one ``mput`` and are applied with one append; the next transaction's
+    round-robin pick moves on. Other selectors and keyed messages: the selector's choice."""
+    if key is None and type(selector) is KeyHashSelector:
+        prev = chosen.get(topic)
+        if prev is not None:
+            for p in partitions:  # the same object, mostly: no dataclass __eq__ calls
+                if p is prev:
+                    return p
+            for p in partitions:
+                if p == prev:
+                    return p
+        if not partitions:
+            raise ClientError(f"topic {topic!r} has no partition")
+        part = partitions[selector.next_index(len(partitions))]
+        chosen[topic] = part
+        return part
+    return selector(topic, partitions, key, data)

@@ -88,7 +88,7 @@ from ._errors import (
 from ._loopthread import LoopThread
 from ._message import Headers, Message, SendResult, build_payload
 from ._routing import Partition, StaticBrokerDirectory, TopicRouter
-from ._selectors import PartitionSelector
+from ._selectors import PartitionSelector, select_in_transaction
 
 log = logging.getLogger("notify.client")
 
@@ -267,6 +267,7 @@ class AsyncTransaction:
         self._failure: Exception | None = None
         self._written = 0  # put frames written (COMMIT's msgs=<n>)
         self._commit_sent: tuple[asyncio.Future[Response], int] | None = None
+        self._chosen: dict[str, Partition] = {}  # keyless messages' partition, per topic
 
     def __repr__(self) -> str:
         return f"<AsyncTransaction {self.key} {self._status} broker={self.broker}>"
@@ -450,7 +451,9 @@ class AsyncTransaction:
 
     def _select(self, it: _TxSend, parts: list[Partition]) -> Partition:
         try:
-            return self._p.selector(it.topic, parts, it.key, it.data)
+            return select_in_transaction(
+                self._p.selector, self._chosen, it.topic, parts, it.key, it.data
+            )
         except ClientError:
             raise
         except Exception as e:

@@ -23,6 +23,7 @@ from notify.client import (
     LocalTxState,
     Message,
     ProducerConfig,
+    RoundRobinSelector,
     TransactionAbortedError,
     TransactionConnectionError,
     TransactionOutcomeUnknownError,
@@ -120,7 +121,9 @@ def test_commit_is_all_at_once_and_rollback_invisible(broker: BrokerProcess) -> 
             seen.append(tuple(len(read_part(broker.addr, "test", p)) for p in range(4)))
 
     with connect([broker.addr], config=FAST) as s:
-        p = s.create_producer()
+        # one message per partition in turn, so each transaction spans the four partitions
+        # (the default selector keeps a transaction's keyless messages on one partition)
+        p = s.create_producer(selector=RoundRobinSelector())
         with p.transaction(timeout=10) as tx:
             first = p.send("test", b"m0")
             futs = [p.send_future("test", b"m%d" % i) for i in range(1, 40)]
@@ -160,6 +163,28 @@ def test_commit_is_all_at_once_and_rollback_invisible(broker: BrokerProcess) -> 
             pass
         assert p.send("single", b"after").success  # plain send again: visible at once
         assert bodies(broker.addr, "single", 1) == [b"x-single", b"after"]
+
+
+def test_keyless_messages_of_a_transaction_share_one_partition(broker: BrokerProcess) -> None:
+    """The default selector: a transaction's messages without a key go to one partition
+    (one mput, one append), the next transaction's to the next partition; keyed messages
+    still go by their key's hash."""
+    with connect([broker.addr], config=FAST) as s:
+        p = s.create_producer()
+        before = [len(read_part(broker.addr, "test", i)) for i in range(4)]
+        used: list[int] = []
+        for _ in range(4):
+            with p.transaction():
+                rs = [p.send_future("test", b"k") for _ in range(6)]
+            parts = {r.result(5).partition.partition for r in rs}
+            assert len(parts) == 1, parts
+            used += parts
+        assert sorted(used) == [0, 1, 2, 3]  # round robin by transaction
+        after = [len(read_part(broker.addr, "test", i)) for i in range(4)]
+        assert [a - b for a, b in zip(after, before, strict=True)] == [6, 6, 6, 6]
+        with p.transaction():
+            keyed = [p.send_future("test", b"x", key=f"key-{i}") for i in range(12)]
+        assert len({f.result(5).partition.partition for f in keyed}) > 1
 
 
 def test_explicit_begin_threads_and_misuse(broker: BrokerProcess) -> None:

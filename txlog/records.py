@@ -40,6 +40,7 @@ __all__ = [
     "encode",
     "encode_many",
     "frame_size",
+    "header_error",
     "record_type",
 ]
 
@@ -143,6 +144,16 @@ def frame_size(buf: bytes | memoryview, offset: int = 0) -> int | None:
     return HEADER + int(length)
 
 
+def header_error(length: int, crc: int, max_length: int) -> CorruptReason | None:
+    """What a frame header alone shows to be wrong (``max_length``: the largest frame
+    length allowed), or None: the one check of every reader of the redo log."""
+    if length == 0:
+        return CorruptReason.ZERO_FILLED if crc == 0 else CorruptReason.BAD_LENGTH
+    if length > max_length:
+        return CorruptReason.TOO_LARGE
+    return None
+
+
 def decode(
     buf: bytes | bytearray | memoryview, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 ) -> DecodeResult:
@@ -163,11 +174,8 @@ def decode(
             error = CorruptReason.ZERO_FILLED if not any(tail) else CorruptReason.TRUNCATED_HEADER
             break
         length, crc = _HDR.unpack_from(view, pos)
-        if length == 0:
-            error = CorruptReason.ZERO_FILLED if crc == 0 else CorruptReason.BAD_LENGTH
-            break
-        if length > max_length:
-            error = CorruptReason.TOO_LARGE
+        error = header_error(length, crc, max_length)
+        if error is not None:
             break
         if HEADER + length > remaining:
             error = CorruptReason.TRUNCATED_RECORD

@@ -32,7 +32,7 @@ from notify.protocol import logrecords as lr
 from notify.protocol.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
 from notify.store.segment import NAME_DIGITS, parse_segment_name
 from txlog.checkpoint import CHECKPOINT_FILE, read_checkpoints
-from txlog.records import DEFAULT_MAX_RECORD_BYTES, CorruptReason
+from txlog.records import DEFAULT_MAX_RECORD_BYTES, CorruptReason, header_error
 from txlog.segment import list_segments, segment_path
 
 __all__ = [
@@ -812,11 +812,8 @@ class TxlogFrames:
                 mv = memoryview(buf)
                 while n - pos >= 8:
                     length, crc = unpack(buf, pos)
-                    if length == 0:
-                        error = CorruptReason.ZERO_FILLED if crc == 0 else CorruptReason.BAD_LENGTH
-                        break
-                    if length > max_length:
-                        error = CorruptReason.TOO_LARGE
+                    error = header_error(length, crc, max_length)
+                    if error is not None:
                         break
                     end = pos + 8 + length
                     if end > n:

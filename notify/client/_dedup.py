@@ -44,10 +44,13 @@ class DuplicateWindow:
         self._put(key)
 
     def _put(self, key: Hashable) -> None:
-        young = self._young
-        young.add(key)
-        if len(young) >= self.capacity:
-            self._old, self._young = young, set()
+        self._young.add(key)
+        self._age()
+
+    def _age(self) -> None:
+        """A full young generation becomes the old one (the previous old one is dropped)."""
+        if len(self._young) >= self.capacity:
+            self._old, self._young = self._young, set()
 
     def none_seen(self, keys: Sequence[Hashable]) -> bool:
         """True when ``keys`` are distinct and none is in the window."""
@@ -58,10 +61,8 @@ class DuplicateWindow:
         """:meth:`add` for keys :meth:`none_seen` accepted, in one update."""
         if not self.capacity:
             return
-        young = self._young
-        young.update(keys)
-        if len(young) >= self.capacity:
-            self._old, self._young = young, set()
+        self._young.update(keys)
+        self._age()
 
     def forget(self, match: Callable[[Hashable], bool]) -> int:
         """Drop the keys ``match`` accepts (e.g. a partition sought back); how many."""

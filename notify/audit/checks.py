@@ -42,6 +42,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -125,6 +126,10 @@ LOG_KEPT: Final = (
     "time_ms",
     "error",
 )
+
+
+#: the columns of ``notify-txlog`` the audit does not read (rebuilt from numbers, or unused)
+TXLOG_DROPPED: Final = ("file", "type", "crc", "offset")
 
 
 def _parts(spark: SparkSession, paths: list[str], schema: StructType) -> DataFrame:
@@ -276,6 +281,13 @@ def _empty_findings(spark: SparkSession) -> DataFrame:
     return spark.createDataFrame([], schema)
 
 
+def _union_cond(conds: list[Column]) -> Column:
+    out = conds[0]
+    for c in conds[1:]:
+        out = out | c
+    return out
+
+
 def _union(dfs: list[DataFrame]) -> DataFrame:
     out = dfs[0]
     for df in dfs[1:]:
@@ -378,12 +390,20 @@ def audit(
     starts = {p: c for p, c in st.consumed.items() if p in sizes} if st and incremental else {}
     if incremental:
         say(f"incremental: {len(starts)} files read before, {st.runs if st else 0} runs")
-    txlog_raw = (
-        spark.read.format(TXLOG_FORMAT).option("starts", json.dumps(starts)).load(str(txlog_dir))
+    txlog_kept = [n for n, _t in formats.TXLOG_COLUMNS if n not in TXLOG_DROPPED]
+    T_new = (
+        spark.read.format(TXLOG_FORMAT)
+        .option("starts", json.dumps(starts))
+        .option("columns", ",".join(txlog_kept))
+        .load(str(txlog_dir))
     )
-    log_raw = spark.read.format(LOG_FORMAT).option("starts", json.dumps(starts)).load(data_s)
-    T_new = txlog_raw.drop("file", "type", "crc", "offset")
-    M_new = log_raw.select(*LOG_KEPT)
+    M_new = (
+        spark.read.format(LOG_FORMAT)
+        .option("starts", json.dumps(starts))
+        .option("columns", ",".join(LOG_KEPT))
+        .load(data_s)
+        .select(*LOG_KEPT)
+    )
     if incremental and st is not None:
         # earlier runs' rows of the files still there, then this run's
         prev_T = _parts(spark, st.parts("txlog"), T_new.schema)
@@ -405,7 +425,11 @@ def audit(
     else:
         T_new = T_new.withColumn("_new", F.lit(True))
         M_new = M_new.withColumn("_new", F.lit(True))
-    T = keep(T_new)
+    # the redo rows are cached partitioned by transaction key (one shuffle as they are read):
+    # every aggregate and join of the transactions below is keyed by tx_key (and more), so
+    # with co-partitioning on the key alone they need no further exchange
+    spark.conf.set("spark.sql.requireAllClusterKeysForCoPartition", "false")
+    T = keep(T_new.repartition("tx_key"))
     M = keep(M_new)
     redo_file = F.when(
         F.col("file_no") >= 0,
@@ -457,20 +481,20 @@ def audit(
     placed_sum = F.aggregate(
         "placements", F.lit(0).cast("long"), lambda acc, p: acc + p["count"].cast("long")
     )
-    aggs = [
+    # fixed-width buffers only (a string max would make the whole aggregate sort-based):
+    # the string columns come from the few PREPARE/ROLLBACK/HEURISTIC rows, aggregated
+    # apart and joined back
+    fixed_aggs = [
         has("COMMIT").alias("has_commit"),
         has("APPLIED").alias("has_applied"),
         has("ROLLBACK").alias("has_rollback"),
         has("PREPARE").alias("has_prepare"),
         has("APPEND_MSG").alias("has_append"),
-        F.max(when_kind("HEURISTIC", "outcome")).alias("heuristic"),
         F.min(pos_code).alias("_first"),
         F.min(when_kind("APPEND_MSG", "time_ms")).alias("first_msg_ms"),
         F.max(when_kind("PREPARE", "time_ms")).alias("prepared_at_ms"),
         F.max(when_kind("PREPARE", "timeout_s")).alias("timeout_s"),
-        F.max(when_kind("PREPARE", "producer_group")).alias("producer_group"),
         F.max(when_kind("COMMIT", "time_ms")).alias("committed_at_ms"),
-        F.max(when_kind("ROLLBACK", "reason")).alias("rollback_reason"),
         F.coalesce(F.sum(when_kind("APPEND_MSG", F.size("msg_ids"))), F.lit(0))
         .cast("long")
         .alias("n_ids"),
@@ -481,11 +505,44 @@ def audit(
         F.count("*").alias("records"),
         F.coalesce(F.sum(when_kind("APPLIED", placed_sum)), F.lit(0)).cast("long").alias("_placed"),
     ]
+    string_aggs = [
+        F.max(when_kind("HEURISTIC", "outcome")).alias("heuristic"),
+        F.max(when_kind("PREPARE", "producer_group")).alias("producer_group"),
+        F.max(when_kind("ROLLBACK", "reason")).alias("rollback_reason"),
+    ]
+    agg_order = [
+        "has_commit",
+        "has_applied",
+        "has_rollback",
+        "has_prepare",
+        "has_append",
+        "heuristic",
+        "_first",
+        "first_msg_ms",
+        "prepared_at_ms",
+        "timeout_s",
+        "producer_group",
+        "committed_at_ms",
+        "rollback_reason",
+        "n_ids",
+        "messages",
+        "bytes",
+        "records",
+        "_placed",
+    ]
+
+    def tx_aggregate(rows: DataFrame, keys: list[str], *more: Column) -> DataFrame:
+        fixed = rows.groupBy(*keys).agg(*fixed_aggs, *more)
+        named = rows.filter(F.col("kind").isin("HEURISTIC", "PREPARE", "ROLLBACK"))
+        strings = named.groupBy(*keys).agg(*string_aggs)
+        extra = ["_reused"] if more else []
+        return fixed.join(strings, keys, "left").select(*keys, *agg_order, *extra)
+
     reused = (
         F.max(when_kind("APPEND_MSG", pos_code))
         > F.min(F.when(F.col("kind").isin(*FINAL_KINDS), pos_code))
     ).alias("_reused")
-    agg0 = base.groupBy("tx_key").agg(*aggs, F.coalesce(reused, F.lit(False)).alias("_reused"))
+    agg0 = tx_aggregate(base, ["tx_key"], F.coalesce(reused, F.lit(False)).alias("_reused"))
     agg0 = keep(agg0.withColumn("inc", F.lit(0)))
     say("looking for reused transaction keys")
     n_reused = agg0.filter("_reused").count()
@@ -511,7 +568,7 @@ def audit(
         )
         # every record with its incarnation: 0 for the keys used once
         base_i = base.join(keys, "tx_key", "left_anti").withColumn("inc", F.lit(0)).unionByName(t1)
-        again = t1.groupBy("tx_key", "inc").agg(*aggs).withColumn("_reused", F.lit(False))
+        again = tx_aggregate(t1, ["tx_key", "inc"]).withColumn("_reused", F.lit(False))
         agg0 = agg0.filter(~F.col("_reused")).unionByName(again)
     else:
         base_i = base.withColumn("inc", F.lit(0))
@@ -608,11 +665,14 @@ def audit(
     # ---------------------------------------------------------------- expected messages
     say("matching transaction messages")
     # one row per APPEND_MSG of a checkable transaction, with its partition's placement,
-    # hint and total bytes, then one row per message
+    # hint and total bytes; exploded to one row per message. Only narrow fixed-width columns
+    # go through the join with the partitions' messages (the bounds a message must lie in,
+    # computed before); the transaction's details are joined back to the few rows a check
+    # reports, or to all of them for the optional messages table.
     checkable = tx.filter(
         F.col("history_complete") & F.col("outcome").isin("committed", *UNCOMMITTED)
     ).select("tx_key", "inc", F.col("outcome").alias("tx_outcome"), "has_applied")
-    E = (
+    E_rows = (
         base_i.filter(F.col("kind") == "APPEND_MSG")
         .select(
             "tx_key",
@@ -625,34 +685,47 @@ def audit(
             "checksums",
             "sizes",
         )
-        .join(checkable, ["tx_key", "inc"])
+        # every APPEND_MSG has its row in tp: one join (the wide rows shuffled once)
         .join(
-            tp.select("tx_key", "inc", "topic", "partition", "total", "exp_end", "hint"),
+            tp.select("tx_key", "inc", "topic", "partition", "total", "exp_end", "hint").join(
+                checkable, ["tx_key", "inc"]
+            ),
             ["tx_key", "inc", "topic", "partition"],
-            "left",
         )
         .withColumn("exp_start", F.col("exp_end") - F.col("total"))
-        .select(
-            "tx_key",
-            "inc",
-            "tx_outcome",
-            "has_applied",
-            "topic",
-            "partition",
-            "file_no",
-            "position",
-            "hint",
-            "exp_start",
-            "exp_end",
-            F.posexplode(F.arrays_zip("msg_ids", "checksums", "sizes")).alias("idx", "z"),
+        .join(
+            F.broadcast(parts.select("topic", "partition", "min_offset")),
+            ["topic", "partition"],
+            "left",
         )
-        .select(
-            "*",
-            F.col("z.msg_ids").alias("msg_id"),
-            F.col("z.checksums").alias("checksum"),
-            F.col("z.sizes").alias("size"),
-        )
-        .drop("z")
+    )
+    in_range = F.col("has_applied") & F.col("exp_start").isNotNull()
+    lower = F.when(in_range, F.col("exp_start")).otherwise(F.col("hint"))
+    expired = F.col("min_offset").isNotNull() & lower.isNotNull() & (lower < F.col("min_offset"))
+    zipped = F.posexplode(F.arrays_zip("msg_ids", "checksums", "sizes")).alias("idx", "z")
+    narrow = E_rows.select(
+        "file_no",
+        "position",
+        "topic",
+        "partition",
+        (F.col("tx_outcome") == "committed").alias("_committed"),
+        lower.alias("_lower"),
+        F.when(in_range, F.col("exp_end")).alias("_upper"),
+        F.coalesce(expired, F.lit(False)).alias("_expired"),
+        "checksums",
+        F.posexplode("msg_ids").alias("idx", "msg_id"),
+    ).select(
+        "msg_id",
+        "file_no",
+        "position",
+        "idx",
+        F.get("checksums", F.col("idx")).alias("checksum"),
+        "topic",
+        "partition",
+        "_committed",
+        "_lower",
+        "_upper",
+        "_expired",
     )
     A = M.filter(F.col("msg_id").isNotNull()).select(
         F.col("msg_id"),
@@ -662,8 +735,28 @@ def audit(
         F.col("checksum").alias("a_checksum"),
     )
     here = (F.col("a_topic") == F.col("topic")) & (F.col("a_partition") == F.col("partition"))
-    # grouping by every carried column keeps the aggregate hash-based (fixed-width buffers)
-    # and needs no shuffle: the join output is already partitioned by msg_id
+    # grouped by fixed-width columns only (hash aggregation), and with no shuffle: the join
+    # output is already partitioned by msg_id
+    matched = keep(
+        narrow.join(A.hint("shuffle_hash"), "msg_id", "left")
+        .groupBy(
+            "msg_id",
+            "file_no",
+            "position",
+            "idx",
+            "checksum",
+            "_committed",
+            "_lower",
+            "_upper",
+            "_expired",
+        )
+        .agg(
+            F.count(F.when(here, 1)).alias("n_here"),
+            F.count("a_offset").alias("n_any"),
+            F.min(F.when(here, F.col("a_offset"))).alias("found_offset"),
+            F.max(F.when(here, F.col("a_checksum"))).alias("found_checksum"),
+        )
+    )
     carried = [
         "msg_id",
         "tx_key",
@@ -681,25 +774,38 @@ def audit(
         "exp_end",
         "idx",
     ]
-    messages = keep(
-        E.join(A, "msg_id", "left")
-        .groupBy(*carried)
-        .agg(
-            F.count(F.when(here, 1)).alias("n_here"),
-            F.count("a_offset").alias("n_any"),
-            F.min(F.when(here, F.col("a_offset"))).alias("found_offset"),
-            F.max(F.when(here, F.col("a_checksum"))).alias("found_checksum"),
-        )
-        .join(
-            F.broadcast(parts.select("topic", "partition", "min_offset")),
-            ["topic", "partition"],
-            "left",
-        )
+    details = E_rows.select(
+        *[c for c in E_rows.columns if c not in ("msg_ids", "checksums", "sizes", "total")],
+        zipped,
+    ).select(
+        "*",
+        F.col("z.msg_ids").alias("msg_id"),
+        F.col("z.checksums").alias("checksum"),
+        F.col("z.sizes").alias("size"),
     )
+
+    def with_details(rows: DataFrame, small: bool) -> DataFrame:
+        """``rows`` of ``matched`` with their transaction's columns (the messages table)."""
+        found = rows.select(
+            "file_no", "position", "idx", "n_here", "n_any", "found_offset", "found_checksum"
+        )
+        return details.join(
+            F.broadcast(found) if small else found, ["file_no", "position", "idx"]
+        ).select(
+            "topic",
+            "partition",
+            *[c for c in carried if c not in ("topic", "partition")],
+            "n_here",
+            "n_any",
+            "found_offset",
+            "found_checksum",
+            "min_offset",
+        )
+
+    messages = with_details(matched, small=False)
 
     # ---------------------------------------------------------------- findings
     say("collecting findings")
-    committed = messages.filter(F.col("tx_outcome") == "committed")
     lower = F.when(
         F.col("has_applied") & F.col("exp_start").isNotNull(), F.col("exp_start")
     ).otherwise(F.col("hint"))
@@ -730,15 +836,18 @@ def audit(
     }
     # one pass per input counts what each check would find: only checks with something to
     # report are built (a clean audit does no more scans, and no second join with the log)
-    is_committed = F.col("tx_outcome") == "committed"
+    is_committed = F.col("_committed")
+    n_here = F.col("n_here")
     m_conds = {
-        "committed_missing": is_committed & (F.col("n_here") == 0) & ~expired,
-        "committed_duplicate": is_committed & (F.col("n_here") > 1),
-        "committed_misplaced": is_committed & (F.col("n_here") == 1) & misplaced,
+        "committed_missing": is_committed & (n_here == 0) & ~F.col("_expired"),
+        "committed_duplicate": is_committed & (n_here > 1),
+        "committed_misplaced": is_committed
+        & (n_here == 1)
+        & ((F.col("found_offset") < F.col("_lower")) | (F.col("found_offset") >= F.col("_upper"))),
         "committed_checksum_differs": is_committed
-        & (F.col("n_here") >= 1)
+        & (n_here >= 1)
         & (F.col("found_checksum") != F.col("checksum")),
-        "uncommitted_visible": F.col("tx_outcome").isin(*UNCOMMITTED) & (F.col("n_any") > 0),
+        "uncommitted_visible": ~is_committed & (F.col("n_any") > 0),
     }
     log_conds = {
         "checksum_mismatch": F.col("msg_id").isNotNull() & ~F.col("checksum_ok"),
@@ -752,11 +861,10 @@ def audit(
     probe: dict[str, int] = {}
     # the same passes count what this run parsed and what came from the state
     stats: dict[str, int] = {}
-    for name, src, conds in (
-        ("", messages, m_conds),
-        ("log", M, log_conds),
-        ("txlog", T, txlog_conds),
-    ):
+
+    def count(
+        name: str, src: DataFrame, conds: dict[str, Column]
+    ) -> tuple[dict[str, int], dict[str, int]]:
         extra = []
         if name:
             new_row = F.col("_new")
@@ -767,11 +875,35 @@ def audit(
             ]
         row = src.agg(*[F.count(F.when(c, 1)).alias(k) for k, c in conds.items()], *extra).first()
         assert row is not None
-        probe.update({k: int(row[k]) for k in conds})
-        if name:
-            for k in ("_rows_read", "_bytes_read", "_rows_from_state"):
-                stats[name + k] = int(row[k])
-    committed = messages.filter(is_committed)
+        read = ("_rows_read", "_bytes_read", "_rows_from_state") if name else ()
+        return {k: int(row[k]) for k in conds}, {name + k: int(row[k]) for k in read}
+
+    # three independent jobs, submitted at once
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="audit-count") as pool:
+        passes = [
+            pool.submit(count, name, src, conds)
+            for name, src, conds in (
+                ("", matched, m_conds),
+                ("log", M, log_conds),
+                ("txlog", T, txlog_conds),
+            )
+        ]
+        for done in passes:
+            found, read_now = done.result()
+            probe.update(found)
+            stats.update(read_now)
+    checks4 = [
+        "committed_missing",
+        "committed_duplicate",
+        "committed_misplaced",
+        "committed_checksum_differs",
+    ]
+    n_committed = sum(probe[c] for c in checks4)
+    reported = [m_conds[c] for c in checks4 if probe[c]]
+    committed = with_details(
+        matched.filter(_union_cond(reported)) if reported else matched.limit(0),
+        small=n_committed <= 100_000,
+    )
     f_list: list[DataFrame] = [
         _findings(
             committed.filter((F.col("n_here") == 0) & ~expired),
@@ -818,15 +950,12 @@ def audit(
             ),
         ),
     ]
-    checks4 = [
-        "committed_missing",
-        "committed_duplicate",
-        "committed_misplaced",
-        "committed_checksum_differs",
-    ]
     f_list = [df for df, c in zip(f_list, checks4, strict=True) if probe[c]]
     # uncommitted_visible: one finding per copy, where it was found
-    visible = messages.filter(F.col("tx_outcome").isin(*UNCOMMITTED) & (F.col("n_any") > 0)).select(
+    n_vis = probe["uncommitted_visible"]
+    visible = with_details(
+        matched.filter(m_conds["uncommitted_visible"]), small=n_vis <= 100_000
+    ).select(
         "msg_id",
         "tx_key",
         "tx_outcome",
@@ -835,7 +964,6 @@ def audit(
         F.col("topic").alias("put_topic"),
         F.col("partition").alias("put_partition"),
     )
-    n_vis = probe["uncommitted_visible"]
     if n_vis:
         visible = A.join(F.broadcast(visible) if n_vis <= 100_000 else visible, "msg_id")
         f_list.append(

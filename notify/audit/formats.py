@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
+from notify.protocol import accel, hotpath
 from notify.protocol import logrecords as lr
 from notify.protocol.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
 from notify.store.segment import NAME_DIGITS, parse_segment_name
@@ -196,6 +197,11 @@ class SegmentRecords:
                 starts: list[int] = []
                 oks: list[bool] = []
                 while n - pos >= hs:
+                    # the ordinary records in one compiled loop; the loop below handles
+                    # what stopped it
+                    pos = walk_records(buf, pos, starts, oks)
+                    if n - pos < hs:
+                        break
                     length, crc, mid, _flag = unpack(buf, pos)
                     end = pos + hs + length
                     if length <= 0 or end > n:
@@ -406,6 +412,9 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _II = struct.Struct(">II")
 _FRAME = struct.Struct(">II")
+#: the walks over intact redo frames and ordinary records (compiled when built)
+intact_frames = (accel.NATIVE or hotpath).intact_frames
+walk_records = (accel.NATIVE or hotpath).walk_records
 _PREP = struct.Struct(">qI")
 _I64_U16 = struct.Struct(">qH")
 _HINT = struct.Struct(">Iq")
@@ -811,6 +820,11 @@ class TxlogFrames:
                 frames: list[int] = []
                 mv = memoryview(buf)
                 while n - pos >= 8:
+                    # the intact frames in one compiled loop; the check below says what
+                    # stopped it (the frame there is never one that check passes)
+                    pos = intact_frames(buf, pos, max_length, frames)
+                    if n - pos < 8:
+                        break
                     length, crc = unpack(buf, pos)
                     error = header_error(length, crc, max_length)
                     if error is not None:

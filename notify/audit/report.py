@@ -11,6 +11,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,6 +32,8 @@ TABLES: Final = (
     "tx_hours",
 )
 MAX_FINDINGS_SHOWN: Final = 500
+#: Spark jobs of the outputs submitted at once (table writes and the summary's queries)
+OUTPUT_THREADS: Final = 4
 PALETTE: Final = (
     "#4e79a7",
     "#f28e2b",
@@ -79,13 +82,60 @@ def _log_bucket(c: Any, base: float) -> Any:
     )
 
 
-def summarize(result: AuditResult, counts: dict[str, int] | None = None) -> dict[str, Any]:
-    """Everything small enough for ``summary.json`` and the HTML report (a few Spark jobs)."""
+def summarize(
+    result: AuditResult,
+    counts: dict[str, int] | None = None,
+    pool: ThreadPoolExecutor | None = None,
+) -> dict[str, Any]:
+    """Everything small enough for ``summary.json`` and the HTML report (a few Spark jobs,
+    run at once on ``pool`` when given: each is small, and one after the other they leave
+    the cores idle while the driver plans the next)."""
     counts = result.finding_counts() if counts is None else counts
-    txlog_kinds = {
-        r["kind"]: int(r["count"]) for r in result.txlog.groupBy("kind").count().collect()
+    tx = result.transactions
+    order = F.when(F.col("severity") == "violation", 0).otherwise(1)
+    queries: dict[str, Callable[[], list[Any]]] = {
+        "kinds": lambda: result.txlog.groupBy("kind").count().collect(),
+        "topic_hours": lambda: result.topic_hours.orderBy("hour_ms", "topic").collect(),
+        "outcomes": lambda: (
+            tx.groupBy("outcome")
+            .agg(
+                F.count("*").alias("transactions"),
+                F.sum("messages").alias("messages"),
+                F.sum("bytes").alias("bytes"),
+                F.percentile_approx("messages", [0.5, 0.9, 0.99]).alias("msg_p"),
+                F.max("messages").alias("msg_max"),
+                F.percentile_approx("duration_ms", [0.5, 0.9, 0.99]).alias("dur_p"),
+                F.max("duration_ms").alias("dur_max"),
+                F.percentile_approx("in_doubt_ms", [0.5, 0.99]).alias("doubt_p"),
+            )
+            .collect()
+        ),
+        "hist": lambda: (
+            tx.select(F.lit("size").alias("h"), _log_bucket(F.col("messages"), 2).alias("b"))
+            .unionByName(
+                tx.filter(F.col("duration_ms").isNotNull()).select(
+                    F.lit("duration").alias("h"), _log_bucket(F.col("duration_ms"), 10).alias("b")
+                )
+            )
+            .groupBy("h", "b")
+            .count()
+            .collect()
+        ),
+        "tx_hours": lambda: result.tx_hours.orderBy("hour_ms", "outcome").collect(),
+        "shown": lambda: (
+            result.findings.orderBy(order, "check", "tx_key", "msg_id")
+            .limit(MAX_FINDINGS_SHOWN)
+            .collect()
+        ),
+        "stuck": lambda: result.stuck_prepared.orderBy(F.desc("age_s")).limit(100).collect(),
     }
-    th = result.topic_hours.orderBy("hour_ms", "topic").collect()  # small; totals from it
+    if pool is None:
+        got = {k: q() for k, q in queries.items()}
+    else:
+        futures = {k: pool.submit(q) for k, q in queries.items()}
+        got = {k: f.result() for k, f in futures.items()}
+    txlog_kinds = {r["kind"]: int(r["count"]) for r in got["kinds"]}
+    th = got["topic_hours"]  # small; totals from it
     lg: dict[str, Any] = {
         "messages": sum(int(r["messages"]) for r in th),
         "bytes": sum(int(r["bytes"] or 0) for r in th),
@@ -93,20 +143,7 @@ def summarize(result: AuditResult, counts: dict[str, int] | None = None) -> dict
         "last_ms": max((r["last_ms"] for r in th), default=None),
     }
     outcomes: dict[str, dict[str, Any]] = {}
-    for r in (
-        result.transactions.groupBy("outcome")
-        .agg(
-            F.count("*").alias("transactions"),
-            F.sum("messages").alias("messages"),
-            F.sum("bytes").alias("bytes"),
-            F.percentile_approx("messages", [0.5, 0.9, 0.99]).alias("msg_p"),
-            F.max("messages").alias("msg_max"),
-            F.percentile_approx("duration_ms", [0.5, 0.9, 0.99]).alias("dur_p"),
-            F.max("duration_ms").alias("dur_max"),
-            F.percentile_approx("in_doubt_ms", [0.5, 0.99]).alias("doubt_p"),
-        )
-        .collect()
-    ):
+    for r in got["outcomes"]:
         outcomes[r["outcome"]] = {
             "transactions": int(r["transactions"]),
             "messages": int(r["messages"] or 0),
@@ -117,18 +154,7 @@ def summarize(result: AuditResult, counts: dict[str, int] | None = None) -> dict
             "duration_ms_max": r["dur_max"],
             "in_doubt_ms_p50_p99": r["doubt_p"],
         }
-    tx = result.transactions
-    hist_rows = (
-        tx.select(F.lit("size").alias("h"), _log_bucket(F.col("messages"), 2).alias("b"))
-        .unionByName(
-            tx.filter(F.col("duration_ms").isNotNull()).select(
-                F.lit("duration").alias("h"), _log_bucket(F.col("duration_ms"), 10).alias("b")
-            )
-        )
-        .groupBy("h", "b")
-        .count()
-        .collect()
-    )
+    hist_rows = got["hist"]
     hist: dict[str, list[tuple[str, int]]] = {"size": [], "duration": []}
     for r in sorted(hist_rows, key=lambda r: (r["h"], r["b"])):
         hist[r["h"]].append((_bucket_labels(r["h"], int(r["b"])), int(r["count"])))
@@ -148,15 +174,9 @@ def summarize(result: AuditResult, counts: dict[str, int] | None = None) -> dict
             "transactions": int(r["transactions"]),
             "messages": int(r["messages"] or 0),
         }
-        for r in result.tx_hours.orderBy("hour_ms", "outcome").collect()
+        for r in got["tx_hours"]
     ]
-    order = F.when(F.col("severity") == "violation", 0).otherwise(1)
-    shown = [
-        {k: r[k] for k in r.asDict()}
-        for r in result.findings.orderBy(order, "check", "tx_key", "msg_id")
-        .limit(MAX_FINDINGS_SHOWN)
-        .collect()
-    ]
+    shown = [{k: r[k] for k in r.asDict()} for r in got["shown"]]
     stuck = [
         {
             "tx_key": r["tx_key"],
@@ -165,7 +185,7 @@ def summarize(result: AuditResult, counts: dict[str, int] | None = None) -> dict
             "timeout_s": r["timeout_used_s"],
             "messages": int(r["messages"]),
         }
-        for r in result.stuck_prepared.orderBy(F.desc("age_s")).limit(100).collect()
+        for r in got["stuck"]
     ]
     violations = sum(n for c, n in counts.items() if SEVERITY.get(c) == "violation")
     warnings = sum(n for c, n in counts.items() if SEVERITY.get(c) != "violation")
@@ -267,13 +287,23 @@ def write_outputs(
     }
     if write_messages:
         tables["messages"] = result.messages
-    for name, df in tables.items():
-        if df is None:
-            continue
-        say(f"writing {name}.parquet")
-        _write(df, out / f"{name}.parquet", 4 if name in ("transactions", "messages") else 1)
-    say("summarizing")
-    summary = summarize(result, counts)
+    written = [n for n, df in tables.items() if df is not None]
+    say(f"writing {', '.join(written)} and summarizing")
+    # independent Spark jobs, submitted at once (the scheduler runs their tasks side by side)
+    with ThreadPoolExecutor(max_workers=OUTPUT_THREADS, thread_name_prefix="audit-out") as pool:
+        writes = [
+            pool.submit(
+                _write,
+                df,
+                out / f"{name}.parquet",
+                4 if name in ("transactions", "messages") else 1,
+            )
+            for name, df in tables.items()
+            if df is not None
+        ]
+        summary = summarize(result, counts, pool)
+        for w in writes:
+            w.result()
     summary["run"] = run_info(result, summary, run or {}, t_out)
     summary["tables"] = {n: str(out / f"{n}.parquet") for n, df in tables.items() if df is not None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -14,7 +14,9 @@ matches), ``attribute, size`` (header + payload bytes), ``time_ms`` (from the me
 ``error`` (set on the one row that ends an unreadable file; its other fields are null but the
 place). Options: ``payload`` (``true`` adds a ``payload`` binary column), ``topics`` (comma
 separated names to read), ``starts`` (JSON ``{file key: byte}``: begin those files there,
-at a record boundary; used by the incremental audit).
+at a record boundary; used by the incremental audit), ``columns`` (comma separated: only
+these columns, in the schema's order; Spark cannot prune a Python data source's columns,
+and every column handed over costs the JVM a conversion per row).
 
 ``notify-txlog`` (one row per redo record; columns :data:`~notify.audit.formats.TXLOG_COLUMNS`):
 ``file, file_no, position, type, kind`` (APPEND_MSG, PREPARE, COMMIT, ROLLBACK, APPLIED,
@@ -26,8 +28,8 @@ checksums, sizes`` (APPEND_MSG's records), ``placements`` (APPLIED), ``hints`` (
 ``timeout_s, producer_group`` (PREPARE), ``reason`` (ROLLBACK; HEURISTIC: who), ``outcome``
 (HEURISTIC), ``crc, size`` (frame), ``error``. The path may be the ``transactions`` directory
 or a broker's dataLogPath/dataPath holding it. Option ``checkpoint`` (default true) adds the
-checkpoint file's entries; ``starts`` as for ``notify-log`` (the checkpoint is always read
-whole).
+checkpoint file's entries; ``starts`` and ``columns`` as for ``notify-log`` (the checkpoint
+is always read whole).
 
 Both are partitioned by file: one Spark input partition per segment or redo file, largest
 first. Rows come as Arrow record batches (pyarrow and numpy are required on the executors, and the
@@ -85,6 +87,30 @@ def _starts(options: dict[str, str]) -> dict[str, int]:
     return {str(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
 
 
+def _columns(options: dict[str, str], all_columns: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Option ``columns``: the named columns of ``all_columns``, in their order (all of them
+    without the option); ValueError naming an unknown column."""
+    raw = options.get("columns")
+    if not raw:
+        return all_columns
+    want = [c.strip() for c in raw.split(",") if c.strip()]
+    known = {n for n, _t in all_columns}
+    unknown = [c for c in want if c not in known]
+    if unknown:
+        raise ValueError(
+            f"option columns: no column {', '.join(unknown)} (columns: {', '.join(sorted(known))})"
+        )
+    return [(n, t) for n, t in all_columns if n in want]
+
+
+def _select(batches: Iterator[Any], names: list[str] | None) -> Iterator[Any]:
+    if names is None:
+        yield from batches
+        return
+    for b in batches:
+        yield b.select(names)
+
+
 def _partitions(files: Sequence[Any], starts: dict[str, int]) -> list[InputPartition]:
     out: list[InputPartition] = []
     for f in files:
@@ -98,11 +124,15 @@ def _partitions(files: Sequence[Any], starts: dict[str, int]) -> list[InputParti
 # ---------------------------------------------------------------------------- notify-log
 
 
-def _log_columns(options: dict[str, str]) -> list[tuple[str, str]]:
+def _all_log_columns(options: dict[str, str]) -> list[tuple[str, str]]:
     cols = list(formats.LOG_COLUMNS)
     if _truthy(options.get("payload")):
         cols.append(("payload", "binary"))
     return cols
+
+
+def _log_columns(options: dict[str, str]) -> list[tuple[str, str]]:
+    return _columns(options, _all_log_columns(options))
 
 
 class NotifyLogSource(DataSource):
@@ -128,7 +158,9 @@ class NotifyLogReader(DataSourceReader):
         self.payload = _truthy(options.get("payload"))
         topics = options.get("topics")
         self.topics = {t.strip() for t in topics.split(",") if t.strip()} if topics else None
+        self.all_columns = _all_log_columns(options)
         self.columns = _log_columns(options)
+        self.names = None if self.columns == self.all_columns else [n for n, _t in self.columns]
         self.starts = _starts(options)
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -138,8 +170,14 @@ class NotifyLogReader(DataSourceReader):
         assert isinstance(partition, FilePartition)
         seg = partition.file
         assert isinstance(seg, formats.SegmentFile)
-        yield from bulk.read_segment_batches(
-            seg, _arrow_schema(self.columns), with_payload=self.payload, start=partition.start
+        yield from _select(
+            bulk.read_segment_batches(
+                seg,
+                _arrow_schema(self.all_columns),
+                with_payload=self.payload,
+                start=partition.start,
+            ),
+            self.names,
         )
 
 
@@ -154,7 +192,7 @@ class NotifyTxlogSource(DataSource):
         return TXLOG_FORMAT
 
     def schema(self) -> str:
-        return _ddl(formats.TXLOG_COLUMNS)
+        return _ddl(_columns(dict(self.options), formats.TXLOG_COLUMNS))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return NotifyTxlogReader(dict(self.options))
@@ -171,6 +209,8 @@ class NotifyTxlogReader(DataSourceReader):
             options.get("max_record_bytes", formats.DEFAULT_MAX_RECORD_BYTES)
         )
         self.starts = _starts(options)
+        cols = _columns(options, formats.TXLOG_COLUMNS)
+        self.names = None if cols == formats.TXLOG_COLUMNS else [n for n, _t in cols]
 
     def partitions(self) -> Sequence[InputPartition]:
         return _partitions(formats.find_txlog_files(self.path, self.checkpoint), self.starts)
@@ -179,7 +219,9 @@ class NotifyTxlogReader(DataSourceReader):
         assert isinstance(partition, FilePartition)
         f = partition.file
         assert isinstance(f, formats.TxlogFile)
-        yield from bulk.read_txlog_batches(f, self.max_record_bytes, start=partition.start)
+        yield from _select(
+            bulk.read_txlog_batches(f, self.max_record_bytes, start=partition.start), self.names
+        )
 
 
 #: kept for callers of the earlier name

@@ -135,3 +135,49 @@ def check_records(data: bytes, max_length: int) -> tuple[int, int, int, int]:
         count += 1
     return count, flags, OK, 0
 
+
+
+def intact_frames(buf: bytes, pos: int, max_length: int, out: list[int]) -> int:
+    """Walk redo-log frames (``length:u32 · crc:u32 · payload``, the payload's first byte
+    its type) from ``pos``: append the position of each intact frame to ``out`` (length
+    1..``max_length``, whole in ``buf``, CRC-32 of the payload right, type not 0) and return
+    where the walk stopped, at the first frame that is not, or the end. What is wrong there
+    (or whether more bytes are needed) is for the caller's own check to say: this loop only
+    skips the frames that check would pass (the audit's bulk reader of ``txlog``)."""
+    n = len(buf)
+    crc32 = zlib.crc32
+    while n - pos >= 8:
+        length = (buf[pos] << 24) | (buf[pos + 1] << 16) | (buf[pos + 2] << 8) | buf[pos + 3]
+        if length == 0 or length > max_length:
+            break
+        end = pos + 8 + length
+        if end > n:
+            break
+        crc = (buf[pos + 4] << 24) | (buf[pos + 5] << 16) | (buf[pos + 6] << 8) | buf[pos + 7]
+        if crc32(buf[pos + 8 : end]) != crc or buf[pos + 8] == 0:
+            break
+        out.append(pos)
+        pos = end
+    return pos
+
+
+def walk_records(buf: bytes, pos: int, starts: list[int], oks: list[bool]) -> int:
+    """Walk partition records (the 20-byte header above, then the payload) from ``pos``:
+    append the position of each whole record with a positive length to ``starts`` and
+    whether its payload matches its checksum to ``oks``; return where the walk stopped (a
+    length of 0 or less, a record past the end of ``buf``, or the end). The caller's own
+    loop says what a stop means (the audit's segment reader)."""
+    n = len(buf)
+    crc32 = zlib.crc32
+    while n - pos >= _HEADER_SIZE:
+        length = (buf[pos] << 24) | (buf[pos + 1] << 16) | (buf[pos + 2] << 8) | buf[pos + 3]
+        if length & 0x80000000 or length == 0:
+            break
+        end = pos + _HEADER_SIZE + length
+        if end > n:
+            break
+        crc = (buf[pos + 4] << 24) | (buf[pos + 5] << 16) | (buf[pos + 6] << 8) | buf[pos + 7]
+        starts.append(pos)
+        oks.append(crc32(buf[pos + _HEADER_SIZE : end]) & _CRC_MASK == crc)
+        pos = end
+    return pos

@@ -8,6 +8,7 @@ import importlib
 import logging
 import random
 import struct
+import zlib
 from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
 from typing import Any, NamedTuple
@@ -154,3 +155,63 @@ def test_check_records_builds_agree() -> None:
     native = _native()
     assert [native.check_records(b, m) for b, m in _check_cases()] == expect
     assert records._native_check is native.check_records
+
+
+def _frame_cases() -> list[bytes]:
+    """Redo-log frames: intact ones, then each way a walk must stop (a torn tail, a zero
+    length, a length past the limit, a bad CRC, a zero type byte)."""
+    from txlog.records import encode
+
+    rnd = random.Random(22)
+    frames = [encode(rnd.randrange(1, 9), rnd.randbytes(rnd.randrange(60))) for _ in range(40)]
+    whole = b"".join(frames)
+    bad_crc = bytearray(frames[3])
+    bad_crc[-1] ^= 1
+    zero_type = bytearray(frames[4])
+    zero_type[8] = 0
+    return [
+        b"",
+        whole,
+        whole + frames[0][:5],
+        whole + frames[0][:-1],
+        whole + b"\x00" * 12,
+        whole + struct.pack(">II", 10_000, 0) + b"x" * 20,
+        whole + bytes(bad_crc) + frames[5],
+        whole + bytes(zero_type) + frames[5],
+    ]
+
+
+def test_frame_and_record_walks_stop_where_the_readers_check_agree() -> None:
+    from txlog.records import decode
+
+    for buf in _frame_cases():
+        out: list[int] = []
+        pos = hotpath.intact_frames(buf, 0, 4096, out)
+        res = decode(buf, max_record_bytes=4095)
+        assert len(out) == len(res.records)  # the intact frames, and no more
+        assert [r.offset for r in res.records] == out
+        assert pos == (out[-1] + 9 + len(res.records[-1].body) if out else 0)
+    for buf in _buffers():
+        starts: list[int] = []
+        oks: list[bool] = []
+        pos = hotpath.walk_records(buf, 0, starts, oks)
+        at = 0
+        for s, ok in zip(starts, oks, strict=True):  # back to back, checksums as stored
+            assert s == at
+            length, crc = struct.unpack_from(">ii", buf, s)
+            assert ok == (zlib.crc32(buf[s + 20 : s + 20 + length]) & 0x7FFFFFFF == crc)
+            at = s + 20 + length
+        assert pos == at
+    native = _native()
+    for buf in _frame_cases():
+        a: list[int] = []
+        b: list[int] = []
+        assert native.intact_frames(buf, 0, 4096, a) == hotpath.intact_frames(buf, 0, 4096, b)
+        assert a == b
+    for buf in _buffers():
+        s1: list[int] = []
+        o1: list[bool] = []
+        s2: list[int] = []
+        o2: list[bool] = []
+        assert native.walk_records(buf, 0, s1, o1) == hotpath.walk_records(buf, 0, s2, o2)
+        assert (s1, o1) == (s2, o2)

@@ -32,6 +32,25 @@ def test_data_sources_one_partition_per_file(spark: SparkSession, logs: BrokerLo
     kinds = {r["kind"]: r["count"] for r in txlog.groupBy("kind").count().collect()}
     assert kinds["APPEND_MSG"] == 12 and kinds["COMMIT"] == 4 and kinds["APPLIED"] == 3
     assert kinds["ROLLBACK"] == 3 and kinds["PREPARE"] == 3
+    # option columns: only those columns cross to the JVM, the same rows
+    some = (
+        spark.read.format("notify-log")
+        .option("columns", "offset,msg_id,topic")
+        .load(str(logs.clean))
+    )
+    assert some.columns == ["topic", "offset", "msg_id"]
+    assert sorted(some.collect()) == sorted(log.select("topic", "offset", "msg_id").collect())
+    narrow = (
+        spark.read.format("notify-txlog")
+        .option("columns", "kind,tx_key,msg_ids")
+        .load(str(logs.clean / "transactions"))
+    )
+    assert narrow.columns == ["kind", "tx_key", "msg_ids"]
+    assert sorted(narrow.collect()) == sorted(txlog.select("kind", "tx_key", "msg_ids").collect())
+    with pytest.raises(Exception, match="no column nope"):
+        spark.read.format("notify-log").option("columns", "offset,nope").load(
+            str(logs.clean)
+        ).collect()
 
 
 def test_clean_logs_report_nothing(spark: SparkSession, logs: BrokerLogs) -> None:

@@ -367,7 +367,7 @@ def audit(
 
     def keep(df: DataFrame) -> DataFrame:
         if cache:
-            df = df.persist(StorageLevel.MEMORY_AND_DISK)
+            df = df.persist(StorageLevel.MEMORY_AND_DISK_DESER)
             cached.append(df)
         return df
 

@@ -352,7 +352,9 @@ def audit(
     ``data``: the broker's dataPath; ``coordinator_log``: an XA coordinator's decision log;
     ``tx_timeout_s``: how long a transaction may stay prepared (default: the timeout logged
     with its PREPARE); ``now_ms``: the audit's clock (default: now). Returns lazy DataFrames
-    over cached inputs; nothing is computed until they are used.
+    over cached inputs; nothing is computed until they are used. Sets
+    ``spark.sql.requireAllClusterKeysForCoPartition=false`` on ``spark``: the redo rows are
+    cached partitioned by transaction key and the per-transaction joins rely on it.
 
     ``state``: a directory (:mod:`notify.audit.state`) making the audit incremental: only the
     bytes added to the files since the runs recorded there are parsed, the earlier runs'

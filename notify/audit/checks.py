@@ -75,6 +75,8 @@ __all__ = [
 HOUR_MS: Final = 3_600_000
 TX_KINDS: Final = ("APPEND_MSG", "PREPARE", "COMMIT", "ROLLBACK", "APPLIED", "HEURISTIC", "FORGET")
 FINAL_KINDS: Final = ("APPLIED", "ROLLBACK", "HEURISTIC", "FORGET")
+#: the kinds whose string columns the transactions table takes (aggregated apart)
+NAMED_KINDS: Final = ("HEURISTIC", "PREPARE", "ROLLBACK")
 UNCOMMITTED: Final = ("rolled_back", "heuristic_rollback", "prepared", "active")
 
 #: severity of every check
@@ -535,7 +537,7 @@ def audit(
 
     def tx_aggregate(rows: DataFrame, keys: list[str], *more: Column) -> DataFrame:
         fixed = rows.groupBy(*keys).agg(*fixed_aggs, *more)
-        named = rows.filter(F.col("kind").isin("HEURISTIC", "PREPARE", "ROLLBACK"))
+        named = rows.filter(F.col("kind").isin(*NAMED_KINDS))
         strings = named.groupBy(*keys).agg(*string_aggs)
         extra = ["_reused"] if more else []
         return fixed.join(strings, keys, "left").select(*keys, *agg_order, *extra)
@@ -808,14 +810,11 @@ def audit(
 
     # ---------------------------------------------------------------- findings
     say("collecting findings")
-    lower = F.when(
-        F.col("has_applied") & F.col("exp_start").isNotNull(), F.col("exp_start")
-    ).otherwise(F.col("hint"))
-    expired = F.col("min_offset").isNotNull() & lower.isNotNull() & (lower < F.col("min_offset"))
+    # in_range, lower and expired (above) read the same columns of the detailed rows
     where = F.concat(
         F.lit("expected "),
         F.when(
-            F.col("has_applied") & F.col("exp_start").isNotNull(),
+            in_range,
             F.concat(F.lit("in ["), F.col("exp_start"), F.lit(", "), F.col("exp_end"), F.lit(")")),
         ).otherwise(
             F.concat(
@@ -825,7 +824,7 @@ def audit(
         ),
     )
     misplaced = F.when(
-        F.col("has_applied") & F.col("exp_start").isNotNull(),
+        in_range,
         (F.col("found_offset") < F.col("exp_start")) | (F.col("found_offset") >= F.col("exp_end")),
     ).otherwise(F.col("hint").isNotNull() & (F.col("found_offset") < F.col("hint")))
     common: dict[str, Column] = {

@@ -171,8 +171,10 @@ class AuditResult:
     state: AuditState | None = None
     incremental: bool = False
     starts: dict[str, int] = field(default_factory=dict)
-    segment_paths: dict[tuple[str, int, int], str] = field(default_factory=dict)
-    redo_paths: dict[int, str] = field(default_factory=dict)
+    #: per file key, the byte up to which this run read whole records (see ``save_state``)
+    read_to: dict[str, int] = field(default_factory=dict)
+    #: the redo records by kind (counted in the pass that counts the findings)
+    txlog_kinds: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
 
@@ -212,37 +214,7 @@ class AuditResult:
         M.filter(F.col("_new") & F.col("error").isNull()).drop("_new").write.mode(
             "overwrite"
         ).parquet(str(st.path / "log" / run))
-        consumed = dict(self.starts)
-        for r in (
-            T.filter(F.col("_new") & (F.col("file_no") >= 0))
-            .groupBy("file_no")
-            .agg(
-                F.min(F.when(F.col("kind") == "CORRUPT", F.col("position"))).alias("bad"),
-                F.max(F.when(F.col("kind") != "CORRUPT", F.col("position") + F.col("size"))).alias(
-                    "end"
-                ),
-            )
-            .collect()
-        ):
-            at = r["bad"] if r["bad"] is not None else r["end"]
-            path = self.redo_paths.get(int(r["file_no"]))
-            if path is not None and at is not None:
-                consumed[path] = int(at)
-        for r in (
-            M.filter(F.col("_new"))
-            .groupBy("topic", "partition", "segment_start")
-            .agg(
-                F.min(F.when(F.col("error").isNotNull(), F.col("offset"))).alias("bad"),
-                F.max(F.when(F.col("error").isNull(), F.col("offset") + F.col("size"))).alias(
-                    "end"
-                ),
-            )
-            .collect()
-        ):
-            at = r["bad"] if r["bad"] is not None else r["end"]
-            path = self.segment_paths.get((r["topic"], r["partition"], r["segment_start"]))
-            if path is not None and at is not None:
-                consumed[path] = int(at) - int(r["segment_start"])
+        consumed = dict(self.starts) | self.read_to
         txlog_dir, data = self.inputs["txlog"], self.inputs["data"]
         assert txlog_dir is not None and data is not None
         save_files(st, txlog_dir, data, consumed)
@@ -379,11 +351,13 @@ def audit(
     txlog_dir = formats.txlog_dir(txlog_s)
     redo_files = formats.find_txlog_files(txlog_dir, checkpoint=False)
     newest_redo = max((f.file_no for f in redo_files), default=-1)
+    redo_paths = {x.file_no: x.key for x in redo_files}
     parts = _partition_table(spark, data_s)
 
     # raw rows (lazy), and the columns the checks use, cached: file names are rebuilt from
     # numbers rather than cached once per row
     seg_files = formats.find_segments(data_s)
+    seg_paths = {(x.topic, x.partition, x.start): x.key for x in seg_files}
     st = load_state(state, str(txlog_dir), data_s) if state is not None else None
     sizes = {x.key: x.size for x in redo_files} | {s.key: s.size for s in seg_files}
     if st is not None and st.usable and not full:
@@ -435,6 +409,42 @@ def audit(
     spark.conf.set("spark.sql.requireAllClusterKeysForCoPartition", "false")
     T = keep(T_new.repartition("tx_key"))
     M = keep(M_new)
+
+    def count(
+        name: str, src: DataFrame, conds: dict[str, Column], keys: list[str], place: str
+    ) -> tuple[dict[str, int], dict[str, int], list[Any]]:
+        """One pass over ``src``: how many rows each of ``conds`` holds, what this run parsed
+        and took from the state (``name`` ``txlog``/``log``) and, per ``keys`` (a file), how
+        far this run's rows reach: the first broken record (``bad``) or the end of the last
+        whole one (``end``), at ``place`` (the consumed bytes the state records)."""
+        extra = []
+        if name:
+            new_row = F.col("_new")
+            broken = F.col("kind") == "CORRUPT" if name == "txlog" else F.col("error").isNotNull()
+            extra = [
+                F.count(F.when(new_row, 1)).alias("_rows_read"),
+                F.coalesce(F.sum(F.when(new_row, F.col("size"))), F.lit(0)).alias("_bytes_read"),
+                F.count(F.when(~new_row, 1)).alias("_rows_from_state"),
+                F.min(F.when(new_row & broken, F.col(place))).alias("_bad"),
+                F.max(F.when(new_row & ~broken, F.col(place) + F.col("size"))).alias("_end"),
+            ]
+        aggs = [F.count(F.when(c, 1)).alias(k) for k, c in conds.items()]
+        rows = src.groupBy(*keys).agg(*aggs, *extra).collect()
+        read = ("_rows_read", "_bytes_read", "_rows_from_state") if name else ()
+        found = {k: sum(int(r[k]) for r in rows) for k in conds}
+        return found, {name + k: sum(int(r[k]) for r in rows) for k in read}, rows
+
+    log_conds = {
+        "checksum_mismatch": F.col("msg_id").isNotNull() & ~F.col("checksum_ok"),
+        "segment_error": F.col("error").isNotNull(),
+    }
+    # the partitions' rows do not depend on the transactions: their counting pass (which
+    # caches them) starts now, and its tasks fill the cores while the driver plans the rest
+    early = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-log")
+    log_pass = early.submit(
+        count, "log", M, log_conds, ["topic", "partition", "segment_start"], "offset"
+    )
+    early.shutdown(wait=False)
     redo_file = F.when(
         F.col("file_no") >= 0,
         F.concat(F.lit(str(txlog_dir) + "/redo."), F.col("file_no").cast("string")),
@@ -850,10 +860,6 @@ def audit(
         & (F.col("found_checksum") != F.col("checksum")),
         "uncommitted_visible": ~is_committed & (F.col("n_any") > 0),
     }
-    log_conds = {
-        "checksum_mismatch": F.col("msg_id").isNotNull() & ~F.col("checksum_ok"),
-        "segment_error": F.col("error").isNotNull(),
-    }
     txlog_conds = {
         "corrupt": F.col("kind") == "CORRUPT",
         "txlog_undecodable": (F.col("kind") != "CORRUPT") & F.col("error").isNotNull(),
@@ -862,37 +868,38 @@ def audit(
     probe: dict[str, int] = {}
     # the same passes count what this run parsed and what came from the state
     stats: dict[str, int] = {}
-
-    def count(
-        name: str, src: DataFrame, conds: dict[str, Column]
-    ) -> tuple[dict[str, int], dict[str, int]]:
-        extra = []
-        if name:
-            new_row = F.col("_new")
-            extra = [
-                F.count(F.when(new_row, 1)).alias("_rows_read"),
-                F.coalesce(F.sum(F.when(new_row, F.col("size"))), F.lit(0)).alias("_bytes_read"),
-                F.count(F.when(~new_row, 1)).alias("_rows_from_state"),
-            ]
-        row = src.agg(*[F.count(F.when(c, 1)).alias(k) for k, c in conds.items()], *extra).first()
-        assert row is not None
-        read = ("_rows_read", "_bytes_read", "_rows_from_state") if name else ()
-        return {k: int(row[k]) for k in conds}, {name + k: int(row[k]) for k in read}
-
-    # three independent jobs, submitted at once
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="audit-count") as pool:
-        passes = [
-            pool.submit(count, name, src, conds)
-            for name, src, conds in (
-                ("", matched, m_conds),
-                ("log", M, log_conds),
-                ("txlog", T, txlog_conds),
-            )
-        ]
-        for done in passes:
-            found, read_now = done.result()
+    # independent jobs, submitted at once (the partitions' pass runs since the start)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="audit-count") as pool:
+        m_pass = pool.submit(count, "", matched, m_conds, [], "")
+        t_pass = pool.submit(count, "txlog", T, txlog_conds, ["file_no", "kind"], "position")
+        for done in (m_pass, t_pass, log_pass):
+            found, read_now, _rows = done.result()
             probe.update(found)
             stats.update(read_now)
+    # how far this run read each file (save_state records it: the first broken record, else
+    # the end of the last whole one), and the redo records by kind (for the summary)
+    reach: dict[str, tuple[int | None, int | None]] = {}
+    redo_kinds: dict[str, int] = {}
+
+    def reached(path: str | None, bad: int | None, end: int | None, base: int = 0) -> None:
+        if path is None:
+            return
+        b0, e0 = reach.get(path, (None, None))
+        if bad is not None:
+            b0 = bad - base if b0 is None else min(b0, bad - base)
+        if end is not None:
+            e0 = end - base if e0 is None else max(e0, end - base)
+        reach[path] = (b0, e0)
+
+    for r in t_pass.result()[2]:
+        kind = r["kind"]
+        redo_kinds[kind] = redo_kinds.get(kind, 0) + int(r["_rows_read"] + r["_rows_from_state"])
+        if r["file_no"] >= 0:
+            reached(redo_paths.get(int(r["file_no"])), r["_bad"], r["_end"])
+    for r in log_pass.result()[2]:
+        at = (r["topic"], r["partition"], r["segment_start"])
+        reached(seg_paths.get(at), r["_bad"], r["_end"], int(r["segment_start"]))
+    read_to = {p: b if b is not None else e for p, (b, e) in reach.items()}
     checks4 = [
         "committed_missing",
         "committed_duplicate",
@@ -1164,8 +1171,8 @@ def audit(
         state=st,
         incremental=incremental,
         starts=starts,
-        segment_paths={(s.topic, s.partition, s.start): s.key for s in seg_files},
-        redo_paths={x.file_no: x.key for x in redo_files},
+        read_to={p: at for p, at in read_to.items() if at is not None},
+        txlog_kinds=redo_kinds,
         stats=stats,
         _cached=cached,
     )

@@ -35,8 +35,17 @@ SMALL_INPUT_BYTES: Final = 32 * 2**20
 #: JVM options of the driver and executors for small inputs: the JIT's first tier only and
 #: the serial collector (a short audit spends much of its CPU compiling and collecting).
 SMALL_INPUT_JAVA_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"
-#: JVM options for larger audits: the parallel (throughput) collector
-LARGE_INPUT_JAVA_OPTIONS: Final = "-XX:+UseParallelGC -Xss4m"
+#: JVM options for larger audits: the parallel (throughput) collector, and the optimizing
+#: JIT (C2) only for methods that stay hot. Spark generates new code for every query, and
+#: with the default thresholds compiling it took about half of the JVM's CPU in a 1M
+#: transaction audit (``-XX:+CITime``: 93-97 of 191-195 CPU-s on two cores); four times
+#: the invocation threshold and three times the loop threshold: 77-78 CPU-s of compiling,
+#: 179-181 in all, 103.5-105.0 s instead of 108.6-110.6 s. Twenty times (48 CPU-s of
+#: compiling) ran no faster: the methods stay longer in the slower profiled tier.
+LARGE_INPUT_JAVA_OPTIONS: Final = (
+    "-XX:+UseParallelGC -Xss4m -XX:Tier4InvocationThreshold=20000"
+    " -XX:Tier4CompileThreshold=40000 -XX:Tier4BackEdgeThreshold=120000"
+)
 
 
 def spark_missing() -> str | None:
@@ -139,6 +148,11 @@ def sizing_conf(input_bytes: int, cores: int) -> dict[str, str]:
     if input_bytes >= SMALL_INPUT_BYTES:
         return {
             "spark.sql.shuffle.partitions": str(max(4, 4 * cores)),
+            # smaller generated methods: the optimizing JIT's register allocation and loop
+            # passes grow faster than a method's size (1M transactions, two runs each:
+            # 100.7/100.9 s and 174-175 CPU-s against 103.5/105.0 s and 179-181 at the
+            # default 1024; 128 was no better than 1024)
+            "spark.sql.codegen.methodSplitThreshold": "256",
             # the cached inputs are read a few times in one run: building compressed
             # column batches cost more than it saved (1M transactions: ~7 s of 150)
             "spark.sql.inMemoryColumnarStorage.compressed": "false",

@@ -3,6 +3,7 @@ exactly what a full audit of the grown files gives, parsing only the added bytes
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -71,6 +72,16 @@ def test_incremental_run_equals_full_audit(
         early = first.finding_counts()
         assert early.get("txlog_torn_tail") == 1 and early.get("segment_torn_tail") == 1
         first.save_state()
+        # each redo file is consumed up to its torn record, else to its end
+        consumed = json.loads((state / "files.json").read_text())["consumed"]
+        torn = {
+            int(r["file_no"]): int(r["position"])
+            for r in first.txlog.filter("kind = 'CORRUPT' AND file_no >= 0").collect()
+        }
+        redo = formats.find_txlog_files(data / "transactions", checkpoint=False)
+        assert torn and {f.key: consumed[f.key] for f in redo} == {
+            f.key: torn.get(f.file_no, f.size) for f in redo
+        }
     finally:
         first.unpersist()
     for p, b in saved.items():
@@ -88,6 +99,10 @@ def test_incremental_run_equals_full_audit(
         assert _rows(inc.findings) == _rows(full.findings)
         assert _rows(inc.transactions) == _rows(full.transactions)
         assert _rows(inc.messages) == _rows(full.messages)
+        # the redo records by kind, counted in the pass that counts the findings
+        for r in (inc, full):
+            by_kind = r.txlog.groupBy("kind").count().collect()
+            assert r.txlog_kinds == {k["kind"]: k["count"] for k in by_kind}
         counts = inc.finding_counts()
         assert "txlog_torn_tail" not in counts and "segment_torn_tail" not in counts
         assert counts["committed_missing"] == 1 and counts["uncommitted_visible"] == 1

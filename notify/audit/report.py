@@ -94,12 +94,6 @@ def summarize(
     tx = result.transactions
     order = F.when(F.col("severity") == "violation", 0).otherwise(1)
     queries: dict[str, Callable[[], list[Any]]] = {
-        # audit() counted the redo records by kind in its counting pass
-        "kinds": lambda: (
-            [{"kind": k, "count": n} for k, n in result.txlog_kinds.items()]
-            if result.txlog_kinds
-            else result.txlog.groupBy("kind").count().collect()
-        ),
         "topic_hours": lambda: result.topic_hours.orderBy("hour_ms", "topic").collect(),
         "outcomes": lambda: (
             tx.groupBy("outcome")
@@ -139,7 +133,7 @@ def summarize(
     else:
         futures = {k: pool.submit(q) for k, q in queries.items()}
         got = {k: f.result() for k, f in futures.items()}
-    txlog_kinds = {r["kind"]: int(r["count"]) for r in got["kinds"]}
+    txlog_kinds = dict(result.txlog_kinds)  # counted by audit() in its counting pass
     th = got["topic_hours"]  # small; totals from it
     lg: dict[str, Any] = {
         "messages": sum(int(r["messages"]) for r in th),

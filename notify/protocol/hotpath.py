@@ -136,7 +136,6 @@ def check_records(data: bytes, max_length: int) -> tuple[int, int, int, int]:
     return count, flags, OK, 0
 
 
-
 def intact_frames(buf: bytes, pos: int, max_length: int, out: list[int]) -> int:
     """Walk redo-log frames (``length:u32 · crc:u32 · payload``, the payload's first byte
     its type) from ``pos``: append the position of each intact frame to ``out`` (length

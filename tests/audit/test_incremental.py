@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from notify.audit import formats
+from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
+from notify.protocol import logrecords as lr
+from notify.protocol import records
+from notify.store.segment import segment_name
 from tests.audit.conftest import BrokerLogs
+from txlog.records import encode as frame
+from txlog.segment import segment_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -117,3 +123,113 @@ def test_incremental_run_equals_full_audit(
         assert _rows(again.findings) == _rows(full.findings)
     finally:
         again.unpersist()
+
+
+def test_incremental_run_after_deletions_equals_full_audit(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Between two runs retention deletes a partition's oldest segment, a checkpoint deletes
+    the oldest redo file, and records are appended to both logs. The incremental run carries
+    over only what still holds: a duplicate whose other copy was deleted goes away, a
+    transaction with records in the deleted redo file is aggregated again from what is left,
+    an APPLIED arriving late moves a message's expected range, a message appearing late is
+    found (duplicate, or visible after a rollback), a new transaction's missing message is
+    reported; all equal to a full audit of the same files."""
+    from notify.audit import audit
+
+    q = tmp_path / "q-0"
+    q.mkdir()
+    txdir = tmp_path / "transactions"
+    txdir.mkdir()
+    id0 = ((int(time.time() * 1000) - EPOCH_MS) << (BROKER_BITS + SEQ_BITS)) | 1
+    m = {i: records.encode(id0 + i, 0, b"message %d" % i) for i in range(10)}
+    seg_a = [m[1], m[2]]  # m[2] here is a stray copy: the committed one is in seg_b
+    a_len = sum(map(len, seg_a))
+    seg_b = [m[0], m[5], m[2], m[3], m[6]]
+    at: dict[int, int] = {}
+    off = 0
+    for i, rec in [(1, m[1]), (-2, m[2]), (0, m[0]), (5, m[5]), (2, m[2]), (3, m[3]), (6, m[6])]:
+        if i >= 0:
+            at[i] = off
+        off += len(rec)
+
+    def put(key: str, i: int) -> bytes:
+        return frame(lr.APPEND_MSG, lr.AppendMsg(key, "q", 0, 1, m[i]).encode())
+
+    def commit(key: str, hint: int) -> bytes:
+        return frame(lr.COMMIT, lr.Commit(key, 1, (("q", 0, hint),)).encode())
+
+    def applied(key: str, offset: int, i: int) -> bytes:
+        return frame(lr.APPLIED, lr.Applied(key, (("q", 0, offset, 1, len(m[i])),)).encode())
+
+    redo0 = [put("TX:0", 0), commit("TX:0", a_len), applied("TX:0", at[0], 0), put("TX:5", 5)]
+    redo1 = [
+        commit("TX:5", a_len),
+        applied("TX:5", at[5], 5),
+        put("TX:1", 1),
+        commit("TX:1", 0),
+        applied("TX:1", at[1], 1),
+        put("TX:2", 2),
+        commit("TX:2", a_len),
+        applied("TX:2", at[2], 2),
+        put("TX:3", 3),
+        commit("TX:3", a_len),  # APPLIED comes in the second run
+        put("TX:4", 4),  # still open in the first run
+        put("TX:6", 6),
+        commit("TX:6", a_len),
+        applied("TX:6", at[6], 6),
+        put("TX:7", 7),
+        frame(lr.ROLLBACK, lr.Rollback("TX:7", "rollback").encode()),
+    ]
+    segment_path(txdir, 0).write_bytes(b"".join(redo0))
+    segment_path(txdir, 1).write_bytes(b"".join(redo1))
+    (q / segment_name(0)).write_bytes(b"".join(seg_a))
+    (q / segment_name(a_len)).write_bytes(b"".join(seg_b))
+    state = tmp_path / "state"
+    kw: dict[str, Any] = {"txlog": txdir, "data": tmp_path}
+    first = audit(spark, state=state, **kw)
+    try:
+        assert first.finding_counts() == {"committed_duplicate": 1}
+        first.save_state()
+    finally:
+        first.unpersist()
+
+    # retention and a checkpoint delete the oldest files; both logs grow
+    (q / segment_name(0)).unlink()
+    segment_path(txdir, 0).unlink()
+    end_b = a_len + sum(map(len, seg_b))
+    with open(q / segment_name(a_len), "ab") as fh:
+        fh.write(m[4] + m[6] + m[7])
+    with open(segment_path(txdir, 1), "ab") as fh:
+        fh.write(
+            applied("TX:3", at[3] + 1, 3)  # a range that misses where m[3] is
+            + commit("TX:4", end_b)
+            + applied("TX:4", end_b, 4)
+            + put("TX:9", 9)
+            + commit("TX:9", end_b)
+            + applied("TX:9", end_b + 1000, 9)  # never written
+        )
+    inc = audit(spark, state=state, **kw)
+    full = audit(spark, **kw)
+    try:
+        assert inc.incremental
+        assert _rows(inc.findings) == _rows(full.findings)
+        assert _rows(inc.transactions) == _rows(full.transactions)
+        assert _rows(inc.messages) == _rows(full.messages)
+        found = sorted((r["check"], r["msg_id"] - id0) for r in full.findings.collect())
+        assert found == [
+            ("committed_duplicate", 6),
+            ("committed_misplaced", 3),
+            ("committed_missing", 9),
+            ("uncommitted_visible", 7),
+        ]
+        # TX:0 went with redo.0; TX:5 lost its APPEND_MSG with it
+        tx = {r["tx_key"]: r for r in inc.transactions.collect()}
+        assert "TX:0" not in tx and not tx["TX:5"]["has_append"]
+        assert tx["TX:4"]["outcome"] == "committed"
+        read = inc.read_stats()
+        assert read["txlog_rows_read"] == 6 and read["log_rows_read"] == 3
+        inc.save_state()
+    finally:
+        inc.unpersist()
+        full.unpersist()

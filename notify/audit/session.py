@@ -35,16 +35,40 @@ SMALL_INPUT_BYTES: Final = 32 * 2**20
 #: JVM options of the driver and executors for small inputs: the JIT's first tier only and
 #: the serial collector (a short audit spends much of its CPU compiling and collecting).
 SMALL_INPUT_JAVA_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"
+#: Classes whose methods the optimizing JIT gives up on at once (they stay at C1's code):
+#: the driver's machinery, not the rows' hot loops. Janino compiling Spark's generated code,
+#: the closure cleaner's ASM, the SQL parser, Java serialization of tasks and the JDK's
+#: lambda spinning took 24 of 76 CPU-s of C2 compiling in a 1M transaction audit
+#: (``-XX:+LogCompilation``), and ran too briefly to earn it back.
+C1_ONLY_CLASSES: Final = (
+    "org/codehaus/*.*",
+    "org/apache/xbean/*.*",
+    "org/antlr/*.*",
+    "java/io/Object*.*",
+    "jdk/internal/org/*.*",
+    "org/apache/spark/sql/catalyst/trees/*.*",
+    "org/apache/spark/sql/catalyst/analysis/*.*",
+    "org/apache/spark/sql/catalyst/optimizer/*.*",
+    "org/apache/spark/sql/catalyst/plans/*.*",
+    "org/apache/spark/sql/catalyst/rules/*.*",
+    "org/apache/spark/sql/catalyst/parser/*.*",
+    "org/apache/spark/sql/execution/ExplainUtils*.*",
+)
 #: JVM options for larger audits: the parallel (throughput) collector, and the optimizing
-#: JIT (C2) only for methods that stay hot. Spark generates new code for every query, and
-#: with the default thresholds compiling it took about half of the JVM's CPU in a 1M
-#: transaction audit (``-XX:+CITime``: 93-97 of 191-195 CPU-s on two cores); four times
-#: the invocation threshold and three times the loop threshold: 77-78 CPU-s of compiling,
-#: 179-181 in all, 103.5-105.0 s instead of 108.6-110.6 s. Twenty times (48 CPU-s of
-#: compiling) ran no faster: the methods stay longer in the slower profiled tier.
+#: JIT (C2) only for methods that stay hot and are not in C1_ONLY_CLASSES (C2 stops at
+#: its node limit there, and the method keeps C1's code). Spark generates new code for
+#: every query, and with the default thresholds compiling took about half of the JVM's
+#: CPU in a 1M transaction audit (``-XX:+CITime``: 93-97 of 191-195 CPU-s on two cores).
+#: Measured on that audit, A/B in alternation (session 11): four times the default tier-4
+#: invocation threshold and three times the loop threshold, as before: 119.3 / 120.5 s,
+#: 91 CPU-s of compiling; eight and six times with C1_ONLY_CLASSES: 113.0 / 113.9 s, 62-64
+#: CPU-s (the default thresholds with C1_ONLY_CLASSES: 112.2 s against 104.1 s in one
+#: pair of runs; sixteen and twelve times: 110.7 s, the methods stay too long profiled).
 LARGE_INPUT_JAVA_OPTIONS: Final = (
-    "-XX:+UseParallelGC -Xss4m -XX:Tier4InvocationThreshold=20000"
-    " -XX:Tier4CompileThreshold=40000 -XX:Tier4BackEdgeThreshold=120000"
+    "-XX:+UseParallelGC -Xss4m -XX:Tier4InvocationThreshold=40000"
+    " -XX:Tier4CompileThreshold=80000 -XX:Tier4BackEdgeThreshold=240000"
+    " -XX:CompileCommand=quiet"
+    + "".join(f" -XX:CompileCommand=MaxNodeLimit,{c},100" for c in C1_ONLY_CLASSES)
 )
 
 

@@ -198,7 +198,13 @@ def run_audit(
     cr = _tree_cpu()
     counts = result.finding_counts()
     t2 = time.perf_counter()
-    summary = write_outputs(result, out, counts=counts, run={"started": t1, "master": master})
+    summary = write_outputs(
+        result,
+        out,
+        counts=counts,
+        run={"started": t1, "master": master},
+        also=result.state_writes(),
+    )
     result.save_state()
     t3 = time.perf_counter()
     c3 = _tree_cpu()

@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -63,7 +64,7 @@ from pyspark.sql.types import (
 from notify.audit import formats
 from notify.audit.coordinator import CoordinatorLog, read_coordinator_log
 from notify.audit.sources import LOG_FORMAT, TXLOG_FORMAT, register_sources
-from notify.audit.state import AuditState, load_state, save_files
+from notify.audit.state import AuditState, forget_state, load_state, save_files
 
 __all__ = [
     "FINDING_COLUMNS",
@@ -177,6 +178,8 @@ class AuditResult:
     txlog_kinds: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
+    _state_run: str | None = field(default=None, repr=False)
+    _state_written: set[str] = field(default_factory=set, repr=False)
 
     def read_stats(self) -> dict[str, int]:
         """What this run parsed from the files (rows, bytes) and what it took from the state
@@ -196,29 +199,52 @@ class AuditResult:
                     out[f"{name}_rows_from_state"] = int(r["n"])
         return out
 
+    def state_writes(self) -> list[Callable[[], None]]:
+        """The Parquet writes of this run's rows into the state directory (none without
+        one), to run beside the outputs' jobs (``write_outputs(also=...)``); those not run
+        by then, :meth:`save_state` runs. A full run drops the earlier state here,
+        ``files.json`` first: a run stopped before ``save_state`` leaves no state, and the
+        next run reads everything."""
+        st = self.state
+        if st is None:
+            return []
+        if self._state_run is None:
+            if not self.incremental:  # a full run starts the state again
+                forget_state(st)
+                for d in ("txlog", "log"):
+                    shutil.rmtree(st.path / d, ignore_errors=True)
+                st.runs = 0
+            self._state_run = f"run-{st.runs + 1:06d}"
+        run, T, M = self._state_run, self.txlog, self.log
+        tables = {
+            "txlog": T.filter(F.col("_new") & ~F.col("kind").isin("CORRUPT", "CHECKPOINT")),
+            "log": M.filter(F.col("_new") & F.col("error").isNull()),
+        }
+
+        def write(name: str) -> None:
+            if name not in self._state_written:
+                path = st.path / name / run
+                tables[name].drop("_new").write.mode("overwrite").parquet(str(path))
+                self._state_written.add(name)
+
+        return [partial(write, name) for name in tables if name not in self._state_written]
+
     def save_state(self) -> None:
         """Record this run in the state directory (no-op without one): the rows parsed now
-        and how far each file was read. Call it once the outputs are written."""
+        (unless :meth:`state_writes` wrote them already) and how far each file was read.
+        Call it once the outputs are written."""
         st = self.state
         if st is None:
             return
-        if not self.incremental:  # a full run starts the state again
-            for d in ("txlog", "log"):
-                shutil.rmtree(st.path / d, ignore_errors=True)
-            st.runs = 0
-        run = f"run-{st.runs + 1:06d}"
-        T, M = self.txlog, self.log
-        T.filter(F.col("_new") & ~F.col("kind").isin("CORRUPT", "CHECKPOINT")).drop(
-            "_new"
-        ).write.mode("overwrite").parquet(str(st.path / "txlog" / run))
-        M.filter(F.col("_new") & F.col("error").isNull()).drop("_new").write.mode(
-            "overwrite"
-        ).parquet(str(st.path / "log" / run))
+        for write in self.state_writes():
+            write()
         consumed = dict(self.starts) | self.read_to
         txlog_dir, data = self.inputs["txlog"], self.inputs["data"]
         assert txlog_dir is not None and data is not None
         save_files(st, txlog_dir, data, consumed)
         st.runs += 1
+        self._state_run = None
+        self._state_written.clear()
 
     def finding_counts(self) -> dict[str, int]:
         """``{check: rows}`` of the findings (checks with no row are left out)."""

@@ -255,6 +255,7 @@ def audit(
                     progress=sp.step,
                     counts=counts,
                     write_messages=write_messages,
+                    also=result.state_writes(),
                     run={
                         "master": master or DEFAULT_MASTER,
                         "session_s": round(t_session - t0, 1),

@@ -264,9 +264,11 @@ def write_outputs(
     counts: dict[str, int] | None = None,
     write_messages: bool = False,
     run: dict[str, Any] | None = None,
+    also: Sequence[Callable[[], None]] = (),
 ) -> dict[str, Any]:
     """Write the Parquet tables, ``summary.json`` and ``report.html`` under ``out``; return
-    the summary.
+    the summary. ``also``: more jobs run beside the table writes (the incremental state's,
+    :meth:`AuditResult.state_writes`).
 
     ``run``: what the caller measured (``master``, ``session_s``, ``checks_s`` and
     ``started``, its ``time.monotonic()`` once the session was up); completed here with what
@@ -300,6 +302,7 @@ def write_outputs(
             for name, df in tables.items()
             if df is not None
         ]
+        writes += [pool.submit(job) for job in also]
         summary = summarize(result, counts, pool)
         for w in writes:
             w.result()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["STATE_VERSION", "AuditState", "load_state", "save_files"]
+__all__ = ["STATE_VERSION", "AuditState", "forget_state", "load_state", "save_files"]
 
 STATE_VERSION: Final = 1
 FILES: Final = "files.json"
@@ -78,6 +78,11 @@ def load_state(path: str | os.PathLike[str], txlog: str, data: str) -> AuditStat
     if (st.txlog, st.data) != (txlog, data):
         st.why_full = f"the state is for txlog {st.txlog} and data {st.data}"
     return st
+
+
+def forget_state(st: AuditState) -> None:
+    """Make the state unusable (remove ``files.json``) before its tables are replaced."""
+    (st.path / FILES).unlink(missing_ok=True)
 
 
 def save_files(st: AuditState, txlog: str, data: str, consumed: dict[str, int]) -> None:

@@ -123,6 +123,23 @@ def test_incremental_run_equals_full_audit(
         assert _rows(again.findings) == _rows(full.findings)
     finally:
         again.unpersist()
+    # a full run that stops between dropping the earlier state and recording its own leaves
+    # no state to trust: the next run reads everything
+    reset = audit(spark, state=state, full=True, **kw)
+    try:
+        writes = reset.state_writes()
+        assert len(writes) == 2 and not (state / "files.json").exists()
+        writes[0]()  # then the run stops
+    finally:
+        reset.unpersist()
+    after = audit(spark, state=state, **kw)
+    try:
+        assert not after.incremental
+        assert _rows(after.findings) == _rows(full.findings)
+        after.save_state()  # the table the stopped run wrote is replaced
+        assert json.loads((state / "files.json").read_text())["runs"] == 1
+    finally:
+        after.unpersist()
 
 
 def test_incremental_run_after_deletions_equals_full_audit(

@@ -184,20 +184,7 @@ class AuditResult:
     def read_stats(self) -> dict[str, int]:
         """What this run parsed from the files (rows, bytes) and what it took from the state
         (counted by :func:`audit` in the pass that counts the findings)."""
-        if self.stats:
-            return dict(self.stats)
-        t = self.txlog.groupBy("_new").agg(F.count("*").alias("n"), F.sum("size").alias("b"))
-        m = self.log.groupBy("_new").agg(F.count("*").alias("n"), F.sum("size").alias("b"))
-        out = {"txlog_rows_read": 0, "txlog_bytes_read": 0, "txlog_rows_from_state": 0}
-        out.update({"log_rows_read": 0, "log_bytes_read": 0, "log_rows_from_state": 0})
-        for name, df in (("txlog", t), ("log", m)):
-            for r in df.collect():
-                if r["_new"]:
-                    out[f"{name}_rows_read"] = int(r["n"])
-                    out[f"{name}_bytes_read"] = int(r["b"] or 0)
-                else:
-                    out[f"{name}_rows_from_state"] = int(r["n"])
-        return out
+        return dict(self.stats)
 
     def state_writes(self) -> list[Callable[[], None]]:
         """The Parquet writes of this run's rows into the state directory (none without
@@ -222,10 +209,8 @@ class AuditResult:
         }
 
         def write(name: str) -> None:
-            if name not in self._state_written:
-                path = st.path / name / run
-                tables[name].drop("_new").write.mode("overwrite").parquet(str(path))
-                self._state_written.add(name)
+            tables[name].drop("_new").write.mode("overwrite").parquet(str(st.path / name / run))
+            self._state_written.add(name)
 
         return [partial(write, name) for name in tables if name not in self._state_written]
 

@@ -823,6 +823,10 @@ class BrokerService:
         try:
             sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
         except OffsetOutOfRangeError as e:
+            if self._pushed_not_shown(conn, part, r.offset):
+                if r.max_wait_ms > 0:
+                    return self._park(conn, part, r)
+                return self._error(conn, 404, r.opaque, f"Nothing yet at position {r.offset}")
             if r.offset > e.nearest and r.max_wait_ms == 0 and not self._moved_past_end(r):
                 # MetaQ: beyond the end is "not found" unless updateConsumerOffsets
                 st.get_misses += 1
@@ -843,6 +847,14 @@ class BrokerService:
         tc.get_bytes += sl.length
         conn.send(encode_value_header(sl.length, r.opaque))
         conn.send(sl)
+
+    @staticmethod
+    def _pushed_not_shown(conn: Connection, part: Partition, offset: int) -> bool:
+        """A replica asks at an offset this master wrote but does not show yet: a
+        synchronous slave's own end, pushed to it before the slave's confirmation (or the
+        group commit's fsync) made it visible here. Nothing yet, not a divergence: the get
+        waits (or finds nothing) instead of being sent back to the visible end."""
+        return conn.replica and part.visible_end < offset <= part.end
 
     def _moved_past_end(self, r: Get) -> bool:
         """MetaQ answers a get beyond the end with 301 (to the end) only when
@@ -897,8 +909,11 @@ class BrokerService:
         try:
             sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
         except OffsetOutOfRangeError as e:
-            slot.body = encode_result(301, r.opaque, Redirect(e.nearest).encode())
-            return self._deliver(conn, slot)
+            if self._pushed_not_shown(conn, part, r.offset):
+                sl = None  # the wait ended before this master showed the slave's end
+            else:
+                slot.body = encode_result(301, r.opaque, Redirect(e.nearest).encode())
+                return self._deliver(conn, slot)
         if sl is None:
             self.stats.get_misses += 1
             slot.body = encode_result(

@@ -29,6 +29,8 @@ from tests.wireclient import WireClient
 from txlog import TxLog
 
 REPL = "repl-secret"
+#: the log lines a failed failover test prints: elections, errors, restarts
+_TELLING = re.compile(r" (ERROR|CRITICAL) |notify\.failover|promoted|Traceback|Error:")
 SESSION_MS = 2000
 
 
@@ -102,6 +104,13 @@ class Group:
             if b.proc is not None and b.proc.poll() is None:
                 os.kill(b.proc.pid, signal.SIGCONT)
             b.kill()
+        # shown by pytest only when the test failed: what each member decided, and why
+        for name, b in (("a", self.a), ("b", self.b)):
+            if b.log_path.exists():
+                lines = b.log_path.read_text(errors="replace").splitlines()
+                keep = [ln for ln in lines if _TELLING.search(ln)]
+                print(f"--- {name} ({b.addr}): {len(keep)} of {len(lines)} log lines")
+                print("\n".join(keep[-60:]))
 
 
 @pytest.fixture

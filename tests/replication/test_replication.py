@@ -124,7 +124,7 @@ def test_async_slave_byte_identical_and_catch_up(tmp_path: Path) -> None:
 
 
 def _pair(
-    tmp_path: Path, policy: str = "refuse", timeout_ms: int = 1000
+    tmp_path: Path, policy: str = "refuse", timeout_ms: int = 1000, pull_wait_ms: int = 200
 ) -> tuple[BrokerProcess, BrokerProcess]:
     # replicationSecret: the slave accepts msync only from a replica-authenticated master
     master = BrokerProcess(tmp_path / "m", topics=TOPICS, system={"replicationSecret": "rs"})
@@ -136,7 +136,7 @@ def _pair(
         slave={
             "slaveId": 1,
             "masterAddress": f"127.0.0.1:{master.port}",
-            "slaveMaxDelayInMills": 200,
+            "slaveMaxDelayInMills": pull_wait_ms,
         },
     )
     slave.start()
@@ -301,6 +301,31 @@ def test_idempotent_retry_after_503_and_on_the_promoted_slave(tmp_path: Path) ->
         assert put(slave.addr, 1) == (200, ack1)  # the promoted slave knows the producer
         assert put(slave.addr, 0)[0] == 400  # older than its last batch
         assert put(slave.addr, 2)[0] == 200
+    finally:
+        slave.stop()
+        master.stop()
+
+
+def test_sync_slave_pulling_at_its_pushed_end_is_not_sent_back(tmp_path: Path) -> None:
+    """A synchronous slave holds bytes its master does not show yet (pushed before the
+    slave's confirmation and the group commit's fsync made them visible there); its own pull
+    at that end must wait for more, not be answered 301 to the master's visible end (which
+    the slave took for a divergence: an error logged, its puller stopped for 5 s)."""
+    master, slave = _pair(tmp_path, pull_wait_ms=2)  # the slave's pulls expire often
+    try:
+        wait_in_sync(master.addr, 10)
+        deadline = time.monotonic() + 3
+        n = 0
+        while time.monotonic() < deadline:  # pushed, then confirmed, again and again
+            acked = produce(master.addr, 300, start=n)
+            assert len(acked) == 300
+            n += 300
+        wait_equal(master, slave)
+        text = slave.log_path.read_text()
+        assert "diverged" not in text and "ERROR" not in text, text[-2000:]
+        st = stats(slave.addr)
+        rows = {k: v for k, v in st.items() if k.startswith("replication.rep-")}
+        assert len(rows) == 3 and all("error=" not in v for v in rows.values()), rows
     finally:
         slave.stop()
         master.stop()

@@ -68,6 +68,9 @@ class Broker:
         self.flusher: Flusher | None = None
         self._server: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: the producers' snapshot being written (a thread goes on when its awaiter is
+        #: cancelled: the next write waits for it, or two would race on one temporary file)
+        self._producer_save: asyncio.Future[None] | None = None
         self._stopped = asyncio.Event()
         self._config_mtime: float | None = None
         self.scheduler: AsyncIOScheduler | None = None
@@ -300,12 +303,17 @@ class Broker:
         """Snapshot the idempotent producers' state (consistent cut on the loop, written
         off it); a failure is logged, the next round tries again."""
         assert self.service is not None
+        prev = self._producer_save
+        if prev is not None and not prev.done():
+            await asyncio.wait({prev})  # its outcome is its own awaiter's to log
         states = self.service.producers
         snap = states.snapshot(self.store.all_partitions())
+        fut = asyncio.get_running_loop().run_in_executor(
+            None, states.save, self.store.data_path, snap
+        )
+        self._producer_save = fut
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                None, states.save, self.store.data_path, snap
-            )
+            await asyncio.shield(fut)  # a cancelled awaiter leaves it running, and known
         except OSError as e:
             log.error("cannot save the idempotent producers' state: %s", e)
 

@@ -35,12 +35,19 @@ SESSION_MS = 2000
 
 
 def _wait(cond: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> float:
+    """Poll ``cond`` until true; a broker that refuses or drops the connection meanwhile
+    (restarting in its process: a demoted master rejoins, as designed) is "not yet"."""
     t0 = time.monotonic()
-    while not cond():
+    last = ""
+    while True:
+        try:
+            if cond():
+                return time.monotonic() - t0
+        except (ConnectionRefusedError, ConnectionResetError) as e:
+            last = f" (last: {e})"
         if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"{what} not reached within {timeout}s")
+            raise AssertionError(f"{what} not reached within {timeout}s{last}")
         time.sleep(0.05)
-    return time.monotonic() - t0
 
 
 class Group:
@@ -104,13 +111,18 @@ class Group:
             if b.proc is not None and b.proc.poll() is None:
                 os.kill(b.proc.pid, signal.SIGCONT)
             b.kill()
-        # shown by pytest only when the test failed: what each member decided, and why
-        for name, b in (("a", self.a), ("b", self.b)):
-            if b.log_path.exists():
-                lines = b.log_path.read_text(errors="replace").splitlines()
-                keep = [ln for ln in lines if _TELLING.search(ln)]
-                print(f"--- {name} ({b.addr}): {len(keep)} of {len(lines)} log lines")
-                print("\n".join(keep[-60:]))
+        print_decisions({"a": self.a, "b": self.b})
+
+
+def print_decisions(members: dict[str, BrokerProcess]) -> None:
+    """Print what each member decided, and why: elections, promotions, errors (pytest shows
+    a fixture's output only when its test failed)."""
+    for name, b in members.items():
+        if b.log_path.exists():
+            lines = b.log_path.read_text(errors="replace").splitlines()
+            keep = [ln for ln in lines if _TELLING.search(ln)]
+            print(f"--- {name} ({b.addr}): {len(keep)} of {len(lines)} log lines")
+            print("\n".join(keep[-60:]))
 
 
 @pytest.fixture

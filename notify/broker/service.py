@@ -826,6 +826,8 @@ class BrokerService:
             if self._pushed_not_shown(conn, part, r.offset):
                 if r.max_wait_ms > 0:
                     return self._park(conn, part, r)
+                st.get_misses += 1
+                tc.get_misses += 1
                 return self._error(conn, 404, r.opaque, f"Nothing yet at position {r.offset}")
             if r.offset > e.nearest and r.max_wait_ms == 0 and not self._moved_past_end(r):
                 # MetaQ: beyond the end is "not found" unless updateConsumerOffsets

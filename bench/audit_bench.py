@@ -16,10 +16,13 @@ Usage::
 2. Audits them on ``local[2]`` in a fresh process (the CLI's work: every check, the Parquet
    tables, summary.json and report.html) and reports wall time and rows/s; the generated logs
    are consistent, so the audit must find nothing.
-3. Incremental (unless ``--no-incremental``): every file cut back to its first 90 % of
-   records and audited with a state directory, then the files put back whole and audited
-   again: the second run parses only the last 10 % and must find nothing either (the cut
-   run's findings are expected: messages cut from the partitions).
+3. Incremental (unless ``--no-incremental``): the files put back to what they held when 90 %
+   of the transactions had been written (about 21.6 of the 24 hours: the redo files and
+   segments rolled since removed, the ones then being written cut there) and audited with a
+   state directory, then put back whole and audited again, as a daily run after a run 2.4
+   hours earlier: the second run parses only the last 10 %, checks again only what that
+   touches, and must find nothing either (the first run's findings are expected: the
+   transactions then open, or committed without their APPLIED yet).
 4. Scaling: a smaller set (``--scale-txs``) audited on ``local[1]`` and on ``local[2]``.
 """
 
@@ -98,9 +101,17 @@ class _Appender:
         self._flush()
         self.fh.close()
 
+    def mark(self) -> tuple[str, int]:
+        """The current file and how many bytes it holds (written or still buffered)."""
+        return str(self.path_of(self.file_start, self.file_no)), self.size + len(self.buf)
 
-def generate(root: Path, txs: int, seed_ms: int | None = None) -> dict[str, Any]:
-    """Write a dataPath under ``root``; return what was written."""
+
+def generate(
+    root: Path, txs: int, seed_ms: int | None = None, mark_at: int | None = None
+) -> dict[str, Any]:
+    """Write a dataPath under ``root``; return what was written (with ``mark_at``, under
+    ``marks`` each file being written when transaction ``mark_at`` began and its size then:
+    see :func:`cut_at`)."""
     t0 = time.perf_counter()
     if root.exists():
         shutil.rmtree(root)
@@ -121,7 +132,10 @@ def generate(root: Path, txs: int, seed_ms: int | None = None) -> dict[str, Any]
     n_msgs = n_records = 0
     outcomes = {"committed": 0, "xa_committed": 0, "rolled_back": 0, "prepared_rolled_back": 0}
     body = b"x" * 64
+    marks: list[tuple[str, int]] = []
     for i in range(txs):
+        if i == mark_at:
+            marks = [a.mark() for a in (redo, *seg.values())]
         t_ms = base_ms + int(i * step)
         id0 = ((t_ms - EPOCH_MS) << shift) | (1 << SEQ_BITS)
         count = 1 + (i * 7919) % 9
@@ -172,6 +186,7 @@ def generate(root: Path, txs: int, seed_ms: int | None = None) -> dict[str, Any]
         "segment_files": sum(1 for _ in root.glob("*-*/*.meta")),
         "redo_files": redo.file_no + 1,
         "seconds": round(time.perf_counter() - t0, 1),
+        "marks": marks,
     }
 
 
@@ -249,22 +264,28 @@ def _tree_cpu() -> float:
     return total / tick
 
 
-def cut_tails(data: Path, keep: float) -> dict[Path, bytes]:
-    """Cut every redo file and segment back to its first ``keep`` share of records (what the
-    files held a while ago); returns the bytes to put back."""
-    from notify.audit import formats
+def _number(f: Path) -> int | None:
+    """A redo file's number, a segment's start; None for other files."""
+    if f.name.startswith("redo.") and f.name[5:].isdigit():
+        return int(f.name[5:])
+    return int(f.stem) if f.suffix == ".meta" and f.stem.isdigit() else None
 
+
+def cut_at(marks: list[tuple[str, int]]) -> dict[Path, bytes]:
+    """Put the files back to what they held at a mark of :func:`generate` (the broker's
+    files a while ago: the files written since removed, each one then being written cut
+    to its size then); returns the bytes to put back."""
     saved: dict[Path, bytes] = {}
-    for f in formats.find_txlog_files(data / "transactions", checkpoint=False):
-        pos = [r for b in formats.read_txlog_file(f) for r in b.columns()["position"]]
-        saved[Path(f.path)] = Path(f.path).read_bytes()
-        Path(f.path).write_bytes(saved[Path(f.path)][: pos[int(len(pos) * keep)]])
-    for s in formats.find_segments(data):
-        offs = [o for c in formats.read_segment(s) for o in c["offset"]]
-        if not offs:
-            continue
-        saved[Path(s.path)] = Path(s.path).read_bytes()
-        Path(s.path).write_bytes(saved[Path(s.path)][: offs[int(len(offs) * keep)] - s.start])
+    for path, size in marks:
+        at = Path(path)
+        n = _number(at)
+        assert n is not None, at
+        later = [f for f in at.parent.iterdir() if (_number(f) or -1) > n]  # rolled since
+        for f in [at, *later]:
+            saved[f] = f.read_bytes()
+        at.write_bytes(saved[at][:size])
+        for f in later:
+            f.unlink()
     return saved
 
 
@@ -335,13 +356,15 @@ def main() -> None:
         rows = []
         if not args.scaling_only:
             print(f"generating {args.txs:,} transactions in {work} ...", flush=True)
-            gen = generate(work / "big", args.txs)
+            mark = None if args.no_incremental else int(args.txs * 0.9)
+            gen = generate(work / "big", args.txs, mark_at=mark)
+            marks = gen.pop("marks")
             print(json.dumps(gen), flush=True)
             big = audit_in_child(work / "big", "local[2]", work / "out-big", args.driver_memory)
             print(json.dumps(big), flush=True)
             rows.append(("full", gen, big))
             if not args.no_incremental:
-                saved = cut_tails(work / "big", 0.9)
+                saved = cut_at(marks)
                 state = work / "state"
                 first = audit_in_child(
                     work / "big", "local[2]", work / "out-90", args.driver_memory, state
@@ -357,6 +380,7 @@ def main() -> None:
                 rows.append(("incremental +10%", gen, inc))
         if not args.no_scaling:
             small = generate(work / "small", args.scale_txs)
+            small.pop("marks")
             for master in ("local[1]", "local[2]"):
                 r = audit_in_child(
                     work / "small", master, work / f"out-{master[6]}", args.driver_memory

@@ -62,9 +62,10 @@ from pyspark.sql.types import (
 )
 
 from notify.audit import formats
+from notify.audit.carry import MATCH_CHECKS, Carried, among, block, select
 from notify.audit.coordinator import CoordinatorLog, read_coordinator_log
 from notify.audit.sources import LOG_FORMAT, TXLOG_FORMAT, register_sources
-from notify.audit.state import AuditState, forget_state, load_state, save_files
+from notify.audit.state import BLOCK_SHIFT, AuditState, forget_state, load_state, save_files
 
 __all__ = [
     "FINDING_COLUMNS",
@@ -133,12 +134,8 @@ LOG_KEPT: Final = (
 
 #: the columns of ``notify-txlog`` the audit does not read (rebuilt from numbers, or unused)
 TXLOG_DROPPED: Final = ("file", "type", "crc", "offset")
-
-
-def _parts(spark: SparkSession, paths: list[str], schema: StructType) -> DataFrame:
-    if not paths:
-        return spark.createDataFrame([], schema)
-    return spark.read.schema(schema).parquet(*paths)
+#: the findings a later incremental run carries (the others are made again every run)
+CARRIED_CHECKS: Final = (*MATCH_CHECKS, "checksum_mismatch", "txlog_undecodable")
 
 
 @dataclass
@@ -147,17 +144,19 @@ class AuditResult:
 
     ``findings``: FINDING_COLUMNS, one row per problem. ``transactions``: one row per
     transaction incarnation. ``messages``: one row per message of a transaction, where it was
-    expected and where it was found. ``stuck_prepared``: prepared transactions past their
+    expected and where it was found (None in an incremental run: it redoes only some).
+    ``stuck_prepared``: prepared transactions past their
     timeout with their age. ``coordinator``: broker XA branches of the coordinator with its
     decision (None without a coordinator log). ``topic_hours`` / ``tx_hours``: counts per
     topic and hour (message-id time) and per hour and outcome. ``txlog``/``log``: the cached
     input rows (all but the columns rebuilt from numbers: file, type, crc, size, offset of the
-    redo rows; file, flag, attribute of the messages).
+    redo rows; file, flag, attribute of the messages); in an incremental run only the rows it
+    checked again (``_new``: parsed now).
     """
 
     findings: DataFrame
     transactions: DataFrame
-    messages: DataFrame
+    messages: DataFrame | None
     stuck_prepared: DataFrame
     coordinator: DataFrame | None
     topic_hours: DataFrame
@@ -177,8 +176,16 @@ class AuditResult:
     #: the redo records by kind (counted in the pass that counts the findings)
     txlog_kinds: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
+    #: the message-id blocks this run matched again (None: all of them, a full run)
+    blocks: list[int] | None = None
+    #: the state's tables of this run (written by :meth:`state_writes`)
+    _tables: dict[str, tuple[DataFrame, str | None, int]] = field(
+        default_factory=dict, repr=False
+    )
+    _file_kinds: dict[int, dict[str, int]] = field(default_factory=dict, repr=False)
+    _redo_nos: set[int] = field(default_factory=set, repr=False)
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
-    _state_run: str | None = field(default=None, repr=False)
+    _state_run: int | None = field(default=None, repr=False)
     _state_written: set[str] = field(default_factory=set, repr=False)
 
     def read_stats(self) -> dict[str, int]:
@@ -187,46 +194,51 @@ class AuditResult:
         return dict(self.stats)
 
     def state_writes(self) -> list[Callable[[], None]]:
-        """The Parquet writes of this run's rows into the state directory (none without
-        one), to run beside the outputs' jobs (``write_outputs(also=...)``); those not run
-        by then, :meth:`save_state` runs. A full run drops the earlier state here,
-        ``files.json`` first: a run stopped before ``save_state`` leaves no state, and the
-        next run reads everything."""
+        """The Parquet writes of this run's tables into the state directory (none without
+        one; layout in :mod:`notify.audit.state`), to run beside the outputs' jobs
+        (``write_outputs(also=...)``); those not run by then, :meth:`save_state` runs. A
+        full run drops the earlier state here, ``files.json`` first: a run stopped before
+        ``save_state`` leaves no state, and the next run reads everything."""
         st = self.state
         if st is None:
             return []
         if self._state_run is None:
             if not self.incremental:  # a full run starts the state again
                 forget_state(st)
-                for d in ("txlog", "log"):
-                    shutil.rmtree(st.path / d, ignore_errors=True)
+                for d in st.path.iterdir() if st.path.is_dir() else ():
+                    if d.is_dir():
+                        shutil.rmtree(d, ignore_errors=True)
                 st.runs = 0
-            self._state_run = f"run-{st.runs + 1:06d}"
-        run, T, M = self._state_run, self.txlog, self.log
-        tables = {
-            "txlog": T.filter(F.col("_new") & ~F.col("kind").isin("CORRUPT", "CHECKPOINT")),
-            "log": M.filter(F.col("_new") & F.col("error").isNull()),
-        }
+            self._state_run = st.runs + 1
+        run = self._state_run
 
         def write(name: str) -> None:
-            tables[name].drop("_new").write.mode("overwrite").parquet(str(st.path / name / run))
+            df, by, files = self._tables[name]
+            w = (df.coalesce(files) if files else df).write.mode("overwrite")
+            (w.partitionBy(by) if by else w).parquet(str(st.run_dir(name, run)))
             self._state_written.add(name)
 
-        return [partial(write, name) for name in tables if name not in self._state_written]
+        return [partial(write, n) for n in self._tables if n not in self._state_written]
 
     def save_state(self) -> None:
-        """Record this run in the state directory (no-op without one): the rows parsed now
-        (unless :meth:`state_writes` wrote them already) and how far each file was read.
-        Call it once the outputs are written."""
+        """Record this run in the state directory (no-op without one): its tables (unless
+        :meth:`state_writes` wrote them already), how far each file was read, and the
+        earlier runs' tables this run replaced dropped. Call it once the outputs are
+        written."""
         st = self.state
         if st is None:
             return
         for write in self.state_writes():
             write()
+        assert self._state_run is not None
         consumed = dict(self.starts) | self.read_to
         txlog_dir, data = self.inputs["txlog"], self.inputs["data"]
         assert txlog_dir is not None and data is not None
-        save_files(st, txlog_dir, data, consumed)
+        forget_state(st)  # the tables change below: no state until files.json says so
+        redone = set(self.blocks or [])
+        st.prune(self._state_run, {"log": redone, "keys": redone}, self._redo_nos)
+        st.runs = self._state_run - 1
+        save_files(st, txlog_dir, data, consumed, self._file_kinds)
         st.runs += 1
         self._state_run = None
         self._state_written.clear()
@@ -393,24 +405,22 @@ def audit(
         .load(data_s)
         .select(*LOG_KEPT)
     )
+    redo_nos = {x.file_no for x in redo_files}
+    carried: Carried | None = None
     if incremental and st is not None:
-        # earlier runs' rows of the files still there, then this run's
-        prev_T = _parts(spark, st.parts("txlog"), T_new.schema)
-        prev_T = prev_T.filter(F.col("file_no").isin([x.file_no for x in redo_files]))
-        prev_M = _parts(spark, st.parts("log"), M_new.schema)
+        # the rows parsed now (cached: the selection reads them, then the checks), the
+        # earlier rows of the keys and blocks they touch, and what the rest carries
+        say("choosing what to check again")
         seg_keys = spark.createDataFrame(
             [(s.topic, s.partition, s.start) for s in seg_files],
             "topic string, partition int, segment_start long",
         )
-        prev_M = prev_M.join(F.broadcast(seg_keys), ["topic", "partition", "segment_start"])
-        T_new = prev_T.withColumn("_new", F.lit(False)).unionByName(
-            T_new.withColumn("_new", F.lit(True))
+        carried = select(spark, st, keep(T_new), keep(M_new), redo_nos, seg_keys)
+        say(
+            f"checking again {carried.stats['keys_redone']:,} transaction keys "
+            f"({carried.stats['keys_changed']:,} changed) and {len(carried.blocks)} id blocks"
         )
-        M_new = (
-            prev_M.select(*LOG_KEPT)
-            .withColumn("_new", F.lit(False))
-            .unionByName(M_new.withColumn("_new", F.lit(True)))
-        )
+        T_new, M_new = carried.T, carried.M
     else:
         T_new = T_new.withColumn("_new", F.lit(True))
         M_new = M_new.withColumn("_new", F.lit(True))
@@ -446,7 +456,8 @@ def audit(
         return found, {name + k: sum(int(r[k]) for r in rows) for k in read}, rows
 
     log_conds = {
-        "checksum_mismatch": F.col("msg_id").isNotNull() & ~F.col("checksum_ok"),
+        # row by row: the rows read back from the state carry their findings
+        "checksum_mismatch": F.col("_new") & F.col("msg_id").isNotNull() & ~F.col("checksum_ok"),
         "segment_error": F.col("error").isNotNull(),
     }
     # the partitions' rows do not depend on the transactions: their counting pass (which
@@ -516,6 +527,7 @@ def audit(
         has("PREPARE").alias("has_prepare"),
         has("APPEND_MSG").alias("has_append"),
         F.min(pos_code).alias("_first"),
+        F.max("file_no").alias("_last_file_no"),
         F.min(when_kind("APPEND_MSG", "time_ms")).alias("first_msg_ms"),
         F.max(when_kind("PREPARE", "time_ms")).alias("prepared_at_ms"),
         F.max(when_kind("PREPARE", "timeout_s")).alias("timeout_s"),
@@ -543,6 +555,7 @@ def audit(
         "has_append",
         "heuristic",
         "_first",
+        "_last_file_no",
         "first_msg_ms",
         "prepared_at_ms",
         "timeout_s",
@@ -686,6 +699,12 @@ def audit(
         .withColumn("in_doubt_ms", F.col("committed_at_ms") - F.col("prepared_at_ms"))
         .withColumn("decided_at_ms", F.coalesce(F.col("committed_at_ms"), F.col("prepared_at_ms")))
     )
+    # every transaction: the ones aggregated now, and those an incremental run carries
+    # (``_last_file_no``: the newest redo file of the key, for a later run's reading)
+    tx_state = tx
+    if carried is not None and carried.tx is not None:
+        tx_state = keep(tx.unionByName(carried.tx))
+    tx_all = tx_state.drop("_last_file_no")
 
     # ---------------------------------------------------------------- expected messages
     say("matching transaction messages")
@@ -752,6 +771,8 @@ def audit(
         "_upper",
         "_expired",
     )
+    if carried is not None:  # the blocks redone; the rest is carried
+        narrow = narrow.filter(among(block("msg_id"), carried.blocks))
     A = M.filter(F.col("msg_id").isNotNull()).select(
         F.col("msg_id"),
         F.col("topic").alias("a_topic"),
@@ -782,7 +803,7 @@ def audit(
             F.max(F.when(here, F.col("a_checksum"))).alias("found_checksum"),
         )
     )
-    carried = [
+    detail_cols = [
         "msg_id",
         "tx_key",
         "inc",
@@ -819,7 +840,7 @@ def audit(
         ).select(
             "topic",
             "partition",
-            *[c for c in carried if c not in ("topic", "partition")],
+            *[c for c in detail_cols if c not in ("topic", "partition")],
             "n_here",
             "n_any",
             "found_offset",
@@ -827,7 +848,7 @@ def audit(
             "min_offset",
         )
 
-    messages = with_details(matched, small=False)
+    messages = None if carried is not None else with_details(matched, small=False)
 
     # ---------------------------------------------------------------- findings
     say("collecting findings")
@@ -873,7 +894,9 @@ def audit(
     }
     txlog_conds = {
         "corrupt": F.col("kind") == "CORRUPT",
-        "txlog_undecodable": (F.col("kind") != "CORRUPT") & F.col("error").isNotNull(),
+        "txlog_undecodable": F.col("_new")
+        & (F.col("kind") != "CORRUPT")
+        & F.col("error").isNotNull(),
     }
     say("counting findings")
     probe: dict[str, int] = {}
@@ -902,11 +925,21 @@ def audit(
             e0 = end - base if e0 is None else max(e0, end - base)
         reach[path] = (b0, e0)
 
+    # per redo file its records by kind, as the state records them (the ones carried and
+    # those parsed now); CORRUPT rows and the checkpoint's are parsed again every run
+    file_kinds = {k: dict(v) for k, v in (carried.kinds if carried else {}).items()}
     for r in t_pass.result()[2]:
-        kind = r["kind"]
-        redo_kinds[kind] = redo_kinds.get(kind, 0) + int(r["_rows_read"] + r["_rows_from_state"])
+        kind, n = r["kind"], int(r["_rows_read"])
+        if r["file_no"] >= 0 and kind != "CORRUPT":
+            fk = file_kinds.setdefault(int(r["file_no"]), {})
+            fk[kind] = fk.get(kind, 0) + n
+        else:
+            redo_kinds[kind] = redo_kinds.get(kind, 0) + n
         if r["file_no"] >= 0:
             reached(redo_paths.get(int(r["file_no"])), r["_bad"], r["_end"])
+    for fk in file_kinds.values():
+        for kind, n in fk.items():
+            redo_kinds[kind] = redo_kinds.get(kind, 0) + n
     for r in log_pass.result()[2]:
         at = (r["topic"], r["partition"], r["segment_start"])
         reached(seg_paths.get(at), r["_bad"], r["_end"], int(r["segment_start"]))
@@ -1091,7 +1124,7 @@ def audit(
         else F.coalesce(F.col("timeout_s").cast("double"), F.lit(0.0))
     )
     stuck = (
-        tx.filter(F.col("outcome") == "prepared")
+        tx_all.filter(F.col("outcome") == "prepared")
         .withColumn("age_s", (F.lit(now) - F.col("prepared_at_ms")) / 1000.0)
         .withColumn("timeout_used_s", limit_s)
         .filter(F.col("age_s") > F.col("timeout_used_s"))
@@ -1135,16 +1168,42 @@ def audit(
     if coordinator_log is not None:
         say("reading the coordinator log")
         clog = read_coordinator_log(coordinator_log)
-        coord_df, coord_findings = _coordinator_checks(spark, clog, tx)
+        coord_df, coord_findings = _coordinator_checks(spark, clog, tx_all)
         f_list.extend(coord_findings)
+
+    if carried is not None and carried.findings is not None:
+        # the earlier runs' findings that still hold; a missing message's range may have
+        # gone below its partition's oldest segment since (retention): no longer reported
+        gone = (
+            (F.col("check") == "committed_missing")
+            & F.col("min_offset").isNotNull()
+            & F.col("offset").isNotNull()
+            & (F.col("offset") < F.col("min_offset"))
+        )
+        f_list.append(
+            carried.findings.join(
+                F.broadcast(parts.select("topic", "partition", "min_offset")),
+                ["topic", "partition"],
+                "left",
+            )
+            .filter(~F.coalesce(gone, F.lit(False)))
+            .select(*[n for n, _t in FINDING_COLUMNS])
+        )
 
     findings = keep(_union([_empty_findings(spark), *f_list]))
 
     # ---------------------------------------------------------------- counts
-    # small tables, written and summarized: kept once computed
-    topic_hours = keep(
+    # small tables, written and summarized: kept once computed. Messages per segment, hour
+    # and block (what an incremental run carries of the blocks it does not redo)
+    seg_hours = (
         M.filter(F.col("msg_id").isNotNull())
-        .groupBy("topic", (F.floor(F.col("time_ms") / HOUR_MS) * HOUR_MS).alias("hour_ms"))
+        .groupBy(
+            "topic",
+            "partition",
+            "segment_start",
+            (F.floor(F.col("time_ms") / HOUR_MS) * HOUR_MS).alias("hour_ms"),
+            block("msg_id").alias("blk"),
+        )
         .agg(
             F.count("*").alias("messages"),
             F.sum("size").alias("bytes"),
@@ -1152,17 +1211,77 @@ def audit(
             F.max("time_ms").alias("last_ms"),
         )
     )
+    if carried is not None and carried.hours is not None:
+        seg_hours = seg_hours.unionByName(carried.hours)
+    seg_hours = keep(seg_hours)
+    topic_hours = keep(
+        seg_hours.groupBy("topic", "hour_ms").agg(
+            F.sum("messages").alias("messages"),
+            F.sum("bytes").alias("bytes"),
+            F.min("first_ms").alias("first_ms"),
+            F.max("last_ms").alias("last_ms"),
+        )
+    )
     tx_hours = keep(
-        tx.withColumn(
+        tx_all.withColumn(
             "hour_ms",
             F.floor(F.coalesce("decided_at_ms", "first_msg_ms") / HOUR_MS) * HOUR_MS,
         )
         .groupBy("hour_ms", "outcome")
         .agg(F.count("*").alias("transactions"), F.sum("messages").alias("messages"))
     )
+    # the state's tables of this run ({name: (rows, partitioned by, files)}; written by
+    # AuditResult.state_writes): the redo rows parsed now by file, every record of the
+    # blocks matched now and their keys by block, and the whole tables a later run carries
+    state_tables: dict[str, tuple[DataFrame, str | None, int]] = {}
+    if st is not None:
+        blk = block("msg_id")
+        keys = T.filter(F.col("kind") == "APPEND_MSG").select(
+            "tx_key",
+            F.explode(F.transform("msg_ids", lambda x: F.shiftright(x, BLOCK_SHIFT))).alias("blk"),
+        )
+        if carried is not None:
+            keys = keys.filter(among(F.col("blk"), carried.blocks))
+        state_tables = {
+            "txlog": (
+                T.filter(
+                    F.col("_new")
+                    & (F.col("file_no") >= 0)
+                    & ~F.col("kind").isin("CORRUPT", "CHECKPOINT")
+                ).drop("_new"),
+                "file_no",
+                0,
+            ),
+            "log": (
+                M.filter(F.col("msg_id").isNotNull() & F.col("error").isNull())
+                .drop("_new")
+                .withColumn("blk", blk),
+                "blk",
+                0,
+            ),
+            "keys": (keys.distinct(), "blk", 0),
+            "tx": (tx_state, None, 4),
+            "hours": (seg_hours, None, 1),
+            "findings": (
+                findings.filter(F.col("check").isin(*CARRIED_CHECKS)).select(
+                    "*",
+                    blk.alias("_blk"),
+                    F.when(
+                        F.col("check") == "checksum_mismatch",
+                        F.col("offset") - F.col("position"),
+                    ).alias("_seg_start"),
+                    F.when(
+                        F.col("check") == "txlog_undecodable",
+                        F.regexp_extract("file", r"redo\.([0-9]+)$", 1).cast("int"),
+                    ).alias("_file_no"),
+                ),
+                None,
+                1,
+            ),
+        }
     return AuditResult(
         findings=findings,
-        transactions=tx,
+        transactions=tx_all,
         messages=messages,
         stuck_prepared=stuck,
         coordinator=coord_df,
@@ -1184,7 +1303,11 @@ def audit(
         starts=starts,
         read_to={p: at for p, at in read_to.items() if at is not None},
         txlog_kinds=redo_kinds,
-        stats=stats,
+        stats=stats | (carried.stats if carried else {}),
+        blocks=None if carried is None else carried.blocks,
+        _tables=state_tables,
+        _file_kinds=file_kinds,
+        _redo_nos=redo_nos,
         _cached=cached,
     )
 

@@ -142,7 +142,8 @@ def _session(
 @click.option(
     "--write-messages",
     is_flag=True,
-    help="also write messages.parquet (one row per transactional message)",
+    help="also write messages.parquet (one row per transactional message; audits every "
+    "file, as --full does: an incremental run matches only the messages of what changed)",
 )
 @click.option(
     "--full",
@@ -240,7 +241,7 @@ def audit(
                         tx_timeout_s=tx_timeout,
                         progress=sp.step,
                         state=state_dir or str(Path(out) / "state"),
-                        full=full,
+                        full=full or write_messages,
                     )
                 except FileNotFoundError as e:
                     sp.close()

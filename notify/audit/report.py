@@ -484,7 +484,7 @@ def render_html(s: dict[str, Any]) -> str:
         )
         out.append(
             _table(
-                ["input", "rows parsed now", "bytes parsed now", "rows from earlier runs"],
+                ["input", "rows parsed now", "bytes parsed now", "earlier rows checked again"],
                 [
                     (
                         "redo log",
@@ -501,6 +501,13 @@ def render_html(s: dict[str, Any]) -> str:
                 ],
             )
         )
+        if r.get("keys_redone") is not None:
+            out.append(
+                f"<p>checked again: {r['keys_redone']:,} transactions "
+                f"({r['keys_changed']:,} with records added or deleted) and "
+                f"{r['blocks_redone']:,} message-id blocks; the rest carried from the "
+                "state.</p>"
+            )
         if r.get("state_ignored"):
             out.append(f"<p class=warn>state not used: {esc(str(r['state_ignored']))}</p>")
     out.append("<h2>Findings</h2>")

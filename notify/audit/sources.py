@@ -167,7 +167,8 @@ class NotifyLogReader(DataSourceReader):
         return _partitions(formats.find_segments(self.path, self.topics), self.starts)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, FilePartition)
+        if not isinstance(partition, FilePartition):
+            return  # no file left to read: Spark reads one InputPartition(None)
         seg = partition.file
         assert isinstance(seg, formats.SegmentFile)
         yield from _select(
@@ -216,7 +217,8 @@ class NotifyTxlogReader(DataSourceReader):
         return _partitions(formats.find_txlog_files(self.path, self.checkpoint), self.starts)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, FilePartition)
+        if not isinstance(partition, FilePartition):
+            return  # no file left to read: Spark reads one InputPartition(None)
         f = partition.file
         assert isinstance(f, formats.TxlogFile)
         yield from _select(

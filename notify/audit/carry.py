@@ -68,6 +68,8 @@ class Carried:
     findings: DataFrame | None
     kinds: dict[int, dict[str, int]] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
+    #: the key sets cached here (the caller unpersists them with its own)
+    cached: list[DataFrame] = field(default_factory=list)
 
 
 def _with(schema: StructType, *cols: tuple[str, Any]) -> StructType:
@@ -221,4 +223,5 @@ def select(
         findings=found,
         kinds=kinds,
         stats={"keys_changed": n_k, "keys_redone": n_all, "blocks_redone": len(D)},
+        cached=[K, K_all],
     )

@@ -126,13 +126,7 @@ def test_incremental_run_equals_full_audit(
     finally:
         inc.unpersist()
         full.unpersist()
-    # nothing added: the next run parses nothing and still finds the same; --full resets
-    again = audit(spark, state=state, **kw)
-    try:
-        assert again.read_stats()["log_rows_read"] == 0
-        assert _rows(again.findings) == _rows(full.findings)
-    finally:
-        again.unpersist()
+    # (a run with nothing added parses nothing: the blocks test below)
     # a full run that stops between dropping the earlier state and recording its own leaves
     # no state to trust: the next run reads everything
     reset = audit(spark, state=state, full=True, **kw)

@@ -65,7 +65,14 @@ from notify.audit import formats
 from notify.audit.carry import MATCH_CHECKS, Carried, among, block, select
 from notify.audit.coordinator import CoordinatorLog, read_coordinator_log
 from notify.audit.sources import LOG_FORMAT, TXLOG_FORMAT, register_sources
-from notify.audit.state import BLOCK_SHIFT, AuditState, forget_state, load_state, save_files
+from notify.audit.state import (
+    BLOCK_SHIFT,
+    TABLES,
+    AuditState,
+    forget_state,
+    load_state,
+    save_files,
+)
 
 __all__ = [
     "FINDING_COLUMNS",
@@ -205,9 +212,8 @@ class AuditResult:
         if self._state_run is None:
             if not self.incremental:  # a full run starts the state again
                 forget_state(st)
-                for d in st.path.iterdir() if st.path.is_dir() else ():
-                    if d.is_dir():
-                        shutil.rmtree(d, ignore_errors=True)
+                for table in TABLES:  # only the state's own tables: --state may be any dir
+                    shutil.rmtree(st.path / table, ignore_errors=True)
                 st.runs = 0
             self._state_run = st.runs + 1
         run = self._state_run

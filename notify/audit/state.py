@@ -49,6 +49,7 @@ from typing import Any, Final
 __all__ = [
     "BLOCK_SHIFT",
     "STATE_VERSION",
+    "TABLES",
     "AuditState",
     "forget_state",
     "load_state",

@@ -207,11 +207,13 @@ def test_incremental_run_after_deletions_equals_full_audit(
     (q / segment_name(0)).write_bytes(b"".join(seg_a))
     (q / segment_name(a_len)).write_bytes(b"".join(seg_b))
     state = tmp_path / "state"
+    (state / "not-the-audits").mkdir(parents=True)  # --state may name a directory in use
     kw: dict[str, Any] = {"txlog": txdir, "data": tmp_path}
     first = audit(spark, state=state, **kw)
     try:
         assert first.finding_counts() == {"committed_duplicate": 1}
         first.save_state()
+        assert (state / "not-the-audits").is_dir()  # a full run replaces only its tables
     finally:
         first.unpersist()
 

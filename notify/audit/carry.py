@@ -31,7 +31,16 @@ from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
 from notify.audit.state import BLOCK_SHIFT, AuditState
 
-__all__ = ["MATCH_CHECKS", "Carried", "among", "block", "select"]
+__all__ = [
+    "CARRIED_CHECKS",
+    "MATCH_CHECKS",
+    "Carried",
+    "among",
+    "append_blocks",
+    "block",
+    "carried_findings",
+    "select",
+]
 
 #: findings made by matching messages with records (carried by block)
 MATCH_CHECKS = (
@@ -41,6 +50,8 @@ MATCH_CHECKS = (
     "committed_checksum_differs",
     "uncommitted_visible",
 )
+#: the findings a later run carries (the others are made again every run)
+CARRIED_CHECKS = (*MATCH_CHECKS, "checksum_mismatch", "txlog_undecodable")
 #: keys set below this are broadcast to the joins that pick rows by key
 BROADCAST_KEYS = 500_000
 
@@ -77,17 +88,33 @@ def _with(schema: StructType, *cols: tuple[str, Any]) -> StructType:
     return StructType(out + [StructField(n, t) for n, t in cols])
 
 
-def _read(
-    spark: SparkSession, base: str, paths: list[str], schema: StructType
-) -> DataFrame:
+def _read(spark: SparkSession, base: str, paths: list[str], schema: StructType) -> DataFrame:
     if not paths:
         return spark.createDataFrame([], schema)
     return spark.read.schema(schema).option("basePath", base).parquet(*paths)
 
 
-def _append_blocks(rows: DataFrame) -> DataFrame:
+def append_blocks(rows: DataFrame, *cols: str) -> DataFrame:
+    """``cols`` and ``blk`` of every message of the APPEND_MSG rows of ``rows`` (redo rows)."""
     return rows.filter(F.col("kind") == "APPEND_MSG").select(
-        F.explode(F.transform("msg_ids", lambda x: F.shiftright(x, BLOCK_SHIFT))).alias("blk")
+        *cols, F.explode(F.transform("msg_ids", lambda x: block(x))).alias("blk")
+    )
+
+
+def carried_findings(findings: DataFrame) -> DataFrame:
+    """The findings a later run may carry, with what it picks them by: ``_blk`` (a message
+    match's block), ``_seg_start`` (a checksum mismatch's segment), ``_file_no`` (an
+    undecodable redo record's file)."""
+    return findings.filter(F.col("check").isin(*CARRIED_CHECKS)).select(
+        "*",
+        block("msg_id").alias("_blk"),
+        F.when(F.col("check") == "checksum_mismatch", F.col("offset") - F.col("position")).alias(
+            "_seg_start"
+        ),
+        F.when(
+            F.col("check") == "txlog_undecodable",
+            F.regexp_extract("file", r"redo\.([0-9]+)$", 1).cast("int"),
+        ).alias("_file_no"),
     )
 
 
@@ -151,9 +178,9 @@ def select(
     # the blocks to redo
     parts = [
         M_new.filter(F.col("msg_id").isNotNull()).select(block("msg_id").alias("blk")),
-        _append_blocks(T_new),
-        _append_blocks(earlier_k),
-        _append_blocks(gone_rows),
+        append_blocks(T_new),
+        append_blocks(earlier_k),
+        append_blocks(gone_rows),
     ]
     if hours_prev is not None:  # the blocks of the segments deleted since
         parts.append(

@@ -62,17 +62,17 @@ from pyspark.sql.types import (
 )
 
 from notify.audit import formats
-from notify.audit.carry import MATCH_CHECKS, Carried, among, block, select
+from notify.audit.carry import (
+    Carried,
+    among,
+    append_blocks,
+    block,
+    carried_findings,
+    select,
+)
 from notify.audit.coordinator import CoordinatorLog, read_coordinator_log
 from notify.audit.sources import LOG_FORMAT, TXLOG_FORMAT, register_sources
-from notify.audit.state import (
-    BLOCK_SHIFT,
-    TABLES,
-    AuditState,
-    forget_state,
-    load_state,
-    save_files,
-)
+from notify.audit.state import TABLES, AuditState, forget_state, load_state, save_files
 
 __all__ = [
     "FINDING_COLUMNS",
@@ -141,8 +141,6 @@ LOG_KEPT: Final = (
 
 #: the columns of ``notify-txlog`` the audit does not read (rebuilt from numbers, or unused)
 TXLOG_DROPPED: Final = ("file", "type", "crc", "offset")
-#: the findings a later incremental run carries (the others are made again every run)
-CARRIED_CHECKS: Final = (*MATCH_CHECKS, "checksum_mismatch", "txlog_undecodable")
 
 
 @dataclass
@@ -186,9 +184,7 @@ class AuditResult:
     #: the message-id blocks this run matched again (None: all of them, a full run)
     blocks: list[int] | None = None
     #: the state's tables of this run (written by :meth:`state_writes`)
-    _tables: dict[str, tuple[DataFrame, str | None, int]] = field(
-        default_factory=dict, repr=False
-    )
+    _tables: dict[str, tuple[DataFrame, str | None, int]] = field(default_factory=dict, repr=False)
     _file_kinds: dict[int, dict[str, int]] = field(default_factory=dict, repr=False)
     _redo_nos: set[int] = field(default_factory=set, repr=False)
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
@@ -243,7 +239,6 @@ class AuditResult:
         forget_state(st)  # the tables change below: no state until files.json says so
         redone = set(self.blocks or [])
         st.prune(self._state_run, {"log": redone, "keys": redone}, self._redo_nos)
-        st.runs = self._state_run - 1
         save_files(st, txlog_dir, data, consumed, self._file_kinds)
         st.runs += 1
         self._state_run = None
@@ -1255,11 +1250,7 @@ def audit(
     # blocks matched now and their keys by block, and the whole tables a later run carries
     state_tables: dict[str, tuple[DataFrame, str | None, int]] = {}
     if st is not None:
-        blk = block("msg_id")
-        keys = T.filter(F.col("kind") == "APPEND_MSG").select(
-            "tx_key",
-            F.explode(F.transform("msg_ids", lambda x: F.shiftright(x, BLOCK_SHIFT))).alias("blk"),
-        )
+        keys = append_blocks(T, "tx_key")
         if carried is not None:
             keys = keys.filter(among(F.col("blk"), carried.blocks))
         state_tables = {
@@ -1275,29 +1266,14 @@ def audit(
             "log": (
                 M.filter(F.col("msg_id").isNotNull() & F.col("error").isNull())
                 .drop("_new")
-                .withColumn("blk", blk),
+                .withColumn("blk", block("msg_id")),
                 "blk",
                 0,
             ),
             "keys": (keys.distinct(), "blk", 0),
             "tx": (tx_state, None, 4),
             "hours": (seg_hours, None, 1),
-            "findings": (
-                findings.filter(F.col("check").isin(*CARRIED_CHECKS)).select(
-                    "*",
-                    blk.alias("_blk"),
-                    F.when(
-                        F.col("check") == "checksum_mismatch",
-                        F.col("offset") - F.col("position"),
-                    ).alias("_seg_start"),
-                    F.when(
-                        F.col("check") == "txlog_undecodable",
-                        F.regexp_extract("file", r"redo\.([0-9]+)$", 1).cast("int"),
-                    ).alias("_file_no"),
-                ),
-                None,
-                1,
-            ),
+            "findings": (carried_findings(findings), None, 1),
         }
     return AuditResult(
         findings=findings,

@@ -209,6 +209,12 @@ class SystemConfig:
     max_consumer_groups: int = 10_000
     #: idempotent producers remembered per partition (least recently used out)
     max_idempotent_producers: int = 10_000
+    #: longest idempotent producer id a connection may claim (``producer`` verb)
+    max_producer_id_length: int = 128
+    #: bytes of all idempotent producers' state (identities and last batches, estimated)
+    producer_state_max_bytes: int = 64 * MIB
+    #: identities one connection may hold at once
+    max_producer_ids_per_connection: int = 1024
     consumer_group_expiry_ms: int = 86_400_000
     consumer_session_timeout_ms: int = 30_000
     metrics_max_consumer_series: int = 10_000
@@ -251,6 +257,10 @@ class SystemConfig:
     queue_max_in_flight: int = 10_000
     queue_max_credit: int = 1000
     queue_max_groups: int = 256
+    #: new queue groups one connection may have created (still existing) at once
+    queue_max_groups_per_connection: int = 16
+    #: ms after which a group with no consumer that holds nothing is deleted (0 = never)
+    queue_group_expiry_ms: int = 86_400_000
     queue_max_dead_letters: int = 10_000
     queue_max_release_delay_ms: int = 3_600_000
     queue_checkpoint_interval_ms: int = 10_000
@@ -372,6 +382,9 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "fdReserve": ("fd_reserve", _int),
     "maxConsumerGroups": ("max_consumer_groups", _int),
     "maxIdempotentProducers": ("max_idempotent_producers", _int),
+    "maxProducerIdLength": ("max_producer_id_length", _int),
+    "producerStateMaxBytes": ("producer_state_max_bytes", _int),
+    "maxProducerIdsPerConnection": ("max_producer_ids_per_connection", _int),
     "consumerGroupExpiry": ("consumer_group_expiry_ms", _int),
     "consumerSessionTimeout": ("consumer_session_timeout_ms", _int),
     "metricsMaxConsumerSeries": ("metrics_max_consumer_series", _int),
@@ -404,6 +417,8 @@ _SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
     "queueMaxInFlight": ("queue_max_in_flight", _int),
     "queueMaxCredit": ("queue_max_credit", _int),
     "queueMaxGroups": ("queue_max_groups", _int),
+    "queueMaxGroupsPerConnection": ("queue_max_groups_per_connection", _int),
+    "queueGroupExpiry": ("queue_group_expiry_ms", _int),
     "queueMaxDeadLetters": ("queue_max_dead_letters", _int),
     "queueMaxReleaseDelay": ("queue_max_release_delay_ms", _int),
     "queueCheckpointInterval": ("queue_checkpoint_interval_ms", _int),
@@ -516,6 +531,9 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "fdReserve": (0, 1_000_000),
     "maxConsumerGroups": (1, 10_000_000),
     "maxIdempotentProducers": (1, 10_000_000),
+    "maxProducerIdLength": (23, 1024),
+    "producerStateMaxBytes": (64 * KIB, 64 * GIB),
+    "maxProducerIdsPerConnection": (1, 1_000_000),
     "consumerGroupExpiry": (1000, 365 * _DAY_MS),
     "consumerSessionTimeout": (100, _DAY_MS),
     "metricsMaxConsumerSeries": (0, 10_000_000),
@@ -541,6 +559,8 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
     "queueMaxInFlight": (1, 1_000_000),
     "queueMaxCredit": (1, 100_000),
     "queueMaxGroups": (1, 100_000),
+    "queueMaxGroupsPerConnection": (1, 100_000),
+    "queueGroupExpiry": (0, 365 * _DAY_MS),
     "queueMaxDeadLetters": (0, 1_000_000),
     "queueMaxReleaseDelay": (0, 30 * _DAY_MS),
     "queueCheckpointInterval": (100, _DAY_MS),

@@ -135,3 +135,8 @@ class BrokerError(ClientError):
         self.code = code
         self.text = message
         self.retriable = code in (503, 504)
+
+
+class ProducerFencedError(BrokerError):
+    """409 ``fenced``: a newer instance holds this idempotent producer's named identity
+    (README "Protocol notes"); this instance must stop sending. Never retried."""

@@ -301,13 +301,17 @@ class Broker:
 
     async def _save_producer_states(self) -> None:
         """Snapshot the idempotent producers' state (consistent cut on the loop, written
-        off it); a failure is logged, the next round tries again."""
+        off it) when it or a partition's end changed; a failure is logged, the next round
+        tries again."""
         assert self.service is not None
         prev = self._producer_save
         if prev is not None and not prev.done():
             await asyncio.wait({prev})  # its outcome is its own awaiter's to log
         states = self.service.producers
-        snap = states.snapshot(self.store.all_partitions())
+        changed = states.snapshot_if_changed(self.store.all_partitions())
+        if changed is None:  # nothing moved since the last write: an idle broker writes nothing
+            return
+        mark, snap = changed
         fut = asyncio.get_running_loop().run_in_executor(
             None, states.save, self.store.data_path, snap
         )
@@ -316,6 +320,8 @@ class Broker:
             await asyncio.shield(fut)  # a cancelled awaiter leaves it running, and known
         except OSError as e:
             log.error("cannot save the idempotent producers' state: %s", e)
+        else:
+            states.saved(mark)
 
     # ------------------------------------------------------------------ reload
 

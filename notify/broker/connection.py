@@ -41,6 +41,7 @@ import os
 from collections import deque
 from typing import Any, Protocol, cast
 
+from notify.broker.idempotence import Holder
 from notify.broker.stats import BrokerStats
 from notify.config import ServerConfig
 from notify.errors import ProtocolError
@@ -134,6 +135,9 @@ class Connection(asyncio.Protocol):
         self.open_groups: dict[tuple[str, int], PendingReplies] = {}
         self.session: set[str] | None = None  # keys of the transactions this connection began
         self.producer_group = ""  # set by the ``register`` extension
+        #: idempotent producer identities claimed on this connection (``producer`` verb):
+        #: id -> the holder it was given (notify.broker.idempotence)
+        self.producers: dict[str, Holder] = {}
         #: the newest failover epoch of this broker's group the client declared (``epoch``
         #: extension; 0 = none): a master in an older epoch refuses this connection's writes
         self.client_epoch = 0

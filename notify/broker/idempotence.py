@@ -1,22 +1,29 @@
 """Idempotent producers: drop a retried put the partition already stored.
 
-An idempotent producer (``ProducerConfig(idempotent=True)``) puts a producer id and a
-per-partition sequence number into each message's attribute block
+An idempotent producer (``ProducerConfig(idempotent=True)``) claims an identity on each of
+its connections (the ``producer`` verb, :mod:`notify.protocol.identity`), puts that producer
+id and a per-partition sequence number into each message's attribute block
 (:mod:`notify.protocol.properties`, record flag bit 1), and keeps at most one batch in flight
 per partition. So a put (or ``mput``) whose sequences are not above the last batch stored
 for its producer in that partition is a retry of that batch, whose acknowledgement was lost
 (a dropped connection, a timeout, a 503 after the local write): it is not written again but
-answered with the stored batch's ids and offsets.
+answered with the stored batch's ids and offsets. A put naming an identity its connection
+has not claimed (or whose claim a newer instance fenced) is refused before any of that.
 
 The state is, per partition, ``producer id -> last batch`` (first and last sequence, first
 message id, first offset, end offset), bounded by ``maxIdempotentProducers`` per partition
-(least recently used out). It is rebuilt from the records themselves: at start from the
-snapshot ``<dataPath>/producer-states.json`` (written at start, then with the recovery
-points, and at shutdown) plus a scan of what the partition holds past the snapshot (all of
-a partition created after it); a slave observes the records it
-appends, so a promoted slave knows the producers too. When the snapshot covers more than a
-crash left in a partition, the batches past the recovered end are forgotten (they were
-lost, so a retry of them must be stored).
+(least recently used out), plus the holder (epoch, instance) of every named identity; all
+of it within ``producerStateMaxBytes`` (estimated at :data:`ENTRY_BYTES` plus the id per
+entry): beyond, the least recently used entries of identities no connection holds are
+forgotten, and a put or claim that still finds no room is refused (503). It is rebuilt from
+the records themselves: at start from the snapshot ``<dataPath>/producer-states.json``
+(written at start, then with the recovery points and at shutdown, each time only when it
+changed) plus a scan of what the partition holds past the snapshot (all of a partition
+created after it); a slave observes the records it appends, so a promoted slave knows the
+producers too. When the snapshot covers more than a crash left in a partition, the batches
+past the recovered end are forgotten (they were lost, so a retry of them must be stored).
+Records and snapshot entries whose producer id is malformed or longer than
+``maxProducerIdLength`` are ignored (no connection could have claimed them).
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from notify.fs import OS_FS, FileSystem, write_file_atomically
-from notify.protocol import records
-from notify.protocol.properties import FLAG_PROPERTIES, producer_sequence
+from notify.protocol import hotpath, records
+from notify.protocol.accel import NATIVE
+from notify.protocol.identity import Claim, ClaimReply, proves, split_id
+from notify.protocol.properties import FLAG_PROPERTIES, record_producer
 from notify.store.partition import Partition
 
 log = logging.getLogger("notify.broker")
@@ -39,6 +48,25 @@ log = logging.getLogger("notify.broker")
 SNAPSHOT_FILE: Final = "producer-states.json"
 
 _SCAN_WINDOW: Final = 1 << 20
+#: Estimated bytes of one entry of the state besides its producer id (a last batch in its
+#: partition's table and the LRU order, or a named identity's holder): measured with
+#: tracemalloc in tests/broker/test_producer_identity.py.
+ENTRY_BYTES: Final = 560
+_REGISTRY: Final = ""  # the LRU key's partition slot of a named identity's holder
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The instance that holds a named identity: the newest epoch claimed, and its
+    instance token. A connection's claim keeps the very object it was given: a newer
+    claim replaces it in the registry, and puts through the old one are fenced."""
+
+    epoch: int
+    instance: str
+
+
+#: What an anonymous identity's connections hold (anonymous identities are never fenced).
+ANONYMOUS: Final = Holder(0, "-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,56 +116,214 @@ def _may_hold_mark(buf: bytes | bytearray | memoryview) -> bool:
     return True
 
 
-def batch_producer(buf: bytes | bytearray | memoryview) -> tuple[str, int, int] | None:
-    """``(producer id, first sequence, last sequence)`` of whole validated records ``buf``
-    when its first and last records come from one idempotent producer and their sequences
-    span exactly the batch (what the client sends: consecutive sequences), else None. Only
-    those two records are parsed."""
-    starts: list[int] = []
-    pos, n = 0, len(buf)
-    unpack = records.HEADER.unpack_from
-    while n - pos >= records.HEADER_SIZE:
-        starts.append(pos)
-        pos += records.HEADER_SIZE + unpack(buf, pos)[0]
-    if not starts:
-        return None
-    ends = [_producer_at(buf, starts[0]), _producer_at(buf, starts[-1])]
-    first, last = ends
-    if first is None or last is None or first[0] != last[0]:
-        return None
-    if last[1] - first[1] + 1 != len(starts):
-        return None
-    return first[0], first[1], last[1]
+#: the compiled batch reader when the build matches (notify.protocol.accel)
+_producer_batch = NATIVE.producer_batch if NATIVE is not None else hotpath.producer_batch
 
 
-def _producer_at(buf: bytes | bytearray | memoryview, pos: int) -> tuple[str, int] | None:
-    length, _crc, _mid, flag = records.HEADER.unpack_from(buf, pos)
-    start = pos + records.HEADER_SIZE
-    return record_producer(flag, bytes(buf[start : start + length]))
-
-
-def record_producer(flag: int, payload: bytes) -> tuple[str, int] | None:
-    """``(producer id, sequence)`` of one record's payload, or None."""
-    if not flag & FLAG_PROPERTIES:
+def batch_producer(buf: bytes) -> tuple[str, int, int] | str | None:
+    """The producer of whole validated records ``buf`` (an mput): ``(producer id, first
+    sequence, last sequence)`` when every record names that id with consecutive sequences,
+    None when none names a producer, else why the batch is refused (one compiled walk over
+    the headers and each attribute's suffix: no Python per record)."""
+    verdict, ps, pe, first, last = _producer_batch(buf)
+    if verdict == hotpath.NO_PRODUCER:
         return None
-    try:
-        text, _ = records.split_payload(payload, flag)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return None if text is None else producer_sequence(text)
+    if verdict == hotpath.MIXED_PRODUCERS:
+        return (
+            "an mput's records name one producer with consecutive sequences, or none; "
+            "this one mixes them"
+        )
+    return buf[ps:pe].decode("ascii"), first, last
 
 
 class ProducerStates:
-    """The last batch of every idempotent producer per partition (see module doc)."""
+    """The last batch of every idempotent producer per partition, the holders of named
+    identities and which connections hold what (see module doc)."""
 
-    def __init__(self, max_producers: int):
+    def __init__(
+        self,
+        max_producers: int,
+        max_bytes: int = 64 << 20,
+        max_id_length: int = 128,
+        max_per_connection: int = 1024,
+    ):
         self.max_producers = max_producers
+        self.max_bytes = max_bytes
+        self.max_id_length = max_id_length
+        self.max_per_connection = max_per_connection
         self._parts: dict[str, OrderedDict[str, LastBatch]] = {}
+        #: every entry, least recently used first: (partition key, pid) of a last batch,
+        #: ("", pid) of a named identity's holder
+        self._order: OrderedDict[tuple[str, str], None] = OrderedDict()
+        #: named identity -> its holder
+        self.named: dict[str, Holder] = {}
+        #: producer id -> connections that hold it (their entries are not evicted)
+        self._bound: dict[str, int] = {}
+        self.bytes = 0
+        #: counts state changes: the snapshot is written only when it (or an end) moved
+        self.changes = 0
+        self._saved: tuple[int, tuple[int, ...]] | None = None
         self.duplicates = 0
+        self.evicted = 0
+        self.refused = 0
+        self.fenced = 0
 
     @staticmethod
     def key(part: Partition) -> str:
         return f"{part.topic}-{part.index}"
+
+    # ------------------------------------------------------------------ identities
+
+    def claim(self, held: dict[str, Holder], c: Claim) -> tuple[int, bytes]:
+        """A connection holding ``held`` claims ``c``: ``(200, reply body)`` and ``held``
+        updated, or ``(code, error text)``."""
+        pid = c.producer_id
+        if len(pid) > self.max_id_length:
+            return 400, (
+                f"producer id of {len(pid)} characters exceeds maxProducerIdLength "
+                f"{self.max_id_length}"
+            ).encode()
+        if not proves(pid, c.secret):
+            return 403, f"producer {pid}: the secret does not prove this id".encode()
+        if pid not in held and len(held) >= self.max_per_connection:
+            self.refused += 1
+            return 503, (
+                f"this connection holds {len(held)} producer identities "
+                f"(maxProducerIdsPerConnection={self.max_per_connection})"
+            ).encode()
+        if not c.named:
+            holder = ANONYMOUS
+        else:
+            cur = self.named.get(pid)
+            if cur is not None and (cur.epoch, cur.instance) == (c.epoch, c.instance):
+                holder = cur
+                self._order.move_to_end((_REGISTRY, pid))
+            elif cur is None or c.epoch > cur.epoch:
+                if cur is None and not self._room(pid):
+                    self.refused += 1
+                    return 503, self._full(pid)
+                holder = Holder(c.epoch, c.instance)
+                self._set_holder(pid, holder)
+                if cur is not None:
+                    log.info(
+                        "producer %s claimed by a newer instance (epoch %d > %d): the older "
+                        "one is fenced",
+                        pid,
+                        c.epoch,
+                        cur.epoch,
+                    )
+            else:
+                self.fenced += 1
+                return 409, self.fenced_text(pid, cur).encode()
+        if pid not in held:
+            self._bound[pid] = self._bound.get(pid, 0) + 1
+        held[pid] = holder
+        return 200, ClaimReply(pid, holder.epoch, self.sequences(pid)).encode()
+
+    @staticmethod
+    def fenced_text(pid: str, holder: Holder) -> str:
+        return (
+            f"fenced: producer {pid} is held by a newer instance (epoch {holder.epoch}); "
+            "this instance must stop"
+        )
+
+    def _set_holder(self, pid: str, holder: Holder) -> None:
+        if pid not in self.named:
+            self.bytes += ENTRY_BYTES + len(pid)
+        self.named[pid] = holder
+        self._order[(_REGISTRY, pid)] = None
+        self._order.move_to_end((_REGISTRY, pid))
+        self.changes += 1
+
+    def release(self, held: dict[str, Holder]) -> None:
+        """A connection that held ``held`` closed."""
+        bound = self._bound
+        for pid in held:
+            n = bound.get(pid, 0) - 1
+            if n > 0:
+                bound[pid] = n
+            else:
+                bound.pop(pid, None)
+        held.clear()
+
+    def refusal(self, held: dict[str, Holder] | None, pid: str) -> tuple[int, str] | None:
+        """Why a connection holding ``held`` may not put as ``pid`` (None: it may)."""
+        h = held.get(pid) if held else None
+        if h is None:
+            return 403, (
+                f"producer {pid[:80]} is not claimed on this connection: send "
+                "'producer <id> <secret> <epoch> <instance> <opaque>' first"
+            )
+        if h is not ANONYMOUS:
+            cur = self.named.get(pid)
+            if cur is not h:
+                if cur is None:  # forgotten (state budget): the holder claims it again
+                    self._set_holder(pid, h)
+                    return None
+                self.fenced += 1
+                return 409, self.fenced_text(pid, cur)
+        return None
+
+    def sequences(self, pid: str) -> dict[tuple[str, int], int]:
+        """The last sequence ``pid`` stored per ``(topic, partition)``."""
+        out: dict[tuple[str, int], int] = {}
+        for key, table in self._parts.items():
+            b = table.get(pid)
+            if b is not None:
+                topic, _, index = key.rpartition("-")
+                out[(topic, int(index))] = b.last_seq
+        return out
+
+    # ------------------------------------------------------------------ the budget
+
+    def _full(self, pid: str) -> bytes:
+        return (
+            f"producer {pid}: the idempotent producers' state is full "
+            f"(producerStateMaxBytes={self.max_bytes}); retry later"
+        ).encode()
+
+    def room_for(self, part: Partition, pid: str) -> bytes | None:
+        """None when ``pid`` may store a batch in ``part`` (it has an entry there, or one
+        fits the budget, making room by forgetting entries no connection holds); else the
+        refusal's text (counted)."""
+        table = self._parts.get(self.key(part))
+        if table is not None and pid in table:
+            return None
+        if self._room(pid):
+            return None
+        self.refused += 1
+        return self._full(pid)
+
+    def _room(self, pid: str) -> bool:
+        need = ENTRY_BYTES + len(pid)
+        if self.bytes + need <= self.max_bytes:
+            return True
+        self._evict(need)
+        return self.bytes + need <= self.max_bytes
+
+    def _evict(self, need: int) -> None:
+        """Forget the least recently used entries of identities no connection holds until
+        ``need`` more bytes fit (held ones met on the way count as used now)."""
+        order = self._order
+        bound = self._bound
+        tries = len(order)
+        while order and self.bytes + need > self.max_bytes and tries > 0:
+            tries -= 1
+            (key, pid), _ = order.popitem(last=False)
+            if pid in bound:
+                order[(key, pid)] = None
+                continue
+            self.evicted += 1
+            self.changes += 1
+            self.bytes -= ENTRY_BYTES + len(pid)
+            if key == _REGISTRY:
+                self.named.pop(pid, None)
+            else:
+                table = self._parts.get(key)
+                if table is not None:
+                    table.pop(pid, None)
+
+    # ------------------------------------------------------------------ last batches
 
     def last(self, part: Partition, pid: str) -> LastBatch | None:
         """The last batch ``pid`` stored in ``part``."""
@@ -154,18 +340,37 @@ class ProducerStates:
 
     def record(self, part: Partition, pid: str, batch: LastBatch) -> None:
         """``pid`` stored ``batch`` in ``part`` (appended or replicated)."""
-        table = self._parts.setdefault(self.key(part), OrderedDict())
+        key = self.key(part)
+        table = self._parts.get(key)
+        if table is None:
+            table = self._parts[key] = OrderedDict()
+        self.changes += 1
+        if pid in table:
+            table[pid] = batch
+            table.move_to_end(pid)
+            self._order.move_to_end((key, pid))
+            return
         table[pid] = batch
-        table.move_to_end(pid)
+        self._order[(key, pid)] = None
+        self.bytes += ENTRY_BYTES + len(pid)
         while len(table) > self.max_producers:
-            table.popitem(last=False)
+            old, _ = table.popitem(last=False)
+            self._order.pop((key, old), None)
+            self.bytes -= ENTRY_BYTES + len(old)
+            self.evicted += 1
+        if self.bytes > self.max_bytes:  # a slave's or the scan's records: no one to refuse
+            self._evict(0)
 
     def forget_from(self, part: Partition, offset: int) -> None:
         """Batches stored at or after ``offset`` were taken back (refused puts)."""
         table = self._parts.get(self.key(part))
         if table is not None:
+            key = self.key(part)
             for pid in [p for p, b in table.items() if b.end_offset > offset]:
                 del table[pid]
+                self._order.pop((key, pid), None)
+                self.bytes -= ENTRY_BYTES + len(pid)
+                self.changes += 1
 
     def observe(self, part: Partition, buf: bytes | bytearray | memoryview, base: int) -> None:
         """Record the idempotent batches among whole records ``buf`` stored at ``base``
@@ -175,8 +380,11 @@ class ProducerStates:
             return
         cur: tuple[str, int, int, int, int] | None = None  # pid, first, last, id, offset
         end = base
+        longest = self.max_id_length
         for rec in records.decode_all(buf, base, verify=False)[0]:
             got = record_producer(rec.flag, rec.payload)
+            if got is not None and (len(got[0]) > longest or split_id(got[0]) is None):
+                got = None  # no connection could have claimed it
             if cur is not None and (got is None or got[0] != cur[0] or got[1] != cur[2] + 1):
                 self.record(part, cur[0], LastBatch(cur[1], cur[2], cur[3], cur[4], end))
                 cur = None
@@ -211,7 +419,11 @@ class ProducerStates:
 
     def snapshot(self, parts: Iterable[Partition]) -> bytes:
         """The state with each partition's end (call on the loop: a consistent cut)."""
-        doc: dict[str, Any] = {"version": 1, "partitions": {}}
+        doc: dict[str, Any] = {
+            "version": 2,
+            "named": {pid: [h.epoch, h.instance] for pid, h in self.named.items()},
+            "partitions": {},
+        }
         for part in parts:  # every partition: producers that come later are scanned for
             table: Mapping[str, LastBatch] = self._parts.get(self.key(part)) or {}
             doc["partitions"][self.key(part)] = {
@@ -223,9 +435,26 @@ class ProducerStates:
             }
         return json.dumps(doc, separators=(",", ":")).encode()
 
+    def snapshot_if_changed(
+        self, parts: list[Partition]
+    ) -> tuple[tuple[int, tuple[int, ...]], bytes] | None:
+        """``(mark, snapshot)`` when the state or a partition's end moved since the last
+        :meth:`saved` mark, else None (an idle broker writes nothing)."""
+        mark = (self.changes, tuple(p.end for p in parts))
+        if mark == self._saved:
+            return None
+        return mark, self.snapshot(parts)
+
+    def saved(self, mark: tuple[int, tuple[int, ...]]) -> None:
+        """The snapshot of ``mark`` is on disk."""
+        self._saved = mark
+
     def save(self, data_dir: Path, snapshot: bytes, fs: FileSystem = OS_FS) -> None:
         """Write a :meth:`snapshot` atomically (off the loop)."""
         write_file_atomically(fs, data_dir / SNAPSHOT_FILE, snapshot)
+
+    def _usable(self, pid: object) -> bool:
+        return isinstance(pid, str) and len(pid) <= self.max_id_length and bool(split_id(pid))
 
     def load(self, data_dir: Path, parts: Iterable[Partition]) -> None:
         """Rebuild the state at start: the snapshot, then the records past it."""
@@ -237,7 +466,15 @@ class ProducerStates:
             pass
         except (OSError, ValueError) as e:
             log.error("idempotent producers: snapshot %s unreadable (%s): ignored", path, e)
-        saved = doc.get("partitions", {}) if isinstance(doc, dict) else {}
+        if not isinstance(doc, dict):
+            doc = {}
+        dropped = 0
+        for pid, (epoch, instance) in dict(doc.get("named") or {}).items():
+            if self._usable(pid):
+                self._set_holder(pid, Holder(int(epoch), str(instance)))
+            else:
+                dropped += 1
+        saved = doc.get("partitions", {})
         for part in parts:
             entry = saved.get(self.key(part))
             if entry is None:
@@ -247,6 +484,9 @@ class ProducerStates:
             end = part.end
             forgotten = 0
             for pid, v in entry["producers"].items():
+                if not self._usable(pid):
+                    dropped += 1
+                    continue
                 batch = LastBatch(*(int(x) for x in v))
                 if batch.end_offset <= end:
                     self.record(part, pid, batch)
@@ -259,6 +499,13 @@ class ProducerStates:
                     forgotten,
                 )
             self._scan(part, max(int(entry["end"]), part.min_offset), end)
+        if dropped:
+            log.warning(
+                "idempotent producers: %d snapshot entries with ids no connection can claim "
+                "(malformed, or over maxProducerIdLength %d) dropped",
+                dropped,
+                self.max_id_length,
+            )
 
     def _scan(self, part: Partition, start: int, end: int) -> None:
         pos = start

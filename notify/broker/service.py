@@ -21,12 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 from notify.broker.authlog import record_auth_failure
 from notify.broker.connection import Connection, PendingReplies
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, encode_envelope
-from notify.broker.idempotence import (
-    LastBatch,
-    ProducerStates,
-    batch_producer,
-    record_producer,
-)
+from notify.broker.idempotence import LastBatch, ProducerStates, batch_producer
 from notify.broker.idgen import MAX_BATCH, IdGenerator
 from notify.broker.stats import BrokerStats, ConsumerPositions
 from notify.config import ServerConfig, served_config, validate_topic
@@ -69,7 +64,8 @@ from notify.protocol.frames import (
     encode_stats_body,
     encode_value_header,
 )
-from notify.protocol.properties import FLAG_PROPERTIES
+from notify.protocol.identity import Claim
+from notify.protocol.properties import FLAG_PROPERTIES, record_producer
 from notify.protocol.replies import (
     MultiPutAck,
     OffsetReply,
@@ -102,6 +98,14 @@ _CRC_MASK: Final = 0x7FFFFFFF
 #: ``put`` to this partition: the broker chooses one (MetaQ's ``Partition.RandomPartiton``).
 RANDOM_PARTITION: Final = -1
 LONG_MAX: Final = 2**63 - 1
+_NOT_IN_TX: Final = (
+    "an idempotent producer's messages (producer members in their properties) cannot be "
+    "sent in a transaction"
+)
+_NOT_DELAYED: Final = (
+    "an idempotent producer's messages (producer members in their properties) cannot be "
+    "delayed"
+)
 STATS_ITEMS: Final = ("", "topics", "offsets", "realtime", "config", "reset", "help", "queues")
 
 
@@ -196,7 +200,13 @@ class BrokerService:
             config.system.max_consumer_groups, config.system.consumer_group_expiry_ms / 1000.0
         )
         #: idempotent producers: last batch per producer and partition
-        self.producers = ProducerStates(config.system.max_idempotent_producers)
+        sysc = config.system
+        self.producers = ProducerStates(
+            sysc.max_idempotent_producers,
+            sysc.producer_state_max_bytes,
+            sysc.max_producer_id_length,
+            sysc.max_producer_ids_per_connection,
+        )
         self._checked_flags = 0  # OR of the flags of the records _check_records validated
         self.refresh_topics()
 
@@ -255,6 +265,8 @@ class BrokerService:
             entry[2].done = True
             self._unpark(part, entry, False)
         conn.parked.clear()
+        if conn.producers:
+            self.producers.release(conn.producers)
         if self.transactions is not None:
             self.transactions.connection_closed(conn)
         if self.queues is not None:
@@ -370,6 +382,8 @@ class BrokerService:
         crc = zlib.crc32(body) & _CRC_MASK
         if r.checksum != -1 and r.checksum != crc:
             return None
+        if r.flag & FLAG_PROPERTIES and record_producer(r.flag, body) is not None:
+            return None
         return TxPut(r.topic, r.partition, r.opaque, body, 0, r.flag, crc)
 
     def _oneshot_mput(self, r: MultiPut) -> TxPut | None:
@@ -380,6 +394,8 @@ class BrokerService:
         if not 1 <= r.count <= MAX_BATCH:
             return None
         if self._check_records(r.records, r.count):
+            return None
+        if self._checked_flags & FLAG_PROPERTIES and batch_producer(r.records) is not None:
             return None
         return TxPut(r.topic, r.partition, r.opaque, bytearray(r.records), r.count)
 
@@ -459,14 +475,21 @@ class BrokerService:
         if self._writes_refused(conn):
             self.stats.put_failed += 1
             return self._refuse_write(conn, r.opaque)
+        idem = record_producer(r.flag, body) if r.flag & FLAG_PROPERTIES else None
         if r.tx_key is not None:
+            if idem is not None:
+                self.stats.put_failed += 1
+                return self._error(conn, 400, r.opaque, _NOT_IN_TX)
             return self._tx_put(conn, r, crc)
         if part.failed:
             self.stats.put_failed += 1
             return self._error(conn, 500, r.opaque, part.failed)
-        idem = record_producer(r.flag, body) if r.flag & FLAG_PROPERTIES else None
-        if idem is not None and self._answer_duplicate(conn, part, r.opaque, idem[0], idem[1]):
-            return
+        if idem is not None:
+            if not self._producer_may(conn, part, r.opaque, idem[0]):
+                self.stats.put_failed += 1
+                return
+            if self._answer_duplicate(conn, part, r.opaque, idem[0], idem[1]):
+                return
         key = (r.topic, r.partition)
         group = conn.open_groups.get(key)
         if group is None:
@@ -485,6 +508,29 @@ class BrokerService:
         batch.nbytes += len(body)
         if idem is not None:
             batch.idempotent.append((item, idem[0], idem[1], len(body)))
+
+    def _producer_may(self, conn: Connection, part: Partition, opaque: int, pid: str) -> bool:
+        """Whether ``conn`` may put as idempotent producer ``pid`` in ``part`` (claimed on
+        this connection, not fenced, room in the state); else answered with why."""
+        states = self.producers
+        why = states.refusal(conn.producers, pid)
+        if why is not None:
+            self._error(conn, why[0], opaque, why[1])
+            return False
+        full = states.room_for(part, pid)
+        if full is not None:
+            conn.send(encode_result(503, opaque, full))
+            return False
+        return True
+
+    def _claim(self, conn: Connection, r: Claim) -> None:
+        """``producer <id> <secret> <epoch> <instance> <opaque>`` (notify.protocol.identity)."""
+        if self.role != "master":
+            return self._refuse_write(conn, r.opaque)
+        code, body = self.producers.claim(conn.producers, r)
+        if code == 403:
+            record_auth_failure(conn.peer)
+        conn.send(encode_result(code, r.opaque, body))
 
     def _answer_duplicate(
         self, conn: Connection, part: Partition, opaque: int, pid: str, seq: int, count: int = 0
@@ -542,20 +588,25 @@ class BrokerService:
         if not 1 <= r.count <= MAX_BATCH:
             return self._error(conn, 400, r.opaque, f"mput count {r.count} outside 1..{MAX_BATCH}")
         err = self._check_records(r.records, r.count)
-        buf = bytearray(r.records)
         if err:
             return self._error(conn, 400, r.opaque, f"mput: {err}")
         if self._writes_refused(conn):
             return self._refuse_write(conn, r.opaque)
+        idem = batch_producer(r.records) if self._checked_flags & FLAG_PROPERTIES else None
+        if isinstance(idem, str):
+            return self._error(conn, 400, r.opaque, f"mput: {idem}")
+        buf = bytearray(r.records)
         if r.tx_key is not None:
+            if idem is not None:
+                return self._error(conn, 400, r.opaque, _NOT_IN_TX)
             return self._tx_mput(conn, r, buf)
         if part.failed:
             return self._error(conn, 500, r.opaque, part.failed)
-        idem = batch_producer(buf) if self._checked_flags & FLAG_PROPERTIES else None
-        if idem is not None and self._answer_duplicate(
-            conn, part, r.opaque, idem[0], idem[1], r.count
-        ):
-            return
+        if idem is not None:
+            if not self._producer_may(conn, part, r.opaque, idem[0]):
+                return
+            if self._answer_duplicate(conn, part, r.opaque, idem[0], idem[1], r.count):
+                return
         base = part.end
         first_id = self.ids.next_block(r.count)
         records.stamp_ids(buf, first_id)
@@ -1001,6 +1052,8 @@ class BrokerService:
                 self._error(conn, 503, r.opaque, fenced)
             else:
                 self.queues.handle(conn, r, self.role)
+        elif isinstance(r, Claim):
+            self._claim(conn, r)
         elif isinstance(r, MultiSync):
             self._msync(conn, r)
         elif isinstance(r, Sync):
@@ -1032,6 +1085,8 @@ class BrokerService:
         crc = zlib.crc32(r.body) & _CRC_MASK
         if r.checksum != -1 and r.checksum != crc:
             return self._error(conn, 400, r.opaque, "checksum mismatch")
+        if r.flag & FLAG_PROPERTIES and record_producer(r.flag, r.body) is not None:
+            return self._error(conn, 400, r.opaque, _NOT_DELAYED)
         if self._writes_refused(conn):
             return self._refuse_write(conn, r.opaque)
         delay = self.delay
@@ -1307,6 +1362,11 @@ class BrokerService:
                 ("topics", len(self._topic_parts)),
                 ("parked_gets_current", sum(map(len, self._waiting.values()))),
                 ("idempotent_duplicates", self.producers.duplicates),
+                ("idempotent_evicted", self.producers.evicted),
+                ("idempotent_refused", self.producers.refused),
+                ("idempotent_fenced", self.producers.fenced),
+                ("producer_state_bytes", self.producers.bytes),
+                ("producer_identities_named", len(self.producers.named)),
                 ("fsyncs", self.flusher.fsyncs),
                 ("fsync_seconds", round(self.flusher.fsync_seconds, 3)),
             ]

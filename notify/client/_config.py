@@ -155,6 +155,14 @@ class ProducerConfig:
     #: a 503 after the write) and answers with the stored message's ack; one batch in
     #: flight per partition. Not for transactions or delayed sends. Needs notify brokers.
     idempotent: bool = False
+    #: Idempotent producer with a named identity (README "Protocol notes"): instances that
+    #: take over from each other share ``producer_name`` and ``producer_secret`` (16-256
+    #: printable ASCII characters, not guessable); the newest ``producer_epoch`` (default:
+    #: the instance's start in microseconds) fences the older ones, and sequences go on
+    #: where the broker says the identity stopped. None: an anonymous identity per instance.
+    producer_name: str | None = None
+    producer_secret: str | None = None
+    producer_epoch: int | None = None
     #: Raise the error of every failed send (from ``send()`` / the future) instead of
     #: returning ``SendResult(success=False)``. Programming errors always raise.
     raise_on_error: bool = False

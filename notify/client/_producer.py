@@ -53,6 +53,7 @@ from notify.transport import AsyncConnection
 from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._errors import ClientTransactionError, TransactionConnectionError
+from ._identity import ProducerIdentity
 from ._message import (
     BatchSendResult,
     Headers,
@@ -456,9 +457,19 @@ class AsyncProducer:
         if (config.ordered or config.idempotent) and config.max_in_flight_per_partition != 1:
             config.max_in_flight_per_partition = 1
         self._raise_on_error = config.raise_on_error
-        #: Idempotent mode: this producer's id and next sequence number per partition.
-        self.producer_id: str | None = uuid.uuid4().hex[:16] if config.idempotent else None
+        #: Idempotent mode: this producer's identity (claimed on each connection before its
+        #: first put, :mod:`._identity`), its id and next sequence number per partition.
+        self.identity: ProducerIdentity | None = None
+        if config.idempotent:
+            self.identity = ProducerIdentity(
+                config.producer_name, config.producer_secret, config.producer_epoch
+            )
+        elif config.producer_name is not None:
+            raise ClientError("producer_name needs ProducerConfig(idempotent=True)")
+        self.producer_id = self.identity.producer_id if self.identity is not None else None
         self._sequences: dict[tuple[str, Partition], int] = {}
+        #: named identity: topics whose sequences were read from their brokers' claims
+        self._seeded: set[str] = set()
         self.selector: PartitionSelector = selector or KeyHashSelector()
         self._senders: dict[tuple[str, Partition], _PartitionSender] = {}
         self._sender_by_id: dict[tuple[str, int], tuple[Partition, _PartitionSender]] = {}
@@ -796,6 +807,9 @@ class AsyncProducer:
                 self._spawn(self._route_later(topic))
             for it in items:
                 waiting.append((it, key, payloads[0]))
+        elif self.identity is not None and (seed := self._seed_queue(topic)) is not None:
+            for it in items:
+                seed.append((it, key, payloads[0]))
         else:
             try:
                 part = self.selector(topic, parts, key, payloads[0])
@@ -1267,6 +1281,9 @@ class AsyncProducer:
         key: bytes | str | None,
         data: bytes,
     ) -> None:
+        if self.identity is not None and (seed := self._seed_queue(topic)) is not None:
+            seed.append((item, key, data))
+            return
         try:
             part = self.selector(topic, parts, key, data)
         except ClientError as e:
@@ -1335,9 +1352,76 @@ class AsyncProducer:
             for item, _key, _data in waiting:
                 self._resolve(item, item.failed(None, err))
             return
+        if self.identity is not None and self.identity.named and topic not in self._seeded:
+            try:
+                await self._seed(topic, parts)
+            except Exception as e:
+                err = e if isinstance(e, ClientError) else ClientError(str(e))
+                for item, _key, _data in self._unrouted.pop(topic, deque()):
+                    self._resolve(item, item.failed(None, err))
+                return
         waiting = self._unrouted.pop(topic, deque())
         for item, key, data in waiting:
             self._dispatch(topic, parts, item, key, data)
+
+    def _seed_queue(
+        self, topic: str
+    ) -> deque[tuple[_Queued, bytes | str | None, bytes]] | None:
+        """Named identity: the queue messages for ``topic`` wait in until its sequences
+        are read from its brokers (None: ready). Other producers: None."""
+        ident = self.identity
+        if ident is None or not ident.named or topic in self._seeded:
+            return None
+        waiting = self._unrouted.get(topic)
+        if waiting is None:
+            waiting = self._unrouted[topic] = deque()
+            self._spawn(self._route_later(topic))
+        return waiting
+
+    async def _seed(self, topic: str, parts: Sequence[Partition]) -> None:
+        """Claim the named identity on ``topic``'s brokers and go on from the last sequence
+        each stored for it (retried like a send; a fenced identity is not)."""
+        ident = self.identity
+        assert ident is not None
+        cfg = self.config
+        for attempt in range(cfg.retries + 1):
+            try:
+                for part, last in (await self.producer_sequences(topic, parts)).items():
+                    k = (topic, part)
+                    self._sequences[k] = max(self._sequences.get(k, 0), last + 1)
+                break
+            except ClientError as e:
+                if not _retriable(e) or attempt == cfg.retries:
+                    raise
+                await asyncio.sleep(min(5.0, cfg.retry_backoff_s * (2**attempt)))
+        self._seeded.add(topic)
+
+    async def producer_sequences(
+        self, topic: str, parts: Sequence[Partition] | None = None
+    ) -> dict[Partition, int]:
+        """Idempotent producer: claim the identity on the brokers of ``topic`` and return
+        the last sequence each stored for it per partition (a partition it never wrote to
+        is absent). Raises :class:`~notify.errors.ProducerFencedError` when a newer
+        instance holds the (named) identity."""
+        ident = self.identity
+        if ident is None:
+            raise ClientError("producer_sequences needs ProducerConfig(idempotent=True)")
+        if parts is None:
+            parts = await self.router.partitions(topic)
+        timeout = self.client_config.request_timeout_s
+        out: dict[Partition, int] = {}
+        for addr in dict.fromkeys(p.address for p in parts):
+            conn = await self.pool.get(addr)
+            try:
+                reply = await ident.ensure(conn, timeout)
+            except ConnectionLostError:
+                self.pool.discard(conn)
+                raise
+            last = ident.sequences(reply, topic)
+            for p in parts:
+                if p.address == addr and p.partition in last:
+                    out[p] = last[p.partition]
+        return out
 
     def _restore_spools(self) -> None:
         """Resume replaying spools left by an earlier run (ordered mode).
@@ -1369,6 +1453,9 @@ class AsyncProducer:
         conn = await self.pool.get(part.address)
         count = sum(it.count for it in items)
         try:
+            ident = self.identity
+            if ident is not None and ident.claimed(conn) is None:
+                await ident.ensure(conn, timeout)  # a new connection: claim the identity
             if count > 1 and self.config.use_mput and part.address not in self._no_mput:
                 r = await self._request_mput(conn, topic, part.partition, items, timeout)
                 if not _unknown_command(r):

@@ -734,6 +734,12 @@ class Producer:
         """Look up and cache the partitions of ``topic``."""
         return self._lt.run(self.core.publish(topic))
 
+    def producer_sequences(self, topic: str) -> dict[Partition, int]:
+        """Idempotent producer: the last sequence its brokers stored for its identity per
+        partition of ``topic`` (claiming it there; see
+        :meth:`AsyncProducer.producer_sequences`)."""
+        return self._lt.run(self.core.producer_sequences(topic))
+
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every queued message has its result."""
         self._lt.run(self.core.flush(), timeout_s)

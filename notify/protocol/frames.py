@@ -56,6 +56,9 @@ notify extensions (old clients never send them; old brokers answer them with an 
         ``transaction <txKey> <sessionId> COMMIT_TWO_PHASE|ROLLBACK <opaque>``, or not at
         all when it does not know yet (the broker asks again later)
     reload [<opaque>]\\r\\n            re-read server.ini (new topics, per-topic settings)
+    producer <producerId> <secret> <epoch> <instance> <opaque>\\r\\n
+        claim an idempotent producer's identity on this connection (its puts may then name
+        it); reply and rules: :mod:`notify.protocol.identity`
 
 Queue subscriptions (Notify-style push with per-message acknowledgement; README "Queues")::
 
@@ -99,6 +102,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from notify.errors import FrameTooLargeError, ProtocolError
+from notify.protocol.identity import Claim, decode_claim
 from notify.protocol.replies import encode_stats
 
 #: Old name of :func:`notify.protocol.replies.encode_stats`, kept for notify.broker until it
@@ -378,6 +382,7 @@ Request = (
     | QueueAck
     | QueueUnsubscribe
     | QueueDeadLetters
+    | Claim
 )
 
 
@@ -421,6 +426,7 @@ _LINE_COUNTS: Final = {
     b"qbsub": (6, 7),
     b"qunsub": (4, 4),
     b"epoch": (4, 4),
+    b"producer": (6, 6),
 }
 
 
@@ -775,6 +781,9 @@ class RequestParser:
             return Register(_text(t[1], "producerGroup", opaque), opaque, secret)
         if cmd == b"qsub" or cmd == b"qunsub" or cmd == b"qbsub":
             return _decode_queue_line(cmd, t)
+        if cmd == b"producer":
+            opaque = _opaque_of(t)
+            return decode_claim(t, _int(t[-1], "opaque", 0) if n == 6 else opaque)
         if not cmd:
             raise ProtocolError("empty command line", 400, 0)
         shown = cmd[:40].decode("latin-1")

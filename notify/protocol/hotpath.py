@@ -180,3 +180,123 @@ def walk_records(buf: bytes, pos: int, starts: list[int], oks: list[bool]) -> in
         oks.append(crc32(buf[pos + _HEADER_SIZE : end]) & _CRC_MASK == crc)
         pos = end
     return pos
+
+
+# --------------------------------------------------------------------- producer members
+# The idempotent producer's members of a record's properties (notify.protocol.properties):
+# the attribute text ``<tag> RS <JSON object>`` ends with ``"p":"<producer id>","s":<seq>}``
+# (``,"p"`` after other members, or ``{"p"`` right after RS). The broker reads them from
+# this suffix only, here, for one record and for a whole mput.
+
+#: producer_batch's verdicts: no record carries producer members (plain messages)
+NO_PRODUCER: Final = 0
+#: every record carries the same producer id, the sequences consecutive in record order
+ONE_PRODUCER: Final = 1
+#: some records carry producer members and others not, two producer ids, or sequences that
+#: are not consecutive
+MIXED_PRODUCERS: Final = 2
+#: the longest producer id the suffix reader accepts (the broker's setting is lower)
+MAX_ID_SCAN: Final = 1024
+
+
+def _id_byte(c: int) -> bool:
+    """A byte of a producer id: ``[A-Za-z0-9._~-]``."""
+    return (
+        48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c == 46 or c == 95 or c == 126
+        or c == 45
+    )
+
+
+def producer_suffix(data: bytes, start: int, end: int) -> tuple[int, int, int]:
+    """The producer members of the attribute text ``data[start:end]``: ``(id start, id
+    end, sequence)`` (positions in ``data``), or ``(-1, -1, -1)`` when its text does not end
+    with them (``"p":"<id>","s":<seq>}``, id of ``[A-Za-z0-9._~-]``, 1 to 18 digits
+    without a leading zero, inside the JSON object that follows the first RS)."""
+    none = (-1, -1, -1)
+    e = end - 1
+    if e <= start or data[e] != 125:  # '}'
+        return none
+    i = e - 1
+    while i >= start and 48 <= data[i] <= 57:
+        i -= 1
+    ndig = e - 1 - i
+    if ndig < 1 or ndig > 18 or (ndig > 1 and data[i + 1] == 48):
+        return none
+    # ,"s":  then  "  closing the id
+    if i - 5 < start or data[i] != 58 or data[i - 1] != 34 or data[i - 2] != 115:
+        return none
+    if data[i - 3] != 34 or data[i - 4] != 44 or data[i - 5] != 34:
+        return none
+    pe = i - 5
+    k = pe - 1
+    while k >= start and pe - k <= MAX_ID_SCAN and _id_byte(data[k]):
+        k -= 1
+    ps = k + 1
+    if ps == pe:
+        return none
+    # "p":"  before the id, then ',' or '{'
+    if k - 5 < start or data[k] != 34 or data[k - 1] != 58 or data[k - 2] != 34:
+        return none
+    if data[k - 3] != 112 or data[k - 4] != 34:
+        return none
+    b = k - 5
+    rs = data.find(b"\x1e", start, b)
+    if rs < 0 or data[rs + 1] != 123:  # the JSON object starts right after the first RS
+        return none
+    c = data[b]
+    if not (c == 44 and b > rs + 1) and not (c == 123 and b == rs + 1):
+        return none
+    seq = 0
+    for j in range(i + 1, e):
+        seq = seq * 10 + (data[j] - 48)
+    return ps, pe, seq
+
+
+def record_producer_span(data: bytes, pos: int) -> tuple[int, int, int]:
+    """:func:`producer_suffix` of the whole record at ``data[pos:]`` (flag bits 0 and 1
+    set, attribute block inside the payload), or ``(-1, -1, -1)``."""
+    none = (-1, -1, -1)
+    length = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
+    if data[pos + 19] & 3 != 3 or length < 4:
+        return none
+    p = pos + _HEADER_SIZE
+    alen = (data[p] << 24) | (data[p + 1] << 16) | (data[p + 2] << 8) | data[p + 3]
+    if alen & 0x80000000 or 4 + alen > length:
+        return none
+    return producer_suffix(data, p + 4, p + 4 + alen)
+
+
+def producer_batch(data: bytes) -> tuple[int, int, int, int, int]:
+    """The producer members of ``data``, whole validated records back to back (an mput):
+    ``(verdict, id start, id end, first sequence, last sequence)`` with the id of the first
+    record; :data:`ONE_PRODUCER` only when every record names that id and the sequences
+    follow each other (``first + i`` for record ``i``)."""
+    n = len(data)
+    pos = 0
+    count = 0
+    marked = 0
+    ps0 = pe0 = -1
+    first = last = -1
+    mixed = False
+    while pos < n:
+        length = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
+        ps, pe, seq = record_producer_span(data, pos)
+        if ps >= 0:
+            if marked == 0:
+                ps0, pe0, first = ps, pe, seq
+            elif (
+                count != marked
+                or seq != last + 1
+                or pe - ps != pe0 - ps0
+                or data[ps:pe] != data[ps0:pe0]
+            ):
+                mixed = True
+            last = seq
+            marked += 1
+        count += 1
+        pos += _HEADER_SIZE + length
+    if marked == 0:
+        return NO_PRODUCER, -1, -1, -1, -1
+    if mixed or marked != count:
+        return MIXED_PRODUCERS, ps0, pe0, first, last
+    return ONE_PRODUCER, ps0, pe0, first, last

@@ -14,9 +14,13 @@ the members that are set:
     "k": key          the message key: a string, or {"b64": "..."} for bytes
     "h": {name: v}    typed headers: v is a JSON string, integer, float, true/false, or
                       {"b64": "..."} for bytes
-    "p": producer id  idempotent producer: its id (string, <= 64 chars)
+    "p": producer id  idempotent producer: its id (notify.protocol.identity)
     "s": sequence     and the message's sequence number in its partition (integer >= 0)
 
+The producer members, when present, are the object's last two, in this order, written
+compactly: the text ends with ``"p":"<producer id>","s":<sequence>}``. That suffix is the
+only place anything reads them (:func:`producer_sequence`, the broker's checks and scans in
+:mod:`notify.protocol.hotpath`): a ``"p"`` member elsewhere in the object is no producer.
 A message without key, headers or producer id is encoded exactly as MetaQ encodes it
 (``flag & 2`` unset). The functions are pure; bad input raises ValueError/TypeError.
 """
@@ -25,16 +29,21 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from notify.protocol import hotpath
+from notify.protocol.accel import NATIVE
 
 #: Record flag bit: the attribute block carries properties after the tag.
 FLAG_PROPERTIES = 2
 #: Separates the tag from the properties' JSON in the attribute text.
 SEPARATOR = "\x1e"
-#: Longest producer id.
-MAX_PRODUCER_ID = 64
+#: Longest producer id the encoder writes (the broker's ``maxProducerIdLength`` may be
+#: lower; the suffix reader stops at :data:`notify.protocol.hotpath.MAX_ID_SCAN`).
+MAX_PRODUCER_ID = 1024
 
 HeaderValue = str | int | float | bool | bytes
 
@@ -88,12 +97,16 @@ def encode_attribute(props: Properties) -> str | None:
                 raise TypeError(f"header names are non-empty strings, not {name!r}")
             hdrs[name] = _value(v)
         doc["h"] = hdrs
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False) if doc else ""
     if props.producer_id is not None:
-        if not 0 < len(props.producer_id) <= MAX_PRODUCER_ID or props.sequence < 0:
-            raise ValueError("a producer id is 1-64 characters with a sequence >= 0")
-        doc["p"] = props.producer_id
-        doc["s"] = props.sequence
-    return (tag or "") + SEPARATOR + json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+        pid, seq = props.producer_id, props.sequence
+        if not 0 < len(pid) <= MAX_PRODUCER_ID or not _ID_CHARS.fullmatch(pid):
+            raise ValueError(f"a producer id is 1-{MAX_PRODUCER_ID} of [A-Za-z0-9._~-]")
+        if not 0 <= seq < 10**18 or isinstance(seq, bool):
+            raise ValueError("a producer's sequence is an integer in 0..10^18-1")
+        members = f'"p":"{pid}","s":{int(seq)}}}'
+        text = text[:-1] + "," + members if text else "{" + members
+    return (tag or "") + SEPARATOR + text
 
 
 def flag_for(props: Properties) -> int:
@@ -118,16 +131,15 @@ def decode_attribute(text: str | None, flag: int) -> Properties:
             raise ValueError("properties are not a JSON object")
         key = doc.get("k")
         headers = {str(k): _unvalue(v) for k, v in dict(doc.get("h") or {}).items()}
-        pid = doc.get("p")
-        seq = int(doc.get("s", -1))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"malformed message properties: {e}") from e
+    producer = producer_sequence(text)
     return Properties(
         tag or None,
         None if key is None else _key(key),
         headers,
-        None if pid is None else str(pid),
-        seq,
+        None if producer is None else producer[0],
+        -1 if producer is None else producer[1],
     )
 
 
@@ -139,16 +151,25 @@ def _key(v: Any) -> str | bytes:
 
 
 def producer_sequence(attribute_text: str) -> tuple[str, int] | None:
-    """``(producer id, sequence)`` of an attribute text with properties, else None (the
-    broker's dedup check; only called for records with ``flag & FLAG_PROPERTIES``)."""
-    _tag, sep, raw = attribute_text.partition(SEPARATOR)
-    if not sep or '"p"' not in raw:
+    """``(producer id, sequence)`` of an attribute text with properties, read from its
+    suffix (module doc), else None."""
+    data = attribute_text.encode("utf-8")
+    ps, pe, seq = _suffix(data, 0, len(data))
+    return None if ps < 0 else (data[ps:pe].decode("ascii"), seq)
+
+
+def record_producer(flag: int, payload: bytes) -> tuple[str, int] | None:
+    """``(producer id, sequence)`` of one record's payload (its flag ``flag``), else None:
+    the broker's reading of a put and of stored records."""
+    if flag & 3 != 3 or len(payload) < 4:
         return None
-    try:
-        doc = json.loads(raw)
-        pid, seq = doc["p"], doc["s"]
-    except (KeyError, TypeError, ValueError):
+    alen = int.from_bytes(payload[:4], "big", signed=True)
+    if alen < 0 or 4 + alen > len(payload):
         return None
-    if not isinstance(pid, str) or not isinstance(seq, int) or isinstance(seq, bool):
-        return None
-    return pid, seq
+    ps, pe, seq = _suffix(payload, 4, 4 + alen)
+    return None if ps < 0 else (payload[ps:pe].decode("ascii"), seq)
+
+
+#: the suffix reader (compiled when the build matches: notify.protocol.accel)
+_suffix = NATIVE.producer_suffix if NATIVE is not None else hotpath.producer_suffix
+_ID_CHARS = re.compile(r"[A-Za-z0-9._~-]+")

@@ -14,6 +14,7 @@ import pytest
 from notify.client import ClientConfig, ConsumerConfig, ProducerConfig, connect
 from notify.client._message import build_payload
 from notify.protocol.frames import encode_mput, encode_put
+from notify.protocol.identity import encode_claim, producer_id
 from notify.protocol.records import checksum, encode
 from notify.testing import BrokerProcess
 from notify.transport import BlockingConnection
@@ -88,6 +89,18 @@ def dropper(broker: BrokerProcess) -> Iterator[AckDropper]:
     d.close()
 
 
+SECRET_A, SECRET_K = "secret-of-prod-A", "secret-of-prod-K"
+PROD_A, PROD_K = producer_id("", SECRET_A), producer_id("", SECRET_K)
+
+
+def _claimed(addr: str, secret: str) -> BlockingConnection:
+    """A connection that claimed the anonymous identity of ``secret``."""
+    conn = BlockingConnection(addr)
+    r = conn.request(lambda o: encode_claim(producer_id("", secret), secret, 0, "-", o))
+    assert r.code == 200, r.body
+    return conn
+
+
 def _consume_all(addr: str, tmp_path: Path, topic: str) -> list[bytes]:
     with connect([addr], config=FAST) as s:
         c = s.create_consumer(ConsumerConfig(group="check", data_dir=tmp_path / "check"))
@@ -97,9 +110,9 @@ def _consume_all(addr: str, tmp_path: Path, topic: str) -> list[bytes]:
 def test_broker_drops_a_repeated_put_and_mput_also_after_a_restart(
     broker: BrokerProcess, tmp_path: Path
 ) -> None:
-    p1, f1 = build_payload(b"one", None, producer_id="prod-A", sequence=0)
+    p1, f1 = build_payload(b"one", None, producer_id=PROD_A, sequence=0)
     batch = [
-        build_payload(b"b%d" % i, None, producer_id="prod-A", sequence=1 + i) for i in range(3)
+        build_payload(b"b%d" % i, None, producer_id=PROD_A, sequence=1 + i) for i in range(3)
     ]
     body = b"".join(encode(0, f, p) for p, f in batch)
 
@@ -113,13 +126,13 @@ def test_broker_drops_a_repeated_put_and_mput_also_after_a_restart(
         assert r.code == 200, r.body
         return r.body
 
-    conn = BlockingConnection(broker.addr)
+    conn = _claimed(broker.addr, SECRET_A)
     first_put = put(conn)
     assert put(conn) == first_put  # the retry: same ack, not stored again
     first_mput = mput(conn)
     assert mput(conn) == first_mput
     # one message of the stored batch again: its own ack (the 2nd record of the mput)
-    p2, f2 = build_payload(b"b1", None, producer_id="prod-A", sequence=2)
+    p2, f2 = build_payload(b"b1", None, producer_id=PROD_A, sequence=2)
     r = conn.request(lambda o: encode_put("single", 0, p2, f2, o, checksum(p2)))
     first_id, _, first_off, _ = (int(x) for x in first_mput.split())
     assert r.code == 200 and r.body == b"%d 0 %d" % (first_id + 1, first_off + 20 + len(p2))
@@ -129,11 +142,11 @@ def test_broker_drops_a_repeated_put_and_mput_also_after_a_restart(
     conn.close()
     for kill in (False, True):
         broker.restart(kill=kill)
-        conn = BlockingConnection(broker.addr)
+        conn = _claimed(broker.addr, SECRET_A)
         assert mput(conn) == first_mput
         conn.close()
-    p3, f3 = build_payload(b"next", None, producer_id="prod-A", sequence=4)
-    conn = BlockingConnection(broker.addr)
+    p3, f3 = build_payload(b"next", None, producer_id=PROD_A, sequence=4)
+    conn = _claimed(broker.addr, SECRET_A)
     r = conn.request(lambda o: encode_put("single", 0, p3, f3, o, checksum(p3)))
     assert r.code == 200
     conn.close()
@@ -144,15 +157,15 @@ def test_state_written_just_before_a_kill_is_not_lost(
     broker: BrokerProcess, tmp_path: Path
 ) -> None:
     """Puts after the last snapshot are found again by the scan at start."""
-    conn = BlockingConnection(broker.addr)
+    conn = _claimed(broker.addr, SECRET_K)
     acks = []
     for seq in range(20):
-        p, f = build_payload(b"%d" % seq, None, producer_id="prod-K", sequence=seq)
+        p, f = build_payload(b"%d" % seq, None, producer_id=PROD_K, sequence=seq)
         acks.append(conn.request(lambda o, p=p, f=f: encode_put("single", 0, p, f, o)).body)
     conn.close()
     broker.restart(kill=True)  # within a second of the puts: the snapshot may predate them
-    conn = BlockingConnection(broker.addr)
-    p, f = build_payload(b"19", None, producer_id="prod-K", sequence=19)
+    conn = _claimed(broker.addr, SECRET_K)
+    p, f = build_payload(b"19", None, producer_id=PROD_K, sequence=19)
     assert conn.request(lambda o: encode_put("single", 0, p, f, o)).body == acks[-1]
     conn.close()
     assert len(_consume_all(broker.addr, tmp_path, "single")) == 20

@@ -10,6 +10,7 @@ import pytest
 
 from notify.client._message import build_payload
 from notify.protocol import records
+from notify.protocol.identity import encode_claim, producer_id
 from notify.testing import BrokerProcess, free_port
 from tests.wireclient import WireClient, crc
 
@@ -275,9 +276,13 @@ def test_idempotent_retry_after_503_and_on_the_promoted_slave(tmp_path: Path) ->
     """Issue 20: with a sync slave down, a put answered 503 is not stored on the master (it
     is taken back); its retry is stored once, and a slave that replicated it (then
     promoted) drops a further retry."""
+    secret = "secret-of-prod-R"
+    pid = producer_id("", secret)
+
     def put(addr: str, seq: int) -> tuple[int, bytes]:
-        payload, flag = build_payload(b"m%d" % seq, None, producer_id="prod-R", sequence=seq)
-        with WireClient(addr) as c:
+        payload, flag = build_payload(b"m%d" % seq, None, producer_id=pid, sequence=seq)
+        with WireClient(addr) as c:  # a new connection each time: the identity claimed again
+            assert c.call(encode_claim(pid, secret, 0, "-", 9)).code == 200
             r = c.put("rep", 0, payload, flag=flag)
         return r.code, r.body
 

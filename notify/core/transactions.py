@@ -25,8 +25,9 @@ Every state change goes through :func:`notify.core.states.next_state`.
 Local transactions (``TX:<session>:<seq>``) belong to the connection ("owner") that began them:
 rolled back when it drops, and, once prepared, still rolled back when it drops or times out
 unless the owner registered a producer group (a Notify *half message*, resolved by check-back).
-XA transactions (``XID:...``) are global: any owner may prepare, commit or roll them back, and a
-prepared one never times out.
+XA transactions (``XID:...``) are associated with their owner as JTA has it: until END only the
+owner may add messages to, end, prepare or commit the branch; once ENDed (or prepared, or its
+owner gone) any owner may prepare, commit or roll it back; a prepared one never times out.
 """
 
 from __future__ import annotations
@@ -398,7 +399,7 @@ class TxEngine:
         tx = self.txs.get(key)
         if tx is None:
             raise TxFailure(XAER_NOTA, f"unknown transaction {key}: send BEGIN first")
-        if not tx.xa and tx.owner is not owner:
+        if tx.owner is not owner:  # XA too: only the connection that began the branch
             raise TxFailure(XAER_PROTO, f"transaction {key} belongs to another connection")
         if tx.state is TxState.ROLLED_BACK and tx.ended_reason == "timeout":
             raise TxFailure(XA_RBTIMEOUT, f"transaction {key} timed out and was rolled back")
@@ -661,12 +662,20 @@ class TxEngine:
             )
 
     def _check_owner(self, tx: BrokerTx, owner: Any) -> None:
-        if (
-            not tx.xa
-            and tx.owner is not None
-            and tx.owner is not owner
-            and (tx.state is not TxState.PREPARED)
-        ):
+        """A local transaction is its connection's until prepared; an XA branch is
+        associated with the connection that began it until END (JTA: only it may add to,
+        end, prepare or commit it while active), then any connection may prepare, commit
+        or roll it back (a recovering coordinator's), as it may once that one is gone."""
+        if tx.owner is None or tx.owner is owner:
+            return
+        if tx.xa:
+            if tx.state is TxState.ACTIVE:
+                raise TxFailure(
+                    XAER_PROTO,
+                    f"XA branch {tx.key} is associated with the connection that began it "
+                    "until END",
+                )
+        elif tx.state is not TxState.PREPARED:
             raise TxFailure(XAER_PROTO, f"transaction {tx.key} belongs to another connection")
 
     def _check(self, tx: BrokerTx, ev: TxEvent, owner: Any) -> None:

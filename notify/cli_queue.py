@@ -2,11 +2,12 @@
 
     notify queue dlq list TOPIC GROUP [--from N] [--limit N] [--json]
     notify queue dlq replay TOPIC GROUP (--all | -m PARTITION:OFFSET ...) [--json]
+    notify queue delete TOPIC GROUP [--force] [--json]
 
-Both talk to the broker's wire port (``-s host:port``) with the ``qdlq`` verb; when the
-broker sets ``adminSecret`` they need it (``--secret`` / ``NOTIFY_SECRET``). TLS options as
-for every command (:mod:`notify.cli_options`). Exit codes: 0 ok, 1 runtime failure (broker
-unreachable, error reply), 2 usage error.
+They talk to the broker's wire port (``-s host:port``) with the ``qdlq`` and ``qdel``
+verbs; when the broker sets ``adminSecret`` they need it (``--secret`` /
+``NOTIFY_SECRET``). TLS options as for every command (:mod:`notify.cli_options`). Exit
+codes: 0 ok, 1 runtime failure (broker unreachable, error reply), 2 usage error.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rich.table import Table
 from notify.admin import request
 from notify.cli_options import Security, security_options
 from notify.errors import NotifyError
-from notify.protocol.frames import encode_qdlq, parse_dead_letters
+from notify.protocol.frames import encode_qdel, encode_qdlq, parse_dead_letters
 
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
@@ -153,3 +154,26 @@ def dlq_replay(
     click.echo(line)
     if messages and done == 0:
         sys.exit(EXIT_FAILURE)
+
+
+@queue.command("delete")
+@click.argument("topic")
+@click.argument("group")
+@click.option("--force", is_flag=True,
+              help="also when it has consumers (their connections are closed)")
+@_SERVER
+@_JSON
+@security_options
+def delete(
+    topic: str, group: str, force: bool, server: str, as_json: bool, security: Security
+) -> None:
+    """Delete queue GROUP of TOPIC and its state (positions, dead letters): its messages
+    stay in the topic; a later subscription creates the group anew."""
+    try:
+        request(server, lambda o: encode_qdel(topic, group, force, o), security.transport())
+    except NotifyError as e:
+        _fail(str(e))
+    if as_json:
+        click.echo(json.dumps({"topic": topic, "group": group, "deleted": True}))
+        return
+    click.echo(f"{topic}/{group}: deleted")

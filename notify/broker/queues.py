@@ -19,7 +19,14 @@ What it does with the wire verbs (``qsub``, ``qack``, ``qunsub``; README "Queues
   even with the TCP connection still open) the connection is closed at once, so what
   the consumer held is available again;
 * every ``queueCheckpointInterval`` ms (when something was logged) the compact form of
-  every group is written as the log's checkpoint and older log segments are deleted.
+  every group is written as the log's checkpoint and older log segments are deleted;
+* lifecycle: an admin deletes a group and its state (``qdel``, REST ``DELETE
+  /api/queues/{topic}/{group}``, ``notify queue delete``; 409 while it has consumers unless
+  forced, which closes their connections); a group with no consumer that holds nothing
+  (every message of its topic finished, no dead letter) is deleted after
+  ``queueGroupExpiry``, and at ``queueMaxGroups`` the longest unused such group makes room
+  for a new one; a connection may have created at most ``queueMaxGroupsPerConnection``
+  of the groups that exist. A deletion is logged (DROP) and replicated like the rest.
 
 Every push is logged too (DELIVER records with each message's delivery count, appended in
 batches within ``DELIVER_LOG_DELAY_S`` of the push, fsynced in the background,
@@ -70,6 +77,7 @@ from notify.protocol.frames import (
     DeadLetterInfo,
     QueueAck,
     QueueDeadLetters,
+    QueueDelete,
     QueueSubscribe,
     QueueUnsubscribe,
     encode_dead_letters,
@@ -135,6 +143,8 @@ class _Group:
     next_part: int = 0
     #: consumers dropped because their ZooKeeper node went
     zk_removed: int = 0
+    #: loop time since which the group has had no consumer (``queueGroupExpiry``)
+    unused_since: float = 0.0
 
 
 class QueueManager:
@@ -160,6 +170,12 @@ class QueueManager:
         self.groups: dict[tuple[str, str], _Group] = {}
         self._by_topic: dict[str, list[_Group]] = {}
         self.by_conn: dict[Connection, dict[tuple[str, str], int]] = {}
+        #: the existing groups each open connection created (``queueMaxGroupsPerConnection``)
+        self.created_by: dict[Connection, set[tuple[str, str]]] = {}
+        #: groups deleted by an admin, expired, and removed to make room at queueMaxGroups
+        self.deleted = 0
+        self.expired = 0
+        self.evicted = 0
         self._cid = 0
         self._log: TxLog | None = None
         self._dirty = False
@@ -261,6 +277,8 @@ class QueueManager:
                 ack = MsgState.ACKNOWLEDGED
                 for p, a, b, at in ranges:
                     core.note_finished(p, a, b, ack, 0, at)
+            elif rec.type == queuelog.DROP:
+                self._forget_group(*queuelog.decode_drop(rec.body))
             elif rec.type in (queuelog.DELIVER, queuelog.DELIVER_RUNS):
                 decode = (queuelog.decode_deliver if rec.type == queuelog.DELIVER
                           else queuelog.decode_deliver_runs)
@@ -280,7 +298,24 @@ class QueueManager:
 
     def _new_group(self, topic: str, group: str) -> _Group:
         g = self.groups[(topic, group)] = _Group(QueueGroup(topic, group, self.limits))
+        g.unused_since = self.loop.time()
         self._by_topic.setdefault(topic, []).append(g)
+        return g
+
+    def _forget_group(self, topic: str, group: str) -> _Group | None:
+        """Drop the group from memory (its timer, pending delivery records, creators)."""
+        g = self.groups.pop((topic, group), None)
+        if g is None:
+            return None
+        self._by_topic[topic].remove(g)
+        if not self._by_topic[topic]:
+            del self._by_topic[topic]
+        if g.timer is not None:
+            g.timer.cancel()
+            g.timer = None
+        self._deliveries.pop((topic, group), None)  # pushes of a deleted group: not logged
+        for keys in self.created_by.values():
+            keys.discard((topic, group))
         return g
 
     async def close(self) -> None:
@@ -318,6 +353,7 @@ class QueueManager:
 
     def _checkpoint_due(self) -> None:
         self._ckpt_timer = None
+        self._expire_groups()
         if self._dirty and not self._ckpt_running and self._log is not None:
             self._ckpt_running = True
             pos, state = self._snapshot()
@@ -432,7 +468,7 @@ class QueueManager:
     def handle(
         self,
         conn: Connection,
-        r: QueueSubscribe | QueueAck | QueueUnsubscribe | QueueDeadLetters,
+        r: QueueSubscribe | QueueAck | QueueUnsubscribe | QueueDeadLetters | QueueDelete,
         role: str,
     ) -> None:
         """One queue verb from ``conn``; ``role`` is the broker's role (master/slave)."""
@@ -440,6 +476,8 @@ class QueueManager:
             return _send(conn, 403, r.opaque, "queues are served by the master only")
         if isinstance(r, QueueDeadLetters):
             self._dlq(conn, r)
+        elif isinstance(r, QueueDelete):
+            self.loop.create_task(self._delete_reply(conn, r))
         elif isinstance(r, QueueSubscribe):
             self._subscribe(conn, r)
         elif isinstance(r, QueueAck):
@@ -530,14 +568,28 @@ class QueueManager:
         key = (r.topic, r.group)
         g = self.groups.get(key)
         if g is None:
-            if len(self.groups) >= self.config.system.queue_max_groups:
+            sysc = self.config.system
+            mine = self.created_by.get(conn)
+            if mine is not None and len(mine) >= sysc.queue_max_groups_per_connection:
                 return _send(
                     conn,
                     503,
                     r.opaque,
-                    f"too many queue groups (queueMaxGroups={self.config.system.queue_max_groups})",
+                    f"this connection created {len(mine)} queue groups that still exist "
+                    f"(queueMaxGroupsPerConnection={sysc.queue_max_groups_per_connection})",
+                )
+            if len(self.groups) >= sysc.queue_max_groups and not self._make_room():
+                return _send(
+                    conn,
+                    503,
+                    r.opaque,
+                    f"too many queue groups (queueMaxGroups={sysc.queue_max_groups}), each "
+                    "with a consumer or messages pending: an admin may delete some",
                 )
             g = self._new_group(r.topic, r.group)
+            if mine is None:
+                mine = self.created_by[conn] = set()
+            mine.add(key)
         self._grow(g, r.start)
         subs = self.by_conn.setdefault(conn, {})
         cid = subs.get(key)
@@ -585,12 +637,15 @@ class QueueManager:
         sub = g.subs.pop(cid, None)
         if sub is not None and sub.watch is not None and self.cluster is not None:
             self.cluster.forget_watch(sub.watch)
+        if not g.subs:
+            g.unused_since = self.loop.time()
         fins = g.core.remove_consumer(cid, self._now_ms())
         self._sync_later(self._log_finished(g.core, fins))
         self.pump(g)
 
     def connection_closed(self, conn: Connection) -> None:
         """The consumer is gone: what it held is available again at once."""
+        self.created_by.pop(conn, None)
         for key, cid in self.by_conn.pop(conn, {}).items():
             self._leave(key, cid)
 
@@ -845,6 +900,83 @@ class QueueManager:
 
     def _now_ms(self) -> float:
         return self.loop.time() * 1000.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _holds_nothing(self, g: _Group) -> bool:
+        ends = {p.index: p.visible_end for p in self.store.topic_partitions(g.core.topic)}
+        return not g.subs and g.core.holds_nothing(ends)
+
+    def _drop(self, g: _Group, why: str) -> object | None:
+        """Delete ``g`` and log it (DROP); the log position to make durable."""
+        core = g.core
+        self._forget_group(core.topic, core.group)
+        log.warning("queue group %s/%s deleted: %s", core.topic, core.group, why)
+        if self._log is None:
+            return None
+        return self._append(queuelog.DROP, queuelog.encode_drop(core.topic, core.group))
+
+    def _expire_groups(self) -> None:
+        """Delete the groups that had no consumer for ``queueGroupExpiry`` and hold
+        nothing (run with the checkpoint timer)."""
+        ttl = self.config.system.queue_group_expiry_ms / 1000.0
+        if not ttl or self.replica or self._log is None:
+            return
+        if self.fence is not None and self.fence(None) is not None:
+            return  # a replaced master changes nothing
+        now = self.loop.time()
+        pos = None
+        for g in list(self.groups.values()):
+            if not g.subs and now - g.unused_since >= ttl and self._holds_nothing(g):
+                self.expired += 1
+                pos = self._drop(g, f"expired (no consumer, nothing pending for {ttl:g} s)")
+        self._sync_later(pos)
+
+    def _make_room(self) -> bool:
+        """At queueMaxGroups: delete the longest unused group that holds nothing."""
+        idle = [g for g in self.groups.values() if not g.subs]
+        for g in sorted(idle, key=lambda g: g.unused_since):
+            if self._holds_nothing(g):
+                self.evicted += 1
+                self._sync_later(self._drop(g, "unused and empty, room made at queueMaxGroups"))
+                return True
+        return False
+
+    def delete(self, topic: str, group: str, force: bool = False) -> tuple[int, str]:
+        """An admin deletes a group and its state: ``(200, "")``, 404 unknown, or 409 while
+        it has consumers and not ``force`` (with it, their connections are closed after a
+        ``410`` frame carrying their subscription's opaque: what they held returns first)."""
+        g = self.groups.get((topic, group))
+        if g is None:
+            return 404, f"no queue group {group!r} on topic {topic!r}"
+        if g.subs and not force:
+            return 409, (
+                f"queue group {group!r} of {topic!r} has {len(g.subs)} consumer(s): stop "
+                "them first, or force (their connections are closed)"
+            )
+        for sub in list(g.subs.values()):
+            self.connection_closed(sub.conn)
+            sub.conn.hard_close(
+                encode_result(410, sub.opaque, b"queue group deleted by an administrator")
+            )
+        self.deleted += 1
+        pos = self._drop(g, "deleted by an administrator" + (" (forced)" if force else ""))
+        self._sync_later(pos)
+        return 200, ""
+
+    async def delete_durable(self, topic: str, group: str, force: bool) -> tuple[int, str]:
+        """:meth:`delete`, answered once the DROP record is on disk."""
+        code, text = self.delete(topic, group, force)
+        if code == 200 and self._log is not None:
+            await self._log.sync_async()
+        return code, text
+
+    async def _delete_reply(self, conn: Connection, r: QueueDelete) -> None:
+        try:
+            code, text = await self.delete_durable(r.topic, r.group, r.force)
+        except TxLogError as e:
+            return _send(conn, 500, r.opaque, f"deletion not durable: {e}")
+        _send(conn, code, r.opaque, text)
 
     # ------------------------------------------------------------------ admin
 

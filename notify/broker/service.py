@@ -49,6 +49,7 @@ from notify.protocol.frames import (
     Put,
     QueueAck,
     QueueDeadLetters,
+    QueueDelete,
     QueueSubscribe,
     QueueUnsubscribe,
     Quit,
@@ -1043,9 +1044,13 @@ class BrokerService:
                 self.transactions.register(conn, r)
         elif isinstance(r, DelayedPut):
             self._dput(conn, r)
-        elif isinstance(r, QueueSubscribe | QueueAck | QueueUnsubscribe | QueueDeadLetters):
+        elif isinstance(
+            r, QueueSubscribe | QueueAck | QueueUnsubscribe | QueueDeadLetters | QueueDelete
+        ):
             if isinstance(r, QueueDeadLetters) and not conn.admin:
                 return self._denied(conn, r.opaque, f"qdlq {r.action}", "admin")
+            if isinstance(r, QueueDelete) and not conn.admin:
+                return self._denied(conn, r.opaque, "qdel", "admin")
             if self.queues is None:
                 self._error(conn, 500, r.opaque, "queues are not enabled on this broker")
             elif (fenced := self.queue_fence(conn)) is not None:  # automatic failover

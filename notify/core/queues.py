@@ -1011,6 +1011,19 @@ class QueueGroup:
             out[p] = (ps.low_water, fin)
         return out
 
+    def holds_nothing(self, ends: dict[int, int]) -> bool:
+        """True when deleting the group loses nothing: no consumer, no dead letter, nothing
+        tracked (acquired, available, delayed or finished above a low-water offset), and
+        every partition read and finished up to ``ends[partition]`` (the store's visible
+        end): its consumers have nothing pending. A group behind its topic's end holds
+        those messages for its consumers, however long they are away."""
+        if self.consumers or self.dead or self.tracked or self.available or self._delayed:
+            return False
+        for p, ps in self.parts.items():
+            if ps.entries or ps.skip or ps.replayed or ps.frontier < ends.get(p, 0):
+                return False
+        return all(p in self.parts or not end for p, end in ends.items())
+
     def held_by(self, cid: int) -> int:
         c = self.consumers.get(cid)
         return c.held if c is not None else 0

@@ -585,6 +585,21 @@ async def replay_queue_dead_letters(request: web.Request) -> web.Response:
     return json_response({"topic": topic, "group": group, "replayed": done, "unknown": unknown})
 
 
+async def delete_queue_group(request: web.Request) -> web.Response:
+    q, topic, group = _queue_group(request)
+    raw = request.query.get("force", "false")
+    if raw not in ("true", "false"):
+        raise bad_request("force: true or false")
+    try:
+        code, text = await q.delete_durable(topic, group, raw == "true")
+    except TxLogError as e:
+        return json_response({"error": f"deletion not durable: {e}"}, 500)
+    if code != 200:
+        return json_response({"error": text}, code)
+    log.warning("http: admin deleted queue group %s/%s", topic, group)
+    return json_response({"topic": topic, "group": group, "deleted": True})
+
+
 def routes() -> list[tuple[str, str, Any]]:
     """``(method, path, handler)`` of the REST face (the OpenAPI test checks them)."""
     return [
@@ -600,6 +615,7 @@ def routes() -> list[tuple[str, str, Any]]:
         ("POST", "/api/transactions/{key}/commit", commit_transaction),
         ("POST", "/api/transactions/{key}/rollback", rollback_transaction),
         ("GET", "/api/queues", list_queue_groups),
+        ("DELETE", "/api/queues/{topic}/{group}", delete_queue_group),
         ("GET", "/api/queues/{topic}/{group}/dead-letters", list_queue_dead_letters),
         ("POST", "/api/queues/{topic}/{group}/dead-letters/replay", replay_queue_dead_letters),
         ("GET", "/api/config", get_config),
@@ -618,6 +634,7 @@ ADMIN_HANDLERS: Final = frozenset(
         rollback_transaction,
         list_queue_dead_letters,
         replay_queue_dead_letters,
+        delete_queue_group,
     }
 )
 

@@ -544,6 +544,27 @@ def _paths() -> JSON:
                 },
             }
         },
+        "/api/queues/{topic}/{group}": {
+            "parameters": [_TOPIC, _QGROUP],
+            "delete": {
+                "summary": "Delete a queue group and its state (positions, dead letters; "
+                "logged before the answer); admin",
+                "operationId": "deleteQueueGroup",
+                "parameters": [
+                    {"name": "force", "in": "query", "description": "true: also when it "
+                     "has consumers (their connections are closed)",
+                     "schema": {"type": "boolean"}},
+                ],
+                "responses": {
+                    "200": _json({"type": "object", "properties": {
+                        "topic": {"type": "string"}, "group": {"type": "string"},
+                        "deleted": {"type": "boolean"}}}, "Deleted"),
+                    **_COMMON_ERRORS,
+                    "404": _error("No such topic or queue group"),
+                    "409": _error("The group has consumers (force=true closes them)"),
+                },
+            },
+        },
         "/api/queues/{topic}/{group}/dead-letters": {
             "parameters": [_TOPIC, _QGROUP],
             "get": {

@@ -82,6 +82,9 @@ Queue subscriptions (Notify-style push with per-message acknowledgement; README 
         ``<partition>:<offset> <why>`` or ``<partition>:<from>..<to> <why>`` for a span;
         answered once accepted/rejected items are durable
     qunsub <topic> <group> <opaque>\\r\\n   leave the group: held messages return at once
+    qdel <topic> <group> [force] <opaque>\\r\\n     (admin role when adminSecret is set)
+        delete the group and its state (positions, dead letters); 409 while it has
+        consumers unless ``force`` (their connections are closed, after a ``410`` frame)
     qdlq <topic> <group> <len> <action> <opaque>\\r\\n<body>    (admin role when adminSecret is set)
         the group's dead-letter queue. ``list``: body empty or ``<from> <limit>``; reply body
         ``<total> <dropped>`` then one line per dead letter, oldest first (see
@@ -346,6 +349,16 @@ class QueueUnsubscribe:
     opaque: int
 
 
+@dataclass(slots=True)
+class QueueDelete:
+    """``qdel``: delete a queue group and its state (admin)."""
+
+    topic: str
+    group: str
+    force: bool
+    opaque: int
+
+
 #: ``qdlq`` actions
 QDLQ_ACTIONS: Final = ("list", "replay")
 
@@ -382,6 +395,7 @@ Request = (
     | QueueAck
     | QueueUnsubscribe
     | QueueDeadLetters
+    | QueueDelete
     | Claim
 )
 
@@ -425,6 +439,7 @@ _LINE_COUNTS: Final = {
     b"qsub": (6, 7),
     b"qbsub": (6, 7),
     b"qunsub": (4, 4),
+    b"qdel": (4, 5),
     b"epoch": (4, 4),
     b"producer": (6, 6),
 }
@@ -779,7 +794,7 @@ class RequestParser:
             opaque = _int(t[-1], "opaque", 0)
             secret = _text(t[2], "groupSecret", opaque) if n == 4 else ""
             return Register(_text(t[1], "producerGroup", opaque), opaque, secret)
-        if cmd == b"qsub" or cmd == b"qunsub" or cmd == b"qbsub":
+        if cmd == b"qsub" or cmd == b"qunsub" or cmd == b"qbsub" or cmd == b"qdel":
             return _decode_queue_line(cmd, t)
         if cmd == b"producer":
             opaque = _opaque_of(t)
@@ -833,6 +848,10 @@ def _decode_queue_line(cmd: bytes, t: list[bytes]) -> Request:
     group = _text(t[2], "group", opaque)
     if cmd == b"qunsub":
         return QueueUnsubscribe(topic, group, opaque)
+    if cmd == b"qdel":
+        if n == 5 and t[3] != b"force":
+            raise ProtocolError("qdel: the optional token is 'force'", 400, opaque)
+        return QueueDelete(topic, group, n == 5, opaque)
     start = _text(t[4], "start", opaque)
     if start not in ("earliest", "latest"):
         raise ProtocolError(f"{name}: start must be earliest or latest, got {start[:20]!r}",
@@ -1007,6 +1026,11 @@ def decode_qbatch(body: bytes) -> list[tuple[int, int, int, int, int]]:
 def encode_qack(topic: str, group: str, items: bytes, opaque: int) -> bytes:
     """``qack``: ``items`` are ``K <partition> <offset> [<delayMs>]`` lines."""
     return f"qack {topic} {group} {len(items)} {opaque}\r\n".encode() + items
+
+
+def encode_qdel(topic: str, group: str, force: bool, opaque: int) -> bytes:
+    """``qdel``: delete a queue group (``force``: even with consumers)."""
+    return f"qdel {topic} {group}{' force' if force else ''} {opaque}\r\n".encode()
 
 
 def encode_qdlq(topic: str, group: str, action: str, body: bytes, opaque: int) -> bytes:

@@ -29,11 +29,15 @@ ACKED    6     topic:str group:str n:u32 n*(partition:u32 from:i64 to:i64 at_ms:
 DELIVRUN 7     topic:str group:str n:u32 n*(partition:u32 count:u16 k:u32 k*offset:i64)
                DELIVER in runs: the ``k`` messages at these offsets were pushed with
                delivery count ``count``
+DROP     8     topic:str group:str   the group was deleted (an admin's ``qdel`` / REST
+               DELETE, or it expired with no consumer and nothing pending): it and its
+               state are gone; a later GROUP record creates it anew
 =======  ====  ===============================================================================
 
 Records 6 and 7 replace DONE (for accepts) and DELIVER since the batched push: a broker
 reads logs written before them (types 1-5) as they were, while an older broker does not
-know them (a queue log written by this version needs this version or a newer one).
+know them (a queue log written by this version needs this version or a newer one). An
+older broker skips record 8: a group dropped would come back there.
 A checkpoint's finished exceptions may span several records (``next`` beyond the first
 record's end): consecutive accepted messages are kept as one range.
 
@@ -62,6 +66,7 @@ DELIVER: Final = 4
 SNAPSHOT: Final = 5
 ACKED: Final = 6
 DELIVER_RUNS: Final = 7
+DROP: Final = 8
 #: Largest chunk of a SNAPSHOT record (a replication frame carries whole records).
 SNAPSHOT_CHUNK: Final = 1 << 20
 
@@ -153,6 +158,18 @@ def decode_group(body: bytes) -> tuple[str, str, dict[int, int]]:
         return topic, group, starts
     except (struct.error, UnicodeDecodeError) as e:
         raise ProtocolError(f"corrupt queue GROUP record: {e}") from None
+
+
+def encode_drop(topic: str, group: str) -> bytes:
+    return _s(topic) + _s(group)
+
+
+def decode_drop(body: bytes) -> tuple[str, str]:
+    try:
+        r = _Reader(body)
+        return r.s(), r.s()
+    except (struct.error, UnicodeDecodeError) as e:
+        raise ProtocolError(f"corrupt queue DROP record: {e}") from None
 
 
 def encode_done(topic: str, group: str, items: list[DoneItem]) -> bytes:

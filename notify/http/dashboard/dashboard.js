@@ -341,7 +341,9 @@ function renderConfig(d) {
 // ------------------------------------------------------------------ queue groups
 // api/queues every poll; the open group's dead letters (admin route: with adminSecret set
 // the page needs ?token=<adminSecret>) every DLQ_MS and after a replay. A replay is a POST
-// with Content-Type: application/json and the page's token, as the server requires.
+// with Content-Type: application/json and the page's token, as the server requires; a
+// deletion (after a confirm) a DELETE of api/queues/<topic>/<group>, forced when the group
+// has consumers (the broker closes their connections).
 
 const DLQ_MS = 5000;
 const DLQ_LIMIT = 100;
@@ -352,11 +354,16 @@ let dlqData = null;
 let dlqError = "";
 let dlqNote = "";
 let dlqFetchedAt = 0;
+let queuesNote = "";
 
-function queuePath(key) {
+function groupPath(key) {
   const i = key.indexOf("/");
   return "api/queues/" + encodeURIComponent(key.slice(0, i)) + "/" +
-    encodeURIComponent(key.slice(i + 1)) + "/dead-letters";
+    encodeURIComponent(key.slice(i + 1));
+}
+
+function queuePath(key) {
+  return groupPath(key) + "/dead-letters";
 }
 
 function authText(status) {
@@ -417,6 +424,33 @@ async function replay(key, messages) {
   renderQueues();
 }
 
+async function deleteGroup(key) {
+  const q = (queuesData || []).find((x) => x.topic + "/" + x.group === key);
+  const busy = q ? q.consumers : 0;
+  const what = "Delete queue group " + key + "? Its positions and dead letters are lost" +
+    (busy ? "; its " + busy + " consumer connection(s) are closed." : ".");
+  if (!confirm(what)) return;
+  try {
+    const r = await fetch(groupPath(key) + (busy ? "?force=true" : ""), {
+      method: "DELETE",
+      headers: Object.assign({ "Content-Type": "application/json" }, HEADERS),
+      cache: "no-store",
+    });
+    if (!r.ok) {
+      dlqNote = r.status === 401 || r.status === 403 ? "deleting a group is an admin action: " +
+        "open this page with ?token=<adminSecret>"
+        : "deletion refused: HTTP " + r.status + " " + (await r.text()).slice(0, 200);
+    } else {
+      queuesNote = "deleted " + key;
+      if (openDlq === key) toggleDlq(key);
+    }
+  } catch (e) {
+    dlqNote = "deletion failed: " + String(e.message || e);
+  }
+  await pollQueues();
+  renderQueues();
+}
+
 function toggleDlq(key) {
   openDlq = openDlq === key ? null : key;
   dlqData = null; dlqError = ""; dlqNote = "";
@@ -427,7 +461,7 @@ function toggleDlq(key) {
 
 function renderQueues() {
   const hint = document.getElementById("queues-hint");
-  hint.textContent = queuesError || "click a group for its dead letters";
+  hint.textContent = queuesError || queuesNote || "click a group for its dead letters";
   hint.className = "hint" + (queuesError ? " warn" : "");
   const rows = (queuesData || []).map((q) => {
     const key = q.topic + "/" + q.group;
@@ -459,6 +493,7 @@ function renderQueues() {
   all.disabled = !d || !d.total;
   const key = openDlq;
   all.onclick = () => { if (confirm("Replay every dead letter of " + key + "?")) replay(key, null); };
+  document.getElementById("queue-delete").onclick = () => deleteGroup(key);
   const now = Date.now();
   const letters = d ? d.dead_letters : [];
   const dlqRows = letters.map((x) => {

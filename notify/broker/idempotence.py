@@ -53,6 +53,8 @@ _SCAN_WINDOW: Final = 1 << 20
 #: tracemalloc in tests/broker/test_producer_identity.py.
 ENTRY_BYTES: Final = 560
 _REGISTRY: Final = ""  # the LRU key's partition slot of a named identity's holder
+#: holders ``stats producers`` shows (the newest), which a slave learns every few seconds
+HOLDERS_SHOWN: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +159,7 @@ class ProducerStates:
         self._order: OrderedDict[tuple[str, str], None] = OrderedDict()
         #: named identity -> its holder
         self.named: dict[str, Holder] = {}
+        self._newest: OrderedDict[str, None] = OrderedDict()  # holders set last
         #: producer id -> connections that hold it (their entries are not evicted)
         self._bound: dict[str, int] = {}
         self.bytes = 0
@@ -233,7 +236,30 @@ class ProducerStates:
         self.named[pid] = holder
         self._order[(_REGISTRY, pid)] = None
         self._order.move_to_end((_REGISTRY, pid))
+        self._newest[pid] = None
+        self._newest.move_to_end(pid)
+        if len(self._newest) > HOLDERS_SHOWN:
+            self._newest.popitem(last=False)
         self.changes += 1
+
+    def newest_holders(self) -> list[tuple[str, object]]:
+        """``stats producers``: the holders of the named identities claimed last (at most
+        :data:`HOLDERS_SHOWN`, oldest first), ``<id> <epoch> <instance>``; a slave learns
+        them every few seconds, so a promoted one fences the instances they replaced."""
+        named = self.named
+        return [
+            (pid, f"{h.epoch} {h.instance}")
+            for pid in self._newest
+            if (h := named.get(pid)) is not None
+        ]
+
+    def learn_holder(self, pid: str, epoch: int, instance: str) -> None:
+        """A slave learns its master's holder of ``pid`` (kept when newer than its own)."""
+        cur = self.named.get(pid)
+        if not self._usable(pid) or (cur is not None and cur.epoch >= epoch):
+            return
+        if cur is not None or self._room(pid):
+            self._set_holder(pid, Holder(epoch, instance))
 
     def release(self, held: dict[str, Holder]) -> None:
         """A connection that held ``held`` closed."""
@@ -318,6 +344,7 @@ class ProducerStates:
             self.bytes -= ENTRY_BYTES + len(pid)
             if key == _REGISTRY:
                 self.named.pop(pid, None)
+                self._newest.pop(pid, None)
             else:
                 table = self._parts.get(key)
                 if table is not None:

@@ -107,7 +107,9 @@ _NOT_DELAYED: Final = (
     "an idempotent producer's messages (producer members in their properties) cannot be "
     "delayed"
 )
-STATS_ITEMS: Final = ("", "topics", "offsets", "realtime", "config", "reset", "help", "queues")
+STATS_ITEMS: Final = (
+    "", "topics", "offsets", "realtime", "config", "reset", "help", "queues", "producers"
+)
 
 
 class _Batch:
@@ -1413,6 +1415,10 @@ class BrokerService:
             items = st.realtime()
         elif item == "queues":
             items = self.queues.stats_items() if self.queues is not None else []
+        elif item == "producers":  # named identities' holders: replicas and admins
+            if not (conn.replica or conn.admin):
+                return self._denied(conn, r.opaque, "stats producers", "admin")
+            items = self.producers.newest_holders()
         elif item == "config":
             return self._stats_config(conn, r)
         elif item == "reset":

@@ -134,6 +134,7 @@ class SlaveReplicator:
                     await self._sync_topics(link)
                 self._ensure_pullers()
                 await self._refresh_master_ends(link)
+                await self._learn_producers(link)
             except NotifyError as e:
                 log.warning("slave: master %s unreachable: %s", self.master, e)
                 if link is not None:
@@ -165,6 +166,21 @@ class SlaveReplicator:
             log.info("slave: replicating topic %s with %d partitions from the master", topic, n)
         if changed and self.broker.service is not None:
             self.broker.service.refresh_topics()
+
+    async def _learn_producers(self, link: BrokerLink) -> None:
+        """The master's newest holders of named producer identities (``stats producers``):
+        promoted, this slave fences the instances they replaced (their last batches come
+        with the records)."""
+        service = self.broker.service
+        if service is None:
+            return
+        r = await link.request(lambda o: encode_line("stats", "producers", o))
+        if r.code != 200:
+            return
+        for pid, value in parse_stats(r.body):
+            epoch, _, instance = value.partition(" ")
+            if epoch.isdigit() and instance:
+                service.producers.learn_holder(pid, int(epoch), instance)
 
     def _ensure_pullers(self) -> None:
         loop = asyncio.get_running_loop()

@@ -300,12 +300,31 @@ def test_idempotent_retry_after_503_and_on_the_promoted_slave(tmp_path: Path) ->
         with WireClient(master.addr) as c:
             recs, _ = records.decode_all(c.call(b"get rep g 0 0 1048576 1\r\n").body, 0)
         assert [r.body for r in recs] == [b"m0", b"m1"]  # stored once, not five times
+        # a named identity taken over by a newer instance on the master
+        relay_secret = "relay-secret-0123456789"
+        relay = producer_id("relay", relay_secret)
+        named, flag = build_payload(b"n0", None, producer_id=relay, sequence=0)
+        with WireClient(master.addr) as old, WireClient(master.addr) as new:
+            assert old.call(encode_claim(relay, relay_secret, 5, "old", 1)).code == 200
+            assert new.call(encode_claim(relay, relay_secret, 6, "new", 2)).code == 200
+            named_ack = new.put("rep", 0, named, opaque=3, flag=flag)
+            assert named_ack.code == 200
+        wait_equal(master, slave)
+        deadline = time.monotonic() + 15  # the slave learns the holder with its next round
+        while relay not in stats(slave.addr, "producers"):
+            assert time.monotonic() < deadline, "the slave never learnt the named holder"
+            time.sleep(0.1)
         master.kill()
         with WireClient(slave.addr) as c:
             assert c.call(b"promote 1\r\n").code == 200
         assert put(slave.addr, 1) == (200, ack1)  # the promoted slave knows the producer
         assert put(slave.addr, 0)[0] == 400  # older than its last batch
         assert put(slave.addr, 2)[0] == 200
+        with WireClient(slave.addr) as old, WireClient(slave.addr) as new:
+            assert old.call(encode_claim(relay, relay_secret, 5, "old", 1)).code == 409
+            r = new.call(encode_claim(relay, relay_secret, 6, "new", 2))
+            assert r.code == 200 and r.body.endswith(b"\nrep 0 0"), r
+            assert new.put("rep", 0, named, opaque=3, flag=flag).body == named_ack.body
     finally:
         slave.stop()
         master.stop()

@@ -1,5 +1,7 @@
-"""Re-attack sweep (issue 17): start real brokers from this checkout and try, as a hostile
-client would, the defects of the issue and a few attacks it does not name. Prints one row per
+"""Re-attack sweep: start real brokers from this checkout and try, as a hostile client
+would, the defects of the hardening round and of the second security round (forged
+producer ids, unbounded producer state, queue-group squatting, joining another
+application's XA branch) and a few attacks neither names. Prints one row per
 attack (held / FAILED, what was seen) and the test in ``tests/security/`` (or elsewhere) that
 guards it. Exit status 1 when anything did not hold.
 
@@ -27,8 +29,11 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from notify.client import connect
+from notify.client import ProducerConfig, connect
+from notify.client._message import build_payload
+from notify.protocol import records
 from notify.protocol.frames import Response, ResponseParser
+from notify.protocol.properties import decode_attribute
 from notify.testing import BrokerProcess, free_port
 
 MIB = 1 << 20
@@ -396,6 +401,100 @@ def attack_default(b: BrokerProcess) -> None:
         ini.write_text(text)
 
 
+def _stored(b: BrokerProcess, topic: str) -> list[records.Record]:
+    w = Wire(b)
+    r = w.call(b"get %s g 0 0 16777216 1\r\n" % topic.encode())
+    w.close()
+    return [] if r is None or r.code != 200 else records.decode_all(r.body, 0)[0]
+
+
+def attack_round_two(b: BrokerProcess) -> None:
+    """The second round's first three defects against the default broker (no secret:
+    anyone), on topic r2 (the huge records stay out of the other rows' topic)."""
+    guard = "tests/security/test_wire_producer_identity.py"
+    # 1: a consumer copies the victim's producer id and next sequence into its own put
+    try:
+        with connect([b.addr], partitions={"r2": 1}) as s:
+            victim = s.create_producer(ProducerConfig(idempotent=True))
+            ok = victim.send("r2", b"v0").success and victim.send("r2", b"v1").success
+            last = _stored(b, "r2")[-1]
+            text, _ = records.split_payload(last.payload, last.flag)
+            props = decode_attribute(text, last.flag)
+            assert props.producer_id is not None
+            forged, flag = build_payload(
+                b"FORGED", None, producer_id=props.producer_id, sequence=props.sequence + 1
+            )
+            w = Wire(b)
+            r = w.call(b"put r2 0 %d %d %d 1\r\n%b" % (len(forged), flag, crc(forged), forged))
+            w.close()
+            ok = ok and victim.send("r2", b"victim-important").success
+        bodies = [rec.body for rec in _stored(b, "r2")]
+        held = r is not None and r.code in (403, 409) and b"FORGED" not in bodies and \
+            b"victim-important" in bodies and ok
+        row("round 2 item 1: forged producer id drops the victim's message", held,
+            f"forged put {r and r.code}, stored {bodies[-3:]}",
+            f"{guard}::test_a_forged_producer_id_is_refused_and_the_victims_message_stored")
+    except Exception as e:  # a sweep reports, it does not stop
+        row("round 2 item 1: forged producer id", False, repr(e)[:70], guard)
+
+    # 2: 16 puts naming 1 MiB producer ids; then the broker idles
+    snap = b.data_dir / "producer-states.json"
+    huge = "~" + "A" * MIB
+    payload, flag = records.make_payload(b"x", '\x1e{"p":"' + huge + '","s":0}')
+    r0 = rss(b)
+    w = Wire(b)
+    for i in range(16):
+        w.call(b"put r2 0 %d %d %d %d\r\n%b" % (len(payload), flag | 2, crc(payload), i,
+                                                     payload))
+    w.close()
+    time.sleep(1.5)
+    grew, size = rss(b) - r0, snap.stat().st_size
+    mtime = snap.stat().st_mtime_ns
+    time.sleep(2.5)
+    idle_write = snap.stat().st_mtime_ns != mtime
+    row("round 2 item 2: 16 x 1 MiB producer ids, then idle",
+        size < 64 * 1024 and grew < 32 * MIB and not idle_write,
+        f"snapshot {size} B, rss +{grew // MIB} MiB, rewritten while idle: {idle_write}",
+        f"{guard}::test_producer_ids_and_state_are_bounded_and_an_idle_broker_writes_nothing")
+
+    # 3: one connection creates groups until queueMaxGroups, then a legitimate group
+    w = Wire(b)
+    codes: dict[int, int] = {}
+    for i in range(256):
+        r = w.call(b"qsub r2 squat%03d 1 latest %d\r\n" % (i, 2 * i + 10))
+        codes[r.code if r else 0] = codes.get(r.code if r else 0, 0) + 1
+        w.call(b"qunsub r2 squat%03d %d\r\n" % (i, 2 * i + 11))
+    w.close()
+    w = Wire(b)
+    r = w.call(b"qsub r2 legit 1 latest 1\r\n")
+    w.close()
+    row("round 2 item 3: 256 x qsub/qunsub squat, then a new group",
+        r is not None and r.code == 200 and codes.get(200, 0) <= 16,
+        f"squatter {codes}, legitimate group {r and r.code}",
+        "tests/security/test_wire_queue_groups.py")
+
+
+def attack_xa_join(b: BrokerProcess, tls: ssl.SSLContext) -> None:
+    """Round 2 item 4: the authSecret holder who read an open XA key joins the branch."""
+    victim, attacker = Wire(b, tls), Wire(b, tls)
+    for w in (victim, attacker):
+        w.call(f"auth {APP} 1\r\n".encode())
+    xid = b"XID:1:00aa:beef:q"
+    victim.call(b"transaction %s v BEGIN 30 2\r\n" % xid)
+    victim.call(b"put orders 0 2 0 %s 3\r\nv1" % xid)
+    _st, listed = hreq(b, "GET", "/api/transactions", None, {"Authorization": f"Bearer {APP}"},
+                       tls)  # fmt: skip
+    r = attacker.call(b"put orders 0 6 0 %s 4\r\nFORGED" % xid)
+    victim.call(b"transaction %s v ROLLBACK 5\r\n" % xid)
+    victim.close()
+    attacker.close()
+    row("round 2 item 4: another connection puts into an open XA branch",
+        r is not None and r.code != 200,
+        f"key listed over REST: {xid in listed}, foreign put {r and r.code} "
+        f"{(r.body[:40] if r else b'')!r}",
+        "tests/security/test_wire_xa_association.py")
+
+
 def attack_config(work: Path) -> None:
     """Item 19: secrets no client can use, or that disable auth, stop the broker."""
     bad = []
@@ -541,10 +640,11 @@ def main() -> int:
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="attack-"))
     topics = {"orders": 1}
-    b1 = BrokerProcess(work / "default", topics=topics,
+    b1 = BrokerProcess(work / "default", topics={**topics, "r2": 1},
                        system={"dashboardHttpPort": free_port()})  # fmt: skip
     b1.start()
     try:
+        attack_round_two(b1)  # before attack_default, which turns authSecret on at its end
         attack_default(b1)
     finally:
         b1.stop()
@@ -559,6 +659,7 @@ def main() -> int:
     b2.start()
     try:
         attack_secured(b2, tls)
+        attack_xa_join(b2, tls)
     finally:
         b2.stop()
     failed = [r for r in ROWS if not r[1]]

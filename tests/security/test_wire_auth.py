@@ -220,9 +220,9 @@ def test_every_verb_needs_the_role_it_names(
 ) -> None:
     """With authSecret and adminSecret: before ``auth`` every verb (queue verbs, ``register``,
     ``transaction``, ``stats`` included) is refused 401/403 and nothing is written; the app
-    secret cannot use the admin verbs (``reload``, ``promote``, ``stats reset``, ``qdlq``) nor
-    the replica verbs (``msync``, ``sync``). 300 wrong wire secrets are all counted in
-    ``/metrics`` and logged as at most two lines."""
+    secret cannot use the admin verbs (``reload``, ``promote``, ``stats reset``, ``stats
+    producers``, ``qdlq``, ``qdel``) nor the replica verbs (``msync``, ``sync``). 300 wrong
+    wire secrets are all counted in ``/metrics`` and logged as at most two lines."""
     b = http_broker_factory({"r": 1}, authSecret=APP, adminSecret=ADMIN)
     body = b"x"
     anyone = (
@@ -235,6 +235,8 @@ def test_every_verb_needs_the_role_it_names(
         b"qcredit r g 10 1\r\n",
         b"qack r g 8 1\r\nK 0 0 1\n",
         b"qdlq r g 0 list 1\r\n",
+        b"qdel r g 1\r\n",
+        b"producer ~AAAAAAAAAAAAAAAAAAAAAA secret-secret-secret 0 - 1\r\n",
         b"transaction TX:a:1 s BEGIN 10 1\r\n",
         b"register shop 1\r\n",
         b"reload 1\r\n",
@@ -250,7 +252,9 @@ def test_every_verb_needs_the_role_it_names(
         b"reload 1\r\n",
         b"promote 1\r\n",
         b"stats reset 1\r\n",
+        b"stats producers 1\r\n",
         b"qdlq r g 0 list 1\r\n",
+        b"qdel r g 1\r\n",
         b"msync r 0 0 0 0 1\r\n",
         b"sync r 0 1 0 7 %d 1\r\nx" % crc(body),
     )

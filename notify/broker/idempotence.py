@@ -126,8 +126,15 @@ def batch_producer(buf: bytes) -> tuple[str, int, int] | str | None:
     """The producer of whole validated records ``buf`` (an mput): ``(producer id, first
     sequence, last sequence)`` when every record names that id with consecutive sequences,
     None when none names a producer, else why the batch is refused (one compiled walk over
-    the headers and each attribute's suffix: no Python per record)."""
-    verdict, ps, pe, first, last = _producer_batch(buf)
+    the headers and each attribute's suffix: no Python per record; the broker's mput gets
+    the same verdict from its check of the records, :func:`batch_verdict`)."""
+    return batch_verdict(buf, *_producer_batch(buf))
+
+
+def batch_verdict(
+    buf: bytes, verdict: int, ps: int, pe: int, first: int, last: int
+) -> tuple[str, int, int] | str | None:
+    """:func:`batch_producer` from :func:`notify.protocol.hotpath.check_batch`'s answer."""
     if verdict == hotpath.NO_PRODUCER:
         return None
     if verdict == hotpath.MIXED_PRODUCERS:

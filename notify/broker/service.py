@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 from notify.broker.authlog import record_auth_failure
 from notify.broker.connection import Connection, PendingReplies
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, encode_envelope
-from notify.broker.idempotence import LastBatch, ProducerStates, batch_producer
+from notify.broker.idempotence import LastBatch, ProducerStates, batch_verdict
 from notify.broker.idgen import MAX_BATCH, IdGenerator
 from notify.broker.stats import BrokerStats, ConsumerPositions
 from notify.config import ServerConfig, served_config, validate_topic
@@ -211,6 +211,8 @@ class BrokerService:
             sysc.max_producer_ids_per_connection,
         )
         self._checked_flags = 0  # OR of the flags of the records _check_records validated
+        #: and their producer members (hotpath.check_batch: verdict, id span, sequences)
+        self._checked_producer: list[int] = [0, -1, -1, -1, -1]
         self.refresh_topics()
 
     def refresh_topics(self) -> None:
@@ -398,7 +400,7 @@ class BrokerService:
             return None
         if self._check_records(r.records, r.count):
             return None
-        if self._checked_flags & FLAG_PROPERTIES and batch_producer(r.records) is not None:
+        if self._checked_producer[0] != hotpath.NO_PRODUCER:
             return None
         return TxPut(r.topic, r.partition, r.opaque, bytearray(r.records), r.count)
 
@@ -595,7 +597,7 @@ class BrokerService:
             return self._error(conn, 400, r.opaque, f"mput: {err}")
         if self._writes_refused(conn):
             return self._refuse_write(conn, r.opaque)
-        idem = batch_producer(r.records) if self._checked_flags & FLAG_PROPERTIES else None
+        idem = batch_verdict(r.records, *self._checked_producer)
         if isinstance(idem, str):
             return self._error(conn, 400, r.opaque, f"mput: {idem}")
         buf = bytearray(r.records)
@@ -638,7 +640,7 @@ class BrokerService:
         """Validate ``count`` whole records with correct checksums filling ``data`` (the
         loop is compiled with the client's hot paths: notify.protocol.hotpath)."""
         max_msg = self.max_message
-        seen, flags, verdict, length = records.check_records(data, max_msg)
+        seen, flags, verdict, length, *producer = records.check_batch(data, max_msg)
         if verdict == hotpath.SHORT_HEADER:
             return f"record {seen}: incomplete header"
         if verdict == hotpath.BAD_LENGTH:
@@ -649,7 +651,8 @@ class BrokerService:
             return f"record {seen}: checksum mismatch"
         if seen != count:
             return f"body holds {seen} records, header says {count}"
-        self._checked_flags = flags  # read by _mput (idempotent producers)
+        self._checked_flags = flags
+        self._checked_producer = producer  # read by _mput (idempotent producers)
         return None
 
     def _count_put(self, topic: str, count: int, nbytes: int) -> None:

@@ -40,7 +40,9 @@ from notify.transport import AsyncConnection
 from ._message import build_payload
 
 
-def _error(code: int, body: bytes) -> BrokerError:
+def broker_error(code: int, body: bytes) -> BrokerError:
+    """The error of a non-200 reply to a claim or a put: 409 (a put's or claim's only one)
+    is :class:`~notify.errors.ProducerFencedError`."""
     text = body.decode("utf-8", "replace")
     return ProducerFencedError(code, text) if code == 409 else BrokerError(code, text)
 
@@ -118,8 +120,14 @@ class ProducerIdentity:
             ),
             timeout_s,
         )
+        if r.code == 400 and b"unknown command" in r.body.lower():
+            # a broker from before identities: it takes puts unclaimed (and its own
+            # duplicate check, if any, trusts them); nothing to go on from
+            reply = ClaimReply(self.producer_id, self.epoch)
+            self._claims[conn] = reply
+            return reply
         if r.code != 200:
-            raise _error(r.code, r.body)
+            raise broker_error(r.code, r.body)
         try:
             reply = ClaimReply.parse(r.body)
         except ProtocolError as e:
@@ -172,7 +180,7 @@ async def put_sequenced(
     n = len(payloads)
     r = await conn.request(lambda o: encode_mput(topic, partition, body, n, o), timeout_s)
     if r.code != 200:
-        raise _error(r.code, r.body)
+        raise broker_error(r.code, r.body)
     try:
         ack = MultiPutAck.parse(r.body)
     except ProtocolError as e:

@@ -53,7 +53,7 @@ from notify.transport import AsyncConnection
 from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._errors import ClientTransactionError, TransactionConnectionError
-from ._identity import ProducerIdentity
+from ._identity import ProducerIdentity, broker_error
 from ._message import (
     BatchSendResult,
     Headers,
@@ -1460,8 +1460,7 @@ class AsyncProducer:
                 r = await self._request_mput(conn, topic, part.partition, items, timeout)
                 if not _unknown_command(r):
                     if r.code != 200:
-                        err = BrokerError(r.code, r.body.decode("utf-8", "replace"))
-                        return [err] * count
+                        return [broker_error(r.code, r.body)] * count
                     try:
                         return _parse_mput_reply(r, count)
                     except ClientError as e:
@@ -1511,7 +1510,7 @@ class AsyncProducer:
                 out.append(e)
                 continue
             if r.code != 200:
-                out.append(BrokerError(r.code, r.body.decode("utf-8", "replace")))
+                out.append(broker_error(r.code, r.body))
                 continue
             try:
                 out.append(_parse_put_reply(r))

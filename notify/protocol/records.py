@@ -219,6 +219,24 @@ def check_records(data: bytes, max_length: int) -> tuple[int, int, int, int]:
     return check_records_py(data, max_length)
 
 
+#: The compiled check of an ``mput`` body with its producer members (see check_batch)
+_native_batch: Callable[[bytes, int], tuple[int, int, int, int, int, int, int, int, int]] | None = (
+    NATIVE.check_batch if NATIVE is not None else None
+)
+
+
+def check_batch(data: bytes, max_length: int) -> tuple[int, int, int, int, int, int, int, int, int]:
+    """:func:`notify.protocol.hotpath.check_batch`: :func:`check_records` and the records'
+    producer members in one compiled walk; interpreted, the two walks one after the other
+    (same results)."""
+    if _native_batch is not None:
+        return _native_batch(data, max_length)
+    r = check_records_py(data, max_length)
+    if r[2] != hotpath.OK or not r[1] & 2:
+        return (*r, hotpath.NO_PRODUCER, -1, -1, -1, -1)
+    return (*r, *hotpath.producer_batch(data))
+
+
 def check_records_py(data: bytes, max_length: int) -> tuple[int, int, int, int]:
     """:func:`check_records`'s interpreted loop (``struct`` and a memoryview: quicker than
     ``hotpath``'s byte-by-byte reads when not compiled)."""

@@ -188,6 +188,15 @@ def test_batch_producer_reads_every_record(
     assert isinstance(batch_producer(b"".join(gap)), str)
     partly = [_rec(b"m", a, 0), _rec(b"m", None)]
     assert isinstance(batch_producer(b"".join(partly)), str)
+    late = [_rec(b"m", None), _rec(b"m", a, 1)]
+    assert isinstance(batch_producer(b"".join(late)), str)
+    keyed = [_rec(b"m", a, 3, key="k"), _rec(b"m", a, 4), _rec(b"m", a, 5, key="k2")]
+    assert batch_producer(b"".join(keyed)) == (a, 3, 5)
+    longer = [_rec(b"m", a, 0), _rec(b"m", "x" + a, 1)]
+    assert isinstance(batch_producer(b"".join(longer)), str)
+    elsewhere, _ = records.make_payload(b"m", '\x1e{"p":"' + a + '","s":1,"k":"x"}')
+    bad = records.encode(0, 3, elsewhere)  # "p" not at the end: no producer, so mixed
+    assert isinstance(batch_producer(_rec(b"m", a, 0) + bad), str)
 
 
 def test_producer_members_are_read_from_the_suffix_only() -> None:

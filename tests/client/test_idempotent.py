@@ -3,6 +3,7 @@ also across a broker restart (SIGTERM or SIGKILL), against real broker processes
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -11,8 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from notify.client import ClientConfig, ConsumerConfig, ProducerConfig, connect
+from notify.client import (
+    AsyncMessageSessionFactory,
+    ClientConfig,
+    ConsumerConfig,
+    ProducerConfig,
+    connect,
+)
+from notify.client._identity import put_sequenced
 from notify.client._message import build_payload
+from notify.errors import ProducerFencedError
 from notify.protocol.frames import encode_mput, encode_put
 from notify.protocol.identity import encode_claim, producer_id
 from notify.protocol.records import checksum, encode
@@ -215,3 +224,43 @@ def test_lost_ack_then_broker_killed_before_the_retry(
         broker.restart(kill=True)  # same port: the client's retries reach the new process
         assert fut.result(60).success
     assert _consume_all(broker.addr, tmp_path, "single") == [b"before", b"lost-ack"]
+
+
+def test_named_identity_a_new_instance_fences_the_old_and_goes_on_with_its_sequences(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Two sessions, one named identity: the first's last batch sent again by the second
+    under the identity with explicit sequences (put_sequenced, the relay's way) is answered
+    with the stored ack; the second's own sends go on after the first's sequences; its
+    claim fenced the first (ProducerFencedError, not retried)."""
+    secret = "shard-secret-0123456789"
+
+    def cfg(epoch: int) -> ProducerConfig:
+        return ProducerConfig(
+            idempotent=True, producer_name="shard-7", producer_secret=secret,
+            producer_epoch=epoch, retries=1, retry_backoff_s=0.05,
+        )
+
+    async def run() -> None:
+        async with AsyncMessageSessionFactory([broker.addr], config=FAST,
+                                              partitions={"single": 1}) as s1:
+            first = s1.create_producer(cfg(1))
+            acks = [await first.send("single", b"a%d" % i) for i in range(3)]
+            assert all(a.success for a in acks)
+            async with AsyncMessageSessionFactory([broker.addr], config=FAST,
+                                                  partitions={"single": 1}) as s2:
+                second = s2.create_producer(cfg(2))
+                assert second.producer_id == first.producer_id
+                seqs = await second.producer_sequences("single")
+                assert list(seqs.values()) == [2]
+                ident = second.identity
+                assert ident is not None
+                conn = await s2.pool.get(broker.addr)
+                again = await put_sequenced(conn, ident, "single", 0, [(b"a2", 0)], 2, 5.0)
+                assert (again.first_msg_id, again.first_offset) == (acks[2].msg_id, acks[2].offset)
+                assert (await second.send("single", b"b3")).success
+                late = await first.send("single", b"zombie")
+                assert not late.success and isinstance(late.error, ProducerFencedError)
+
+    asyncio.run(run())
+    assert _consume_all(broker.addr, tmp_path, "single") == [b"a0", b"a1", b"a2", b"b3"]

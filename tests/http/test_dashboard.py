@@ -257,3 +257,34 @@ def test_dashboard_queue_groups_and_dead_letter_replay(
     assert value == "replayed 1", value
     dl = h.get("/api/queues/jobs/workers/dead-letters").json()
     assert [d["offset"] for d in dl["dead_letters"]] == [offs[1]]
+
+
+def test_dashboard_deletes_a_queue_group(
+    browser: str, http_broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """The open group's Delete group button (after its confirm) deletes the group through
+    the admin REST route; the page says so and the group is gone from the broker."""
+    b = http_broker_factory({"jobs": 1}, adminSecret="adm-pw")
+    with WireClient(b.addr) as c:
+        assert c.call(b"qsub jobs idle 10 latest 1\r\n").code == 200
+        assert c.call(b"qunsub jobs idle 2\r\n").code == 200
+    value = _devtools_eval(browser, tmp_path, b.http_url + "/?token=adm-pw#dlq=jobs/idle", """
+        new Promise((resolve, reject) => {
+          window.confirm = () => true;
+          const t0 = Date.now();
+          const tick = () => {
+            const btn = document.getElementById("queue-delete");
+            const h = document.getElementById("queues-hint");
+            const hint = h ? h.textContent : "";
+            if (hint.startsWith("deleted")) return resolve(hint);
+            const box = document.getElementById("dlq");
+            if (btn && box && !box.hidden && !btn.dataset.clicked) {
+              btn.dataset.clicked = "1"; btn.click();
+            }
+            if (Date.now() - t0 > 20000) return reject(new Error("no deletion: " + hint));
+            setTimeout(tick, 100);
+          };
+          tick();
+        })""")
+    assert value == "deleted jobs/idle", value
+    assert Http(b.http_url, token="adm-pw").get("/api/queues").json()["queues"] == []

@@ -81,24 +81,29 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="a fifth of the messages")
+    ap.add_argument("--only", default="", help="scenarios whose name contains this")
     a = ap.parse_args()
     n_mput = 400_000 if a.quick else 2_000_000
     n_put = 40_000 if a.quick else 200_000
     pid, claim = identity()
     scenarios = [
-        ("mput x1000, no properties", mput_frames("plain", pid, n_mput), BATCH, False),
-        ("mput x1000, keyed (no producer)", mput_frames("keyed", pid, n_mput), BATCH, False),
-        ("mput x1000, idempotent", mput_frames("idem", pid, n_mput), BATCH, True),
-        ("put, no properties", put_frames("plain", pid, n_put), 1, False),
-        ("put, idempotent", put_frames("idem", pid, n_put), 1, True),
+        ("mput x1000, no properties", lambda: mput_frames("plain", pid, n_mput), BATCH, False),
+        ("mput x1000, keyed (no producer)", lambda: mput_frames("keyed", pid, n_mput), BATCH,
+         False),
+        ("mput x1000, idempotent", lambda: mput_frames("idem", pid, n_mput), BATCH, True),
+        ("put, no properties", lambda: put_frames("plain", pid, n_put), 1, False),
+        ("put, idempotent", lambda: put_frames("idem", pid, n_put), 1, True),
     ]
+    scenarios = [sc for sc in scenarios if a.only in sc[0]]
     tmp = Path(tempfile.mkdtemp(prefix="notify-idem-bench-"))
     best: dict[str, float] = {}
     import notify
 
     print(f"checkout {Path(notify.__file__).parents[1]}  claim frame: {bool(claim)}")
+    built = {name: make() for name, make, _per, _claims in scenarios}
     for rnd in range(a.rounds):
-        for name, frames, per, claims in scenarios:
+        for name, _make, per, claims in scenarios:
+            frames = built[name]
             b = BrokerProcess(tmp / f"r{rnd}-{len(best)}-{time.monotonic_ns()}",
                               topics={"bench": 1}, log_level="warning")  # fmt: skip
             b.start()

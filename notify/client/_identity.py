@@ -27,7 +27,8 @@ import asyncio
 import secrets
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from notify.errors import BrokerError, ClientError, ProducerFencedError, ProtocolError
 from notify.protocol import records as rec
@@ -38,6 +39,8 @@ from notify.protocol.replies import MultiPutAck
 from notify.transport import AsyncConnection
 
 from ._message import build_payload
+
+T = TypeVar("T")
 
 
 def broker_error(code: int, body: bytes) -> BrokerError:
@@ -128,10 +131,7 @@ class ProducerIdentity:
             return reply
         if r.code != 200:
             raise broker_error(r.code, r.body)
-        try:
-            reply = ClaimReply.parse(r.body)
-        except ProtocolError as e:
-            raise ClientError(str(e)) from None
+        reply = _parsed(ClaimReply.parse, r.body)
         if reply.producer_id != self.producer_id:
             raise ClientError(f"broker claimed {reply.producer_id}, not {self.producer_id}")
         self._claims[conn] = reply
@@ -181,10 +181,15 @@ async def put_sequenced(
     r = await conn.request(lambda o: encode_mput(topic, partition, body, n, o), timeout_s)
     if r.code != 200:
         raise broker_error(r.code, r.body)
+    ack = _parsed(MultiPutAck.parse, r.body)
+    if ack.count == n:
+        return ack
+    raise ClientError(f"mput reply acknowledges {ack.count} of {n} messages")
+
+
+def _parsed(parse: Callable[[bytes], T], body: bytes) -> T:
+    """``parse(body)``, a malformed reply raising :class:`~notify.errors.ClientError`."""
     try:
-        ack = MultiPutAck.parse(r.body)
+        return parse(body)
     except ProtocolError as e:
         raise ClientError(str(e)) from None
-    if ack.count != n:
-        raise ClientError(f"mput reply acknowledges {ack.count} of {n} messages")
-    return ack

@@ -121,15 +121,12 @@ _ID_BYTES: Final = bytes(
 )
 
 
-def producer_suffix(data: bytes, start: int, end: int) -> tuple[int, int, int]:
-    """The producer members of the attribute text ``data[start:end]``: ``(id start, id
-    end, sequence)`` (positions in ``data``), or ``(-1, -1, -1)`` when its text does not end
-    with them (``"p":"<id>","s":<seq>}``, id of ``[A-Za-z0-9._~-]``, 1 to 18 digits
-    without a leading zero, inside the JSON object that follows the first RS)."""
-    none = (-1, -1, -1)
+def _closing_sequence(data: bytes, start: int, end: int) -> tuple[int, int]:
+    """``data[start:end]`` ends with ``<digits>}`` (1 to 18 digits, no leading zero):
+    ``(position before the digits, their value)``, else ``(-1, -1)``."""
     e = end - 1
     if e <= start or data[e] != 125:  # '}'
-        return none
+        return -1, -1
     i = e - 1
     seq = 0
     scale = 1
@@ -139,6 +136,18 @@ def producer_suffix(data: bytes, start: int, end: int) -> tuple[int, int, int]:
         i -= 1
     ndig = e - 1 - i
     if ndig < 1 or ndig > 18 or (ndig > 1 and data[i + 1] == 48):
+        return -1, -1
+    return i, seq
+
+
+def producer_suffix(data: bytes, start: int, end: int) -> tuple[int, int, int]:
+    """The producer members of the attribute text ``data[start:end]``: ``(id start, id
+    end, sequence)`` (positions in ``data``), or ``(-1, -1, -1)`` when its text does not end
+    with them (``"p":"<id>","s":<seq>}``, id of ``[A-Za-z0-9._~-]``, 1 to 18 digits
+    without a leading zero, inside the JSON object that follows the first RS)."""
+    none = (-1, -1, -1)
+    i, seq = _closing_sequence(data, start, end)
+    if i < 0:
         return none
     # ,"s":  then  "  closing the id
     if i - 5 < start or data[i] != 58 or data[i - 1] != 34 or data[i - 2] != 115:
@@ -195,18 +204,10 @@ def _same_producer(data: bytes, pos: int, middle: bytes, seq: int) -> bool:
         return False
     alen = (data[p] << 24) | (data[p + 1] << 16) | (data[p + 2] << 8) | data[p + 3]
     start = p + 4
-    e = start + alen - 1
-    if alen & 0x80000000 or 4 + alen > length or e <= start or data[e] != 125:
+    if alen & 0x80000000 or 4 + alen > length:
         return False
-    i = e - 1
-    got = 0
-    scale = 1
-    while i >= start and 48 <= data[i] <= 57:
-        got += (data[i] - 48) * scale
-        scale *= 10
-        i -= 1
-    ndig = e - 1 - i
-    if ndig < 1 or ndig > 18 or (ndig > 1 and data[i + 1] == 48) or got != seq:
+    i, got = _closing_sequence(data, start, start + alen)
+    if i < 0 or got != seq:
         return False
     ms = i + 1 - len(middle)
     if ms <= start or not data.startswith(middle, ms):

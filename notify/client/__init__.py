@@ -48,6 +48,7 @@ synchronous wrappers; ``_transaction`` local transactions, half messages and che
 ``_offsets``, ``_recover``, ``_spool`` the local files.
 """
 
+from notify.errors import ProducerFencedError
 from notify.protocol.replies import parse_stats_topics
 
 from ._config import ClientConfig, ConsumerConfig, ProducerConfig, default_data_dir
@@ -63,6 +64,7 @@ from ._errors import (
     XAError,
 )
 from ._fetchsize import FetchSizer
+from ._identity import ProducerIdentity, put_sequenced
 from ._message import BatchSendResult, Headers, Message, PostFailure, SendResult
 from ._producer import AsyncProducer
 from ._queue import (
@@ -139,6 +141,8 @@ __all__ = [
     "PostFailure",
     "Producer",
     "ProducerConfig",
+    "ProducerFencedError",
+    "ProducerIdentity",
     "QueueConsumer",
     "QueueMessage",
     "RecoverStore",
@@ -164,6 +168,7 @@ __all__ = [
     "list_dead_letters",
     "list_pending_recovery",
     "parse_stats_topics",
+    "put_sequenced",
     "replay_dead_letters",
     "republish_dead_letters",
     "settle_all",

@@ -151,8 +151,8 @@ class TransactionManager:
         self.engine.owner_lost(conn)
         self._drain()
 
-    def partition_visible(self, part: Partition) -> None:
-        self.engine.partition_visible(part)
+    def partition_visible(self, _part: Partition) -> None:
+        """A partition shows more: send the replies of the commits whose gate opened."""
         if self.out:
             self._drain()
 

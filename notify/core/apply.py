@@ -15,6 +15,13 @@ everything before them in the partition is visible, without waiting for the part
 fsync. Until that fsync, the intent must stay in its log: :meth:`Applier.durable` tells when
 placements are on disk in their partitions, so the caller's checkpoints never drop an intent
 whose messages a crash could still take from the partition.
+
+A transaction's shares must appear together (a consumer never sees part of it), so commits
+use :meth:`Applier.apply_joint`: the shares go under one :class:`~notify.store.gate.Gate`
+and are shown in one step once every partition shows what was pending before its share
+(no fsync is added: the group-commit round that covers what is pending is one the plain
+puts before it need anyway). Delayed-message moves are independent messages and use
+:meth:`Applier.apply` (each share shown as soon as its partition allows).
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from typing import Protocol
 
 from notify.core.effects import Placement
 from notify.errors import NotifyError, StoreError
+from notify.store.gate import Deferred, Gate, retry
 from notify.store.idempotent import already_present
+from notify.store.memory import MemoryPartition
 from notify.store.partition import Partition
 
 
@@ -64,6 +73,16 @@ def group_shares(batches: Iterable[tuple[str, int, bytes, int]]) -> list[Share]:
 
 def no_crashpoint(_name: str) -> None:
     """The default crash hook: nothing happens."""
+
+
+@dataclass(slots=True)
+class Joint:
+    """What :meth:`Applier.apply_joint` did: where the shares placed so far went, and the
+    gate they wait behind (None: every share is visible already). Shares deferred to the
+    gate's opening are reported by its ``on_placed`` hook."""
+
+    placements: list[Placement]
+    gate: Gate | None
 
 
 class Applier:
@@ -148,6 +167,97 @@ class Applier:
         for part, count in appended:
             self.after_append(part, count)
         return placements
+
+    def apply_joint(
+        self,
+        shares: Sequence[Share],
+        hints: Mapping[tuple[str, int], int],
+        *,
+        verify: bool,
+        what: str,
+        on_missing: Callable[[Share], None] | None = None,
+    ) -> Joint:
+        """Append a transaction's shares so that readers see all of them or none (see the
+        module doc). When every partition already shows all it holds, the shares are
+        appended and visible at once (no gate). Otherwise they go behind one gate: a share of
+        a group-commit partition, or of a partition with something pending, is appended now;
+        a share of a settled partition without group commit is appended when the others are
+        all showable (so the plain puts that partition takes meanwhile are not held back).
+        All or nothing as :meth:`apply` (StoreError)."""
+        parts: list[tuple[Share, Partition]] = []
+        for sh in shares:
+            part = self.store.get(sh.topic, sh.partition)
+            if part is None:
+                if on_missing is not None:
+                    on_missing(sh)
+                continue
+            parts.append((sh, part))
+        if all(part.settled for _sh, part in parts):
+            return Joint(
+                self.apply(shares, hints, verify=verify, what=what, on_missing=None), None
+            )
+        gate = Gate(what, self.after_append)
+        now: list[tuple[Share, Partition, bytes]] = []
+        placements: list[Placement] = []
+        for sh, part in parts:
+            data = sh.data
+            if verify:
+                present, at = already_present(part, hints.get((sh.topic, sh.partition), 0), data)
+                if present == len(data):
+                    placements.append(Placement(sh.topic, sh.partition, at, sh.count, len(data)))
+                    continue
+                if present:  # a failed apply not taken back whole: complete it as it lies
+                    return Joint(self.apply(shares, hints, verify=True, what=what), None)
+            if not part.group_commit and part.settled:
+                self._check_room(part, len(data), what)
+                gate.deferred.append(Deferred(part, data, sh.count))
+            else:
+                now.append((sh, part, data))
+        done: list[tuple[Partition, int]] = []
+        for i, (sh, part, data) in enumerate(now):
+            if i:
+                self.crashpoint("mid_apply")
+            try:
+                off = part.append_covered(data, gate=gate)
+            except NotifyError as e:
+                for p, before in reversed(done):
+                    with contextlib.suppress(NotifyError, OSError):
+                        p.rollback_to(before)
+                raise StoreError(
+                    f"{what}: appending to {sh.topic}-{sh.partition} failed: {e}"
+                ) from e
+            done.append((part, off))
+            gate.placed.append((part, off, off + len(data)))
+            placements.append(Placement(sh.topic, sh.partition, off, sh.count, len(data)))
+        for sh, part, _data in now:
+            self.after_append(part, sh.count)
+        if not gate.placed:  # nothing to wait for after all (every share already present)
+            if gate.deferred:
+                raise StoreError(f"{what}: nothing to place before its deferred shares")
+            return Joint(placements, None)
+        return Joint(placements, gate)
+
+    @staticmethod
+    def _check_room(part: Partition, nbytes: int, what: str) -> None:
+        """Refuse now what the partition would refuse when the gate opens (a read-only
+        partition, a full memory topic that refuses), so nothing waits on a share that
+        cannot be placed."""
+        if part.failed:
+            raise StoreError(f"{what}: {part.topic}-{part.index}: {part.failed}")
+        if isinstance(part, MemoryPartition) and not part.drop_oldest and (
+            part.size_bytes + nbytes > part.max_bytes
+        ):
+            raise StoreError(
+                f"{what}: memory topic {part.topic} is full ({part.size_bytes} of "
+                f"{part.max_bytes} bytes) and memoryFullPolicy=refuse"
+            )
+
+    @staticmethod
+    def retry_stalled(gates: Iterable[Gate]) -> None:
+        """Try again the deferred shares a partition refused when their gate was ready."""
+        for g in gates:
+            if g.stalled:
+                retry(g)
 
     def durable(self, placements: Iterable[Placement]) -> bool:
         """Whether every placement is on disk in its partition (or its partition is gone, or

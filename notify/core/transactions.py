@@ -15,10 +15,11 @@ A transactional put's record (message id assigned here) goes to the redo log as 
 is kept in memory. COMMIT is logged and, with ``force_at_commit``, made durable (a
 :class:`~notify.core.effects.Force` effect; the shell group-commits and calls
 :meth:`TxEngine.forced`) **before** any message reaches a partition; then the shares are
-applied through the shared :class:`~notify.core.apply.Applier` and APPLIED is logged. The
-commit is answered only once readers can see the messages (:meth:`TxEngine.partition_visible`),
-which needs no partition fsync: the redo log holds them, and until their partitions are flushed
-the checkpoint keeps their records (:meth:`TxEngine.checkpoint_position`).
+applied through the shared :class:`~notify.core.apply.Applier` (all shares under one
+:class:`~notify.store.gate.Gate`: readers see all of them or none) and APPLIED is logged. The
+commit is answered only once readers can see the messages (the gate opened), which needs no
+partition fsync: the redo log holds them, and until their partitions are flushed the
+checkpoint keeps their records (:meth:`TxEngine.checkpoint_position`).
 
 Every state change goes through :func:`notify.core.states.next_state`.
 
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, cast
 
 from notify.config import SystemConfig
-from notify.core.apply import Applier, PartitionLookup, Share, group_shares, no_crashpoint
+from notify.core.apply import Applier, Joint, PartitionLookup, Share, group_shares, no_crashpoint
 from notify.core.effects import (
     Applied,
     Complete,
@@ -73,6 +74,7 @@ from notify.protocol.xa import (
     XAER_RMFAIL,
     encode_xa_failure,
 )
+from notify.store.gate import Gate
 from txlog import Position
 
 log = logging.getLogger("notify.tx")
@@ -219,23 +221,22 @@ class TxPut:
     crc: int = 0
 
 
+#: what a step's ``finish`` returns: the reply body, and the gate readers must see open
+#: before the reply is sent (None: at once)
+Done = tuple[bytes, Gate | None]
+#: what a step's ``start`` returns: the position to force (None: none), ``finish``, and what
+#: a failed force means
+Started = tuple[Position | None, Callable[[], Done], str]
+
+
 @dataclass(slots=True)
 class _Step:
     """A step waiting for the redo log to be forced up to ``pos``."""
 
     pos: Position
     ticket: Ticket | None
-    finish: Callable[[], tuple[bytes, list[tuple[Any, int]]]]
+    finish: Callable[[], Done]
     unsure: str
-
-
-@dataclass(slots=True)
-class _VisibleWait:
-    """A commit answered once readers can see every partition's share."""
-
-    ticket: Ticket
-    body: bytes
-    left: list[tuple[Any, int]]
 
 
 @dataclass(slots=True)
@@ -293,7 +294,8 @@ class TxEngine:
         self._owner_group: dict[Any, str] = {}
         self.groups: dict[str, list[Any]] = {}
         self._forcing: list[_Step] = []
-        self._visible_waits: dict[Any, list[_VisibleWait]] = {}
+        #: gates of applied transactions not yet open (retried when a share was refused)
+        self._gates: list[Gate] = []
         self._tombstones: deque[tuple[float, str]] = deque()
         #: (first record, placements) of applied transactions not yet flushed in partitions
         self._unflushed: deque[tuple[Position, tuple[Placement, ...]]] = deque()
@@ -751,18 +753,11 @@ class TxEngine:
 
     # ------------------------------------------------------------------ steps and forcing
 
-    def _step(
-        self,
-        owner: Any,
-        opaque: int,
-        start: Callable[
-            [], tuple[Position | None, Callable[[], tuple[bytes, list[tuple[Any, int]]]], str]
-        ],
-    ) -> None:
+    def _step(self, owner: Any, opaque: int, start: Callable[[], Started]) -> None:
         """Run a step: ``start()`` changes state and appends its record (no fsync) and
         returns ``(position to force or None, finish, what a failed force means)``. With
         ``force_at_commit`` the reply waits for the force; ``finish`` then returns the
-        reply body and the partitions readers must see first."""
+        reply body and the gate readers must see open first."""
         try:
             pos, finish, unsure = start()
         except TxFailure as e:
@@ -797,10 +792,10 @@ class TxEngine:
         owner: Any,
         opaque: int,
         ticket: Ticket | None,
-        finish: Callable[[], tuple[bytes, list[tuple[Any, int]]]],
+        finish: Callable[[], Done],
     ) -> None:
         try:
-            body, waits = finish()
+            body, gate = finish()
         except TxFailure as e:
             code, fbody = _xa_reply(e)
             if ticket is None:
@@ -808,7 +803,7 @@ class TxEngine:
             ticket.set(code, fbody)
             self.out.append(Complete(ticket))
             return
-        if not waits:
+        if gate is None or gate.is_open:
             if ticket is None:
                 return self._reply(owner, opaque, 200, body)
             ticket.set(200, body)
@@ -817,9 +812,17 @@ class TxEngine:
         if ticket is None:
             ticket = Ticket(owner, opaque)
             self.out.append(Defer(ticket))
-        w = _VisibleWait(ticket, body, waits)
-        for part, _end in waits:
-            self._visible_waits.setdefault(part, []).append(w)
+        t = ticket
+        hook = gate.on_open
+
+        def opened() -> None:
+            if hook is not None:
+                hook()
+            if not t.done:
+                t.set(200, body)
+                self.out.append(Complete(t))
+
+        gate.on_open = opened
 
     @property
     def acked_before_force(self) -> bool:
@@ -851,37 +854,17 @@ class TxEngine:
             else:
                 self._finish(t.owner, t.opaque, t, s.finish)
 
-    def partition_visible(self, part: Any) -> None:
-        """``part``'s visible end advanced: answer the commits readers can now see."""
-        waits = self._visible_waits.get(part)
-        if not waits:
-            return
-        vis = part.visible_end
-        keep: list[_VisibleWait] = []
-        for w in waits:
-            left = [(p, end) for p, end in w.left if p is not part or end > vis]
-            w.left = left
-            if any(p is part for p, _ in left):
-                keep.append(w)
-            elif not left and not w.ticket.done:
-                w.ticket.set(200, w.body)
-                self.out.append(Complete(w.ticket))
-        if keep:
-            self._visible_waits[part] = keep
-        else:
-            del self._visible_waits[part]
-
     # ------------------------------------------------------------------ prepare, commit, rollback
 
     def _prepare(
         self, tx: BrokerTx, owner: Any
-    ) -> tuple[Position | None, Callable[[], tuple[bytes, list[tuple[Any, int]]]], str]:
+    ) -> Started:
         if tx.state is TxState.ROLLBACK_ONLY:
             self._rollback_only(tx, TxEvent.PREPARE)
         if not tx.batches:
             self._to(tx, TxEvent.READ_ONLY)  # no work: vote read-only, nothing to remember
             self._forget_finished(tx)
-            return None, lambda: (encode_prepare_vote(XA_RDONLY), []), ""
+            return None, lambda: (encode_prepare_vote(XA_RDONLY), None), ""
         group = self._owner_group.get(owner, "")
         at = self._now_ms()
         body = lr.Prepare(tx.key, at, tx.timeout_s, group).encode()
@@ -897,9 +880,9 @@ class TxEngine:
         self._untime(tx)  # a half message has no deadline
         tx.prepared_at_ms = at
 
-        def finish() -> tuple[bytes, list[tuple[Any, int]]]:
+        def finish() -> Done:
             self.crashpoint("after_prepare_record")
-            return encode_prepare_vote(XA_OK), []
+            return encode_prepare_vote(XA_OK), None
 
         return pos, finish, "prepare not known to be durable; roll it back"
 
@@ -915,7 +898,7 @@ class TxEngine:
 
     def _commit(
         self, tx: BrokerTx, ev: TxEvent
-    ) -> tuple[Position | None, Callable[[], tuple[bytes, list[tuple[Any, int]]]], str]:
+    ) -> Started:
         if tx.state is TxState.ROLLBACK_ONLY:
             self._rollback_only(tx, ev)
         if not tx.batches:
@@ -923,7 +906,7 @@ class TxEngine:
             self._to(tx, TxEvent.APPLIED)
             self._forget_finished(tx)
             self.stats.committed += 1
-            return None, lambda: (b"", []), ""
+            return None, lambda: (b"", None), ""
         hints: list[tuple[str, int, int]] = []
         seen: set[tuple[str, int]] = set()
         for b in tx.batches:
@@ -942,23 +925,26 @@ class TxEngine:
 
     def _committed(
         self, tx: BrokerTx, pos: Position
-    ) -> tuple[Position | None, Callable[[], tuple[bytes, list[tuple[Any, int]]]], str]:
+    ) -> Started:
         """A COMMIT record was written at ``pos`` (not yet forced): the step that applies it."""
 
-        def finish() -> tuple[bytes, list[tuple[Any, int]]]:
+        def finish() -> Done:
             self.crashpoint("after_commit_record")
             self.stats.committed += 1
-            placements = self._apply(tx)
-            if placements is None:
-                return b"committed; messages will appear when the store recovers", []
-            return b"", self.applier.visible(placements)
+            applied = self._apply(tx)
+            if applied is None:
+                return b"committed; messages will appear when the store recovers", None
+            return b"", applied.gate
 
         # a failed force leaves the decision unknown: the restart's recovery settles it
         return pos, finish, "commit decision not known to be durable (outcome unknown)"
 
-    def _apply(self, tx: BrokerTx, recovering: bool = False) -> tuple[Placement, ...] | None:
-        """Append the transaction's messages to their partitions (once), then log APPLIED.
-        None when a partition refused (the apply is retried; nothing of it is visible)."""
+    def _apply(self, tx: BrokerTx, recovering: bool = False) -> Joint | None:
+        """Append the transaction's messages to their partitions (once, all under one gate:
+        readers see all or none of them), then log APPLIED (once every share is placed:
+        shares deferred to the gate's opening are placed later). None when a partition
+        refused (the apply is retried; nothing of it is visible). Recovery applies without
+        a gate: nobody reads meanwhile, and it ends with every touched partition synced."""
         shares = group_shares((b.topic, b.partition, b.records, b.count) for b in tx.batches)
         hints = {(t, p): h for t, p, h in tx.hints}
 
@@ -971,15 +957,24 @@ class TxEngine:
                 sh.count,
             )
 
+        what = f"transaction {tx.key}"
         try:
-            placed = self.applier.apply(
-                shares,
-                hints,
-                verify=recovering or tx.apply_error is not None,
-                what=f"transaction {tx.key}",
-                on_missing=missing,
-                exact=recovering and tx.hints_exact,
-            )
+            if recovering:
+                joint = Joint(
+                    self.applier.apply(
+                        shares,
+                        hints,
+                        verify=True,
+                        what=what,
+                        on_missing=missing,
+                        exact=tx.hints_exact,
+                    ),
+                    None,
+                )
+            else:
+                joint = self.applier.apply_joint(
+                    shares, hints, verify=tx.apply_error is not None, what=what, on_missing=missing
+                )
         except NotifyError as e:
             if tx.apply_error is None:
                 log.error(
@@ -991,7 +986,37 @@ class TxEngine:
             tx.apply_error = str(e)
             return None
         tx.apply_error = None
-        placements = tuple(placed)
+        gate = joint.gate
+        if gate is None or not gate.deferred:
+            self._applied(tx, shares, tuple(joint.placements), recovering)
+            return joint
+        # the shares of settled partitions without group commit are placed when the gate
+        # opens: APPLIED (and the end of COMMITTING, which keeps the COMMIT record from
+        # checkpoints) waits for them
+        later = [(d.part, d.count) for d in gate.deferred]
+        now = list(joint.placements)
+
+        def placed(done: list[tuple[Any, int, int]]) -> None:
+            more = [
+                Placement(part.topic, part.index, start, count, end - start)
+                for (part, count), (_p, start, end) in zip(later, done, strict=True)
+            ]
+            self._applied(tx, shares, tuple(now + more), False)
+
+        gate.on_placed = placed
+        if len(self._gates) > 64:
+            self._gates = [g for g in self._gates if not g.is_open]
+        self._gates.append(gate)
+        return joint
+
+    def _applied(
+        self,
+        tx: BrokerTx,
+        shares: list[Share],
+        placements: tuple[Placement, ...],
+        recovering: bool,
+    ) -> None:
+        """Every share of ``tx`` is placed: log APPLIED, finish its state, tell the shell."""
         applied = lr.Applied(
             tx.key, tuple((p.topic, p.partition, p.offset, p.count, p.nbytes) for p in placements)
         ).encode()
@@ -1019,7 +1044,6 @@ class TxEngine:
         )
         self.out.append(Applied(tx.key, placements, delayed))
         self._forget_finished(tx)
-        return placements
 
     def _log_rollback(self, tx: BrokerTx, reason: str) -> Position | None:
         if not tx.batches:
@@ -1032,7 +1056,7 @@ class TxEngine:
 
     def _rollback(
         self, tx: BrokerTx, ev: TxEvent, reason: str
-    ) -> tuple[Position | None, Callable[[], tuple[bytes, list[tuple[Any, int]]]], str]:
+    ) -> Started:
         was_prepared = tx.state is TxState.PREPARED
         self._to(tx, ev)
         tx.ended_reason = reason
@@ -1042,7 +1066,7 @@ class TxEngine:
         # presumed abort: only a prepared transaction's rollback needs to be forced
         return (
             (pos if was_prepared else None),
-            lambda: (b"", []),
+            lambda: (b"", None),
             "rollback not known to be durable",
         )
 
@@ -1148,10 +1172,13 @@ class TxEngine:
             )
 
     def retry_applies(self) -> None:
-        """Apply committed transactions whose apply failed (a full disk) again."""
+        """Apply committed transactions whose apply failed (a full disk) again, and the
+        shares a partition refused when their gate was ready to open."""
         for tx in list(self.txs.values()):
             if tx.state is TxState.COMMITTING and tx.apply_error is not None:
                 self._apply(tx)
+        self._gates = [g for g in self._gates if not g.is_open]
+        self.applier.retry_stalled(self._gates)
 
     def checkpoint_position(self) -> Position:
         """Where replay must start: the first record of the oldest transaction that is
@@ -1215,10 +1242,10 @@ class TxEngine:
                 tx.hints_exact = ent.applied is not None
                 self.txs[key] = tx
                 ends = self._ends(ent)
-                placements = self._apply(tx, recovering=True)
+                joint = self._apply(tx, recovering=True)
                 if ends != self._ends(ent):  # something had to be appended again
                     self.stats.recovered_reapplied += 1
-                for pl in placements or ():
+                for pl in joint.placements if joint is not None else ():
                     part = self.store.get(pl.topic, pl.partition)
                     if part is not None:
                         touched.add(part)

@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--segment-size", type=int, default=None, help="tiny segments, e.g. 200")
     ap.add_argument("--delay-heavy", action="store_true", help="mostly delayed puts")
+    ap.add_argument(
+        "--mixed",
+        action="store_true",
+        help="a topic without group commit too, and flush rounds as the broker runs them",
+    )
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.CRITICAL)
     if a.seed is not None:
@@ -32,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         try:
             World(
-                seed, a.steps, a.crashes, a.verbose, a.segment_size, a.delay_heavy
+                seed, a.steps, a.crashes, a.verbose, a.segment_size, a.delay_heavy, a.mixed
             ).run()
         except SimFailure as e:
             failed += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from notify.errors import StoreFullError
+from notify.store.gate import settle
 from notify.store.partition import Partition, RecoveryReport
 
 
@@ -96,7 +97,8 @@ class MemoryPartition(Partition):
         return seg
 
     def sync(self) -> None:
-        self.flushed_end = self.visible_end = self.end
+        self.flushed_end = self.end
+        settle((self,))
 
     def close(self) -> None:
         if self.closed:

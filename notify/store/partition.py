@@ -7,9 +7,14 @@ Offsets run across segments: segment ``k+1`` starts where segment ``k`` ends. Th
 * ``visible_end``  what consumers are served. Under group commit (``unflushThreshold=0``) it
                    follows ``flushed_end``, so a consumer never sees a message that a crash
                    could still take back; otherwise it follows ``end`` as in MetaQ.
-                   Appends *held* for a synchronous slave's confirmation (``append(...,
-                   hold=True)``) stay invisible until :meth:`confirm`, and
-                   :meth:`drop_from` can take them back.
+                   Appends *covered* by another log (a committed transaction's messages,
+                   :meth:`append_covered`) need no fsync of their own. Three things stop it
+                   (the *limit*): an append *held* for a synchronous slave's confirmation
+                   (``append(..., hold=True)``: invisible until :meth:`confirm`;
+                   :meth:`drop_from` can take it back), a transaction's share whose
+                   :class:`~notify.store.gate.Gate` is closed (the transaction's shares in
+                   other partitions are not all showable yet), and on a slave the last
+                   consistent cut of its master it reached (:meth:`set_cut`).
 
 Recovery on open: every segment but the last was fsynced when it was rolled, so only the
 last segment is scanned, from the recovery point (the last known-durable offset, when given)
@@ -32,11 +37,14 @@ from typing import Final
 from notify.errors import OffsetOutOfRangeError, StoreCorruptError, StoreError
 from notify.fs import FSYNC_FAILED, OS_FS, FileSystem, ensure_dir, leave_marker
 from notify.protocol import records
+from notify.store.gate import Gate, settle
 from notify.store.segment import Segment, parse_segment_name
 
 log = logging.getLogger("notify.store")
 
 SCAN_CHUNK: Final = 8 * 1024 * 1024
+#: no limit on what a partition shows (see :attr:`Partition._limit`)
+NO_LIMIT: Final = 1 << 62
 #: Bytes a stored record may exceed its payload limit by (a delayed message's envelope).
 RECORD_SLACK: Final = 4096
 
@@ -102,13 +110,22 @@ class Partition:
         self.recovery: RecoveryReport | None = None
         self.closed = False
         #: long-poll hook: called when ``visible_end`` advances while ``waiting`` is set
-        #: (and whenever a flush or a covered append advances it)
+        #: (and whenever a flush, a confirmation, a covered append or a gate advances it)
         self.waiting = False
         self.on_visible: Callable[[Partition], None] | None = None
         #: ``(start, end)`` of appends another log keeps durable (applied commits), in order
         self._covered: deque[tuple[int, int]] = deque()
         #: ``[start, end, confirmed]`` of held appends, in order (readers stop at the first)
         self._held: deque[list[int]] = deque()
+        #: ``(start, gate)`` of gated shares not yet shown, in order (readers stop at the
+        #: first whose gate is closed; gates open in this order)
+        self._gates: deque[tuple[int, Gate]] = deque()
+        #: a slave's cap: the end of this partition in the last consistent cut of its
+        #: master that the slave reached (None: no cap, a master)
+        self.cut: int | None = None
+        #: what ``visible_end`` may not pass: the first held append, the first closed
+        #: gate's share, the cut (NO_LIMIT when none)
+        self._limit = NO_LIMIT
         self.scan_start = 0
 
     # ------------------------------------------------------------------ open / recover
@@ -290,14 +307,70 @@ class Partition:
         offset = seg.append(data)
         if hold:
             self._held.append([offset, seg.end, 0])
+            if offset < self._limit:
+                self._limit = offset
         if not self.group_commit:
-            self.visible_end = max(self.visible_end, self._cap(seg.end))
-            if self.waiting and self.on_visible is not None:
-                self.on_visible(self)
+            v = seg.end if seg.end < self._limit else self._limit
+            if v > self.visible_end:
+                self.visible_end = v
+                if self.waiting and self.on_visible is not None:
+                    self.on_visible(self)
         return offset
 
-    def _cap(self, v: int) -> int:
-        return min(v, self._held[0][0]) if self._held else v
+    def _set_limit(self) -> None:
+        lim = NO_LIMIT
+        if self._held:
+            lim = self._held[0][0]
+        if self._gates and self._gates[0][0] < lim:
+            lim = self._gates[0][0]
+        if self.cut is not None and self.cut < lim:
+            lim = self.cut
+        self._limit = lim
+
+    def refresh_visible(self) -> bool:
+        """Recompute ``visible_end`` (never backwards): everything flushed (under group
+        commit; else everything written), extended over covered appends that start at or
+        before it, up to the limit. True when it advanced. Hooks are the caller's
+        (:func:`notify.store.gate.settle`)."""
+        before = self.visible_end
+        limit = self._limit
+        v = self.flushed_end if self.group_commit else self.end
+        if v < before:
+            v = before
+        cov = self._covered
+        while cov and cov[0][0] <= v and cov[0][0] < limit:
+            e = cov.popleft()[1]
+            if e > v:
+                v = e
+        if v > limit:
+            v = limit
+        if v > before:
+            self.visible_end = v
+            return True
+        return False
+
+    def head_gate(self) -> Gate | None:
+        """The gate of the first gated share not yet shown (None: none)."""
+        return self._gates[0][1] if self._gates else None
+
+    def head_gate_start(self) -> int:
+        return self._gates[0][0] if self._gates else NO_LIMIT
+
+    def gate_opened(self, gate: Gate) -> None:
+        """``gate`` opened: its share here (the first gated one) may be shown."""
+        if self._gates and self._gates[0][1] is gate:
+            self._gates.popleft()
+            self._set_limit()
+
+    def set_cut(self, cut: int | None) -> None:
+        """A slave reached a consistent cut of its master: show up to ``cut`` here (None:
+        no cap, the slave was promoted). A lower cut than shown takes effect at once (the
+        master cut its history back)."""
+        self.cut = cut
+        self._set_limit()
+        if cut is not None and self.visible_end > cut:
+            self.visible_end = max(cut, self.min_offset)
+        settle((self,))
 
     def confirm(self, start: int) -> None:
         """The held append at ``start`` is confirmed: readers may see it once everything
@@ -308,13 +381,10 @@ class Partition:
                 break
         else:
             return
-        before = self.visible_end
         while self._held and self._held[0][2]:
             self._held.popleft()
-        target = self._cap(self.flushed_end if self.group_commit else self.end)
-        if target > self.visible_end:
-            self.visible_end = target
-        self._advance_visible(before)
+        self._set_limit()
+        settle((self,))
 
     def holds_last(self, start: int) -> bool:
         """Whether the newest append, at ``start``, is held and nothing follows it."""
@@ -339,42 +409,39 @@ class Partition:
             raise StoreError(f"{self.topic}-{self.index}: {start} is not a held tail")
         self.rollback_to(start)
         self._held = deque(h for h in self._held if h[0] < start)
+        self._set_limit()
 
-    def append_covered(self, data: bytes | bytearray | memoryview) -> int:
+    def append_covered(
+        self, data: bytes | bytearray | memoryview, gate: Gate | None = None
+    ) -> int:
         """Append records whose durability another log already guarantees (a committed
         transaction's messages sit in the redo log, and recovery re-applies them at this same
         offset). Under group commit readers may see them as soon as everything before them
-        is visible, without waiting for this partition's fsync."""
+        is visible, without waiting for this partition's fsync. ``gate``: not before the
+        gate opens either (nothing after them is shown meanwhile)."""
         offset = self.append(data)
+        if gate is not None:
+            self._gates.append((offset, gate))
+            if offset < self._limit:
+                self._limit = offset
         if self.group_commit:
             self._covered.append((offset, offset + len(data)))
-            self._advance_visible()
+            if gate is None:
+                settle((self,))
         return offset
+
+    @property
+    def settled(self) -> bool:
+        """Whether an append now would be shown at once: the partition shows all it holds
+        (nothing waits for an fsync, a confirmation, a gate or a cut)."""
+        return self.visible_end == self.end and self._limit >= self.end
 
     def mark_flushed(self, target: int) -> None:
         """An fsync covering everything before ``target`` finished: advance the marks and
         tell the visibility hook."""
-        before = self.visible_end
         if target > self.flushed_end:
             self.flushed_end = target
-        target = self._cap(target)
-        if target > self.visible_end:
-            self.visible_end = target
-        self._advance_visible(before)
-
-    def _advance_visible(self, before: int = -1) -> None:
-        if before < 0:
-            before = self.visible_end
-        v = self.visible_end
-        cov = self._covered
-        cap = self._cap(self.end)
-        while cov and cov[0][0] <= v and cov[0][0] < cap:
-            end = cov.popleft()[1]
-            if end > v:
-                v = end
-        self.visible_end = v
-        if v > before and self.on_visible is not None:
-            self.on_visible(self)
+        settle((self,))
 
     def _roll(self) -> Segment:
         old = self.segments[-1]
@@ -447,6 +514,9 @@ class Partition:
         self.flushed_end = min(self.flushed_end, offset)
         while self._covered and self._covered[-1][0] >= offset:
             self._covered.pop()
+        while self._gates and self._gates[-1][0] >= offset:
+            self._gates.pop()
+        self._set_limit()
 
     def read_raw(self, offset: int, length: int) -> bytes:
         """Bytes at ``offset`` regardless of visibility (replication compares with them)."""

@@ -42,7 +42,10 @@ class Owner:
 
 class Core:
     def __init__(self, root: Path, **limits: Any) -> None:
-        ini = f"[system]\ndataPath={root}/data\nunflushThreshold=0\n[topic=a]\nnumPartitions=2\n"
+        ini = (
+            f"[system]\ndataPath={root}/data\nunflushThreshold=0\n[topic=a]\nnumPartitions=2\n"
+            "[topic=b]\nnumPartitions=1\nunflushThreshold=1000\n"  # visible at append
+        )
         self.config = parse_config(ini)
         self.store = MessageStore(self.config)
         self.store.open()
@@ -70,8 +73,10 @@ class Core:
         self.engine.handle(owner, Transaction(key, "s", verb, timeout, None, 7))
         return self.take()
 
-    def put(self, owner: Any, key: str, body: bytes, part: int = 0) -> list[Effect]:
-        self.engine.put(owner, key, "a", part, 0, body, records.checksum(body), 3)
+    def put(
+        self, owner: Any, key: str, body: bytes, part: int = 0, topic: str = "a"
+    ) -> list[Effect]:
+        self.engine.put(owner, key, topic, part, 0, body, records.checksum(body), 3)
         return self.take()
 
     def force_all(self) -> list[Effect]:
@@ -79,8 +84,8 @@ class Core:
         self.engine.forced(self.log.end_position)
         return self.take()
 
-    def visible(self, part: int = 0) -> list[bytes]:
-        p = self.store.get("a", part)
+    def visible(self, part: int = 0, topic: str = "a") -> list[bytes]:
+        p = self.store.get(topic, part)
         assert p is not None
         recs, _ = records.decode_all(p.read(p.min_offset, 1 << 20), p.min_offset)
         return [r.payload for r in recs]
@@ -121,7 +126,6 @@ def test_commit_waits_until_earlier_unflushed_data_is_visible(core: Core) -> Non
     o = Owner("c1")
     part = core.store.get("a", 0)
     assert part is not None
-    part.on_visible = core.engine.partition_visible
     part.append(records.encode(1, 0, b"plain"))  # a plain put waiting for its fsync round
     core.cmd(o, "TX:s:1", "BEGIN")
     core.put(o, "TX:s:1", b"m1")
@@ -132,6 +136,80 @@ def test_commit_waits_until_earlier_unflushed_data_is_visible(core: Core) -> Non
     part.mark_flushed(part.end - 22)  # the plain put's round finishes
     assert replies(core.take()) == [(200, b"")]
     assert core.visible(0) == [b"plain", b"m1"]
+
+
+def plain(core: Core, body: bytes, part: int = 0, topic: str = "a") -> int:
+    """A plain put appended (not yet flushed); returns its end."""
+    p = core.store.get(topic, part)
+    assert p is not None
+    p.append(records.encode(1, 0, body))
+    return p.end
+
+
+def test_a_transaction_appears_in_all_its_partitions_at_once(core: Core) -> None:
+    """The share of a-1 (nothing pending there) waits for a-0's share, which sits behind a
+    plain put waiting for its group-commit round; a plain put to a-1 after the share, in the
+    same round, is readable when that round ends (not held back by the transaction)."""
+    o = Owner("c1")
+    a0, a1 = core.store.get("a", 0), core.store.get("a", 1)
+    assert a0 is not None and a1 is not None
+    end0 = plain(core, b"before")
+    core.cmd(o, "TX:s:1", "BEGIN")
+    core.put(o, "TX:s:1", b"m0", part=0)
+    core.put(o, "TX:s:1", b"m1", part=1)
+    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
+    assert replies(core.force_all()) == []  # placed, but a-0's share is not showable yet
+    assert core.visible(0) == [] and core.visible(1) == []
+    end1 = plain(core, b"after", part=1)
+    a1.mark_flushed(end1)  # the round covering "after" and...
+    assert core.visible(1) == []  # (a round that ended first for a-1 shows nothing of it)
+    a0.mark_flushed(end0)  # ...the one covering "before" (the same round: every fsync first)
+    assert replies(core.take()) == [(200, b"")]
+    assert core.visible(0) == [b"before", b"m0"]
+    assert core.visible(1) == [b"m1", b"after"]
+
+
+def test_a_share_without_group_commit_is_placed_when_the_others_can_be_shown(
+    core: Core,
+) -> None:
+    """Topic b shows an append at once: its share is appended only when a-0's can be shown,
+    so the plain puts b takes meanwhile are readable at once, before it."""
+    o = Owner("c1")
+    a0 = core.store.get("a", 0)
+    assert a0 is not None
+    end0 = plain(core, b"before")
+    core.cmd(o, "TX:s:1", "BEGIN")
+    core.put(o, "TX:s:1", b"m0", part=0)
+    core.put(o, "TX:s:1", b"mb", topic="b")
+    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
+    assert replies(core.force_all()) == []
+    plain(core, b"b-plain", topic="b")
+    assert core.visible(0, "b") == [b"b-plain"]  # readable at once, nothing of the tx
+    a0.mark_flushed(end0)
+    eff = core.take()
+    assert [type(e) for e in eff] == [Applied, Complete] and replies(eff) == [(200, b"")]
+    assert core.visible(0) == [b"before", b"m0"]
+    assert core.visible(0, "b") == [b"b-plain", b"mb"]
+
+
+def test_transactions_queued_behind_one_round_open_in_order(core: Core) -> None:
+    """Many transactions behind one pending put: all appear when its round ends, in order
+    (opening one lets the next reach its share: no recursion, whatever their number)."""
+    a0 = core.store.get("a", 0)
+    assert a0 is not None
+    end0 = plain(core, b"before")
+    for i in range(2000):
+        o = Owner(f"c{i}")
+        key = f"TX:s:{i}"
+        core.cmd(o, key, "BEGIN")
+        core.put(o, key, b"x%d" % i, part=0)
+        core.put(o, key, b"y%d" % i, part=1)
+        core.cmd(o, key, "COMMIT_ONE_PHASE")
+    assert replies(core.force_all()) == []
+    assert core.visible(1) == []
+    a0.mark_flushed(end0)
+    assert replies(core.take()) == [(200, b"")] * 2000
+    assert core.visible(1) == [b"y%d" % i for i in range(2000)]
 
 
 def test_checkpoint_keeps_applied_transactions_until_their_partitions_are_flushed(

@@ -32,6 +32,7 @@ from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic
 from notify.errors import ConfigError, NotifyError
 from notify.faults import pausepoint
 from notify.fdbudget import spare_fds
+from notify.replication.cut import cut_member, forget_cut, load_cut, save_cut, set_cuts, start_caps
 from notify.replication.failover import FailoverAgent
 from notify.replication.redo import DELAYLOG_STREAM, QUEUELOG_STREAM, ReplicaRedo
 from notify.replication.slave import SlaveReplicator
@@ -86,6 +87,7 @@ class Broker:
         #: automatic failover (autoFailover in ZooKeeper mode), None when off
         self.failover: FailoverAgent | None = None
         self._promote_override = False
+        self._capped = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -131,6 +133,10 @@ class Broker:
         # may re-apply committed delayed puts to it
         self.store.add_topic(delay_topic_config(default_topic(self.config.system, "")))
         service.refresh_topics()
+        #: a slave's readers see only consistent cuts of its master (from the last it showed)
+        self._capped = self.config.slave is not None and start_caps(
+            self.store.all_partitions(), load_cut(self.store.data_path)
+        )
         tm = TransactionManager(
             self.config.system,
             self.store,
@@ -292,12 +298,25 @@ class Broker:
                 last_points = now
                 await loop.run_in_executor(None, self.store.write_recovery_points)
                 await self._save_producer_states()
+                await self._save_cut()
             if watch_s > 0 and now - last_watch >= watch_s:
                 last_watch = now
                 mtime = self._mtime()
                 if mtime is not None and mtime != self._config_mtime:
                     self._config_mtime = mtime
                     self._reload_logged()
+
+    async def _save_cut(self) -> None:
+        """A slave remembers the last consistent cut it showed (it starts from it)."""
+        cut = self.slave.cuts.to_save() if self.slave is not None else None
+        if cut is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, save_cut, self.store.data_path, cut
+            )
+        except OSError as e:
+            log.warning("cannot save the replica cut: %s (a restart shows an older one)", e)
 
     async def _save_producer_states(self) -> None:
         """Snapshot the idempotent producers' state (consistent cut on the loop, written
@@ -436,6 +455,7 @@ class Broker:
             service.master_address = self.config.slave.master_address
             # links authenticate with replicationSecret and this broker id (= the master's)
             self.slave = SlaveReplicator(self, self.config.slave, sysc.replication_secret)
+            self.slave.cuts.capping = self._capped
             service.on_promote = self.promote
             service.replication_stats = self.slave.stats_items
             self.slave.start()
@@ -577,6 +597,10 @@ class Broker:
             self.slave.cancel()  # no puller appends anything after this line
             asyncio.get_running_loop().create_task(self.slave.stop())
             self.slave = None
+        # readers see all it holds (recovery below re-applies what a transaction lacks, in
+        # this same step); no remembered cut caps it should it ever follow a master again
+        set_cuts((p, None) for p in self.store.all_partitions() if cut_member(p))
+        forget_cut(self.store.data_path)
         self.service.role = "master"
         self.service.replication_stats = None
         tm = self.service.transactions

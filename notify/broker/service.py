@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from notify.broker.authlog import record_auth_failure
 from notify.broker.connection import Connection, PendingReplies
+from notify.broker.cuts import CutServer
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, encode_envelope
 from notify.broker.idempotence import LastBatch, ProducerStates, batch_verdict
 from notify.broker.idgen import MAX_BATCH, IdGenerator
@@ -74,6 +75,7 @@ from notify.protocol.replies import (
     Redirect,
     encode_replica_ack,
 )
+from notify.replication.cut import CUT_STREAM
 from notify.replication.redo import (
     DELAYLOG_STREAM,
     LOG_STREAMS,
@@ -213,12 +215,18 @@ class BrokerService:
         self._checked_flags = 0  # OR of the flags of the records _check_records validated
         #: and their producer members (hotpath.check_batch: verdict, id span, sequences)
         self._checked_producer: list[int] = [0, -1, -1, -1, -1]
+        #: consistent cuts for this broker's slaves (notify.replication.cut)
+        self.cuts = CutServer(
+            store, loop, config.system.max_long_poll_wait_ms, lambda p: p in self._waiting
+        )
         self.refresh_topics()
 
     def refresh_topics(self) -> None:
         """Re-read the topic table from the store (after a config reload)."""
         for part in self.store.all_partitions():
             part.on_visible = self.partition_visible
+            if self.cuts.watching:
+                part.waiting = True
         self._topic_parts = {t: self.store.topic_partitions(t) for t in self.store.topics}
         self._accept = {
             t: (c.accept_publish, c.accept_subscribe) for t, c in self.store.topics.items()
@@ -272,6 +280,7 @@ class BrokerService:
         conn.parked.clear()
         if conn.producers:
             self.producers.release(conn.producers)
+        self.cuts.closed(conn)
         if self.transactions is not None:
             self.transactions.connection_closed(conn)
         if self.queues is not None:
@@ -867,6 +876,8 @@ class BrokerService:
             return self._denied(conn, r.opaque, f"get on internal topic {r.topic!r}", "replica")
         if r.topic in LOG_STREAMS:
             return self._get_redo(conn, r)
+        if r.topic == CUT_STREAM:
+            return self.cuts.get(conn, r)
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
@@ -880,7 +891,7 @@ class BrokerService:
         try:
             sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
         except OffsetOutOfRangeError as e:
-            if self._pushed_not_shown(conn, part, r.offset):
+            if self._not_shown_yet(part, r.offset):
                 if r.max_wait_ms > 0:
                     return self._park(conn, part, r)
                 st.get_misses += 1
@@ -908,12 +919,14 @@ class BrokerService:
         conn.send(sl)
 
     @staticmethod
-    def _pushed_not_shown(conn: Connection, part: Partition, offset: int) -> bool:
-        """A replica asks at an offset this master wrote but does not show yet: a
-        synchronous slave's own end, pushed to it before the slave's confirmation (or the
-        group commit's fsync) made it visible here. Nothing yet, not a divergence: the get
-        waits (or finds nothing) instead of being sent back to the visible end."""
-        return conn.replica and part.visible_end < offset <= part.end
+    def _not_shown_yet(part: Partition, offset: int) -> bool:
+        """A get at an offset this broker wrote but does not show yet: a synchronous slave's
+        own end, pushed to it before the slave's confirmation (or the group commit's fsync)
+        made it visible here; a consumer that moved from a master to a slave still behind
+        its cut, or read a slave before it restarted from an older cut. Nothing yet, not a
+        divergence: the get waits (or finds nothing) instead of being sent back to the
+        visible end."""
+        return part.visible_end < offset <= part.end
 
     def _moved_past_end(self, r: Get) -> bool:
         """MetaQ answers a get beyond the end with 301 (to the end) only when
@@ -960,7 +973,7 @@ class BrokerService:
             waiters.remove(entry)
             if not waiters:
                 del self._waiting[part]
-                part.waiting = False
+                part.waiting = self.cuts.watching
         if not expired:
             timer.cancel()
         if slot.done:
@@ -968,7 +981,7 @@ class BrokerService:
         try:
             sl = part.slice(r.offset, min(self.max_transfer, r.max_size), r.max_size)
         except OffsetOutOfRangeError as e:
-            if self._pushed_not_shown(conn, part, r.offset):
+            if self._not_shown_yet(part, r.offset):
                 sl = None  # the wait ended before this master showed the slave's end
             else:
                 slot.body = encode_result(301, r.opaque, Redirect(e.nearest).encode())
@@ -1005,6 +1018,7 @@ class BrokerService:
             self.transactions.partition_visible(part)
         if self.queues is not None:
             self.queues.partition_visible(part.topic)
+        self.cuts.visible()
 
     def _offset(self, conn: Connection, r: Offset) -> None:
         self.stats.cmd_offset += 1
@@ -1013,6 +1027,10 @@ class BrokerService:
         part = self._lookup(conn, r.topic, r.partition, r.opaque)
         if part is None:
             return
+        if conn.replica and self.role == "slave" and r.offset >= part.visible_end:
+            # the synchronous master's probe: where this copy ends, shown to readers or not
+            # (they see the master's last consistent cut this slave reached)
+            return conn.send(encode_result(200, r.opaque, OffsetReply(part.end).encode()))
         conn.send(encode_result(200, r.opaque, OffsetReply(part.nearest_offset(r.offset)).encode()))
 
     # ------------------------------------------------------------------ the rest

@@ -8,7 +8,10 @@ append. With ``autoSyncMasterConfig`` the topic list and partition counts follow
 ``stats topics`` (checked every few seconds). A master that deleted old segments answers 301:
 an empty slave partition then starts at the master's first offset.
 
-The slave serves consumers; it refuses producers until promoted (``promote``).
+The slave serves consumers; it refuses producers until promoted (``promote``). It shows them
+only consistent cuts of its master (:mod:`notify.replication.cut`): another long poll asks
+for them, and each is shown once every partition holds it, so no reader sees part of a
+transaction here either.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from notify.errors import NotifyError
 from notify.protocol import records
 from notify.protocol.frames import encode_get, encode_line, encode_offset
 from notify.protocol.replies import parse_fields, parse_offset, parse_stats
+from notify.replication.cut import CUT_STREAM, CutFollower, cut_member, parse_cut, set_cuts
 from notify.replication.link import BrokerLink, connect_link
 from notify.replication.redo import (
     DELAYLOG_STREAM,
@@ -50,6 +54,11 @@ TOPIC_SYNC_S = 3.0
 #: Seconds between checkpoints of the replica redo log.
 CHECKPOINT_S = 5.0
 REDO_KEY = (TXLOG_STREAM, 0)
+CUT_KEY = (CUT_STREAM, 0)
+#: after a cut arrives, how long the next request waits (changes meanwhile come in one cut)
+CUT_GATHER_S = 0.002
+#: how long a slave whose master serves no cuts (an older version) waits to ask again
+CUT_UNSUPPORTED_RETRY_S = 30.0
 #: the other replicated logs (the delay queue's, the queues'), pulled like the redo log
 OTHER_LOGS = (DELAYLOG_STREAM, QUEUELOG_STREAM)
 RETRY_S = 0.5
@@ -99,14 +108,29 @@ class SlaveReplicator:
         self.epoch = 0
         self._ends_known = False  # a whole round of the master's ends answered
         self._redo_ok = False  # the redo log pulled without error at that round
+        #: the master's consistent cuts, applied as this slave's partitions reach them
+        self.cuts = CutFollower(broker.store.partitions)
+        self.cut_state = PullState()
+        self._cut_reset = False  # a partition appeared: ask for a whole cut again
+        self._cut_unsupported = False
 
     def start(self) -> None:
         if not self.master:
             raise NotifyError("[slave] masterAddress is required without ZooKeeper")
+        service = self.broker.service
+        if service is not None:  # a flush may complete a cut (group-commit partitions)
+            service.flusher.on_flushed.append(self._flushed)
         self._main = asyncio.get_running_loop().create_task(self._run(), name="slave-sync")
+
+    def _flushed(self, _part: Partition) -> None:
+        if self.cuts.pending and not self.stopped:
+            self.cuts.try_apply()
 
     def cancel(self) -> None:
         """Stop at once: no puller appends anything once this returns (``promote``)."""
+        service = self.broker.service
+        if service is not None and self._flushed in service.flusher.on_flushed:
+            service.flusher.on_flushed.remove(self._flushed)
         self.stopped = True
         for t in (self._main, *self._tasks.values()):
             if t is not None:
@@ -195,9 +219,15 @@ class SlaveReplicator:
                 self._tasks[(stream, 0)] = loop.create_task(
                     self._pull_redo(rl, stream, self.logs[stream]), name=f"slave-pull-{stream}"
                 )
+        if service is not None and CUT_KEY not in self._tasks:
+            self._tasks[CUT_KEY] = loop.create_task(self._follow_cuts(), name="slave-cuts")
         for (topic, idx), part in self.broker.store.partitions.items():
             if part.memory or (topic, idx) in self._tasks:
                 continue
+            if cut_member(part) and part.cut is None and self.cuts.capping:
+                # a partition new on this slave shows nothing until a whole cut names it
+                set_cuts([(part, part.min_offset)])
+                self._cut_reset = True
             self.state[(topic, idx)] = PullState()
             self._tasks[(topic, idx)] = loop.create_task(
                 self._pull(part), name=f"slave-pull-{topic}-{idx}"
@@ -303,12 +333,71 @@ class SlaveReplicator:
                 fut = service.flusher.after_append(part, 0)
                 if fut is not None:
                     fut.add_done_callback(_consume)
+                if self.cuts.pending:
+                    self.cuts.try_apply()
             except NotifyError as e:
                 st.error = str(e)
                 if link is not None:
                     link.close()
                 link = None
                 await asyncio.sleep(RETRY_S)
+
+    async def _follow_cuts(self) -> None:
+        """Ask the master for its consistent cuts (a long poll) and queue them; each is
+        shown once this slave's partitions hold it (:class:`CutFollower`)."""
+        st = self.cut_state
+        link: BrokerLink | None = None
+        wait_ms = self.cfg.slave_max_delay_in_mills
+        while not self.stopped:
+            try:
+                if link is None or not link.is_open or self._cut_reset:
+                    if link is not None:
+                        link.close()
+                    self._cut_reset = False
+                    self.cuts.reset()  # a new connection starts with a whole cut
+                    link = await connect_link(
+                        self.master, self.secret, self.broker_id, self.tls, self.epoch
+                    )
+                r = await link.request(
+                    functools.partial(
+                        encode_get, CUT_STREAM, self.cfg.slave_group, 0, 0, FETCH_BYTES,
+                        max_wait_ms=wait_ms,
+                    ),
+                    timeout_s=wait_ms / 1000.0 + 10,
+                )  # fmt: skip
+                st.last_pull = time.monotonic()
+                if r.code == 404:  # an older master: no cuts to follow
+                    self._no_cuts(link)
+                    await asyncio.sleep(CUT_UNSUPPORTED_RETRY_S)
+                    continue
+                if r.code != 200:
+                    raise NotifyError(f"{r.code} {r.body[:200].decode('utf-8', 'replace')}")
+                if self._cut_unsupported:
+                    log.info("slave: master %s serves consistent cuts again", self.master)
+                    self._cut_unsupported = False
+                self.cuts.received_cut(parse_cut(r.body))
+                st.error = ""
+                await asyncio.sleep(CUT_GATHER_S)
+            except (NotifyError, ValueError) as e:
+                st.error = str(e)
+                if link is not None:
+                    link.close()
+                link = None
+                await asyncio.sleep(RETRY_S)
+
+    def _no_cuts(self, link: BrokerLink) -> None:
+        if not self._cut_unsupported:
+            log.warning(
+                "slave: master %s serves no consistent cuts (an older version?): readers of "
+                "this slave see pulled data as it arrives, and may see part of a "
+                "transaction until its other partitions are pulled",
+                self.master,
+            )
+        self._cut_unsupported = True
+        self.cuts.reset()
+        self.cuts.capping = False
+        link.close()
+        set_cuts((p, None) for p in self.broker.store.all_partitions() if cut_member(p))
 
     async def _pull_redo(
         self, rr: ReplicaRedo, stream: str = TXLOG_STREAM, st: PullState | None = None
@@ -428,6 +517,22 @@ class SlaveReplicator:
             )
             if err and _SEVERITY[worst] < _SEVERITY["stalled"]:
                 worst = "stalled"
+        cs = self.cuts
+        cut_state = (
+            "unsupported"
+            if self._cut_unsupported
+            else "stalled"
+            if self.cut_state.error
+            else "ok"
+        )
+        rows.append(
+            (
+                "replication.cut",
+                f"applied={cs.applied} received={cs.received} queued={len(cs.pending)} "
+                f"state={cut_state}"
+                + (f" error={self.cut_state.error}" if self.cut_state.error else ""),
+            )
+        )
         items.append(("replication_state", worst))
         return items + rows
 

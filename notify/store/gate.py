@@ -32,16 +32,38 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from notify.errors import NotifyError
 
-if TYPE_CHECKING:
-    from notify.store.partition import Partition
-
 log = logging.getLogger("notify.store")
+
+
+class Partition(Protocol):
+    """What a gate needs of a partition (:class:`notify.store.partition.Partition`)."""
+
+    topic: str
+    index: int
+    visible_end: int
+
+    @property
+    def on_visible(self) -> Callable[[Any], None] | None: ...
+
+    def refresh_visible(self) -> bool: ...
+
+    def head_gate(self) -> Gate | None: ...
+
+    def head_gate_start(self) -> int: ...
+
+    def gate_opened(self, gate: Gate) -> None: ...
+
+    def append_covered(
+        self, data: bytes | bytearray | memoryview, gate: Gate | None = None
+    ) -> int: ...
+
+    def rollback_to(self, offset: int) -> None: ...
 
 
 @dataclass(slots=True)
@@ -70,7 +92,7 @@ class Gate:
     def __init__(
         self,
         label: str,
-        after_append: Callable[[Partition, int], None],
+        after_append: Callable[[Any, int], None],
     ) -> None:
         self.label = label
         #: ``(partition, start, end)`` of every share placed so far
@@ -135,7 +157,7 @@ class Gate:
         return self.error is not None and not self.is_open
 
 
-def settle(parts: list[Partition] | tuple[Partition, ...]) -> None:
+def settle(parts: Iterable[Partition]) -> None:
     """Bring ``parts`` up to date after a change (an fsync, a confirmation, an append, an
     opened gate): recompute what each shows, open every gate whose shares are all ready
     (iteratively), then call the opened gates' ``on_open`` and the visibility hooks of the

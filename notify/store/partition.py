@@ -317,7 +317,8 @@ class Partition:
                     self.on_visible(self)
         return offset
 
-    def _set_limit(self) -> None:
+    def set_limit(self) -> None:
+        """Recompute the limit (after held appends, gates or the cut changed)."""
         lim = NO_LIMIT
         if self._held:
             lim = self._held[0][0]
@@ -360,17 +361,7 @@ class Partition:
         """``gate`` opened: its share here (the first gated one) may be shown."""
         if self._gates and self._gates[0][1] is gate:
             self._gates.popleft()
-            self._set_limit()
-
-    def set_cut(self, cut: int | None) -> None:
-        """A slave reached a consistent cut of its master: show up to ``cut`` here (None:
-        no cap, the slave was promoted). A lower cut than shown takes effect at once (the
-        master cut its history back)."""
-        self.cut = cut
-        self._set_limit()
-        if cut is not None and self.visible_end > cut:
-            self.visible_end = max(cut, self.min_offset)
-        settle((self,))
+            self.set_limit()
 
     def confirm(self, start: int) -> None:
         """The held append at ``start`` is confirmed: readers may see it once everything
@@ -383,7 +374,7 @@ class Partition:
             return
         while self._held and self._held[0][2]:
             self._held.popleft()
-        self._set_limit()
+        self.set_limit()
         settle((self,))
 
     def holds_last(self, start: int) -> bool:
@@ -409,7 +400,7 @@ class Partition:
             raise StoreError(f"{self.topic}-{self.index}: {start} is not a held tail")
         self.rollback_to(start)
         self._held = deque(h for h in self._held if h[0] < start)
-        self._set_limit()
+        self.set_limit()
 
     def append_covered(
         self, data: bytes | bytearray | memoryview, gate: Gate | None = None
@@ -516,7 +507,7 @@ class Partition:
             self._covered.pop()
         while self._gates and self._gates[-1][0] >= offset:
             self._gates.pop()
-        self._set_limit()
+        self.set_limit()
 
     def read_raw(self, offset: int, length: int) -> bytes:
         """Bytes at ``offset`` regardless of visibility (replication compares with them)."""

@@ -45,7 +45,8 @@ def test_put_answered_503_is_not_stored_and_its_retry_is_stored_once(tmp_path: P
             time.sleep(0.1)
         assert int(stats(master.addr)["sync_refused_taken_back"]) >= 1
         with WireClient(master.addr) as c:
-            assert c.put("rep", 0, b"refused").code == 200  # the client's retry
+            rr = c.put("rep", 0, b"refused")
+            assert rr.code == 200, rr  # the client retry
         wait_equal(master, slave)
         assert _bodies(master.addr) == [b"in sync", b"refused"]  # stored once
         assert segment_bytes(master, "rep", 0) == segment_bytes(slave, "rep", 0)

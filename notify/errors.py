@@ -73,6 +73,15 @@ class FrameTooLargeError(ProtocolError):
     """A header line or a body is larger than the configured maximum."""
 
 
+class StartupError(NotifyError):
+    """A broker cannot start: a port it needs is taken, or another broker holds one of its
+    directories. Raised before anything was opened, written or registered."""
+
+
+class DirectoryLockedError(StartupError):
+    """Another broker (named in the message) holds the lock on a data directory."""
+
+
 class InvalidTopicError(NotifyError):
     """A topic name that is not ``[A-Za-z0-9._-]{1,249}``."""
 

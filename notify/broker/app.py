@@ -1,6 +1,12 @@
 """The broker process: config, store, flusher, service and listening socket, and their
 lifecycle (start, periodic jobs, config reload, graceful stop).
 
+Start-up takes what can fail for reasons outside the broker first, before it opens, writes or
+registers anything (:mod:`notify.broker.startup`): the locks of its directories and its ports
+(wire and HTTP, listening but unanswered). A start that fails later stops what it started
+(ZooKeeper nodes go, files are closed); the store's recovery points are written only by a
+broker that opened its store.
+
 Config reload (new ``[topic=...]`` sections, changed per-topic settings) happens on any of:
 SIGHUP, the wire ``reload`` command (``notify config reload``), or the file watch that
 checks the ini file's mtime every ``configWatchInterval`` ms (0 turns it off). ``[system]``
@@ -13,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import ssl
 import time
 from dataclasses import replace
@@ -26,6 +33,7 @@ from notify.broker.connection import Connection
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config
 from notify.broker.queues import QueueManager
 from notify.broker.service import BrokerService
+from notify.broker.startup import DirectoryLocks, holder_info, listen, locked_directories
 from notify.broker.tlsaccept import TlsAccept
 from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
@@ -88,12 +96,53 @@ class Broker:
         self.failover: FailoverAgent | None = None
         self._promote_override = False
         self._capped = False
+        #: taken before anything else (see the module doc)
+        self._locks: DirectoryLocks | None = None
+        self._wire_sock: socket.socket | None = None
+        self._http_sock: socket.socket | None = None
+        self._store_open = False
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        """Take the directories' locks and the ports, then open the store, recover,
+        serve and register. A failure stops whatever had started and is raised
+        (:class:`~notify.errors.StartupError` when a lock or a port is taken: then nothing
+        was changed)."""
+        self._claim()
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _claim(self) -> None:
+        sysc = self.config.system
+        locks = DirectoryLocks(locked_directories(self.config))
+        locks.lock_existing()  # a running broker's: fails here, having created nothing
+        socks: list[socket.socket] = []
+        try:
+            self.tls = server_tls_context(sysc)
+            wire = listen(sysc.host_name, sysc.server_port, "serverPort")
+            socks.append(wire)
+            if sysc.dashboard_http_port:
+                socks.append(listen(sysc.host_name, sysc.dashboard_http_port, "dashboardHttpPort"))
+            locks.lock_rest()
+        except BaseException:
+            for s in socks:
+                s.close()
+            locks.release()
+            raise
+        self._locks = locks
+        self._wire_sock = socks[0]
+        self._http_sock = socks[1] if len(socks) > 1 else None
+        self.host, self.port = wire.getsockname()[:2]
+        locks.describe(holder_info(self.config, self.host, self.port, sysc.dashboard_http_port))
+
+    async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         reports = self.store.open()
+        self._store_open = True
         for r in reports:
             if r.truncated_bytes:
                 log.warning(
@@ -170,7 +219,6 @@ class Broker:
         for topic in self.store.topics.values():
             self._schedule_retention(topic)
         self.scheduler.start()
-        self.tls = server_tls_context(self.config.system)
         tls = self.tls
 
         def plain() -> asyncio.Protocol:
@@ -182,15 +230,9 @@ class Broker:
             handshake_s = sysc.tls_handshake_timeout_ms / 1000.0
             return TlsAccept(service, tls, plain, handshake_s, sysc.tls_max_hello_size)
 
-        self._server = await loop.create_server(
-            plain if tls is None else with_tls,
-            self.config.system.host_name,
-            self.config.system.server_port,
-            reuse_address=True,
-            backlog=1024,
-        )
-        sock = self._server.sockets[0]
-        self.host, self.port = sock.getsockname()[:2]
+        wire, self._wire_sock = self._wire_sock, None  # the server's now
+        assert wire is not None
+        self._server = await loop.create_server(plain if tls is None else with_tls, sock=wire)
         # configserver: register (ephemeral; ZooKeeper or embedded), find the master
         self.registrar = BrokerRegistrar(self.config)
         await self.registrar.start(self.host, self.port, self.store.topics)
@@ -206,11 +248,8 @@ class Broker:
             # aiohttp is a third of a broker's start-up: loaded only when HTTP is on
             from notify.http.application import start_http
 
-            try:
-                self.http = await start_http(self)
-            except OSError:
-                await self.stop()
-                raise
+            sock, self._http_sock = self._http_sock, None
+            self.http = await start_http(self, sock=sock)
         self._config_mtime = self._mtime()
         self._tasks.append(loop.create_task(self._ticker(), name="notify-ticker"))
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -226,6 +265,9 @@ class Broker:
     async def stop(self) -> None:
         """Stop accepting, finish pending writes, fsync and close everything."""
         if self._stopped.is_set():
+            return
+        if self._locks is None and not self._store_open:  # never started: nothing to stop
+            self._stopped.set()
             return
         if self.registrar is not None:  # configserver (issue #7): clients stop choosing us
             await self.registrar.stop()
@@ -251,7 +293,7 @@ class Broker:
         if self.scheduler is not None:
             with contextlib.suppress(Exception):
                 self.scheduler.shutdown(wait=False)
-        if self.service is not None:
+        if self.service is not None and self._store_open:
             self.service.commit()
             await self._save_producer_states()
             if self.service.transactions is not None:
@@ -268,12 +310,20 @@ class Broker:
                 if isinstance(fut, asyncio.Future):
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(asyncio.shield(fut), 5)
-        self.store.close()
+        # a store that did not open whole keeps its recovery points as they were
+        self.store.close(write_points=self._store_open)
         if self.flusher is not None:
             self.flusher.close()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
+        for sock in (self._wire_sock, self._http_sock):  # taken, never served
+            if sock is not None:
+                sock.close()
+        self._wire_sock = self._http_sock = None
+        if self._locks is not None:  # last: the files are closed
+            self._locks.release()
+            self._locks = None
         self._stopped.set()
         log.info("broker stopped")
 

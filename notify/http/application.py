@@ -6,6 +6,8 @@ route module imports that one; this module sits above all of them.
 
 from __future__ import annotations
 
+import socket
+
 from aiohttp import web
 
 from notify.http import api, metaq, metrics
@@ -38,10 +40,15 @@ def build_app(server: HttpServer) -> web.Application:
     return app
 
 
-async def start_http(broker: BrokerHost, port: int | None = None) -> HttpServer:
-    """Start serving HTTP for ``broker`` on ``port`` (default ``dashboardHttpPort``)."""
+async def start_http(
+    broker: BrokerHost, port: int | None = None, sock: socket.socket | None = None
+) -> HttpServer:
+    """Start serving HTTP for ``broker`` on ``port`` (default ``dashboardHttpPort``), or on
+    ``sock``, already bound and listening (the broker takes its ports before anything)."""
     server = HttpServer(broker)
     await server.start(
-        build_app(server), broker.config.system.dashboard_http_port if port is None else port
+        build_app(server),
+        broker.config.system.dashboard_http_port if port is None else port,
+        sock,
     )
     return server

@@ -36,6 +36,7 @@ import html
 import ipaddress
 import json
 import logging
+import socket
 import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -97,9 +98,11 @@ class _CappedSite(web.BaseSite):
         host: str,
         port: int,
         ssl_context: ssl.SSLContext | None = None,
+        sock: socket.socket | None = None,
     ):
         super().__init__(runner, backlog=512)
         self._ssl = ssl_context  # the wire port's TLS settings (tlsCertFile...)
+        self._sock = sock  # bound and listening already (the broker took it at start)
         self._host = host
         self._port = port
         self._http = server
@@ -141,12 +144,13 @@ class _CappedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
+        factory = self._protocol if self._ssl is None else self._tls_protocol
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            self._server = await loop.create_server(factory, sock=sock)
+            return
         self._server = await loop.create_server(
-            self._protocol if self._ssl is None else self._tls_protocol,
-            self._host,
-            self._port,
-            reuse_address=True,
-            backlog=self._backlog,
+            factory, self._host, self._port, reuse_address=True, backlog=self._backlog
         )
 
 
@@ -184,8 +188,11 @@ class HttpServer:
             raise web.HTTPServiceUnavailable(text="broker is starting")
         return service
 
-    async def start(self, app: web.Application, port: int) -> None:
-        """Serve ``app`` (built by :func:`notify.http.application.build_app`) on ``port``."""
+    async def start(
+        self, app: web.Application, port: int, sock: socket.socket | None = None
+    ) -> None:
+        """Serve ``app`` (built by :func:`notify.http.application.build_app`) on ``port``, or
+        on ``sock`` (bound and listening already)."""
         pkg = resources.files("notify.http") / "dashboard"
         for path, (name, _ctype) in ASSETS.items():
             self._assets[path] = (pkg / name).read_bytes()
@@ -199,10 +206,12 @@ class HttpServer:
             lingering_time=0,
         )
         await runner.setup()
-        site = _CappedSite(runner, self, self.host, port, self.broker.tls)
+        site = _CappedSite(runner, self, self.host, port, self.broker.tls, sock)
         try:
             await site.start()
         except BaseException:
+            if sock is not None:
+                sock.close()
             await runner.cleanup()
             self._closed()
             raise

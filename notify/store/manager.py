@@ -121,10 +121,13 @@ class MessageStore:
     def all_partitions(self) -> list[Partition]:
         return list(self.partitions.values())
 
-    def close(self) -> None:
+    def close(self, write_points: bool = True) -> None:
+        """Close every partition (fsynced), then write the recovery points (unless
+        ``write_points`` is False: a store that did not open whole leaves them as they were)."""
         for part in self.partitions.values():
             part.close()
-        self.write_recovery_points(force=True)
+        if write_points:
+            self.write_recovery_points(force=True)
 
     # ------------------------------------------------------------------ recovery points
 

@@ -83,7 +83,8 @@ def dlq_list(
             "dropped": dropped,
             "dead_letters": [
                 {"partition": d.partition, "offset": d.offset, "length": d.length,
-                 "deliveries": d.deliveries, "reason": d.reason, "at_ms": d.at_ms}
+                 "deliveries": d.deliveries, "reason": d.reason, "at_ms": d.at_ms,
+                 "at": d.at_iso}
                 for d in letters
             ],
         }, indent=2))
@@ -98,7 +99,11 @@ def dlq_list(
     for name in ("partition", "offset", "bytes", "deliveries", "reason", "at"):
         table.add_column(name, justify="left" if name in ("reason", "at") else "right")
     for d in letters:
-        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.at_ms / 1000))
+        at = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.at_ms / 1000))
+            if d.at_known
+            else "unknown (recorded before times were kept)"
+        )
         table.add_row(str(d.partition), str(d.offset), str(d.length), str(d.deliveries),
                       d.reason, at)
     Console().print(table)

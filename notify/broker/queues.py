@@ -86,6 +86,7 @@ from notify.protocol.frames import (
     encode_result,
 )
 from notify.replication.redo import ReplicaRedo
+from notify.runtime import SYSTEM_CLOCK
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from txlog import Checkpoint, Position, TxLog, TxLogConfig
@@ -297,7 +298,9 @@ class QueueManager:
         return g.core
 
     def _new_group(self, topic: str, group: str) -> _Group:
-        g = self.groups[(topic, group)] = _Group(QueueGroup(topic, group, self.limits))
+        g = self.groups[(topic, group)] = _Group(
+            QueueGroup(topic, group, self.limits, SYSTEM_CLOCK)  # dead letters: wall clock
+        )
         g.unused_since = self.loop.time()
         self._by_topic.setdefault(topic, []).append(g)
         return g

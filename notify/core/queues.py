@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
+from notify.core.ports import Clock
 from notify.errors import NotifyError
 from notify.protocol import queuelog
 from notify.protocol.records import HEADER, HEADER_SIZE
@@ -278,10 +279,15 @@ def _unreachable(e: Entry) -> None:
 class QueueGroup:
     """The delivery state of one queue group over the partitions of its topic."""
 
-    def __init__(self, topic: str, group: str, limits: QueueLimits):
+    def __init__(
+        self, topic: str, group: str, limits: QueueLimits, clock: Clock | None = None
+    ) -> None:
         self.topic = topic
         self.group = group
         self.limits = limits
+        #: the wall clock dead letters are stamped with (None: ``now_ms`` is taken as one,
+        #: for callers that drive time by hand); deadlines use ``now_ms``, never this
+        self.clock = clock
         self.parts: dict[int, PartState] = {}
         self.consumers: dict[int, Consumer] = {}
         self._rr: deque[int] = deque()  # consumers in round-robin order
@@ -673,8 +679,8 @@ class QueueGroup:
         e.state = next_state(e.state, event)
         e.consumer = 0
         if e.state is not S.ACKNOWLEDGED:
-            self._add_dead(DeadLetter(e.partition, e.offset, e.length, e.count, e.state,
-                                      int(now_ms)))
+            at = int(self.clock.time() * 1000) if self.clock is not None else int(now_ms)
+            self._add_dead(DeadLetter(e.partition, e.offset, e.length, e.count, e.state, at))
         f = Finished(e.partition, e.offset, e.next_offset, e.state, e.count)
         ps = self.parts[e.partition]
         if ps.replayed and ps.replayed.pop(e.offset, None) is not None:

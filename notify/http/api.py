@@ -544,6 +544,7 @@ async def list_queue_dead_letters(request: web.Request) -> web.Response:
                     "deliveries": d.deliveries,
                     "reason": d.reason,
                     "at_ms": d.at_ms,
+                    "at": d.at_iso,
                     "message": _stored_message(service, topic, d.partition, d.offset, d.length),
                 }
                 for d in page

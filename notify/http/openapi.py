@@ -79,7 +79,11 @@ def _schemas() -> JSON:
                     "length": {"type": "integer"},
                     "deliveries": {"type": "integer"},
                     "reason": {"type": "string", "enum": ["rejected", "max_deliveries"]},
-                    "at_ms": integer,
+                    "at_ms": {**integer, "description": "when it became a dead letter: "
+                              "wall-clock ms since the Unix epoch"},
+                    "at": {"type": "string", "format": "date-time", "nullable": True,
+                           "description": "at_ms in ISO 8601 (UTC); null for an entry "
+                           "recorded before dead letters kept a wall-clock time"},
                     "message": {"type": "object", "nullable": True},
                 }}},
             },

@@ -102,6 +102,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Final
 
 from notify.errors import FrameTooLargeError, ProtocolError
@@ -1049,10 +1050,27 @@ class DeadLetterInfo:
     length: int
     deliveries: int
     reason: str
+    #: when it became a dead letter: wall-clock milliseconds since the Unix epoch
     at_ms: int
+
+    @property
+    def at_known(self) -> bool:
+        """Whether ``at_ms`` is a wall-clock time (entries recorded before dead letters
+        carried one hold the broker's monotonic clock: milliseconds since its boot)."""
+        return self.at_ms >= WALL_CLOCK_SINCE_MS
+
+    @property
+    def at_iso(self) -> str | None:
+        """``at_ms`` in ISO 8601, UTC, to the millisecond (None when not known)."""
+        if not self.at_known:
+            return None
+        at = datetime.fromtimestamp(self.at_ms / 1000, tz=UTC)
+        return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 DEAD_LETTER_REASONS: Final = ("rejected", "max_deliveries")
+#: 2001-01-01T00:00:00Z in ms: an earlier dead-letter time is not a wall-clock time
+WALL_CLOCK_SINCE_MS: Final = 978_307_200_000
 
 
 def encode_dead_letters(total: int, dropped: int, letters: list[DeadLetterInfo]) -> bytes:

@@ -506,7 +506,8 @@ function renderQueues() {
       el("td", { class: "num mono" }, x.offset),
       el("td", {}, badge(x.reason.replace("_", " "), x.reason === "rejected" ? "warn" : "bad")),
       el("td", { class: "num" }, x.deliveries),
-      el("td", { class: "num" }, fmtDur((now - x.at_ms) / 1000) + " ago"),
+      x.at === null ? el("td", { class: "num hint" }, "unknown")
+        : el("td", { class: "num", title: x.at }, fmtDur((now - x.at_ms) / 1000) + " ago"),
       el("td", { class: "mono msg" }, text),
       el("td", {}, el("button", { type: "button", class: "act",
         onclick: (ev) => { ev.stopPropagation(); replay(key, [{ partition: x.partition, offset: x.offset }]); } },

@@ -47,6 +47,7 @@ class Partition(Protocol):
     topic: str
     index: int
     visible_end: int
+    closed: bool
 
     @property
     def on_visible(self) -> Callable[[Any], None] | None: ...
@@ -122,14 +123,12 @@ class Gate:
         """Append the deferred shares (all or none); False when a partition refused."""
         done: list[tuple[Partition, int, int]] = []
         for d in self.deferred:
+            if d.part.closed:  # the broker is stopping: recovery places it at the restart
+                return self._undo(done)
             try:
                 start = d.part.append_covered(d.data, gate=self)
-            except NotifyError as e:
-                for p, s, _e in reversed(done):
-                    try:
-                        p.rollback_to(s)
-                    except (NotifyError, OSError) as e2:  # pragma: no cover - disk trouble
-                        log.error("%s: taking back a deferred share failed: %s", self.label, e2)
+            except (NotifyError, OSError) as e:
+                self._undo(done)
                 if self.error is None:
                     log.error(
                         "%s: appending its share to %s-%d failed (%s): none of it is visible "
@@ -150,6 +149,16 @@ class Gate:
         if self.on_placed is not None:
             self.on_placed(done)
         return True
+
+    def _undo(self, done: list[tuple[Partition, int, int]]) -> bool:
+        """Take back the deferred shares appended in this attempt (gated: nobody saw them);
+        False, for the caller to return."""
+        for p, s, _e in reversed(done):
+            try:
+                p.rollback_to(s)
+            except (NotifyError, OSError) as e:  # pragma: no cover - disk trouble
+                log.error("%s: taking back a deferred share failed: %s", self.label, e)
+        return False
 
     @property
     def stalled(self) -> bool:

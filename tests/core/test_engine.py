@@ -192,6 +192,35 @@ def test_a_share_without_group_commit_is_placed_when_the_others_can_be_shown(
     assert core.visible(0, "b") == [b"b-plain", b"mb"]
 
 
+def test_a_refused_deferred_share_holds_the_transaction_until_it_is_written(
+    core: Core,
+) -> None:
+    """b's share is appended when a-0's can be shown; b refuses it then (here: made
+    read-only): nothing of the transaction is shown, it stays COMMITTING (its COMMIT record
+    kept from checkpoints), and the retry job writes it once b accepts again."""
+    o = Owner("c1")
+    a0, b = core.store.get("a", 0), core.store.get("b", 0)
+    assert a0 is not None and b is not None
+    end0 = plain(core, b"before")
+    core.cmd(o, "TX:s:1", "BEGIN")
+    core.put(o, "TX:s:1", b"m0", part=0)
+    core.put(o, "TX:s:1", b"mb", topic="b")
+    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
+    core.force_all()
+    b.failed = "read-only for the test"
+    a0.mark_flushed(end0)
+    assert replies(core.take()) == []
+    assert core.visible(0) == [b"before"] and core.visible(0, "b") == []
+    assert core.engine.txs["TX:s:1"].state.value == "COMMITTING"
+    core.engine.retry_applies()  # still refused
+    assert core.visible(0) == [b"before"] and replies(core.take()) == []
+    b.failed = None
+    core.engine.retry_applies()
+    assert replies(core.take()) == [(200, b"")]
+    assert core.visible(0) == [b"before", b"m0"] and core.visible(0, "b") == [b"mb"]
+    assert "TX:s:1" not in core.engine.txs
+
+
 def test_transactions_queued_behind_one_round_open_in_order(core: Core) -> None:
     """Many transactions behind one pending put: all appear when its round ends, in order
     (opening one lets the next reach its share: no recursion, whatever their number)."""

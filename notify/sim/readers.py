@@ -63,21 +63,24 @@ class Readers:
         self.log = log
         self.readers = [Reader(f"r{i}") for i in range(count)]
         self.checks = 0
+        self._parts: list[tuple[tuple[str, int], Partition]] | None = None
 
     def reset(self) -> None:
         """A crash: every reader reconnects and starts again from the first offsets."""
         self.readers = [Reader(r.name) for r in self.readers]
+        self._parts = None
 
     def step(self) -> None:
         """One reader sends a batch of one to three gets (served in one broker step)."""
         rd = self.rng.choice(self.readers)
-        parts = self.partitions()
-        keys = sorted(parts)
-        if not keys:
+        if self._parts is None:  # the same partitions until the next crash
+            self._parts = sorted(self.partitions().items())
+        parts = self._parts
+        if not parts:
             return
-        batch = [self.rng.choice(keys) for _ in range(self.rng.randrange(1, 4))]
-        for key in batch:
-            self._get(rd, key, parts[key])
+        for _ in range(self.rng.randrange(1, 4)):
+            key, part = self.rng.choice(parts)
+            self._get(rd, key, part)
 
     def _get(self, rd: Reader, key: tuple[str, int], part: Partition) -> None:
         off = rd.offsets.get(key, part.min_offset)

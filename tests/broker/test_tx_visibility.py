@@ -5,7 +5,9 @@ Load (no crash needed): producers pipelining bursts of 1-4 plain ``put`` (random
 payloads of 1 B to 64 KiB), an ``mput`` producer (batches of 1-8), transactional clients
 (BEGIN, 1-5 messages across partitions of a group-commit topic and of one that is not, a fifth
 of them as a transactional ``mput``; then COMMIT_ONE_PHASE, ROLLBACK or a dropped connection;
-half of the commits sent in one write with BEGIN and the puts). Readers tail every partition
+some commits sent in one write with BEGIN and the puts, some XA (END, PREPARE,
+COMMIT_TWO_PHASE), some half messages of a registered producer group whose COMMIT_TWO_PHASE
+is answered before its force, ``halfCommitEarlyAck``). Readers tail every partition
 with ``get``; whenever a ``get`` reaches a partition's served end (404) the reader checks that
 every message, in that partition, of a transaction it had already been served part of has been
 served to it. Before the fix each partition showed its share as soon as everything before it
@@ -35,7 +37,12 @@ TOPICS = {
     "t": {"numPartitions": 4, "unflushThreshold": 0},
     "u": {"numPartitions": 2, "unflushThreshold": 1000, "unflushInterval": 1000},
 }
-SYSTEM = {"unflushThreshold": 0, "flushTxLogAtCommit": 1, "maxSegmentSize": 1 << 20}
+SYSTEM = {
+    "unflushThreshold": 0,
+    "flushTxLogAtCommit": 1,
+    "maxSegmentSize": 1 << 20,
+    "halfCommitEarlyAck": "true",
+}
 PARTS = [("t", i) for i in range(4)] + [("u", i) for i in range(2)]
 #: the work to do before stopping (counted, not timed), and a bound on the wait
 MIN_COMMITS = 400
@@ -150,10 +157,13 @@ async def tx_client(addr: str, sh: Shared, seed: int) -> None:
     rng = random.Random(seed)
     name = f"c{seed}"
     link = await Link.open(addr)
+    await link.call([f"register shop{seed} 0\r\n".encode()])  # its prepared ones are halves
     seq = 0
     while not sh.stop:
         seq += 1
-        key = f"TX:{name}:{seq}"
+        fate = rng.random()
+        xa = 0.5 <= fate < 0.6
+        key = f"XID:1:{seed:02x}{seq:06x}:beef:q1" if xa else f"TX:{name}:{seq}"
         frames = [f"transaction {key} {name} BEGIN 30 0\r\n".encode()]
         sent: list[tuple[str, int, int]] = []  # topic, partition, count
         for i in range(rng.randrange(1, 6)):
@@ -168,9 +178,22 @@ async def tx_client(addr: str, sh: Shared, seed: int) -> None:
                 frames.append(put_frame(t, p, body(rng)[:8192], i + 1, key))
                 sent.append((t, p, 1))
         count = sum(n for _t, _p, n in sent)
-        fate = rng.random()
         commit = f"transaction {key} {name} COMMIT_ONE_PHASE msgs={count} 99\r\n".encode()
-        if fate < 0.35:  # BEGIN, puts and COMMIT in one write (the client's usual way)
+        if 0.5 <= fate < 0.7:  # XA, or a half message: PREPARE, then COMMIT_TWO_PHASE
+            if xa:
+                frames.append(f"transaction {key} {name} END 97\r\n".encode())
+            frames.append(f"transaction {key} {name} PREPARE msgs={count} 96\r\n".encode())
+            replies = await link.call(frames)
+            assert all(r[1] == 200 for r in replies), replies
+            puts = replies[1 : 1 + len(sent)]
+            sh.register(key, _messages(sent, puts))
+            ((_k, code, _o, reply),) = await link.call(
+                [f"transaction {key} {name} COMMIT_TWO_PHASE 95\r\n".encode()]
+            )
+            assert code == 200, reply
+            sh.committed.append(key)
+            continue
+        if fate < 0.3:  # BEGIN, puts and COMMIT in one write (the client's usual way)
             replies = await link.call([*frames, commit])
             assert replies[-1][1] == 200, replies[-1]
             sh.register(key, _messages(sent, replies[1:-1]))
@@ -178,7 +201,7 @@ async def tx_client(addr: str, sh: Shared, seed: int) -> None:
             continue
         replies = await link.call(frames)
         assert all(r[1] == 200 for r in replies), replies
-        if fate < 0.7:
+        if fate < 0.5:
             sh.register(key, _messages(sent, replies[1:]))
             ((_k, code, _o, reply),) = await link.call([commit])
             assert code == 200, reply

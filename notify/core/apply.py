@@ -33,6 +33,7 @@ from typing import Protocol
 
 from notify.core.effects import Placement
 from notify.errors import NotifyError, StoreError
+from notify.protocol import records
 from notify.store.gate import Deferred, Gate, retry
 from notify.store.idempotent import already_present
 from notify.store.memory import MemoryPartition
@@ -97,6 +98,20 @@ class Applier:
         self.store = store
         self.after_append = after_append
         self.crashpoint = crashpoint
+        #: told of every share appended, at its offset (a synchronous master pushes it to its
+        #: slave, in append order like any batch, so the slave's partition keeps in step)
+        self.on_covered: Callable[[Partition, int, bytes | bytearray | memoryview, int], None] | (
+            None
+        ) = None
+
+    def placed(
+        self, part: Partition, start: int, data: bytes | bytearray | memoryview, count: int
+    ) -> None:
+        """A share of ``count`` records was appended at ``start``: ask for its flush and tell
+        :attr:`on_covered`."""
+        self.after_append(part, count)
+        if self.on_covered is not None:
+            self.on_covered(part, start, data, count)
 
     def apply(
         self,
@@ -119,7 +134,7 @@ class Applier:
         ``__delay`` past its watermark): it counts as present, never appended again."""
         placements: list[Placement] = []
         done: list[tuple[Partition, int]] = []
-        appended: list[tuple[Partition, int]] = []
+        appended: list[tuple[Partition, int, bytes, int]] = []
         first = True
         for sh in shares:
             part = self.store.get(sh.topic, sh.partition)
@@ -158,14 +173,15 @@ class Applier:
                     f"{what}: appending to {sh.topic}-{sh.partition} failed: {e}"
                 ) from e
             done.append((part, before))
-            appended.append((part, sh.count))
+            count = sh.count if start < 0 else len(records.decode_all(data, verify=False)[0])
+            appended.append((part, off, data, count))
             placements.append(
                 Placement(
                     sh.topic, sh.partition, off if start < 0 else start, sh.count, len(sh.data)
                 )
             )
-        for part, count in appended:
-            self.after_append(part, count)
+        for part, off, data, count in appended:
+            self.placed(part, off, data, count)
         return placements
 
     def apply_joint(
@@ -180,10 +196,17 @@ class Applier:
         """Append a transaction's shares so that readers see all of them or none (see the
         module doc). When every partition already shows all it holds, the shares are
         appended and visible at once (no gate). Otherwise they go behind one gate: a share of
-        a group-commit partition, or of a partition with something pending, is appended now;
-        a share of a settled partition without group commit is appended when the others are
-        all showable (so the plain puts that partition takes meanwhile are not held back).
-        All or nothing as :meth:`apply` (StoreError)."""
+        a group-commit partition is appended now; a share of a partition without group commit
+        is appended when the others are all showable (so the plain puts that partition takes
+        meanwhile are not held back). All or nothing as :meth:`apply` (StoreError).
+
+        Why never now in a partition without group commit, even one with puts pending (held
+        for a synchronous slave): gates in a group-commit partition open in the order the
+        transactions were applied, and a deferred share is appended only once its gate's
+        other shares are all showable, so whatever a gate waits for was placed before it.
+        A share placed now behind a pending put there could precede the deferred share of a
+        transaction applied earlier, which in turn precedes it in a group-commit partition:
+        each would wait for the other."""
         parts: list[tuple[Share, Partition]] = []
         for sh in shares:
             part = self.store.get(sh.topic, sh.partition)
@@ -196,7 +219,7 @@ class Applier:
             return Joint(
                 self.apply(shares, hints, verify=verify, what=what, on_missing=None), None
             )
-        gate = Gate(what, self.after_append)
+        gate = Gate(what, self.placed)
         now: list[tuple[Share, Partition, bytes]] = []
         placements: list[Placement] = []
         for sh, part in parts:
@@ -208,7 +231,7 @@ class Applier:
                     continue
                 if present:  # a failed apply not taken back whole: complete it as it lies
                     return Joint(self.apply(shares, hints, verify=True, what=what), None)
-            if not part.group_commit and part.settled:
+            if not part.group_commit:
                 self._check_room(part, len(data), what)
                 gate.deferred.append(Deferred(part, data, sh.count))
             else:
@@ -229,8 +252,8 @@ class Applier:
             done.append((part, off))
             gate.placed.append((part, off, off + len(data)))
             placements.append(Placement(sh.topic, sh.partition, off, sh.count, len(data)))
-        for sh, part, _data in now:
-            self.after_append(part, sh.count)
+        for (sh, part, data), (_p, off) in zip(now, done, strict=True):
+            self.placed(part, off, data, sh.count)
         if not gate.placed:  # nothing to wait for after all (every share already present)
             if gate.deferred:
                 raise StoreError(f"{what}: nothing to place before its deferred shares")

@@ -92,6 +92,7 @@ class Flusher:
             part.flush_inflight = fut
             part.unflushed = 0
             target = part.end
+            part.begin_sync()
             seg = part.active
             cf: CFuture[None] = self._pool.submit(seg.sync)
             cf.add_done_callback(

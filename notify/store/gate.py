@@ -15,14 +15,17 @@ the shares appear together:
   visibility hook runs.
 
 In a partition without group commit an append is visible at once, so a gated share there
-would hold back the plain puts that follow it. Such a share is *deferred* instead when its
-partition has nothing pending: it is appended only when the placed shares are all ready, in
-the step that opens the gate. (A partition that holds appends for a synchronous slave has
-something pending: its share is placed at once.)
+would hold back the plain puts that follow it. Such a share is *deferred* instead: it is
+appended only when the placed shares are all ready, in the step that opens the gate (behind
+whatever the partition took meanwhile; if that includes puts held for a synchronous slave,
+the gate then waits for their confirmation too).
 
-Order: within a partition, gates open in placement order (a later share is ready only once
-the earlier one is visible), and every transaction is placed in one step, so every partition
-sees the same order of transactions: a gate never waits on one that waits on it.
+No gate waits, even indirectly, on itself: within a partition gates open in placement order
+(a later share is ready only once the earlier one is visible); shares placed at once, in
+group-commit partitions, are placed in commit order, a transaction in one step; and a
+deferred share is appended only once its gate's other shares are ready, so everything a gate
+waits for in a partition without group commit was placed before its deferred share, by a gate
+that had got that far earlier.
 
 Opening runs iteratively (a worklist): the partitions of an opened gate may now reach the
 next gate's share, and so on, without recursion.
@@ -80,7 +83,6 @@ class Gate:
     """The joint visibility of one transaction's shares (see the module doc)."""
 
     __slots__ = (
-        "after_append",
         "deferred",
         "error",
         "is_open",
@@ -88,12 +90,13 @@ class Gate:
         "on_open",
         "on_placed",
         "placed",
+        "placed_hook",
     )
 
     def __init__(
         self,
         label: str,
-        after_append: Callable[[Any, int], None],
+        placed: Callable[[Any, int, bytes | bytearray | memoryview, int], None],
     ) -> None:
         self.label = label
         #: ``(partition, start, end)`` of every share placed so far
@@ -102,7 +105,8 @@ class Gate:
         self.is_open = False
         #: why the last attempt to append a deferred share failed (retried)
         self.error: str | None = None
-        self.after_append = after_append
+        #: told of each deferred share appended: (partition, start, data, count)
+        self.placed_hook = placed
         #: called once every share is placed (only when some were deferred), with the
         #: ``(partition, start, end)`` of the shares placed when the gate opened
         self.on_placed: Callable[[list[tuple[Partition, int, int]]], None] | None = None
@@ -142,8 +146,8 @@ class Gate:
                 return False
             done.append((d.part, start, start + len(d.data)))
         self.error = None
-        for d in self.deferred:
-            self.after_append(d.part, d.count)
+        for d, (p, start, _end) in zip(self.deferred, done, strict=True):
+            self.placed_hook(p, start, d.data, d.count)
         self.deferred = []
         self.placed.extend(done)
         if self.on_placed is not None:

@@ -27,11 +27,25 @@ def already_present(
     # the hint is a record boundary only in data that was durable before the crash; past
     # the partition's checked start, scan from that known boundary instead
     off = max(hint if exact else min(hint, part.scan_start), part.min_offset)
+    # nor always then: puts held for a synchronous slave and taken back after the intent
+    # was logged leave the hint inside what was appended since; then scan from the start
+    # of the hint's segment (a record boundary)
+    retry = not exact
     found_at = -1
     matched = 0
     done = False
     while not done and off < part.end:
-        recs, used = records.decode_all(part.read_raw(off, 1 << 20), off)
+        try:
+            recs, used = records.decode_all(part.read_raw(off, 1 << 20), off)
+        except records.CorruptRecordError:
+            if not retry:
+                raise
+            recs, used = [], 0
+        if not recs and retry and part.segment_start(off) < off:
+            off = part.segment_start(off)
+            retry = False
+            continue
+        retry = False
         if not recs:
             break
         for r in recs:

@@ -126,6 +126,9 @@ class Partition:
         #: what ``visible_end`` may not pass: the first held append, the first closed
         #: gate's share, the cut (NO_LIMIT when none)
         self._limit = NO_LIMIT
+        #: the lowest offset rolled back to since the fsync in flight began (see
+        #: :meth:`begin_sync`): that fsync vouches for nothing at or past it
+        self._stable = NO_LIMIT
         self.scan_start = 0
 
     # ------------------------------------------------------------------ open / recover
@@ -410,11 +413,22 @@ class Partition:
         offset). Under group commit readers may see them as soon as everything before them
         is visible, without waiting for this partition's fsync. ``gate``: not before the
         gate opens either (nothing after them is shown meanwhile)."""
-        offset = self.append(data)
         if gate is not None:
-            self._gates.append((offset, gate))
-            if offset < self._limit:
-                self._limit = offset
+            # the limit first: without group commit the append itself shows what is below
+            # the limit, and the gate may not open in this step (a deferred share behind a
+            # put held for a synchronous slave, in another of its partitions)
+            start = self.end  # (a roll starts the next segment here)
+            self._gates.append((start, gate))
+            if start < self._limit:
+                self._limit = start
+            try:
+                offset = self.append(data)
+            except BaseException:
+                self._gates.pop()
+                self.set_limit()
+                raise
+        else:
+            offset = self.append(data)
         if self.group_commit:
             self._covered.append((offset, offset + len(data)))
             if gate is None:
@@ -427,9 +441,17 @@ class Partition:
         (nothing waits for an fsync, a confirmation, a gate or a cut)."""
         return self.visible_end == self.end and self._limit >= self.end
 
+    def begin_sync(self) -> None:
+        """An fsync of this partition starts now (its target is the end now)."""
+        self._stable = NO_LIMIT
+
     def mark_flushed(self, target: int) -> None:
         """An fsync covering everything before ``target`` finished: advance the marks and
-        tell the visibility hook."""
+        tell the visibility hook. Bytes rolled back while it ran (puts a synchronous slave
+        refused, taken back) and whatever was appended in their place since are not
+        covered by it: the target is cut at the lowest offset rolled back to."""
+        if target > self._stable:
+            target = self._stable
         if target > self.flushed_end:
             self.flushed_end = target
         settle((self,))
@@ -451,6 +473,10 @@ class Partition:
     def _segment_for(self, offset: int) -> Segment:
         i = bisect.bisect_right(self._starts, offset) - 1
         return self.segments[i]
+
+    def segment_start(self, offset: int) -> int:
+        """The first offset of the segment holding ``offset`` (a record boundary)."""
+        return self._segment_for(offset).start
 
     def check_offset(self, offset: int) -> None:
         """Raise OffsetOutOfRangeError (with the nearest valid offset) when ``offset`` is
@@ -503,6 +529,8 @@ class Partition:
         seg.truncate(offset - seg.start)
         self.visible_end = min(self.visible_end, offset)
         self.flushed_end = min(self.flushed_end, offset)
+        if offset < self._stable:
+            self._stable = offset
         while self._covered and self._covered[-1][0] >= offset:
             self._covered.pop()
         while self._gates and self._gates[-1][0] >= offset:
@@ -562,6 +590,7 @@ class Partition:
     def sync(self) -> None:
         """Synchronous fdatasync of the active segment (shutdown, tests); updates marks."""
         end = self.end
+        self.begin_sync()
         self.active.sync()
         self.mark_flushed(end)
 

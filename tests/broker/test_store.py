@@ -11,6 +11,7 @@ import pytest
 from notify.config import parse_config
 from notify.errors import OffsetOutOfRangeError, StoreCorruptError, StoreFullError
 from notify.protocol import records
+from notify.store.idempotent import already_present
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from tests.conftest import IN_CI
@@ -154,3 +155,46 @@ def test_disk_full_leaves_no_partial_record(tmp_path: Path) -> None:
         p2.close()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_an_fsync_round_vouches_for_nothing_taken_back_while_it_ran(tmp_path: Path) -> None:
+    """A round starts (its target: the end now), held puts are refused and taken back, other
+    bytes are appended in their place, then the round ends: it covers only what was below
+    the cut, so those bytes are neither counted flushed nor shown (under group commit)."""
+    p = Partition.open("t", 0, tmp_path / "t-0", 1 << 20, group_commit=True)
+    p.append(rec(1))
+    cut = p.end
+    p.append(rec(2), hold=True)
+    target = p.end
+    p.begin_sync()  # the round's fsync runs in a worker thread meanwhile
+    p.active.sync()
+    p.drop_from(cut)  # the synchronous slave refused it: taken back
+    p.append(rec(3, size=40))
+    p.mark_flushed(target)  # the round ends
+    assert p.flushed_end == p.visible_end == cut < p.end
+    p.sync()
+    assert p.flushed_end == p.visible_end == p.end
+    p.close()
+
+
+def test_a_share_is_found_when_its_hint_fell_inside_what_replaced_a_taken_back_put(
+    tmp_path: Path,
+) -> None:
+    """A COMMIT's hint is its partition's end when it was logged; puts held then, refused and
+    taken back, leave the hint inside what was appended in their place. Recovery's check for
+    what is already there scans from the hint's segment start then, instead of reading
+    garbage at the hint and appending the share a second time."""
+    p = Partition.open("t", 0, tmp_path / "t-0", 1 << 20, group_commit=True)
+    p.append(rec(1))
+    cut = p.end
+    p.append(rec(2), hold=True)
+    hint = p.end  # the COMMIT is logged now
+    p.drop_from(cut)  # refused, taken back
+    p.append(rec(3, size=40))  # another put goes where it was...
+    share = rec(4) + rec(5)
+    at = p.append_covered(share)  # ...and the commit's share after it
+    p.sync()
+    p.scan_start = p.end  # (recovery found all of it durable)
+    assert cut < hint < at
+    assert already_present(p, hint, share) == (len(share), at)
+    p.close()

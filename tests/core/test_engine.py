@@ -44,7 +44,7 @@ class Core:
     def __init__(self, root: Path, **limits: Any) -> None:
         ini = (
             f"[system]\ndataPath={root}/data\nunflushThreshold=0\n[topic=a]\nnumPartitions=2\n"
-            "[topic=b]\nnumPartitions=1\nunflushThreshold=1000\n"  # visible at append
+            "[topic=b]\nnumPartitions=2\nunflushThreshold=1000\n"  # visible at append
         )
         self.config = parse_config(ini)
         self.store = MessageStore(self.config)
@@ -219,6 +219,58 @@ def test_a_refused_deferred_share_holds_the_transaction_until_it_is_written(
     assert replies(core.take()) == [(200, b"")]
     assert core.visible(0) == [b"before", b"m0"] and core.visible(0, "b") == [b"mb"]
     assert "TX:s:1" not in core.engine.txs
+
+
+def test_transactions_never_wait_on_each_other_behind_held_puts(core: Core) -> None:
+    """A put to b held for a synchronous slave's confirmation, between two transactions on
+    a-0 and b: the second's share in b must not go before the first's (each would then wait
+    for the other). Both are answered once the round and the confirmation come."""
+    a0, b = core.store.get("a", 0), core.store.get("b", 0)
+    assert a0 is not None and b is not None
+    end0 = plain(core, b"before")
+    for i, key in enumerate(("TX:s:1", "TX:s:2")):
+        o = Owner(f"c{i}")
+        core.cmd(o, key, "BEGIN")
+        core.put(o, key, b"a%d" % i, part=0)
+        core.put(o, key, b"b%d" % i, topic="b")
+        core.cmd(o, key, "COMMIT_ONE_PHASE")
+        core.force_all()
+        if i == 0:
+            held = b.end
+            b.append(records.encode(2, 0, b"held"), hold=True)
+    a0.mark_flushed(end0)
+    assert replies(core.take()) == [] and core.visible(0, "b") == []
+    b.confirm(held)
+    assert replies(core.take()) == [(200, b"")] * 2
+    assert core.visible(0) == [b"before", b"a0", b"a1"]
+    assert core.visible(0, "b") == [b"held", b"b0", b"b1"]
+
+
+def test_a_deferred_share_stays_hidden_while_another_waits_for_a_held_put(
+    core: Core,
+) -> None:
+    """Two shares appended when the gate is ready, one of them behind a put held for a
+    synchronous slave: the other one (in a partition that shows an append at once) stays
+    hidden until the confirmation opens the gate."""
+    o = Owner("c1")
+    a0, b0, b1 = core.store.get("a", 0), core.store.get("b", 0), core.store.get("b", 1)
+    assert a0 is not None and b0 is not None and b1 is not None
+    end0 = plain(core, b"before")
+    held = b1.end
+    b1.append(records.encode(2, 0, b"held"), hold=True)
+    core.cmd(o, "TX:s:1", "BEGIN")
+    for body, part, topic in ((b"m0", 0, "a"), (b"mb0", 0, "b"), (b"mb1", 1, "b")):
+        core.put(o, "TX:s:1", body, part=part, topic=topic)
+    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
+    core.force_all()
+    a0.mark_flushed(end0)  # both deferred shares are appended now; b-1's waits for "held"
+    assert replies(core.take()) == []
+    assert core.visible(0, "b") == [] and core.visible(1, "b") == []
+    assert core.visible(0) == [b"before"]
+    b1.confirm(held)
+    assert replies(core.take()) == [(200, b"")]
+    assert core.visible(0) == [b"before", b"m0"]
+    assert core.visible(0, "b") == [b"mb0"] and core.visible(1, "b") == [b"held", b"mb1"]
 
 
 def test_transactions_queued_behind_one_round_open_in_order(core: Core) -> None:

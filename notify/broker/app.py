@@ -532,6 +532,11 @@ class Broker:
             sm, tm = service.sync_master, service.transactions
             if tm is not None:  # the redo log follows the partitions to the slave
                 tm.log.on_write = lambda pos, frames: tm.ship(sm.replicate_redo(pos, frames))
+                # and so do the shares of commits and delay moves, in append order (the
+                # slave's next batch would find it behind them)
+                tm.applier.on_covered = lambda part, base, data, count: _consume(
+                    sm.replicate(part, base, data, count)
+                )
             dq = self.delay
             if dq is not None:  # and the delay queue's log (a move waits for the slave)
                 dq.log.on_write = lambda pos, frames: dq.ship(
@@ -720,6 +725,12 @@ class Broker:
             if self.service.queues is not None:
                 self.service.queues.retention_cut(topic, part.index, part.min_offset)
         return out
+
+
+def _consume(fut: asyncio.Future[None] | None) -> None:
+    """A push nobody awaits: its failure counts in the synchronous master's state."""
+    if fut is not None:
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def server_tls_context(sysc: SystemConfig) -> ssl.SSLContext | None:

@@ -19,8 +19,9 @@ before it or wholly after it. A slave shows its readers only such cuts:
   once a second) and starts from it after a restart (a partition the remembered cut does not
   name starts with nothing shown). Promotion lifts every cap (the slave shows what it holds,
   then recovery re-applies committed transactions in the same step) and forgets the
-  remembered cut; a slave with none (promoted before, or new) shows all it holds until its
-  master's first cut.
+  remembered cut. Without a remembered cut, a partition that holds nothing starts with
+  nothing shown (a new slave), one that holds data (a slave promoted once, or started by an
+  older version) shows all it holds until its master's first cut.
 
 A master that does not know ``__cut`` (an older version) answers 404: the slave then shows what
 it pulls as it arrives (no cut) and asks again every 30 s.
@@ -198,13 +199,14 @@ def forget_cut(data_path: Path, fs: FileSystem = OS_FS) -> None:
 
 def start_caps(partitions: Iterable[Partition], remembered: dict[Key, int]) -> bool:
     """A slave starting: cap every member partition at the remembered cut (nothing shown
-    where it names none); no remembered cut, no cap (until the master's first). Whether it
-    capped."""
-    if not remembered:
-        return False
-    set_cuts(
+    where it names none). Without one, an empty partition shows nothing until the master's
+    first cut (it has nothing to hide yet: a new slave is consistent from its first byte),
+    and one that holds data (a slave promoted once, or started by an older version) shows
+    all it holds until then. Whether any partition was capped."""
+    caps = [
         (p, remembered.get((p.topic, p.index), p.min_offset))
         for p in partitions
-        if cut_member(p)
-    )
-    return True
+        if cut_member(p) and (remembered or p.end == p.min_offset)
+    ]
+    set_cuts(caps)
+    return bool(caps)

@@ -129,7 +129,7 @@ class SyncMaster:
     # ------------------------------------------------------------------ pushing
 
     def replicate(
-        self, part: Partition, base: int, data: bytes | bytearray, count: int
+        self, part: Partition, base: int, data: bytes | bytearray | memoryview, count: int
     ) -> asyncio.Future[None] | None:
         """Push a batch the master just appended at ``base``; None when nothing to wait for.
         A held batch is confirmed to its partition, or taken back, before its future ends."""
@@ -186,7 +186,7 @@ class SyncMaster:
         topic: str,
         index: int,
         base: int,
-        data: bytes | bytearray,
+        data: bytes | bytearray | memoryview,
         count: int,
         hook: Callable[[bool], None] | None = None,
     ) -> asyncio.Future[None]:

@@ -27,10 +27,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from notify.protocol import records
 from notify.protocol.frames import ResponseParser, encode_get, encode_mput, encode_put
 from notify.testing import BrokerProcess, free_port
 from tests.conftest import BrokerFactory
+from tests.replication.test_replication import stats
 
 #: one group-commit topic and one without group commit (visible at append)
 TOPICS = {
@@ -336,7 +339,12 @@ def test_no_reader_is_served_part_of_a_transaction_under_load(
     check(asyncio.run(run_load(b.addr)), b.addr)
 
 
-def test_no_reader_of_a_slave_is_served_part_of_a_transaction(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sync", [False, True], ids=["async-slave", "sync-slave"])
+def test_no_reader_of_a_slave_is_served_part_of_a_transaction(
+    tmp_path: Path, sync: bool
+) -> None:
+    """Readers on a slave, asynchronous (it pulls) or synchronous (the master pushes every
+    batch, transactions' shares included, and waits for it under ``refuse``)."""
     master = BrokerProcess(
         tmp_path / "m", topics=TOPICS, system={**SYSTEM, "replicationSecret": "rs"}
     )
@@ -348,8 +356,14 @@ def test_no_reader_of_a_slave_is_served_part_of_a_transaction(tmp_path: Path) ->
         slave={"slaveId": 1, "masterAddress": master.addr, "slaveMaxDelayInMills": 100},
     )
     try:
-        master.start()
         slave.start()
+        if sync:
+            master.system.update({"syncSlave": slave.addr, "syncSlaveTimeout": 3000})
+        master.start()
+        deadline = time.monotonic() + 20
+        while sync and stats(master.addr).get("sync_slave_state") != "in_sync":
+            assert time.monotonic() < deadline, "the synchronous slave never got in sync"
+            time.sleep(0.05)
         check(asyncio.run(run_load(master.addr, slave.addr)), slave.addr)
     finally:
         slave.stop()

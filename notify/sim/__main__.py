@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a topic without group commit too, and flush rounds as the broker runs them",
     )
+    ap.add_argument(
+        "--held",
+        action="store_true",
+        help="with --mixed: puts held for a synchronous slave's confirmation",
+    )
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.CRITICAL)
     if a.seed is not None:
@@ -37,7 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         try:
             World(
-                seed, a.steps, a.crashes, a.verbose, a.segment_size, a.delay_heavy, a.mixed
+                seed,
+                a.steps,
+                a.crashes,
+                a.verbose,
+                a.segment_size,
+                a.delay_heavy,
+                a.mixed,
+                a.held,
             ).run()
         except SimFailure as e:
             failed += 1

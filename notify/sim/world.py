@@ -36,6 +36,7 @@ Replay a seed: ``python -m notify.sim --seed N [--verbose]``.
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
@@ -61,6 +62,9 @@ ROOT = PurePosixPath("/broker")
 TOPICS = (("a", 2), ("b", 1))
 #: the ``mixed`` variant adds a topic that is not under group commit (visible at append)
 PLAIN_TOPIC = ("c", 1)
+#: with held puts: two such partitions (a transaction's shares deferred in both, one of them
+#: behind a held put)
+HELD_PLAIN_TOPIC = ("c", 2)
 MAX_TX_SIZE = 600
 CORE_POINTS = (
     "after_append_msg",
@@ -163,6 +167,7 @@ class World:
         segment_size: int | None = None,
         delay_heavy: bool = False,
         mixed: bool = False,
+        held: bool = False,
     ):
         self.seed = seed
         self.segment_size = segment_size
@@ -170,7 +175,14 @@ class World:
         #: partition asking joins the next round; a round's fsyncs all end before any of its
         #: partitions shows more): then a plain put must be visible when its round ends
         self.mixed = mixed
-        self.topics = TOPICS + ((PLAIN_TOPIC,) if mixed else ())
+        plain = HELD_PLAIN_TOPIC if held else PLAIN_TOPIC
+        self.topics = TOPICS + ((plain,) if mixed else ())
+        #: plain puts held for a synchronous slave's confirmation (``refuse``): confirmed in
+        #: push order, some refused and taken back (their own random stream)
+        self.held = held
+        self.hold_rng = random.Random(seed ^ 0x401D)
+        self.holds: deque[tuple[Partition, int]] = deque()
+        self.unconfirmed: set[tuple[int, int]] = set()
         #: mostly delayed puts, some of them far in the future (delivered-set trimming)
         self.delay_heavy = delay_heavy
         self.rng = random.Random(seed)
@@ -183,7 +195,7 @@ class World:
         ini = (
             f"[system]\ndataPath={ROOT}/data\nunflushThreshold=0\ndelayMaxDelivered=2\n"
             + "".join(f"[topic={t}]\nnumPartitions={n}\n" for t, n in TOPICS)
-            + (f"[topic={PLAIN_TOPIC[0]}]\nnumPartitions=1\nunflushThreshold=1000\n" * mixed)
+            + (f"[topic={plain[0]}]\nnumPartitions={plain[1]}\nunflushThreshold=1000\n" * mixed)
         )
         self.config = parse_config(ini)
         if segment_size is not None:  # tiny segments: rolls, compaction and deletion often
@@ -196,7 +208,10 @@ class World:
         self.acked_puts: dict[int, tuple[str, int, int, bytes]] = {}  # id -> topic, p, off, body
         self.txs: dict[str, TxRecord] = {}
         self.delayed_acked: dict[int, tuple[int, str, int, bytes]] = {}  # id -> due, t, p, body
-        self.waiting_puts: list[tuple[Partition, int, list[tuple[int, str, int, int, bytes]]]] = []
+        #: (partition, end, placed, start of its held append or -1)
+        self.waiting_puts: list[
+            tuple[Partition, int, list[tuple[int, str, int, int, bytes]], int]
+        ] = []
         self.replies: dict[int, tuple[int, bytes]] = {}
         self.tickets: dict[int, Ticket] = {}
         self.checks: list[SendCheck] = []
@@ -318,16 +333,20 @@ class World:
             chunks.append(records.encode(mid, 0, b))
             items.append((mid, b))
         data = b"".join(chunks)
-        off = part.append(data)
+        hold = self.held and self.hold_rng.random() < 0.5
+        off = part.append(data, hold=hold)
         placed = []
         pos = off
         for (mid, b), rec in zip(items, chunks, strict=True):
             placed.append((mid, topic, p, pos, b))
             pos += len(rec)
         self.core.flush_wanted[part] = None
-        self.waiting_puts.append((part, pos, placed))
-        self.log(f"put {topic}-{p} x{count} at {off}")
-        if not part.group_commit and part.visible_end < pos:
+        self.waiting_puts.append((part, pos, placed, off if hold else -1))
+        if hold:
+            self.holds.append((part, off))
+            self.unconfirmed.add((id(part), off))
+        self.log(f"put {topic}-{p} x{count} at {off}" + (" held" if hold else ""))
+        if not self.held and not part.group_commit and part.visible_end < pos:
             self.fail(f"plain put to {topic}-{p} at {off} not visible at once (no group commit)")
         yield
 
@@ -345,7 +364,7 @@ class World:
         self.core.delay.add(off, due)
         self.core.flush_wanted[dpart] = None
         # acknowledged once __delay is flushed, like any put
-        self.waiting_puts.append((dpart, off + len(rec), [(mid, DELAY_TOPIC, due, -1, b)]))
+        self.waiting_puts.append((dpart, off + len(rec), [(mid, DELAY_TOPIC, due, -1, b)], -1))
         self.delay_targets[mid] = (due, topic, p, b)
         self.log(f"dput {topic}-{p} due {due}")
         yield
@@ -582,6 +601,7 @@ class World:
         for part in take:
             core.flush_wanted.pop(part, None)
             target = part.end
+            part.begin_sync()
             part.active.sync()
             part.mark_flushed(target)
         self.drain()
@@ -596,6 +616,8 @@ class World:
         if self._round is None:
             if core.flush_wanted:
                 self._round = [(p, p.end, p.active) for p in core.flush_wanted]
+                for p in core.flush_wanted:
+                    p.begin_sync()
                 core.flush_wanted.clear()
             return
         rnd, self._round = self._round, None
@@ -605,7 +627,9 @@ class World:
             part.mark_flushed(target)
         self.drain()
         targets = {part: target for part, target, _seg in rnd}
-        for part, end, _placed in self.waiting_puts:
+        for part, end, _placed, _h in self.waiting_puts:
+            if self.held:  # a confirmation elsewhere may hold it back (README "Status")
+                break
             if targets.get(part, -1) >= end and part.visible_end < end:
                 self.fail(
                     f"a plain put to {part.topic}-{part.index} ending at {end} is flushed "
@@ -622,16 +646,41 @@ class World:
 
     def _ack_flushed(self) -> None:
         keep = []
-        for part, end, placed in self.waiting_puts:
-            if part.flushed_end >= end:
+        for part, end, placed, hold in self.waiting_puts:
+            if part.flushed_end >= end and (id(part), hold) not in self.unconfirmed:
                 for mid, topic, p, off, b in placed:
                     if topic == DELAY_TOPIC:
                         self.delayed_acked[mid] = self.delay_targets[mid]
                     else:
                         self.acked_puts[mid] = (topic, p, off, b)
             else:
-                keep.append((part, end, placed))
+                keep.append((part, end, placed, hold))
         self.waiting_puts = keep
+
+    def confirm_one(self) -> None:
+        """The synchronous slave answers the oldest push of a held put: confirmed, or (one
+        in ten) refused: taken back with every held put after it in that partition, unless
+        something another log covers follows (then kept, as the broker does)."""
+        while self.holds:
+            part, start = self.holds.popleft()
+            if (id(part), start) in self.unconfirmed:
+                break
+        else:
+            return
+        if self.hold_rng.random() < 0.1 and part.held_from(start):
+            part.drop_from(start)
+            gone = {k for k in self.unconfirmed if k[0] == id(part) and k[1] >= start}
+            self.unconfirmed -= gone
+            self.waiting_puts = [
+                w for w in self.waiting_puts if not (w[0] is part and w[3] >= start)
+            ]
+            self.log(f"refused {part.topic}-{part.index} from {start}: taken back")
+        else:
+            self.unconfirmed.discard((id(part), start))
+            part.confirm(start)
+            self.log(f"confirmed {part.topic}-{part.index} at {start}")
+        self.drain()
+        self._ack_flushed()
 
     def tick(self) -> None:
         self.clock.advance(self.rng.choice((0.05, 0.5, 1.0, 2.5)))
@@ -675,9 +724,12 @@ class World:
                     self.step(scripts)
                 # quiesce: finish what is pending so the check has acknowledged work to see
                 for _ in range(3):
+                    while self.holds:
+                        self.confirm_one()
                     self.force()
                     self.flush_all()
                     self.force()
+                self.check_answered()
             except SimCrash:
                 pass
             self.fs.disarm_crash()
@@ -696,6 +748,8 @@ class World:
 
     def step(self, scripts: list[Generator[None, None, None]]) -> None:
         self._step(scripts)
+        while self.held and self.hold_rng.random() < 0.35:
+            self.confirm_one()
         rr = self.readers.rng
         while rr.random() < 0.6:
             self.readers.step()
@@ -744,6 +798,13 @@ class World:
         else:
             self.checkpoint()
 
+    def check_answered(self) -> None:
+        """Every round run, every held put confirmed, every force done: no request may
+        still wait for its answer (a commit waiting for a gate that never opens)."""
+        waiting = [t.opaque for t in self.tickets.values() if not t.done]
+        if waiting:
+            self.fail(f"{len(waiting)} requests never answered (opaques {waiting[:5]})")
+
     def restart(self) -> None:
         self.generation += 1
         self.waiting_puts = []  # unacknowledged puts: the client never got an answer
@@ -752,6 +813,8 @@ class World:
         self.checks.clear()
         self._round = None
         self.readers.reset()
+        self.holds.clear()  # a restarted broker holds nothing back
+        self.unconfirmed.clear()
         for rec in self.txs.values():
             if rec.outcome in ("commit_sent", "rollback_sent"):
                 rec.outcome = "unknown"  # the reply was lost: either way, but whole
@@ -794,6 +857,8 @@ class World:
             out += "--delay-heavy "
         if self.mixed:
             out += "--mixed "
+        if self.held:
+            out += "--held "
         return out
 
     def read_all(self) -> dict[int, tuple[str, int, int, bytes]]:

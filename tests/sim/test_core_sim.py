@@ -25,12 +25,15 @@ def variant(seed: int) -> dict[str, Any]:
     deletion at every checkpoint), a quarter of all seeds mostly with delayed puts, some far in
     the future (the delivered set's trimming), and two thirds ``mixed``: with a topic that is
     not under group commit too, and the broker's flush rounds (then a plain put must be
-    readable when its round ends). Every seed runs concurrent readers checking that none is
-    served part of a transaction while another of its partitions is at its served end."""
+    readable when its round ends); a quarter of those ``held``: half the plain puts held for
+    a synchronous slave's confirmation (confirmed in push order, some refused). Every seed
+    runs concurrent readers checking that none is served part of a transaction while another
+    of its partitions is at its served end."""
     return {
         "segment_size": 200 if seed % 2 else None,
         "delay_heavy": seed % 4 == 3,
         "mixed": seed % 3 != 1,
+        "held": seed % 3 != 1 and seed % 4 == 0,
     }
 
 

@@ -136,12 +136,7 @@ class Applier:
         done: list[tuple[Partition, int]] = []
         appended: list[tuple[Partition, int, bytes, int]] = []
         first = True
-        for sh in shares:
-            part = self.store.get(sh.topic, sh.partition)
-            if part is None:
-                if on_missing is not None:
-                    on_missing(sh)
-                continue
+        for sh, part in self._resolve(shares, on_missing):
             data = sh.data
             start = -1
             if verify:
@@ -161,18 +156,7 @@ class Applier:
             if not first:
                 self.crashpoint(between)
             first = False
-            before = part.end
-            try:
-                off = part.append_covered(data)
-            except NotifyError as e:
-                for p, end in done:
-                    # on failure the caller retries the whole apply with verify=True
-                    with contextlib.suppress(NotifyError, OSError):
-                        p.rollback_to(end)
-                raise StoreError(
-                    f"{what}: appending to {sh.topic}-{sh.partition} failed: {e}"
-                ) from e
-            done.append((part, before))
+            off = self._append(sh, part, data, None, done, what)
             count = sh.count if start < 0 else len(records.decode_all(data, verify=False)[0])
             appended.append((part, off, data, count))
             placements.append(
@@ -185,14 +169,9 @@ class Applier:
         return placements
 
     def apply_joint(
-        self,
-        shares: Sequence[Share],
-        hints: Mapping[tuple[str, int], int],
-        *,
-        verify: bool,
-        what: str,
-        on_missing: Callable[[Share], None] | None = None,
-    ) -> Joint:
+        self, shares: Sequence[Share], hints: Mapping[tuple[str, int], int], *, verify: bool,
+        what: str, on_missing: Callable[[Share], None] | None = None,
+    ) -> Joint:  # fmt: skip
         """Append a transaction's shares so that readers see all of them or none (see the
         module doc). When every partition already shows all it holds, the shares are
         appended and visible at once (no gate). Otherwise they go behind one gate: a share of
@@ -207,14 +186,7 @@ class Applier:
         A share placed now behind a pending put there could precede the deferred share of a
         transaction applied earlier, which in turn precedes it in a group-commit partition:
         each would wait for the other."""
-        parts: list[tuple[Share, Partition]] = []
-        for sh in shares:
-            part = self.store.get(sh.topic, sh.partition)
-            if part is None:
-                if on_missing is not None:
-                    on_missing(sh)
-                continue
-            parts.append((sh, part))
+        parts = self._resolve(shares, on_missing)
         if all(part.settled for _sh, part in parts):
             return Joint(
                 self.apply(shares, hints, verify=verify, what=what, on_missing=None), None
@@ -240,16 +212,7 @@ class Applier:
         for i, (sh, part, data) in enumerate(now):
             if i:
                 self.crashpoint("mid_apply")
-            try:
-                off = part.append_covered(data, gate=gate)
-            except NotifyError as e:
-                for p, before in reversed(done):
-                    with contextlib.suppress(NotifyError, OSError):
-                        p.rollback_to(before)
-                raise StoreError(
-                    f"{what}: appending to {sh.topic}-{sh.partition} failed: {e}"
-                ) from e
-            done.append((part, off))
+            off = self._append(sh, part, data, gate, done, what)
             gate.placed.append((part, off, off + len(data)))
             placements.append(Placement(sh.topic, sh.partition, off, sh.count, len(data)))
         for (sh, part, data), (_p, off) in zip(now, done, strict=True):
@@ -259,6 +222,41 @@ class Applier:
                 raise StoreError(f"{what}: nothing to place before its deferred shares")
             return Joint(placements, None)
         return Joint(placements, gate)
+
+    def _resolve(
+        self, shares: Sequence[Share], on_missing: Callable[[Share], None] | None
+    ) -> list[tuple[Share, Partition]]:
+        """Each share with its partition; one whose partition is gone goes to ``on_missing``."""
+        out = []
+        for sh in shares:
+            part = self.store.get(sh.topic, sh.partition)
+            if part is not None:
+                out.append((sh, part))
+            elif on_missing is not None:
+                on_missing(sh)
+        return out
+
+    @staticmethod
+    def _append(
+        sh: Share,
+        part: Partition,
+        data: bytes,
+        gate: Gate | None,
+        done: list[tuple[Partition, int]],
+        what: str,
+    ) -> int:
+        """Append one share covered (behind ``gate``); its offset. When the partition refuses,
+        the shares appended before in this call (``done``: partition, offset) are taken back
+        and StoreError is raised (the caller retries the whole apply with ``verify``)."""
+        try:
+            off = part.append_covered(data, gate=gate)
+        except NotifyError as e:
+            for p, before in reversed(done):
+                with contextlib.suppress(NotifyError, OSError):
+                    p.rollback_to(before)
+            raise StoreError(f"{what}: appending to {sh.topic}-{sh.partition} failed: {e}") from e
+        done.append((part, off))
+        return off
 
     @staticmethod
     def _check_room(part: Partition, nbytes: int, what: str) -> None:

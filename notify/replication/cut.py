@@ -30,7 +30,6 @@ it pulls as it arrives (no cut) and asks again every 30 s.
 from __future__ import annotations
 
 import logging
-import zlib
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Final
 
 from notify.fs import OS_FS, FileSystem, write_file_atomically
 from notify.store.gate import settle
+from notify.store.manager import encode_checked, read_checked
 from notify.store.partition import Partition
 
 log = logging.getLogger("notify.replication")
@@ -160,29 +160,18 @@ class CutFollower:
 
 def save_cut(data_path: Path, cut: dict[Key, int], fs: FileSystem = OS_FS) -> None:
     """Remember the cut a slave applied last (atomic replace)."""
-    lines = [_MAGIC] + [f"{t} {p} {e}" for (t, p), e in sorted(cut.items())]
-    body = ("\n".join(lines) + "\n").encode()
-    write_file_atomically(fs, data_path / CUT_FILE, body + b"END %d\n" % zlib.crc32(body))
+    lines = [f"{t} {p} {e}" for (t, p), e in sorted(cut.items())]
+    write_file_atomically(fs, data_path / CUT_FILE, encode_checked(_MAGIC, lines))
 
 
 def load_cut(data_path: Path, fs: FileSystem = OS_FS) -> dict[Key, int]:
     """The cut a slave applied last (empty when none, or the file is damaged)."""
-    path = data_path / CUT_FILE
+    instead = "showing nothing until the first cut"
+    lines = read_checked(fs, data_path / CUT_FILE, _MAGIC, instead)
     try:
-        raw = fs.read_file(path)
-    except FileNotFoundError:
-        return {}
-    except OSError as e:
-        log.warning("cannot read %s (%s): showing nothing until the first cut", path, e)
-        return {}
-    body, sep, tail = raw.rpartition(b"END ")
-    try:
-        ok = bool(sep) and int(tail.strip()) == zlib.crc32(body)
-        lines = body.decode("utf-8").splitlines()
-        ok = ok and bool(lines) and lines[0] == _MAGIC
-        return parse_cut("\n".join(lines[1:]).encode()) if ok else {}
+        return parse_cut("\n".join(lines).encode()) if lines is not None else {}
     except ValueError:
-        log.warning("%s is damaged: showing nothing until the first cut", path)
+        log.warning("%s is damaged: %s", data_path / CUT_FILE, instead)
         return {}
 
 

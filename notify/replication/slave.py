@@ -336,11 +336,7 @@ class SlaveReplicator:
                 if self.cuts.pending:
                     self.cuts.try_apply()
             except NotifyError as e:
-                st.error = str(e)
-                if link is not None:
-                    link.close()
-                link = None
-                await asyncio.sleep(RETRY_S)
+                link = await _failed(st, link, e)
 
     async def _follow_cuts(self) -> None:
         """Ask the master for its consistent cuts (a long poll) and queue them; each is
@@ -379,11 +375,7 @@ class SlaveReplicator:
                 st.error = ""
                 await asyncio.sleep(CUT_GATHER_S)
             except (NotifyError, ValueError) as e:
-                st.error = str(e)
-                if link is not None:
-                    link.close()
-                link = None
-                await asyncio.sleep(RETRY_S)
+                link = await _failed(st, link, e)
 
     def _no_cuts(self, link: BrokerLink) -> None:
         if not self._cut_unsupported:
@@ -447,11 +439,7 @@ class SlaveReplicator:
                         st.pulled_bytes += len(r.body)
                 st.error = ""
             except (NotifyError, ValueError) as e:
-                st.error = str(e)
-                if link is not None:
-                    link.close()
-                link = None
-                await asyncio.sleep(RETRY_S)
+                link = await _failed(st, link, e)
 
     def stats_items(self) -> list[tuple[str, object]]:
         items: list[tuple[str, object]] = [
@@ -535,6 +523,16 @@ class SlaveReplicator:
         )
         items.append(("replication_state", worst))
         return items + rows
+
+
+async def _failed(st: PullState, link: BrokerLink | None, e: Exception) -> BrokerLink | None:
+    """A pull failed: note why, close the link and wait a little; the link to use next (none:
+    the next attempt connects again)."""
+    st.error = str(e)
+    if link is not None:
+        link.close()
+    await asyncio.sleep(RETRY_S)
+    return None
 
 
 def _consume(fut: asyncio.Future[int]) -> None:

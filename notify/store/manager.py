@@ -32,6 +32,42 @@ RECOVERY_FILE: Final = "recovery-points"
 _MAGIC: Final = "notify-recovery-points 1"
 
 
+def encode_checked(magic: str, lines: list[str]) -> bytes:
+    """A small text file: ``magic``, the lines, then ``END <crc32 of every preceding byte>``
+    (the layout of the recovery points, and of a slave's remembered cut)."""
+    body = ("\n".join([magic, *lines]) + "\n").encode()
+    return body + b"END %d\n" % zlib.crc32(body)
+
+
+def read_checked(fs: FileSystem, path: Path, magic: str, instead: str) -> list[str] | None:
+    """The lines of ``path`` (written with :func:`encode_checked`); None when it is missing,
+    or unreadable or damaged (logged with what is done ``instead``)."""
+    try:
+        raw = fs.read_file(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.warning("cannot read %s (%s): %s", path, e, instead)
+        return None
+    lines = decode_checked(raw, magic)
+    if lines is None:
+        log.warning("%s is damaged: %s", path, instead)
+    return lines
+
+
+def decode_checked(raw: bytes, magic: str) -> list[str] | None:
+    """The lines of a file :func:`encode_checked` wrote; None when it is damaged."""
+    body, sep, tail = raw.rpartition(b"END ")
+    try:
+        ok = bool(sep) and int(tail.strip()) == zlib.crc32(body)
+    except ValueError:
+        ok = False
+    lines = body.decode("utf-8", "replace").splitlines()
+    if not ok or not lines or lines[0] != magic:
+        return None
+    return lines[1:]
+
+
 class MessageStore:
     """Opens, looks up and closes partitions; owns the recovery points file. Every file
     operation goes through ``fs`` (the real file system by default)."""
@@ -135,25 +171,13 @@ class MessageStore:
         return self.data_path / RECOVERY_FILE
 
     def _read_points(self) -> dict[tuple[str, int], int]:
-        path = self._points_path()
-        try:
-            raw = self.fs.read_file(path)
-        except FileNotFoundError:
-            return {}
-        except OSError as e:
-            log.warning("cannot read %s (%s): scanning every last segment", path, e)
-            return {}
-        body, sep, tail = raw.rpartition(b"END ")
-        try:
-            ok = bool(sep) and int(tail.strip()) == zlib.crc32(body)
-        except ValueError:
-            ok = False
-        lines = body.decode("utf-8", "replace").splitlines()
-        if not ok or not lines or lines[0] != _MAGIC:
-            log.warning("%s is damaged: scanning every last segment", path)
+        lines = read_checked(
+            self.fs, self._points_path(), _MAGIC, "scanning every last segment"
+        )
+        if lines is None:
             return {}
         out: dict[tuple[str, int], int] = {}
-        for line in lines[1:]:
+        for line in lines:
             t, p, off = line.split(" ")
             out[(t, int(p))] = int(off)
         return out
@@ -163,9 +187,9 @@ class MessageStore:
         current = {k: p.flushed_end for k, p in self.partitions.items() if not p.memory}
         if not force and current == self._points_written:
             return False
-        lines = [_MAGIC] + [f"{t} {i} {off}" for (t, i), off in sorted(current.items())]
-        body = ("\n".join(lines) + "\n").encode()
-        data = body + b"END %d\n" % zlib.crc32(body)
+        data = encode_checked(
+            _MAGIC, [f"{t} {i} {off}" for (t, i), off in sorted(current.items())]
+        )
         path = self._points_path()
         try:
             write_file_atomically(self.fs, path, data)

@@ -31,6 +31,7 @@ import pytest
 
 from notify.protocol import records
 from notify.protocol.frames import ResponseParser, encode_get, encode_mput, encode_put
+from notify.sim.readers import Reader  # (a consumer's state: the simulation's readers too)
 from notify.testing import BrokerProcess, free_port
 from tests.conftest import BrokerFactory
 from tests.replication.test_replication import stats
@@ -109,15 +110,6 @@ class Shared:
         for rd in self.readers:
             if any(mid in rd.served for _t, _p, mid in msgs):
                 rd.seen.add(key)
-
-
-@dataclass
-class Reader:
-    name: str
-    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    served: set[int] = field(default_factory=set)
-    seen: set[str] = field(default_factory=set)
-    ends: int = 0
 
 
 def body(rng: random.Random) -> bytes:

@@ -84,6 +84,16 @@ class Core:
         self.engine.forced(self.log.end_position)
         return self.take()
 
+    def commit(self, key: str, *msgs: tuple[bytes, int, str]) -> list[Effect]:
+        """BEGIN, a put of each ``(body, partition, topic)``, COMMIT_ONE_PHASE, and the redo
+        log's force (its effects: the apply's)."""
+        o = Owner(key)
+        self.cmd(o, key, "BEGIN")
+        for body, part, topic in msgs:
+            self.put(o, key, body, part=part, topic=topic)
+        self.cmd(o, key, "COMMIT_ONE_PHASE")
+        return self.force_all()
+
     def visible(self, part: int = 0, topic: str = "a") -> list[bytes]:
         p = self.store.get(topic, part)
         assert p is not None
@@ -150,15 +160,11 @@ def test_a_transaction_appears_in_all_its_partitions_at_once(core: Core) -> None
     """The share of a-1 (nothing pending there) waits for a-0's share, which sits behind a
     plain put waiting for its group-commit round; a plain put to a-1 after the share, in the
     same round, is readable when that round ends (not held back by the transaction)."""
-    o = Owner("c1")
     a0, a1 = core.store.get("a", 0), core.store.get("a", 1)
     assert a0 is not None and a1 is not None
     end0 = plain(core, b"before")
-    core.cmd(o, "TX:s:1", "BEGIN")
-    core.put(o, "TX:s:1", b"m0", part=0)
-    core.put(o, "TX:s:1", b"m1", part=1)
-    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
-    assert replies(core.force_all()) == []  # placed, but a-0's share is not showable yet
+    eff = core.commit("TX:s:1", (b"m0", 0, "a"), (b"m1", 1, "a"))
+    assert replies(eff) == []  # placed, but a-0's share is not showable yet
     assert core.visible(0) == [] and core.visible(1) == []
     end1 = plain(core, b"after", part=1)
     a1.mark_flushed(end1)  # the round covering "after" and...
@@ -174,15 +180,10 @@ def test_a_share_without_group_commit_is_placed_when_the_others_can_be_shown(
 ) -> None:
     """Topic b shows an append at once: its share is appended only when a-0's can be shown,
     so the plain puts b takes meanwhile are readable at once, before it."""
-    o = Owner("c1")
     a0 = core.store.get("a", 0)
     assert a0 is not None
     end0 = plain(core, b"before")
-    core.cmd(o, "TX:s:1", "BEGIN")
-    core.put(o, "TX:s:1", b"m0", part=0)
-    core.put(o, "TX:s:1", b"mb", topic="b")
-    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
-    assert replies(core.force_all()) == []
+    assert replies(core.commit("TX:s:1", (b"m0", 0, "a"), (b"mb", 0, "b"))) == []
     plain(core, b"b-plain", topic="b")
     assert core.visible(0, "b") == [b"b-plain"]  # readable at once, nothing of the tx
     a0.mark_flushed(end0)
@@ -198,15 +199,10 @@ def test_a_refused_deferred_share_holds_the_transaction_until_it_is_written(
     """b's share is appended when a-0's can be shown; b refuses it then (here: made
     read-only): nothing of the transaction is shown, it stays COMMITTING (its COMMIT record
     kept from checkpoints), and the retry job writes it once b accepts again."""
-    o = Owner("c1")
     a0, b = core.store.get("a", 0), core.store.get("b", 0)
     assert a0 is not None and b is not None
     end0 = plain(core, b"before")
-    core.cmd(o, "TX:s:1", "BEGIN")
-    core.put(o, "TX:s:1", b"m0", part=0)
-    core.put(o, "TX:s:1", b"mb", topic="b")
-    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
-    core.force_all()
+    core.commit("TX:s:1", (b"m0", 0, "a"), (b"mb", 0, "b"))
     b.failed = "read-only for the test"
     a0.mark_flushed(end0)
     assert replies(core.take()) == []
@@ -229,12 +225,7 @@ def test_transactions_never_wait_on_each_other_behind_held_puts(core: Core) -> N
     assert a0 is not None and b is not None
     end0 = plain(core, b"before")
     for i, key in enumerate(("TX:s:1", "TX:s:2")):
-        o = Owner(f"c{i}")
-        core.cmd(o, key, "BEGIN")
-        core.put(o, key, b"a%d" % i, part=0)
-        core.put(o, key, b"b%d" % i, topic="b")
-        core.cmd(o, key, "COMMIT_ONE_PHASE")
-        core.force_all()
+        core.commit(key, (b"a%d" % i, 0, "a"), (b"b%d" % i, 0, "b"))
         if i == 0:
             held = b.end
             b.append(records.encode(2, 0, b"held"), hold=True)
@@ -252,17 +243,12 @@ def test_a_deferred_share_stays_hidden_while_another_waits_for_a_held_put(
     """Two shares appended when the gate is ready, one of them behind a put held for a
     synchronous slave: the other one (in a partition that shows an append at once) stays
     hidden until the confirmation opens the gate."""
-    o = Owner("c1")
     a0, b0, b1 = core.store.get("a", 0), core.store.get("b", 0), core.store.get("b", 1)
     assert a0 is not None and b0 is not None and b1 is not None
     end0 = plain(core, b"before")
     held = b1.end
     b1.append(records.encode(2, 0, b"held"), hold=True)
-    core.cmd(o, "TX:s:1", "BEGIN")
-    for body, part, topic in ((b"m0", 0, "a"), (b"mb0", 0, "b"), (b"mb1", 1, "b")):
-        core.put(o, "TX:s:1", body, part=part, topic=topic)
-    core.cmd(o, "TX:s:1", "COMMIT_ONE_PHASE")
-    core.force_all()
+    core.commit("TX:s:1", (b"m0", 0, "a"), (b"mb0", 0, "b"), (b"mb1", 1, "b"))
     a0.mark_flushed(end0)  # both deferred shares are appended now; b-1's waits for "held"
     assert replies(core.take()) == []
     assert core.visible(0, "b") == [] and core.visible(1, "b") == []
@@ -280,13 +266,7 @@ def test_transactions_queued_behind_one_round_open_in_order(core: Core) -> None:
     assert a0 is not None
     end0 = plain(core, b"before")
     for i in range(2000):
-        o = Owner(f"c{i}")
-        key = f"TX:s:{i}"
-        core.cmd(o, key, "BEGIN")
-        core.put(o, key, b"x%d" % i, part=0)
-        core.put(o, key, b"y%d" % i, part=1)
-        core.cmd(o, key, "COMMIT_ONE_PHASE")
-    assert replies(core.force_all()) == []
+        assert replies(core.commit(f"TX:s:{i}", (b"x%d" % i, 0, "a"), (b"y%d" % i, 1, "a"))) == []
     assert core.visible(1) == []
     a0.mark_flushed(end0)
     assert replies(core.take()) == [(200, b"")] * 2000

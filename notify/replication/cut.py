@@ -23,8 +23,9 @@ before it or wholly after it. A slave shows its readers only such cuts:
   nothing shown (a new slave), one that holds data (a slave promoted once, or started by an
   older version) shows all it holds until its master's first cut.
 
-A master that does not know ``__cut`` (an older version) answers 404: the slave then shows what
-it pulls as it arrives (no cut) and asks again every 30 s.
+A master that does not know ``__cut`` (an older version) answers 404, and one that refuses the
+replica handshake (MetaQ's, whose ``sync`` pushes a notify slave takes): the slave then shows
+what it holds as it arrives (no cut) and asks again every 30 s.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from notify.protocol import records
 from notify.protocol.frames import encode_get, encode_line, encode_offset
 from notify.protocol.replies import parse_fields, parse_offset, parse_stats
 from notify.replication.cut import CUT_STREAM, CutFollower, cut_member, parse_cut, set_cuts
-from notify.replication.link import BrokerLink, connect_link
+from notify.replication.link import BrokerLink, ReplicaHandshakeError, connect_link
 from notify.replication.redo import (
     DELAYLOG_STREAM,
     QUEUELOG_STREAM,
@@ -364,6 +364,7 @@ class SlaveReplicator:
                 st.last_pull = time.monotonic()
                 if r.code == 404:  # an older master: no cuts to follow
                     self._no_cuts(link)
+                    link = None
                     await asyncio.sleep(CUT_UNSUPPORTED_RETRY_S)
                     continue
                 if r.code != 200:
@@ -374,10 +375,14 @@ class SlaveReplicator:
                 self.cuts.received_cut(parse_cut(r.body))
                 st.error = ""
                 await asyncio.sleep(CUT_GATHER_S)
+            except ReplicaHandshakeError:  # not a notify master (MetaQ's): no cuts either
+                self._no_cuts(link)
+                link = None
+                await asyncio.sleep(CUT_UNSUPPORTED_RETRY_S)
             except (NotifyError, ValueError) as e:
                 link = await _failed(st, link, e)
 
-    def _no_cuts(self, link: BrokerLink) -> None:
+    def _no_cuts(self, link: BrokerLink | None) -> None:
         if not self._cut_unsupported:
             log.warning(
                 "slave: master %s serves no consistent cuts (an older version?): readers of "
@@ -388,7 +393,8 @@ class SlaveReplicator:
         self._cut_unsupported = True
         self.cuts.reset()
         self.cuts.capping = False
-        link.close()
+        if link is not None:
+            link.close()
         set_cuts((p, None) for p in self.broker.store.all_partitions() if cut_member(p))
 
     async def _pull_redo(

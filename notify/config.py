@@ -125,146 +125,509 @@ class DeletePolicy:
             raise ValueError(f"too many fields in {text!r}")
         return cls(parts[0], float(m.group(1)) * unit, compress)
 
+    def text(self) -> str:
+        """The ini form :meth:`parse` reads back (``delete,168``)."""
+        hours = self.max_age_s / 3600
+        age = f"{hours:g}" if hours == int(hours) else f"{self.max_age_s:g}s"
+        return f"{self.action},{age}" + (",zip" if self.compress else "")
+
+
+# --------------------------------------------------------------------------- settings
+#
+# Every server.ini key is declared once, as a field of its section's config object with
+# setting() metadata: its ini key, converter, range, choices and meaning. The parser's tables,
+# the range checks and the configuration reference (settings(), rendered by notify.docgen)
+# are all read from there, so a key documented is a key parsed and checked.
+
+_DAY_MS: Final = 86_400_000
+#: The largest message a broker may be configured to take (records carry an i32 length and a
+#: put is buffered whole before it is checked).
+MAX_MESSAGE_SIZE_LIMIT: Final = 256 * MIB
+_Conv = Callable[[str], Any]
+_META: Final = "notify.setting"
+#: Converters' names as the reference shows them.
+_KINDS: Final[dict[Callable[..., Any], str]] = {
+    _int: "integer",
+    _bool: "boolean",
+    _str: "string",
+    Path: "path",
+    _secret: "secret",
+    _names: "host names",
+    DeletePolicy.parse: "retention policy",
+}
+
+
+@dataclass(frozen=True)
+class _Meta:
+    key: str
+    group: str
+    doc: str
+    conv: _Conv
+    range: tuple[int, int] | None
+    choices: tuple[str, ...]
+    unit: str
+    metaq: bool
+    inherited: bool
+
+
+def setting(
+    key: str,
+    default: Any,
+    doc: str,
+    *,
+    group: str,
+    conv: _Conv = _int,
+    bounds: tuple[int, int] | None = None,
+    choices: tuple[str, ...] = (),
+    unit: str = "",
+    metaq: bool = False,
+    inherited: bool = False,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A config field that is an ini key: ``key`` in its section, converted by ``conv``,
+    range- or choice-checked, documented by ``doc`` (markdown, one paragraph). ``metaq``:
+    MetaQ's ``MetaConfig`` knows the key (else it is notify's extension, which ``stats
+    config`` serves commented out). ``inherited``: a ``[topic=NAME]`` key whose default is
+    the ``[system]`` key of the same name (its doc is that key's)."""
+    meta = {_META: _Meta(key, group, doc, conv, bounds, choices, unit, metaq, inherited)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``server.ini`` key, as the configuration reference lists it."""
+
+    key: str
+    #: ``system``, ``zookeeper``, ``slave``, ``topic`` or ``producerGroup``
+    section: str
+    #: the attribute of the section's config object
+    attr: str
+    #: what the value is: ``integer``, ``boolean``, ``string``, ``path``, ``secret``, ...
+    kind: str
+    default: object
+    doc: str
+    group: str
+    unit: str = ""
+    range: tuple[int, int] | None = None
+    choices: tuple[str, ...] = ()
+    metaq: bool = False
+    inherited: bool = False
+
+    @property
+    def default_text(self) -> str:
+        """The default as it would be written in ``server.ini``."""
+        d = self.default
+        if d is None:
+            return ""
+        if isinstance(d, bool):
+            return "true" if d else "false"
+        if isinstance(d, DeletePolicy):
+            return d.text()
+        if isinstance(d, tuple):
+            return ",".join(str(x) for x in d)
+        return str(d)
+
+
+G_SERVER: Final = "Server"
+G_STORAGE: Final = "Storage and flushing"
+G_RETENTION: Final = "Retention"
+G_TX: Final = "Transactions"
+G_DELAY: Final = "Delayed messages"
+G_LIMITS: Final = "Connections and limits"
+G_SECURITY: Final = "Security and TLS"
+G_HTTP: Final = "HTTP"
+G_GROUPS: Final = "Consumer groups and producers"
+G_REPL: Final = "Replication and failover"
+G_QUEUES: Final = "Queues"
+G_ZK: Final = "ZooKeeper"
+G_SLAVE: Final = "Asynchronous slave"
+G_TOPIC: Final = "Topic"
+G_PRODUCER_GROUP: Final = "Producer group"
+
 
 @dataclass(frozen=True)
 class TopicConfig:
     """Settings of one topic (``[topic=NAME]`` merged over ``[system]``)."""
 
     name: str
-    num_partitions: int = 1
-    unflush_threshold: int = 1000
-    unflush_interval_ms: int = 10000
-    delete_policy: DeletePolicy = field(default_factory=DeletePolicy)
-    delete_when: str = "0 0 6,18 * * ?"
-    data_path: Path | None = None
-    accept_publish: bool = True
-    accept_subscribe: bool = True
-    stat: bool = True
-    retention_ignores_consumers: bool = False
-    store: str = "disk"
-    memory_max_bytes: int = 64 * MIB
-    memory_full_policy: str = "drop_oldest"
+    num_partitions: int = setting("numPartitions", 1, "", group=G_TOPIC, inherited=True,
+                                  bounds=(1, 65536), metaq=True)
+    unflush_threshold: int = setting("unflushThreshold", 1000, "", group=G_TOPIC,
+                                     inherited=True, bounds=(0, 10**9), metaq=True)
+    unflush_interval_ms: int = setting("unflushInterval", 10000, "", group=G_TOPIC,
+                                       inherited=True, bounds=(0, _DAY_MS), unit="ms",
+                                       metaq=True)
+    delete_policy: DeletePolicy = setting("deletePolicy", None, "", group=G_TOPIC,
+                                          inherited=True, conv=DeletePolicy.parse,
+                                          factory=DeletePolicy, metaq=True)
+    delete_when: str = setting("deleteWhen", "0 0 6,18 * * ?", "", group=G_TOPIC,
+                               inherited=True, conv=_str, metaq=True)
+    data_path: Path | None = setting(
+        "dataPath", None, "The topic's own data directory (partitions in "
+        "`<dataPath>/<topic>-<n>/`); unset: `[system]` `dataPath`.",
+        group=G_TOPIC, conv=Path, metaq=True)
+    accept_publish: bool = setting("acceptPublish", True, "", group=G_TOPIC, inherited=True,
+                                   conv=_bool, metaq=True)
+    accept_subscribe: bool = setting("acceptSubscribe", True, "", group=G_TOPIC,
+                                     inherited=True, conv=_bool, metaq=True)
+    stat: bool = setting("stat", True, "", group=G_TOPIC, inherited=True, conv=_bool,
+                         metaq=True)
+    retention_ignores_consumers: bool = setting("retentionIgnoresConsumers", False, "",
+                                                group=G_TOPIC, inherited=True, conv=_bool)
+    store: str = setting(
+        "store", "disk", "`disk`, or `memory`: the topic lives in memory, bounded by "
+        "`memoryMaxBytes`; same protocol, offsets and transactions, but **its data is lost "
+        "on restart** by design.", group=G_TOPIC, conv=_str, choices=("disk", "memory"))
+    memory_max_bytes: int = setting(
+        "memoryMaxBytes", 64 * MIB, "Bytes a memory topic keeps (per partition).",
+        group=G_TOPIC, bounds=(4096, 1 << 40), unit="bytes")
+    memory_full_policy: str = setting(
+        "memoryFullPolicy", "drop_oldest", "A full memory topic: `drop_oldest` drops its "
+        "oldest chunks (consumers behind get a 301 to the new first offset), `refuse` "
+        "answers producers 503.", group=G_TOPIC, conv=_str,
+        choices=("drop_oldest", "refuse"))
 
 
 @dataclass(frozen=True)
 class SystemConfig:
     """``[system]``. Names follow MetaQ; units are in the attribute names."""
 
-    broker_id: int = 0
-    host_name: str = "127.0.0.1"
-    server_port: int = 8123
-    dashboard_http_port: int = 8120
-    data_path: Path = Path("data")
-    data_log_path: Path | None = None
-    num_partitions: int = 1
-    unflush_threshold: int = 1000
-    unflush_interval_ms: int = 10000
-    max_segment_size: int = GIB
-    max_transfer_size: int = MIB
-    get_process_thread_count: int = 10
-    put_process_thread_count: int = 10
-    delete_policy: DeletePolicy = field(default_factory=DeletePolicy)
-    delete_when: str = "0 0 6,18 * * ?"
-    max_checkpoints: int = 3
-    checkpoint_interval_ms: int = 3_600_000
-    max_tx_timeout_timer_capacity: int = 30000
-    max_tx_timeout_in_seconds: int = 60
-    flush_tx_log_at_commit: int = 1
-    #: answer a half message's COMMIT once logged, before its force (README "Transactions")
-    half_commit_early_ack: bool = False
-    #: ms an answered half-message COMMIT waits for a force another step starts (README)
-    half_commit_force_delay_ms: int = 2
-    accept_publish: bool = True
-    accept_subscribe: bool = True
-    stat: bool = True
-    update_consumer_offsets: bool = False
-    # notify extensions (documented in README)
-    retention_ignores_consumers: bool = False
-    #: the largest payload a MetaQ Java consumer can read (see MAX_METAQ_CLIENT_PAYLOAD)
-    max_message_size: int = MAX_METAQ_CLIENT_PAYLOAD
-    max_connections: int = 10000
-    auth_secret: str = ""
-    admin_secret: str = ""
-    config_watch_interval_ms: int = 2000
-    max_tx_size: int = 64 * MIB
-    tx_check_back_delay_ms: int = 6000
-    tx_check_back_max_times: int = 15
-    tx_check_back_concurrency: int = 16
-    sync_slave: str = ""
-    sync_slave_timeout_ms: int = 3000
-    sync_slave_failure_policy: str = "refuse"
-    sync_slave_max_failures: int = 3
-    # automatic failover in ZooKeeper mode (notify.replication.failover)
-    auto_failover: bool = False
-    failover_require_in_sync: bool = True
-    failover_max_lag_bytes: int = 0
-    failover_slave_id: int = 0
-    # security and resource limits (README "Security")
-    http_allowed_hosts: tuple[str, ...] = ()
-    http_max_connections: int = 256
-    http_keepalive_timeout_ms: int = 15_000
-    http_body_timeout_ms: int = 30_000
-    max_partitions_per_topic: int = 1024
-    fd_reserve: int = 128
-    max_consumer_groups: int = 10_000
-    #: idempotent producers remembered per partition (least recently used out)
-    max_idempotent_producers: int = 10_000
-    #: longest idempotent producer id a connection may claim (``producer`` verb)
-    max_producer_id_length: int = 128
-    #: bytes of all idempotent producers' state (identities and last batches, estimated)
-    producer_state_max_bytes: int = 64 * MIB
-    #: identities one connection may hold at once
-    max_producer_ids_per_connection: int = 1024
-    consumer_group_expiry_ms: int = 86_400_000
-    consumer_session_timeout_ms: int = 30_000
-    metrics_max_consumer_series: int = 10_000
-    auth_failure_log_interval_ms: int = 10_000
-    # wire hardening (README "Security")
-    replication_secret: str = ""
-    max_batch_size: int = 16 * MIB
-    auth_timeout_ms: int = 10_000
-    frame_timeout_ms: int = 30_000
-    #: 5 min: 10x notify clients' worst silence (2 x 30 s heartbeat), 30x MetaQ Java's 10 s
-    idle_timeout_ms: int = 300_000
-    max_parked_gets: int = 1024
-    max_queued_replies: int = 65_536
-    max_delay_ms: int = 90 * 24 * 3600 * 1000
-    delay_checkpoint_interval_ms: int = 10_000
-    delay_max_delivered: int = 65_536
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_ca_file: Path | None = None
-    tls_client_auth: bool = False
-    #: ms a client may take to complete its TLS handshake (wire and HTTP ports)
-    tls_handshake_timeout_ms: int = 5_000
-    #: bytes a client may send before its TLS ClientHello is answered (wire and HTTP ports)
-    tls_max_hello_size: int = 64 * KIB
-    #: the longest wire request header line (``put topic ... opaque``), CRLF excluded
-    max_header_size: int = 4 * KIB
-    #: queued reply bytes per wire connection past which reading pauses (resumes at 1/4)
-    write_buffer_size: int = 4 * MIB
-    #: the longest a long-polling ``get`` (wire, MetaQ HTTP ``/get``) is held
-    max_long_poll_wait_ms: int = 60_000
-    #: HTTP JSON request bodies (REST); MetaQ's ``/put`` takes ``maxMessageSize``
-    http_max_body_size: int = 32 * MIB
-    #: REST fetch: ``maxSize`` and ``limit`` at most; REST produce: messages per request
-    http_max_fetch_size: int = 16 * MIB
-    http_max_fetch_messages: int = 10_000
-    http_max_produce_messages: int = 1000
-    # queue subscriptions (README "Queues")
-    queue_lock_timeout_ms: int = 30_000
-    queue_max_deliveries: int = 5
-    queue_max_in_flight: int = 10_000
-    queue_max_credit: int = 1000
-    queue_max_groups: int = 256
-    #: new queue groups one connection may have created (still existing) at once
-    queue_max_groups_per_connection: int = 16
-    #: ms after which a group with no consumer that holds nothing is deleted (0 = never)
-    queue_group_expiry_ms: int = 86_400_000
-    queue_max_dead_letters: int = 10_000
-    queue_max_release_delay_ms: int = 3_600_000
-    queue_checkpoint_interval_ms: int = 10_000
-    queue_retention_hold_bytes: int = 1 << 30
+    broker_id: int = setting("brokerId", 0, "Part of every message id; brokers of one "
+                             "replication group share it.", group=G_SERVER,
+                             bounds=(0, 1023), metaq=True)
+    host_name: str = setting("hostName", "127.0.0.1", "Address to listen on (and to "
+                             "advertise in ZooKeeper).", group=G_SERVER, conv=_str,
+                             metaq=True)
+    server_port: int = setting("serverPort", 8123, "Wire protocol port (0 = any free port).",
+                               group=G_SERVER, bounds=(0, 65535), metaq=True)
+    dashboard_http_port: int = setting("dashboardHttpPort", 8120, "HTTP port: dashboard, "
+                                       "REST, metrics, MetaQ's HTTP protocol (0 = off).",
+                                       group=G_SERVER, bounds=(0, 65535), metaq=True)
+    data_path: Path = setting("dataPath", Path("data"), "Partitions live in "
+                              "`<dataPath>/<topic>-<n>/`; relative paths are resolved "
+                              "against the ini file's directory.", group=G_STORAGE,
+                              conv=Path, metaq=True)
+    data_log_path: Path | None = setting("dataLogPath", None, "Where the redo transaction "
+                                         "log (`transactions/`), the delay log and the "
+                                         "queue log go; unset: `dataPath`.",
+                                         group=G_STORAGE, conv=Path, metaq=True)
+    num_partitions: int = setting("numPartitions", 1, "Default partitions per topic.",
+                                  group=G_STORAGE, bounds=(1, 65536), metaq=True)
+    unflush_threshold: int = setting(
+        "unflushThreshold", 1000, "fsync after this many messages (the put that crosses it "
+        "waits for the fsync). **0 = group commit**: every acknowledgement waits for the "
+        "fsync covering it.", group=G_STORAGE, bounds=(0, 10**9), metaq=True)
+    unflush_interval_ms: int = setting("unflushInterval", 10000, "fsync anything older "
+                                       "than this (0 = no timer).", group=G_STORAGE,
+                                       bounds=(0, _DAY_MS), unit="ms", metaq=True)
+    max_segment_size: int = setting("maxSegmentSize", GIB, "Roll segment files at this "
+                                    "size.", group=G_STORAGE, bounds=(4096, 64 * GIB),
+                                    unit="bytes", metaq=True)
+    max_transfer_size: int = setting("maxTransferSize", MIB, "Largest `get` window (a "
+                                     "larger single record is still served whole).",
+                                     group=G_LIMITS, bounds=(64, 256 * MIB), unit="bytes",
+                                     metaq=True)
+    get_process_thread_count: int = setting("getProcessThreadCount", 10, "Accepted for "
+                                            "compatibility: one event loop serves "
+                                            "everything.", group=G_SERVER,
+                                            bounds=(0, 10_000), metaq=True)
+    put_process_thread_count: int = setting("putProcessThreadCount", 10, "Accepted for "
+                                            "compatibility: one event loop serves "
+                                            "everything.", group=G_SERVER,
+                                            bounds=(0, 10_000), metaq=True)
+    delete_policy: DeletePolicy = setting(
+        "deletePolicy", None, "`delete,N` or `archive,N[,zip]`: what retention does with "
+        "closed segments older than N hours (or N with an `s`/`m`/`h` suffix). `archive` "
+        "keeps a `<segment>.meta.arc` hard link (`zip`: a zip file).", group=G_RETENTION,
+        conv=DeletePolicy.parse, factory=DeletePolicy, metaq=True)
+    delete_when: str = setting("deleteWhen", "0 0 6,18 * * ?", "Quartz cron expression "
+                               "of the retention runs.", group=G_RETENTION, conv=_str,
+                               metaq=True)
+    max_checkpoints: int = setting("maxCheckpoints", 3, "Redo-log checkpoints kept.",
+                                   group=G_TX, bounds=(1, 1000), metaq=True)
+    checkpoint_interval_ms: int = setting("checkpointInterval", 3_600_000, "Time between "
+                                          "redo-log checkpoints.", group=G_TX,
+                                          bounds=(1, 7 * _DAY_MS), unit="ms", metaq=True)
+    max_tx_timeout_timer_capacity: int = setting(
+        "maxTxTimeoutTimerCapacity", 30000, "Open transactions allowed (a clear 503 beyond).",
+        group=G_TX, bounds=(1, 10_000_000), metaq=True)
+    max_tx_timeout_in_seconds: int = setting(
+        "maxTxTimeoutInSeconds", 60, "Cap (and default) of a transaction's timeout.",
+        group=G_TX, bounds=(1, 7 * 86_400), unit="s", metaq=True)
+    flush_tx_log_at_commit: int = setting(
+        "flushTxLogAtCommit", 1, "1: fsync the redo log at every commit and prepare (group "
+        "commit); 2: once a second; 0: the OS decides.", group=G_TX, bounds=(0, 2),
+        metaq=True)
+    half_commit_early_ack: bool = setting(
+        "halfCommitEarlyAck", False, "true: a half message's COMMIT is answered once logged, "
+        "before its fsync, and its messages are readable once forced; false: answered when "
+        "durable and readable, as every commit.", group=G_TX, conv=_bool)
+    half_commit_force_delay_ms: int = setting(
+        "halfCommitForceDelay", 2, "With `halfCommitEarlyAck`: how long an answered half "
+        "message's COMMIT waits for another step's fsync to cover it before forcing its own.",
+        group=G_TX, bounds=(0, 1000), unit="ms")
+    accept_publish: bool = setting("acceptPublish", True, "Producers may put (enforced: "
+                                   "403 otherwise, not just hidden).", group=G_SERVER,
+                                   conv=_bool, metaq=True)
+    accept_subscribe: bool = setting("acceptSubscribe", True, "Consumers may get (enforced "
+                                     "on the wire and over HTTP: 403).", group=G_SERVER,
+                                     conv=_bool, metaq=True)
+    stat: bool = setting("stat", True, "Accepted for compatibility.", group=G_SERVER,
+                         conv=_bool, metaq=True)
+    update_consumer_offsets: bool = setting(
+        "updateConsumerOffsets", False, "A `get` beyond the end of a partition: false = 404 "
+        "\"Could not find message at position N\" (MetaQ's default; the consumer keeps its "
+        "offset), true = 301 with the end (the consumer jumps there). Offset Long.MAX_VALUE "
+        "always gets the 301.", group=G_SERVER, conv=_bool, metaq=True)
+    retention_ignores_consumers: bool = setting(
+        "retentionIgnoresConsumers", False, "Delete expired segments even if a live consumer "
+        "has not read them.", group=G_RETENTION, conv=_bool)
+    max_message_size: int = setting(
+        "maxMessageSize", MAX_METAQ_CLIENT_PAYLOAD, "Largest payload (attribute block "
+        "included) of one message; larger puts get 400. The default is what MetaQ's Java "
+        "consumer can read (its read buffer stops at 2 MiB and one record's reply frame must "
+        "fit). Raise it only if no MetaQ Java consumer reads those topics; notify's own "
+        "client reads any size.", group=G_LIMITS, bounds=(1, MAX_MESSAGE_SIZE_LIMIT),
+        unit="bytes")
+    max_connections: int = setting(
+        "maxConnections", 10000, "Wire connections (503 and close beyond); also held to what "
+        "the file descriptors allow (`RLIMIT_NOFILE` minus open fds minus `fdReserve` minus "
+        "`httpMaxConnections`, at least 16).", group=G_LIMITS, bounds=(1, 1_000_000))
+    auth_secret: str = setting(
+        "authSecret", "", "Shared secret: clients send `auth <secret>` first (HTTP: bearer "
+        "token). Empty = no authentication; otherwise 1..1024 printable ASCII characters "
+        "without spaces.", group=G_SECURITY, conv=_secret)
+    admin_secret: str = setting(
+        "adminSecret", "", "When set, admin actions (topic creation, retention, config "
+        "reload, resolving others' transactions, `stats reset`, dead-letter replay, queue "
+        "group deletion) need it; publish and fetch take either secret. Must differ from "
+        "`authSecret`.", group=G_SECURITY, conv=_secret)
+    config_watch_interval_ms: int = setting(
+        "configWatchInterval", 2000, "Time between checks of the ini file's mtime (a change "
+        "is reloaded; 0 = no watch).", group=G_SERVER, bounds=(0, _DAY_MS), unit="ms")
+    max_tx_size: int = setting("maxTxSize", 64 * MIB, "Bytes one transaction may hold.",
+                               group=G_TX, bounds=(1, 16 * GIB), unit="bytes")
+    tx_check_back_delay_ms: int = setting(
+        "txCheckBackDelay", 6000, "How long a prepared half message waits before the broker "
+        "asks its producer group's checker.", group=G_TX, bounds=(1, _DAY_MS), unit="ms")
+    tx_check_back_max_times: int = setting(
+        "txCheckBackMaxTimes", 15, "Unanswered check-backs after which a half message is "
+        "rolled back (counted: `tx_check_back_exhausted`).", group=G_TX,
+        bounds=(1, 1_000_000))
+    tx_check_back_concurrency: int = setting(
+        "txCheckBackConcurrency", 16, "Check-backs in flight at once.", group=G_TX,
+        bounds=(1, 10_000))
+    sync_slave: str = setting("syncSlave", "", "`host:port` of a synchronous slave: "
+                              "producers are acknowledged once it has their messages.",
+                              group=G_REPL, conv=_str)
+    sync_slave_timeout_ms: int = setting(
+        "syncSlaveTimeout", 3000, "How long the master waits for the synchronous slave's "
+        "answer.", group=G_REPL, bounds=(1, 600_000), unit="ms")
+    sync_slave_failure_policy: str = setting(
+        "syncSlaveFailurePolicy", "refuse", "When the synchronous slave does not answer: "
+        "`refuse` fails the put (503) and takes it back; `async` goes on and flags the "
+        "master `degraded`.", group=G_REPL, conv=_str, choices=("refuse", "async"))
+    sync_slave_max_failures: int = setting(
+        "syncSlaveMaxFailures", 3, "Failures in a row after which the policy applies to "
+        "every put until the slave is back in sync.", group=G_REPL, bounds=(1, 1_000_000))
+    auto_failover: bool = setting(
+        "autoFailover", False, "ZooKeeper mode only (needs `zk.zkEnable=true`, "
+        "`replicationSecret` and a fixed `serverPort`): the brokers of this `brokerId` elect "
+        "their master and fence the old one; a `[slave]` broker's `syncSlave` is the "
+        "synchronous slave it pushes to once elected.", group=G_REPL, conv=_bool)
+    failover_require_in_sync: bool = setting(
+        "failoverRequireInSync", True, "Only an in-sync slave (every partition within "
+        "`failoverMaxLagBytes` of the master's last reported end) may be elected; false = "
+        "any slave. Of several eligible slaves the one holding the most data leads.",
+        group=G_REPL, conv=_bool)
+    failover_max_lag_bytes: int = setting(
+        "failoverMaxLagBytes", 0, "How far behind a slave may be and still count as in sync.",
+        group=G_REPL, bounds=(0, 1 << 40), unit="bytes")
+    failover_slave_id: int = setting(
+        "failoverSlaveId", 0, "The member id of a configured master when it rejoins its "
+        "group as a slave; slaves use their `slaveId`.", group=G_REPL, bounds=(0, 1023))
+    http_allowed_hosts: tuple[str, ...] = setting(
+        "httpAllowedHosts", (), "Extra names the HTTP `Host` header may carry "
+        "(comma-separated; `*` = any) besides `hostName`, `localhost` and IP literals.",
+        group=G_HTTP, conv=_names)
+    http_max_connections: int = setting("httpMaxConnections", 256, "Open HTTP connections "
+                                        "(503 and close beyond).", group=G_HTTP,
+                                        bounds=(1, 100_000))
+    http_keepalive_timeout_ms: int = setting(
+        "httpKeepaliveTimeout", 15_000, "How long an HTTP connection may sit idle or spend "
+        "sending its headers.", group=G_HTTP, bounds=(100, _DAY_MS), unit="ms")
+    http_body_timeout_ms: int = setting(
+        "httpBodyTimeout", 30_000, "Time to send a request body (then 408 and close).",
+        group=G_HTTP, bounds=(100, _DAY_MS), unit="ms")
+    max_partitions_per_topic: int = setting(
+        "maxPartitionsPerTopic", 1024, "Cap of `numPartitions` (ini and REST).",
+        group=G_LIMITS, bounds=(1, 65536))
+    fd_reserve: int = setting(
+        "fdReserve", 128, "File descriptors that topic creation, config reload and wire "
+        "connections leave free.", group=G_LIMITS, bounds=(0, 1_000_000))
+    max_consumer_groups: int = setting(
+        "maxConsumerGroups", 10_000, "Consumer group names remembered (positions for "
+        "retention, `/api/groups`, `/metrics`); beyond, the least recently seen is forgotten.",
+        group=G_GROUPS, bounds=(1, 10_000_000))
+    max_idempotent_producers: int = setting(
+        "maxIdempotentProducers", 10_000, "Idempotent producers remembered per partition "
+        "(their last batch, for dropping retried puts); beyond, the least recently used is "
+        "forgotten.", group=G_GROUPS, bounds=(1, 10_000_000))
+    max_producer_id_length: int = setting(
+        "maxProducerIdLength", 128, "Longest idempotent producer id a connection may claim "
+        "(an anonymous id is 23 characters, a named one the name plus 23).",
+        group=G_GROUPS, bounds=(23, 1024))
+    producer_state_max_bytes: int = setting(
+        "producerStateMaxBytes", 64 * MIB, "Bytes of all idempotent producers' state (last "
+        "batches and named identities' holders, each estimated at 560 bytes plus its id); "
+        "beyond, the least recently used entries of identities no connection holds are "
+        "forgotten, and a put or claim that still finds no room gets 503.", group=G_GROUPS,
+        bounds=(64 * KIB, 64 * GIB), unit="bytes")
+    max_producer_ids_per_connection: int = setting(
+        "maxProducerIdsPerConnection", 1024, "Producer identities one connection may hold "
+        "at once (503 beyond).", group=G_GROUPS, bounds=(1, 1_000_000))
+    consumer_group_expiry_ms: int = setting(
+        "consumerGroupExpiry", 86_400_000, "A group not seen fetching for this long is "
+        "forgotten.", group=G_GROUPS, bounds=(1000, 365 * _DAY_MS), unit="ms")
+    consumer_session_timeout_ms: int = setting(
+        "consumerSessionTimeout", 30_000, "After its last fetch a group stops being shown as "
+        "live (`/api/groups`, dashboard, `notify topics describe`) within this time.",
+        group=G_GROUPS, bounds=(100, _DAY_MS), unit="ms")
+    metrics_max_consumer_series: int = setting(
+        "metricsMaxConsumerSeries", 10_000, "Per-group series in one `/metrics` scrape "
+        "(`notify_consumer_series_dropped` counts the rest).", group=G_HTTP,
+        bounds=(0, 10_000_000))
+    auth_failure_log_interval_ms: int = setting(
+        "authFailureLogInterval", 10_000, "Time between two aggregated \"authentication "
+        "failed\" log lines.", group=G_SECURITY, bounds=(100, _DAY_MS), unit="ms")
+    replication_secret: str = setting(
+        "replicationSecret", "", "Shared by master and slaves; **required** with `[slave]` "
+        "or `syncSlave` (the broker refuses to start without it). Replication links open "
+        "with `auth <replicationSecret> <brokerId>`; a slave accepts `msync`/`sync` only "
+        "from such a link, and internal topics are served only to replicas.",
+        group=G_SECURITY, conv=_secret)
+    max_batch_size: int = setting(
+        "maxBatchSize", 16 * MIB, "Largest `mput`/`msync` body (refused from its header, "
+        "skipped unbuffered); at least `maxMessageSize`.", group=G_LIMITS,
+        bounds=(1, (1 << 31) - 1), unit="bytes")
+    auth_timeout_ms: int = setting(
+        "authTimeout", 10_000, "How long a connection may stay unauthenticated when a secret "
+        "is required (then 408 and close); 0 = no limit.", group=G_SECURITY,
+        bounds=(0, _DAY_MS), unit="ms")
+    frame_timeout_ms: int = setting(
+        "frameTimeout", 30_000, "How long a started frame (header and body) may take to "
+        "complete (then 408 and close); not counted while the broker itself paused reading; "
+        "0 = no limit.", group=G_LIMITS, bounds=(0, _DAY_MS), unit="ms")
+    idle_timeout_ms: int = setting(
+        "idleTimeout", 300_000, "A connection silent in both directions this long that "
+        "waits for nothing (no queued reply, parked get, open transaction, queue "
+        "subscription or replication link) is closed; 0 = off. Clients keep their "
+        "connections with a `version` heartbeat well inside it (notify's after 30 s without "
+        "a request, MetaQ's Java client after 10 s idle).", group=G_LIMITS,
+        bounds=(0, 30 * _DAY_MS), unit="ms")
+    max_parked_gets: int = setting(
+        "maxParkedGets", 1024, "Long-poll gets held per connection (503 beyond); released "
+        "when the connection closes.", group=G_LIMITS, bounds=(1, 1_000_000))
+    max_queued_replies: int = setting(
+        "maxQueuedReplies", 65_536, "Replies queued per connection before the broker stops "
+        "reading it (it resumes at half).", group=G_LIMITS, bounds=(16, 10_000_000))
+    max_delay_ms: int = setting(
+        "maxDelay", 90 * 24 * 3600 * 1000, "How far ahead a delayed message's `deliverAt` "
+        "may be (400 beyond); a past or zero `deliverAt` is due now.", group=G_DELAY,
+        bounds=(1, 10 * 365 * _DAY_MS), unit="ms")
+    delay_checkpoint_interval_ms: int = setting(
+        "delayCheckpointInterval", 10_000, "Time between checkpoints of the delay queue's "
+        "log; each first compacts the oldest `__delay` segment if it is mostly delivered.",
+        group=G_DELAY, bounds=(100, _DAY_MS), unit="ms")
+    delay_max_delivered: int = setting(
+        "delayMaxDelivered", 65_536, "Delivered `__delay` offsets kept above the watermark "
+        "(8 bytes each in the checkpoint); beyond, the oldest pending messages are re-put at "
+        "the end of `__delay` so the watermark passes them.", group=G_DELAY,
+        bounds=(2, 10_000_000))
+    tls_cert_file: Path | None = setting(
+        "tlsCertFile", None, "PEM certificate chain: TLS (1.2+) on the wire **and** HTTP "
+        "ports (with `tlsKeyFile`).", group=G_SECURITY, conv=Path)
+    tls_key_file: Path | None = setting("tlsKeyFile", None, "PEM private key of "
+                                        "`tlsCertFile`.", group=G_SECURITY, conv=Path)
+    tls_ca_file: Path | None = setting("tlsCaFile", None, "PEM CA bundle client "
+                                       "certificates must chain to (with "
+                                       "`tlsClientAuth`).", group=G_SECURITY, conv=Path)
+    tls_client_auth: bool = setting("tlsClientAuth", False, "Mutual TLS: clients must "
+                                    "present a certificate chaining to `tlsCaFile`.",
+                                    group=G_SECURITY, conv=_bool)
+    tls_handshake_timeout_ms: int = setting(
+        "tlsHandshakeTimeout", 5_000, "Time a client may take to complete its TLS handshake "
+        "on the wire or HTTP port (a socket in its handshake holds a connection slot until "
+        "then).", group=G_SECURITY, bounds=(100, 600_000), unit="ms")
+    tls_max_hello_size: int = setting(
+        "tlsMaxHelloSize", 64 * KIB, "Bytes a client may send before the broker has taken "
+        "its socket into TLS (its ClientHello); more and the socket is dropped.",
+        group=G_SECURITY, bounds=(4 * KIB, 16 * MIB), unit="bytes")
+    max_header_size: int = setting(
+        "maxHeaderSize", 4 * KIB, "Longest wire request header line (CRLF excluded): a line "
+        "past it is a fatal framing error (400, closed).", group=G_LIMITS,
+        bounds=(512, 64 * KIB), unit="bytes")
+    write_buffer_size: int = setting(
+        "writeBufferSize", 4 * MIB, "Reply bytes buffered per wire connection before the "
+        "broker stops reading it (it resumes at a quarter).", group=G_LIMITS,
+        bounds=(64 * KIB, GIB), unit="bytes")
+    max_long_poll_wait_ms: int = setting(
+        "maxLongPollWait", 60_000, "Longest a long-polling `get` is held (wire: capped; "
+        "MetaQ HTTP `/get?maxWait=`: 400 beyond).", group=G_LIMITS, bounds=(0, 3_600_000),
+        unit="ms")
+    http_max_body_size: int = setting(
+        "httpMaxBodySize", 32 * MIB, "Largest JSON request body on the HTTP port (413 and "
+        "close beyond, chunked included; MetaQ's `/put` takes `maxMessageSize`).",
+        group=G_HTTP, bounds=(KIB, GIB), unit="bytes")
+    http_max_fetch_size: int = setting(
+        "httpMaxFetchSize", 16 * MIB, "REST fetch: largest `maxSize` (400 beyond).",
+        group=G_HTTP, bounds=(KIB, 256 * MIB), unit="bytes")
+    http_max_fetch_messages: int = setting(
+        "httpMaxFetchMessages", 10_000, "REST fetch: largest `limit` (400 beyond).",
+        group=G_HTTP, bounds=(1, 1_000_000))
+    http_max_produce_messages: int = setting(
+        "httpMaxProduceMessages", 1000, "REST produce: messages per request (400 beyond, "
+        "nothing written).", group=G_HTTP, bounds=(1, 1_000_000))
+    queue_lock_timeout_ms: int = setting(
+        "queueLockTimeout", 30_000, "How long a pushed queue message stays acquired without "
+        "`ack` or `renew` before it is redelivered.", group=G_QUEUES, bounds=(100, _DAY_MS),
+        unit="ms")
+    queue_max_deliveries: int = setting(
+        "queueMaxDeliveries", 5, "Deliveries after which a returned queue message goes to "
+        "the dead-letter queue.", group=G_QUEUES, bounds=(1, 1000))
+    queue_max_in_flight: int = setting(
+        "queueMaxInFlight", 10_000, "Messages one queue group tracks between its low-water "
+        "offsets and read frontiers (a memory bound: reading pauses when full).",
+        group=G_QUEUES, bounds=(1, 1_000_000))
+    queue_max_credit: int = setting(
+        "queueMaxCredit", 1000, "Largest credit granted to one queue consumer (larger asks "
+        "are clamped).", group=G_QUEUES, bounds=(1, 100_000))
+    queue_max_groups: int = setting(
+        "queueMaxGroups", 256, "Queue groups per broker; at the cap the longest unused group "
+        "that holds nothing makes room, else 503.", group=G_QUEUES, bounds=(1, 100_000))
+    queue_max_groups_per_connection: int = setting(
+        "queueMaxGroupsPerConnection", 16, "Groups one connection may have created that "
+        "still exist (503 beyond).", group=G_QUEUES, bounds=(1, 100_000))
+    queue_group_expiry_ms: int = setting(
+        "queueGroupExpiry", 86_400_000, "A group with no consumer that holds nothing (every "
+        "message of its topic finished, no dead letter) is deleted after this; 0 = never.",
+        group=G_QUEUES, bounds=(0, 365 * _DAY_MS), unit="ms")
+    queue_max_dead_letters: int = setting(
+        "queueMaxDeadLetters", 10_000, "Dead-letter entries kept per queue group (the oldest "
+        "are dropped and counted).", group=G_QUEUES, bounds=(0, 1_000_000))
+    queue_max_release_delay_ms: int = setting(
+        "queueMaxReleaseDelay", 3_600_000, "Longest delay a `release` may ask for before "
+        "redelivery.", group=G_QUEUES, bounds=(0, 30 * _DAY_MS), unit="ms")
+    queue_checkpoint_interval_ms: int = setting(
+        "queueCheckpointInterval", 10_000, "Time between checkpoints of the queue log (when "
+        "something changed).", group=G_QUEUES, bounds=(100, _DAY_MS), unit="ms")
+    queue_retention_hold_bytes: int = setting(
+        "queueRetentionHoldBytes", 1 << 30, "Expired bytes per partition that retention "
+        "keeps for queue groups that have not finished them (0 = not held); beyond it they "
+        "are skipped or dead-lettered, and counted.", group=G_QUEUES, bounds=(0, 1 << 50),
+        unit="bytes")
 
     @property
     def tx_log_path(self) -> Path:
@@ -285,12 +648,24 @@ class SystemConfig:
 class ZookeeperConfig:
     """``[zookeeper]``; ``zk_enable`` False selects the embedded configserver."""
 
-    zk_enable: bool = False
-    zk_connect: str = "127.0.0.1:2181"
-    zk_root: str = "/meta"
-    zk_session_timeout_ms: int = 30000
-    zk_connection_timeout_ms: int = 30000
-    zk_sync_time_ms: int = 5000
+    zk_enable: bool = setting("zk.zkEnable", False, "true: brokers register in ZooKeeper "
+                              "in MetaQ's layout and clients may find them there; false: "
+                              "the embedded single-machine mode.", group=G_ZK, conv=_bool,
+                              metaq=True)
+    zk_connect: str = setting("zk.zkConnect", "127.0.0.1:2181", "ZooKeeper connect string.",
+                              group=G_ZK, conv=_str, metaq=True)
+    zk_root: str = setting("zk.zkRoot", "/meta", "Root of the broker and consumer nodes.",
+                           group=G_ZK, conv=_str, metaq=True)
+    zk_session_timeout_ms: int = setting(
+        "zk.zkSessionTimeoutMs", 30000, "ZooKeeper session timeout: how long a dead broker "
+        "stays registered (and, with `autoFailover`, how long before a slave takes over).",
+        group=G_ZK, bounds=(1, _DAY_MS), unit="ms", metaq=True)
+    zk_connection_timeout_ms: int = setting(
+        "zk.zkConnectionTimeoutMs", 30000, "Time to connect to ZooKeeper.", group=G_ZK,
+        bounds=(1, _DAY_MS), unit="ms", metaq=True)
+    zk_sync_time_ms: int = setting("zk.zkSyncTimeMs", 5000, "Accepted for compatibility "
+                                   "(MetaQ's ZooKeeper sync time).", group=G_ZK,
+                                   bounds=(1, _DAY_MS), unit="ms", metaq=True)
 
 
 @dataclass(frozen=True)
@@ -301,11 +676,30 @@ class SlaveConfig:
     same brokerId is looked up instead).
     """
 
-    slave_id: int = 0
-    slave_group: str = "meta-slave-group"
-    slave_max_delay_in_mills: int = 500
-    auto_sync_master_config: bool = True
-    master_address: str = ""
+    slave_id: int = setting("slaveId", 0, "This slave's member id in its group (give "
+                            "slaves 1, 2, ...).", group=G_SLAVE, bounds=(0, 1023), metaq=True)
+    slave_group: str = setting("slaveGroup", "meta-slave-group", "The consumer group the "
+                               "slave reads its master as.", group=G_SLAVE, conv=_str,
+                               metaq=True)
+    slave_max_delay_in_mills: int = setting(
+        "slaveMaxDelayInMills", 500, "Longest wait of a slave's long-poll pull.",
+        group=G_SLAVE, bounds=(1, _DAY_MS), unit="ms", metaq=True)
+    auto_sync_master_config: bool = setting(
+        "autoSyncMasterConfig", True, "Follow the master's topic list.", group=G_SLAVE,
+        conv=_bool, metaq=True)
+    master_address: str = setting(
+        "masterAddress", "", "`host:port` of the master when there is no ZooKeeper (with "
+        "ZooKeeper the master of the same `brokerId` is looked up).", group=G_SLAVE,
+        conv=_str)
+
+
+@dataclass(frozen=True)
+class ProducerGroupConfig:
+    """``[producerGroup=NAME]``: a producer group whose ``register`` needs a secret."""
+
+    secret: str = setting("secret", "", "The secret a producer must give to register in "
+                          "this group (and so answer its half messages' check-backs); "
+                          "required in the section.", group=G_PRODUCER_GROUP, conv=_secret)
 
 
 @dataclass(frozen=True)
@@ -327,146 +721,52 @@ class ServerConfig:
 
 #: Section prefix of a producer group's settings: ``[producerGroup=NAME]``.
 GROUP_SECTION: Final = "producerGroup="
-# ini key -> (attribute, converter)
-_Conv = Callable[[str], Any]
-_SYSTEM_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
-    "brokerId": ("broker_id", _int),
-    "hostName": ("host_name", _str),
-    "serverPort": ("server_port", _int),
-    "dashboardHttpPort": ("dashboard_http_port", _int),
-    "dataPath": ("data_path", Path),
-    "dataLogPath": ("data_log_path", Path),
-    "numPartitions": ("num_partitions", _int),
-    "unflushThreshold": ("unflush_threshold", _int),
-    "unflushInterval": ("unflush_interval_ms", _int),
-    "maxSegmentSize": ("max_segment_size", _int),
-    "maxTransferSize": ("max_transfer_size", _int),
-    "getProcessThreadCount": ("get_process_thread_count", _int),
-    "putProcessThreadCount": ("put_process_thread_count", _int),
-    "deletePolicy": ("delete_policy", DeletePolicy.parse),
-    "deleteWhen": ("delete_when", _str),
-    "maxCheckpoints": ("max_checkpoints", _int),
-    "checkpointInterval": ("checkpoint_interval_ms", _int),
-    "maxTxTimeoutTimerCapacity": ("max_tx_timeout_timer_capacity", _int),
-    "maxTxTimeoutInSeconds": ("max_tx_timeout_in_seconds", _int),
-    "flushTxLogAtCommit": ("flush_tx_log_at_commit", _int),
-    "halfCommitEarlyAck": ("half_commit_early_ack", _bool),
-    "halfCommitForceDelay": ("half_commit_force_delay_ms", _int),
-    "acceptPublish": ("accept_publish", _bool),
-    "acceptSubscribe": ("accept_subscribe", _bool),
-    "stat": ("stat", _bool),
-    "updateConsumerOffsets": ("update_consumer_offsets", _bool),
-    "maxMessageSize": ("max_message_size", _int),
-    "maxConnections": ("max_connections", _int),
-    "authSecret": ("auth_secret", _secret),
-    "adminSecret": ("admin_secret", _secret),
-    "configWatchInterval": ("config_watch_interval_ms", _int),
-    "maxTxSize": ("max_tx_size", _int),
-    "retentionIgnoresConsumers": ("retention_ignores_consumers", _bool),
-    "txCheckBackDelay": ("tx_check_back_delay_ms", _int),
-    "txCheckBackMaxTimes": ("tx_check_back_max_times", _int),
-    "txCheckBackConcurrency": ("tx_check_back_concurrency", _int),
-    "syncSlave": ("sync_slave", _str),
-    "syncSlaveTimeout": ("sync_slave_timeout_ms", _int),
-    "syncSlaveFailurePolicy": ("sync_slave_failure_policy", _str),
-    "syncSlaveMaxFailures": ("sync_slave_max_failures", _int),
-    "autoFailover": ("auto_failover", _bool),
-    "failoverRequireInSync": ("failover_require_in_sync", _bool),
-    "failoverMaxLagBytes": ("failover_max_lag_bytes", _int),
-    "failoverSlaveId": ("failover_slave_id", _int),
-    "httpAllowedHosts": ("http_allowed_hosts", _names),
-    "httpMaxConnections": ("http_max_connections", _int),
-    "httpKeepaliveTimeout": ("http_keepalive_timeout_ms", _int),
-    "httpBodyTimeout": ("http_body_timeout_ms", _int),
-    "maxPartitionsPerTopic": ("max_partitions_per_topic", _int),
-    "fdReserve": ("fd_reserve", _int),
-    "maxConsumerGroups": ("max_consumer_groups", _int),
-    "maxIdempotentProducers": ("max_idempotent_producers", _int),
-    "maxProducerIdLength": ("max_producer_id_length", _int),
-    "producerStateMaxBytes": ("producer_state_max_bytes", _int),
-    "maxProducerIdsPerConnection": ("max_producer_ids_per_connection", _int),
-    "consumerGroupExpiry": ("consumer_group_expiry_ms", _int),
-    "consumerSessionTimeout": ("consumer_session_timeout_ms", _int),
-    "metricsMaxConsumerSeries": ("metrics_max_consumer_series", _int),
-    "authFailureLogInterval": ("auth_failure_log_interval_ms", _int),
-    "replicationSecret": ("replication_secret", _secret),
-    "maxBatchSize": ("max_batch_size", _int),
-    "authTimeout": ("auth_timeout_ms", _int),
-    "frameTimeout": ("frame_timeout_ms", _int),
-    "idleTimeout": ("idle_timeout_ms", _int),
-    "maxParkedGets": ("max_parked_gets", _int),
-    "maxQueuedReplies": ("max_queued_replies", _int),
-    "maxDelay": ("max_delay_ms", _int),
-    "delayCheckpointInterval": ("delay_checkpoint_interval_ms", _int),
-    "delayMaxDelivered": ("delay_max_delivered", _int),
-    "tlsCertFile": ("tls_cert_file", Path),
-    "tlsKeyFile": ("tls_key_file", Path),
-    "tlsCaFile": ("tls_ca_file", Path),
-    "tlsClientAuth": ("tls_client_auth", _bool),
-    "tlsHandshakeTimeout": ("tls_handshake_timeout_ms", _int),
-    "tlsMaxHelloSize": ("tls_max_hello_size", _int),
-    "maxHeaderSize": ("max_header_size", _int),
-    "writeBufferSize": ("write_buffer_size", _int),
-    "maxLongPollWait": ("max_long_poll_wait_ms", _int),
-    "httpMaxBodySize": ("http_max_body_size", _int),
-    "httpMaxFetchSize": ("http_max_fetch_size", _int),
-    "httpMaxFetchMessages": ("http_max_fetch_messages", _int),
-    "httpMaxProduceMessages": ("http_max_produce_messages", _int),
-    "queueLockTimeout": ("queue_lock_timeout_ms", _int),
-    "queueMaxDeliveries": ("queue_max_deliveries", _int),
-    "queueMaxInFlight": ("queue_max_in_flight", _int),
-    "queueMaxCredit": ("queue_max_credit", _int),
-    "queueMaxGroups": ("queue_max_groups", _int),
-    "queueMaxGroupsPerConnection": ("queue_max_groups_per_connection", _int),
-    "queueGroupExpiry": ("queue_group_expiry_ms", _int),
-    "queueMaxDeadLetters": ("queue_max_dead_letters", _int),
-    "queueMaxReleaseDelay": ("queue_max_release_delay_ms", _int),
-    "queueCheckpointInterval": ("queue_checkpoint_interval_ms", _int),
-    "queueRetentionHoldBytes": ("queue_retention_hold_bytes", _int),
+#: section name -> the config object its keys fill
+SECTIONS: Final[dict[str, type]] = {
+    "system": SystemConfig,
+    "zookeeper": ZookeeperConfig,
+    "slave": SlaveConfig,
+    "topic": TopicConfig,
+    "producerGroup": ProducerGroupConfig,
 }
-_ZK_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
-    "zk.zkEnable": ("zk_enable", _bool),
-    "zk.zkConnect": ("zk_connect", _str),
-    "zk.zkRoot": ("zk_root", _str),
-    "zk.zkSessionTimeoutMs": ("zk_session_timeout_ms", _int),
-    "zk.zkConnectionTimeoutMs": ("zk_connection_timeout_ms", _int),
-    "zk.zkSyncTimeMs": ("zk_sync_time_ms", _int),
-}
-_GROUP_KEYS: Final[dict[str, tuple[str, _Conv]]] = {"secret": ("secret", _secret)}
-_SLAVE_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
-    "slaveId": ("slave_id", _int),
-    "slaveGroup": ("slave_group", _str),
-    "slaveMaxDelayInMills": ("slave_max_delay_in_mills", _int),
-    "autoSyncMasterConfig": ("auto_sync_master_config", _bool),
-    "masterAddress": ("master_address", _str),
-}
-_TOPIC_KEYS: Final[dict[str, tuple[str, _Conv]]] = {
-    "numPartitions": ("num_partitions", _int),
-    "unflushThreshold": ("unflush_threshold", _int),
-    "unflushInterval": ("unflush_interval_ms", _int),
-    "deletePolicy": ("delete_policy", DeletePolicy.parse),
-    "deleteWhen": ("delete_when", _str),
-    "dataPath": ("data_path", Path),
-    "acceptPublish": ("accept_publish", _bool),
-    "acceptSubscribe": ("accept_subscribe", _bool),
-    "stat": ("stat", _bool),
-    "retentionIgnoresConsumers": ("retention_ignores_consumers", _bool),
-    "store": ("store", _str),
-    "memoryMaxBytes": ("memory_max_bytes", _int),
-    "memoryFullPolicy": ("memory_full_policy", _str),
-}
+
+
+def _metas(cls: type) -> list[tuple[str, _Meta]]:
+    return [(f.name, f.metadata[_META]) for f in fields(cls) if _META in f.metadata]
+
+
+def _table(cls: type) -> dict[str, tuple[str, _Conv]]:
+    """ini key -> (attribute, converter) of a section."""
+    return {m.key: (attr, m.conv) for attr, m in _metas(cls)}
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every ``server.ini`` key of every section, in declaration order: the one list the
+    configuration reference is generated from."""
+    out: list[Setting] = []
+    for section, cls in SECTIONS.items():
+        defaults = {f.name: f for f in fields(cls)}
+        system = _metas(SystemConfig)
+        for attr, m in _metas(cls):
+            f = defaults[attr]
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            doc = m.doc
+            if m.inherited:
+                doc = next(s.doc for a, s in system if s.key == m.key)
+            out.append(
+                Setting(m.key, section, attr, _KINDS.get(m.conv, "string"), default, doc,
+                        m.group, m.unit, m.range, m.choices, m.metaq, m.inherited)
+            )
+    return tuple(out)
+
+
+_SYSTEM_KEYS: Final = _table(SystemConfig)
+_ZK_KEYS: Final = _table(ZookeeperConfig)
+_GROUP_KEYS: Final = _table(ProducerGroupConfig)
+_SLAVE_KEYS: Final = _table(SlaveConfig)
+_TOPIC_KEYS: Final = _table(TopicConfig)
 #: topic-level attributes inherited from [system]
-_INHERITED: Final = (
-    "num_partitions",
-    "unflush_threshold",
-    "unflush_interval_ms",
-    "delete_policy",
-    "delete_when",
-    "accept_publish",
-    "accept_subscribe",
-    "stat",
-    "retention_ignores_consumers",
-)
+_INHERITED: Final = tuple(attr for attr, m in _metas(TopicConfig) if m.inherited)
 
 SYSTEM_KEYS: Final = tuple(_SYSTEM_KEYS)
 ZOOKEEPER_KEYS: Final = tuple(_ZK_KEYS)
@@ -489,100 +789,18 @@ def _convert(
     return out
 
 
-_DAY_MS: Final = 86_400_000
-#: The largest message a broker may be configured to take (records carry an i32 length and a
-#: put is buffered whole before it is checked).
-MAX_MESSAGE_SIZE_LIMIT: Final = 256 * MIB
-#: ini key -> (lo, hi): every numeric key of every section is range-checked, key named.
-_RANGES: Final[dict[str, tuple[int, int]]] = {
-    "brokerId": (0, 1023),
-    "serverPort": (0, 65535),
-    "dashboardHttpPort": (0, 65535),
-    "numPartitions": (1, 65536),
-    "unflushThreshold": (0, 10**9),
-    "unflushInterval": (0, _DAY_MS),
-    "maxSegmentSize": (4096, 64 * GIB),
-    "maxTransferSize": (64, 256 * MIB),
-    "getProcessThreadCount": (0, 10_000),
-    "putProcessThreadCount": (0, 10_000),
-    "maxCheckpoints": (1, 1000),
-    "checkpointInterval": (1, 7 * _DAY_MS),
-    "delayCheckpointInterval": (100, _DAY_MS),
-    "delayMaxDelivered": (2, 10_000_000),
-    "maxTxTimeoutTimerCapacity": (1, 10_000_000),
-    "maxTxTimeoutInSeconds": (1, 7 * 86_400),
-    "flushTxLogAtCommit": (0, 2),
-    "halfCommitForceDelay": (0, 1000),
-    "maxMessageSize": (1, MAX_MESSAGE_SIZE_LIMIT),
-    "maxConnections": (1, 1_000_000),
-    "configWatchInterval": (0, _DAY_MS),
-    "maxTxSize": (1, 16 * GIB),
-    "txCheckBackDelay": (1, _DAY_MS),
-    "txCheckBackMaxTimes": (1, 1_000_000),
-    "txCheckBackConcurrency": (1, 10_000),
-    "syncSlaveTimeout": (1, 600_000),
-    "syncSlaveMaxFailures": (1, 1_000_000),
-    "failoverMaxLagBytes": (0, 1 << 40),
-    "failoverSlaveId": (0, 1023),
-    "httpMaxConnections": (1, 100_000),
-    "httpKeepaliveTimeout": (100, _DAY_MS),
-    "httpBodyTimeout": (100, _DAY_MS),
-    "maxPartitionsPerTopic": (1, 65536),
-    "fdReserve": (0, 1_000_000),
-    "maxConsumerGroups": (1, 10_000_000),
-    "maxIdempotentProducers": (1, 10_000_000),
-    "maxProducerIdLength": (23, 1024),
-    "producerStateMaxBytes": (64 * KIB, 64 * GIB),
-    "maxProducerIdsPerConnection": (1, 1_000_000),
-    "consumerGroupExpiry": (1000, 365 * _DAY_MS),
-    "consumerSessionTimeout": (100, _DAY_MS),
-    "metricsMaxConsumerSeries": (0, 10_000_000),
-    "authFailureLogInterval": (100, _DAY_MS),
-    "maxBatchSize": (1, (1 << 31) - 1),
-    "authTimeout": (0, _DAY_MS),
-    "frameTimeout": (0, _DAY_MS),
-    "tlsHandshakeTimeout": (100, 600_000),
-    "tlsMaxHelloSize": (4 * KIB, 16 * MIB),
-    "maxHeaderSize": (512, 64 * KIB),
-    "writeBufferSize": (64 * KIB, GIB),
-    "maxLongPollWait": (0, 3_600_000),
-    "httpMaxBodySize": (KIB, GIB),
-    "httpMaxFetchSize": (KIB, 256 * MIB),
-    "httpMaxFetchMessages": (1, 1_000_000),
-    "httpMaxProduceMessages": (1, 1_000_000),
-    "idleTimeout": (0, 30 * _DAY_MS),
-    "maxParkedGets": (1, 1_000_000),
-    "maxQueuedReplies": (16, 10_000_000),
-    "maxDelay": (1, 10 * 365 * _DAY_MS),
-    "queueLockTimeout": (100, _DAY_MS),
-    "queueMaxDeliveries": (1, 1000),
-    "queueMaxInFlight": (1, 1_000_000),
-    "queueMaxCredit": (1, 100_000),
-    "queueMaxGroups": (1, 100_000),
-    "queueMaxGroupsPerConnection": (1, 100_000),
-    "queueGroupExpiry": (0, 365 * _DAY_MS),
-    "queueMaxDeadLetters": (0, 1_000_000),
-    "queueMaxReleaseDelay": (0, 30 * _DAY_MS),
-    "queueCheckpointInterval": (100, _DAY_MS),
-    "queueRetentionHoldBytes": (0, 1 << 50),
-    "memoryMaxBytes": (4096, 1 << 40),
-    "zk.zkSessionTimeoutMs": (1, _DAY_MS),
-    "zk.zkConnectionTimeoutMs": (1, _DAY_MS),
-    "zk.zkSyncTimeMs": (1, _DAY_MS),
-    "slaveId": (0, 1023),
-    "slaveMaxDelayInMills": (1, _DAY_MS),
-}
-
-
-def _check_ranges(section: str, obj: object, table: dict[str, tuple[str, _Conv]]) -> None:
-    for key, (attr, _conv) in table.items():
-        bounds = _RANGES.get(key)
-        if bounds is None:
-            continue
+def _check_ranges(section: str, obj: object) -> None:
+    """Every numeric key within its range, every choice among its choices, key named."""
+    for attr, m in _metas(type(obj)):
         value = getattr(obj, attr)
-        lo, hi = bounds
-        if not lo <= value <= hi:
-            raise ConfigError(f"[{section}] {key}: {value} is out of range {lo}..{hi}")
+        if m.range is not None:
+            lo, hi = m.range
+            if not lo <= value <= hi:
+                raise ConfigError(f"[{section}] {m.key}: {value} is out of range {lo}..{hi}")
+        if m.choices and value not in m.choices:
+            raise ConfigError(
+                f"[{section}] {m.key}: must be {' or '.join(m.choices)}, got {value!r}"
+            )
 
 
 def _check_system(s: SystemConfig) -> None:
@@ -590,16 +808,11 @@ def _check_system(s: SystemConfig) -> None:
         if not cond:
             raise ConfigError(f"[system] {key}: {what}")
 
-    _check_ranges("system", s, _SYSTEM_KEYS)
+    _check_ranges("system", s)
     need(
         s.num_partitions <= s.max_partitions_per_topic,
         "numPartitions",
         f"{s.num_partitions} exceeds maxPartitionsPerTopic {s.max_partitions_per_topic}",
-    )
-    need(
-        s.sync_slave_failure_policy in ("refuse", "async"),
-        "syncSlaveFailurePolicy",
-        "must be refuse (stop acknowledging) or async (go on and flag it)",
     )
     need(
         not s.admin_secret or s.admin_secret != s.auth_secret,
@@ -644,7 +857,7 @@ def _check_delete_when(expr: str) -> None:
 
 def _check_topic(t: TopicConfig, max_partitions: int = 65536) -> None:
     sec = f"topic={t.name}"
-    _check_ranges(sec, t, _TOPIC_KEYS)
+    _check_ranges(sec, t)
     try:
         _check_delete_when(t.delete_when)
     except ConfigError as e:
@@ -653,12 +866,6 @@ def _check_topic(t: TopicConfig, max_partitions: int = 65536) -> None:
         raise ConfigError(
             f"[{sec}] numPartitions: {t.num_partitions} exceeds maxPartitionsPerTopic "
             f"{max_partitions}"
-        )
-    if t.store not in ("disk", "memory"):
-        raise ConfigError(f"[{sec}] store: must be disk or memory, got {t.store!r}")
-    if t.memory_full_policy not in ("drop_oldest", "refuse"):
-        raise ConfigError(
-            f"[{sec}] memoryFullPolicy: must be drop_oldest or refuse, got {t.memory_full_policy!r}"
         )
 
 
@@ -732,7 +939,7 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
     )
     _check_system(system)
     zookeeper = ZookeeperConfig(**zk_kw)
-    _check_ranges("zookeeper", zookeeper, _ZK_KEYS)
+    _check_ranges("zookeeper", zookeeper)
     topics: dict[str, TopicConfig] = {}
     for topic, kw in topic_sections:
         merged = {a: getattr(system, a) for a in _INHERITED}
@@ -744,7 +951,7 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
         topics[topic] = tc
     slave = SlaveConfig(**slave_kw) if slave_kw is not None else None
     if slave is not None:
-        _check_ranges("slave", slave, _SLAVE_KEYS)
+        _check_ranges("slave", slave)
     if (slave is not None or system.sync_slave) and not system.replication_secret:
         # without it anyone could write into a slave: replication always authenticates
         raise ConfigError(
@@ -795,30 +1002,9 @@ def describe(config: ServerConfig) -> list[tuple[str, object]]:
 
 #: ini keys whose values ``stats config`` never shows.
 SECRET_KEYS: Final = frozenset({"authSecret", "adminSecret", "replicationSecret", "secret"})
-#: notify's own ini keys ("(ext)" in the README). MetaQ's ``MetaConfig`` rejects keys it does
-#: not know, so ``stats config`` serves them commented out.
-EXTENSION_KEYS: Final = frozenset(
-    {
-        "maxMessageSize",
-        "maxConnections",
-        "authSecret",
-        "adminSecret",
-        "replicationSecret",
-        "configWatchInterval",
-        "maxTxSize",
-        "retentionIgnoresConsumers",
-        "txCheckBackDelay",
-        "txCheckBackMaxTimes",
-        "txCheckBackConcurrency",
-        "syncSlave",
-        "syncSlaveTimeout",
-        "syncSlaveFailurePolicy",
-        "syncSlaveMaxFailures",
-        "store",
-        "memoryMaxBytes",
-        "memoryFullPolicy",
-    }
-)
+#: notify's own ini keys (every setting MetaQ's ``MetaConfig`` does not know). MetaQ rejects
+#: keys it does not know, so ``stats config`` serves them commented out.
+EXTENSION_KEYS: Final = frozenset(s.key for s in settings() if not s.metaq)
 _KEY_LINE: Final = re.compile(r"([^=:\s;#\[]+)\s*[=:]")
 EXTENSION_MARK: Final = "; notify: "
 

@@ -32,6 +32,7 @@ LAZY_COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "broker": ("notify.cli_broker", "broker"),
     "db": ("notify.cli_db", "db"),
     "demo": ("notify.cli_demo", "demo"),
+    "docs": ("notify.cli_docs", "docs"),
     "dlq": ("notify.cli_admin", "dlq"),
     "offsets": ("notify.cli_db", "offsets"),
     "queue": ("notify.cli_queue", "queue"),

@@ -3,9 +3,9 @@
 # Debian 12 machine with python3 (and python3-venv).
 #
 #   bash scripts/setup.sh          # everything the test suite needs: notify with its dev
-#                                  # tools, the real servers the tests start (ZooKeeper,
-#                                  # MariaDB, PostgreSQL), Chromium for the dashboard test
-#                                  # and PySpark for the audit job
+#                                  # and docs tools (mkdocs), the real servers the tests
+#                                  # start (ZooKeeper, MariaDB, PostgreSQL), Chromium for the
+#                                  # dashboard and docs tests and PySpark for the audit job
 #   bash scripts/setup.sh --demo   # only what `notify demo` needs: notify and its runtime
 #                                  # dependencies (no dev tools, no servers, no browser)
 #
@@ -56,7 +56,7 @@ if [ "$mode" = demo ]; then
   exit 0
 fi
 if ! grep -qx "$stamp_key" .venv/.notify-full 2>/dev/null; then
-  install -e ".[dev]"
+  install -e ".[dev,docs]"
   echo "$stamp_key" > .venv/.notify-full
 fi
 # the client's hot loops compiled with mypyc (scripts/build_native.py: skipped when the

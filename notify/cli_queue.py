@@ -22,13 +22,12 @@ from rich.console import Console
 from rich.table import Table
 
 from notify.admin import request
-from notify.cli_options import Security, security_options
+from notify.cli_options import Security, security_options, server_option
 from notify.errors import NotifyError
 from notify.protocol.frames import encode_qdel, encode_qdlq, parse_dead_letters
 
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
-DEFAULT_SERVER: Final = "127.0.0.1:8123"
 
 
 def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
@@ -47,8 +46,7 @@ def dlq() -> None:
     returned queueMaxDeliveries times)."""
 
 
-_SERVER = click.option("-s", "--server", default=DEFAULT_SERVER, show_default=True,
-                       help="the broker's wire address")
+_SERVER = server_option  # -s/--server, env NOTIFY_SERVER, like every wire command
 _JSON = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 
 

@@ -260,3 +260,70 @@ def rst_to_markdown(text: str) -> str:
         out.append(line)
         i += 1
     return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- benchmarks
+
+#: ``<!-- bench-table: AREA -->`` in a page: the area's latest runs, from the CSV files.
+BENCH_MARK: Final = re.compile(r"<!--\s*bench-table:\s*([\w-]+)\s*-->")
+MACHINE: Final = (
+    "2 vCPU AMD EPYC VM, 24 GiB, ext4 on a virtual disk, Debian 12, Python 3.11.7 + uvloop; "
+    "the load generators share the two cores with the servers"
+)
+
+
+def _number(text: str) -> str:
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    if value == int(value) and abs(value) >= 1000:
+        return f"{int(value):,}"
+    return text
+
+
+def _merge_ranges(header: list[str], row: dict[str, str]) -> list[tuple[str, str]]:
+    """Columns ``X_low``/``X_high`` (or ``low``/``high``) as one ``X`` cell ``low-high``."""
+    out: list[tuple[str, str]] = []
+    for col in header:
+        if col.endswith("high") and (col[:-4] + "low") in header:
+            continue
+        if col.endswith("low") and (col[:-3] + "high") in header:
+            name = col[:-3].rstrip("_") or "value"
+            lo, hi = row[col], row[col[:-3] + "high"]
+            cell = _number(lo) if lo == hi or not hi else f"{_number(lo)}-{_number(hi)}"
+            out.append((name, cell))
+        else:
+            out.append((col, _number(row[col])))
+    return out
+
+
+def bench_tables(area: str, runs: list[dict[str, str]], data: list[dict[str, str]]) -> str:
+    """The latest runs of ``area`` (every run of its newest date) as Markdown tables, each
+    under a line with its date, commit, load and the command that made it."""
+    mine = [r for r in runs if r["area"] == area]
+    if not mine:
+        raise ValueError(f"no benchmark runs for area {area!r}")
+    newest = max(r["date"] for r in mine)
+    out: list[str] = []
+    for run in (r for r in mine if r["date"] == newest):
+        rows = [d for d in data if d["run"] == run["run"]]
+        if not rows:
+            raise ValueError(f"benchmark run {run['run']!r} has no data")
+        when = " ".join(x for x in (run["date"], run["time_utc"] and run["time_utc"] + " UTC"))
+        facts = [when.strip()]
+        if run["commit"]:
+            facts.append(f"commit `{run['commit']}`")
+        if run["load"]:
+            facts.append(f"load average {run['load']}")
+        note = run["note"][:1].upper() + run["note"][1:]
+        out += [f"*{', '.join(facts)}*: `{run['command']}`" + (f". {note}." if note else ""), ""]
+        header = [c for c in rows[0] if c != "run"]
+        cells = [_merge_ranges(header, r) for r in rows]
+        names = [n for n, _ in cells[0]]
+        out.append("| " + " | ".join(n.replace("_", " ") for n in names) + " |")
+        out.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(names))) + "|")
+        for row in cells:
+            out.append("| " + " | ".join(_cell(v) for _, v in row) + " |")
+        out.append("")
+    return "\n".join(out)

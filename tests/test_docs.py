@@ -374,3 +374,22 @@ def test_browser_renders_the_site(
     assert f'class="{code} highlight"' in dom, f"no highlighted {code} block"
     assert "js-focus-visible" in dom, "the theme's scripts did not run"
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_benchmark_data_is_whole() -> None:
+    """Every result row names a run of runs.csv, every run has results in its area's file,
+    and every plot the page shows exists (bench/docs_plots.py draws them from the data)."""
+    import csv
+
+    data = DOCS / "benchmarks" / "data"
+    with (data / "runs.csv").open(newline="") as f:
+        runs = {r["run"]: r for r in csv.DictReader(f)}
+    areas = {r["area"] for r in runs.values()}
+    for area in areas:
+        with (data / f"{area}.csv").open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert {r["run"] for r in rows} == {k for k, r in runs.items() if r["area"] == area}
+    page = (DOCS / "benchmarks" / "index.md").read_text()
+    assert {m for m in re.findall(r"bench-table:\s*([\w-]+)", page)} == areas
+    for img in re.findall(r"\]\((img/[^)]+)\)", page):
+        assert (DOCS / "benchmarks" / img).is_file(), img

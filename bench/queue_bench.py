@@ -3,7 +3,7 @@
     .venv/bin/python bench/queue_bench.py [--messages 100000] [--consumers 1,4,16,32]
         [--slow-messages 4000] [--lock-ms 1000] [--no-rabbit]
 
-Prints one table (issue 19), three parts:
+Prints one table, three parts:
 
 * ``slow1ms``: each consumer handles one message at a time and takes 1 ms per message (an
   ``async def`` listener that awaits 1 ms under a per-consumer lock; credit 8 hides the

@@ -1,4 +1,4 @@
-"""Issue 16's targets in one run: every shape measured, one table (shape, measured, target,
+"""The targets in one run: every shape measured, one table (shape, measured, target,
 met), the raw limits and the peers of the same run beside them.
 
     .venv/bin/python bench/targets.py             # ~3 minutes (2.6 on 2026-11-23, loaded)
@@ -554,7 +554,7 @@ def print_markdown(rows: list[Target], header: str) -> None:
 
 
 def print_table(rows: list[Target], header: str) -> None:
-    t = Table(title="issue 16 targets, one run", caption=header)
+    t = Table(title="targets, one run", caption=header)
     for col, just in (
         ("shape", "left"),
         ("measured", "right"),

@@ -1,4 +1,4 @@
-"""Local-transaction throughput through the client API (issue #4).
+"""Local-transaction throughput through the client API.
 
     .venv/bin/python bench/tx_client_bench.py [--quick] [--seconds S] [--dir DIR] [--compare]
 

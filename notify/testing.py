@@ -33,13 +33,13 @@ def render_ini(
     ``[topic=NAME]`` keys. ``zookeeper``: ``[zookeeper]`` keys, ``zk.`` prefix optional
     (``{"zkEnable": True, "zkConnect": "127.0.0.1:2181", "zkRoot": "/meta"}``)."""
     lines = ["[system]", f"dataPath={data_dir}", f"serverPort={port}", "hostName=127.0.0.1"]
-    # dashboardHttpPort=0: no HTTP server unless a test asks for one (notify.http, issue #9)
+    # dashboardHttpPort=0: no HTTP server unless a test asks for one (notify.http)
     sysvals = {"configWatchInterval": 0, "dashboardHttpPort": 0, **(system or {})}
     lines += [f"{k}={v}" for k, v in sysvals.items()]
     if slave is not None:
         lines.append("[slave]")
         lines += [f"{k}={v}" for k, v in slave.items()]
-    if zookeeper is not None:  # configserver (issue #7)
+    if zookeeper is not None:  # configserver
         lines.append("[zookeeper]")
         for k, v in zookeeper.items():
             key = k if k.startswith("zk.") else f"zk.{k}"
@@ -77,7 +77,7 @@ class BrokerProcess:
         self.log_level = log_level
         self.env = dict(env or {})
         self.slave = slave
-        self.zookeeper = zookeeper  # [zookeeper] keys (configserver, issue #7)
+        self.zookeeper = zookeeper  # [zookeeper] keys (configserver)
         self.config_path = self.workdir / "server.ini"
         self.log_path = self.workdir / "broker.log"
         self.host = "127.0.0.1"

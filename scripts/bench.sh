@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
 quick=""
 for a in "$@"; do [ "$a" = "--quick" ] && quick="--quick"; done
-echo "== issue 16 targets: every shape, one table"; .venv/bin/python bench/targets.py $quick
+echo "== targets: every shape, one table"; .venv/bin/python bench/targets.py $quick
 echo "== broker: put/get throughput against raw limits"; .venv/bin/python bench/broker_bench.py $quick
 echo "== broker transactions per flushTxLogAtCommit"; .venv/bin/python bench/tx_bench.py $quick
 echo "== txlog library"; .venv/bin/python bench/txlog_bench.py

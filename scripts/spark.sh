@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PySpark for `notify audit` (issue #10) and its tests.
+# PySpark for `notify audit` and its tests.
 #
 #   bash scripts/spark.sh install   # idempotent: pip installs pyspark>=4.0 and pyarrow into .venv
 #   bash scripts/spark.sh check     # print what is there, exit 1 when something is missing

@@ -12,7 +12,7 @@ Every import counts: module level, inside functions, under ``if TYPE_CHECKING``.
     :data:`LAZY_ALLOWED`.
 
 :data:`KNOWN_BROKER_OFFENDERS` lists what still fails in ``notify.broker`` while its rebuild
-(issue 15) is under way; the rebuild removes entries, nothing else may be added.
+is under way; the rebuild removes entries, nothing else may be added.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ LAZY_ALLOWED: Final = {
     ("notify.client._loopthread", "uvloop"),
 }
 
-#: Known offenders inside notify.broker, removed by the broker rebuild (issue 15): the
+#: Known offenders inside notify.broker, removed by the broker rebuild: the
 #: cycle broker/{service, connection, transactions, delay} <-> replication/sync_master and
 #: the broker's function-level imports. Entries are ("cycle", sorted members) or
 #: ("lazy", module, imported name). Delete an entry once it is fixed.

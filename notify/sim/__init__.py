@@ -1,4 +1,4 @@
-"""Deterministic simulation: a simulated disk, clock and scheduler (issue 15).
+"""Deterministic simulation: a simulated disk, clock and scheduler.
 
 * :mod:`notify.sim.disk`      :class:`~notify.sim.disk.SimFileSystem`, an in-memory
   :class:`~notify.fs.FileSystem` that keeps only what was fsynced across a crash;

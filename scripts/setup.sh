@@ -62,7 +62,7 @@ fi
 # the client's hot loops compiled with mypyc (scripts/build_native.py: skipped when the
 # build matches notify/protocol/hotpath.py; on failure notify runs the same code interpreted)
 .venv/bin/python scripts/build_native.py || echo "setup.sh: native build failed: pure Python" >&2
-for helper in services browser spark; do
+for helper in services browser spark docs; do
   if [ -f "scripts/$helper.sh" ]; then
     bash "scripts/$helper.sh" install
   fi

@@ -43,6 +43,7 @@ from tests.services_conftest import running
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
+MERMAID_JS = DOCS / "assets" / "javascripts" / "mermaid.min.js"
 VENV_BIN = Path(sys.executable).parent
 TOPICS = {"demo": 4, "orders": 2, "audit": 1, "jobs": 2}  # conf/server.ini's sample topics
 BLOCK_TIMEOUT_S = 120
@@ -374,6 +375,30 @@ def test_browser_renders_the_site(
     assert f'class="{code} highlight"' in dom, f"no highlighted {code} block"
     assert "js-focus-visible" in dom, "the theme's scripts did not run"
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+
+def test_browser_draws_every_diagram(site: Path, site_url: str, tmp_path: Path) -> None:
+    """Every Mermaid diagram of the site is drawn (the theme swaps each ``<pre class=
+    "mermaid">`` for a drawn ``<div class="mermaid">``; one with a syntax error stays a
+    ``<pre>``), with Mermaid served by the site itself (``scripts/docs.sh install``)."""
+    if BROWSER is None or not MERMAID_JS.is_file():
+        msg = "chromium or Mermaid missing (bash scripts/browser.sh install; scripts/docs.sh)"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    pages = {
+        p: html.count('<pre class="mermaid">')
+        for p in site.rglob("index.html")
+        if (html := p.read_text()).count('<pre class="mermaid">')
+    }
+    assert len(pages) >= 4 and sum(pages.values()) >= 7
+    for page, built in pages.items():
+        rel = page.parent.relative_to(site).as_posix()
+        url = f"{site_url}/" + ("" if rel == "." else f"{rel}/")
+        run = chromium(BROWSER, tmp_path, url, "--dump-dom")
+        drawn = run.stdout.decode().count('<div class="mermaid">')
+        assert drawn == built, f"{page.relative_to(site)}: {drawn} of {built} diagrams drawn"
 
 
 def test_benchmark_data_is_whole() -> None:

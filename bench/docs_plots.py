@@ -44,6 +44,24 @@ def label(run: Row) -> str:
     return "\n".join(parts)
 
 
+def finish(fig: plt.Figure, ax: Axes, name: str, title: str, xlabel: str = "",
+           ylabel: str = "") -> Path:
+    """Label, title and legend, then :func:`save`."""
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return save(fig, name)
+
+
+def log2_ticks(ax: Axes, xs: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) for x in xs])
+
+
 def save(fig: plt.Figure, name: str) -> Path:
     IMG.mkdir(parents=True, exist_ok=True)
     path = IMG / name
@@ -84,12 +102,11 @@ def audit() -> Path:
         ax.bar([x + (i - 1) * width for x in xs], vals, width, label=title)
     ax.set_xticks(list(xs))
     ax.set_xticklabels([label(meta[r["run"]]) for r in data], fontsize=8)
-    ax.set_ylabel("seconds (lower is better)")
-    ax.set_title("Spark audit of 1,000,000 transactions (8.2M rows, 1.08 GB), local[2]")
     ax.axhline(90, color="grey", linestyle=":", linewidth=1)
     ax.text(len(data) - 0.5, 92, "90 s", color="grey", ha="right", fontsize=8)
-    ax.legend(fontsize=8)
-    return save(fig, "audit-history.png")
+    return finish(fig, ax, "audit-history.png",
+                  "Spark audit of 1,000,000 transactions (8.2M rows, 1.08 GB), local[2]",
+                  ylabel="seconds (lower is better)")
 
 
 def queues() -> Path:
@@ -100,15 +117,11 @@ def queues() -> Path:
                        ("client", "client per-message listener"),
                        ("slow1ms", "per-message, 1 ms of work each")):
         ax.plot(consumers, [float(r[col]) for r in data], marker="o", label=title)
-    ax.set_xscale("log", base=2)
+    log2_ticks(ax, consumers)
     ax.set_yscale("log")
-    ax.set_xticks(consumers)
-    ax.set_xticklabels([str(c) for c in consumers])
-    ax.set_xlabel("consumers")
-    ax.set_ylabel("messages/s delivered and accepted (log)")
-    ax.set_title("Queue group, 100 B messages, 4 partitions, accepts fsynced (loaded machine)")
-    ax.legend(fontsize=8)
-    return save(fig, "queues.png")
+    return finish(fig, ax, "queues.png",
+                  "Queue group, 100 B messages, 4 partitions, accepts fsynced (loaded machine)",
+                  "consumers", "messages/s delivered and accepted (log)")
 
 
 def partitions() -> Path:
@@ -122,14 +135,9 @@ def partitions() -> Path:
         err = [[m - a for m, a in zip(mid, lo, strict=True)],
                [b - m for m, b in zip(mid, hi, strict=True)]]
         ax.errorbar(parts, mid, yerr=err, marker="o", capsize=4, label=title)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(parts)
-    ax.set_xticklabels([str(p) for p in parts])
-    ax.set_xlabel("partitions of the topic")
-    ax.set_ylabel("messages/s")
-    ax.set_title("One broker, 200k x 100 B round robin")
-    ax.legend(fontsize=8)
-    return save(fig, "partitions.png")
+    log2_ticks(ax, parts)
+    return finish(fig, ax, "partitions.png", "One broker, 200k x 100 B round robin",
+                  "partitions of the topic", "messages/s")
 
 
 def before_after(name: str, png: str, title: str) -> Path:
@@ -165,10 +173,9 @@ def broker() -> Path:
     ax.set_yticklabels(names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlabel("messages/s (log)")
-    ax.set_title("Broker throughput through the wire protocol, 100 B unless noted")
-    ax.legend(fontsize=8)
-    return save(fig, "broker.png")
+    return finish(fig, ax, "broker.png",
+                  "Broker throughput through the wire protocol, 100 B unless noted",
+                  "messages/s (log)")
 
 
 def failover() -> Path:
@@ -180,10 +187,9 @@ def failover() -> Path:
     ax.bar([x + 0.2 for x in xs], [float(r["p99_s"]) for r in data], 0.4, label="p99")
     ax.set_xticks(list(xs))
     ax.set_xticklabels(seeds, fontsize=8)
-    ax.set_ylabel("seconds from kill -9 to the next ack")
-    ax.set_title("Automatic failover, 2 s ZooKeeper sessions (0 acknowledged writes lost)")
-    ax.legend(fontsize=8)
-    return save(fig, "failover.png")
+    return finish(fig, ax, "failover.png",
+                  "Automatic failover, 2 s ZooKeeper sessions (0 acknowledged writes lost)",
+                  ylabel="seconds from kill -9 to the next ack")
 
 
 PLOTS: dict[str, Callable[[], Path]] = {

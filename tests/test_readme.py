@@ -23,11 +23,11 @@ import pytest
 
 from notify.client import ConsumerConfig, connect
 from notify.testing import BrokerProcess
-from tests.services import PostgresServer, ZooKeeperServer, fresh_database
+from tests.docs.harness import example_broker
+from tests.services import PostgresServer, fresh_database
 from tests.services_conftest import running
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-TOPICS = {"demo": 4, "orders": 2, "audit": 1, "jobs": 2}  # conf/server.ini's sample topics
 BLOCK_TIMEOUT_S = 120
 
 
@@ -180,21 +180,9 @@ def _env(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Env:
-    zk_conf = None
-    zk_url = None
-    if block_needs_zk:
-        zk: ZooKeeperServer = running(request.getfixturevalue("zookeeper"))
-        root: str = request.getfixturevalue("zk_root")
-        zk_url = f"{zk.connect}{root}"
-        zk_conf = {"zkEnable": True, "zkConnect": zk.connect, "zkRoot": root}
-    broker = BrokerProcess(
-        tmp_path / "broker",
-        topics=TOPICS,
-        system={"txCheckBackDelay": 500},
-        zookeeper=zk_conf,
+    broker, zk_url = example_broker(
+        tmp_path, request, zookeeper=block_needs_zk, system={"txCheckBackDelay": 500}
     )
-    request.addfinalizer(broker.stop)
-    broker.start()
     env = Env(broker, zk=zk_url)
     if block_needs_pg:
         pg: PostgresServer = running(request.getfixturevalue("postgres"))

@@ -29,14 +29,13 @@ import pytest
 from notify.config import parse_config
 from notify.testing import BrokerProcess
 from tests.conftest import IN_CI
-from tests.services import MariaDBServer, PostgresServer, ZooKeeperServer
-from tests.services_conftest import running
+from tests.docs.harness import example_broker
+from tests.services import MariaDBServer, PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 MERMAID_JS = DOCS / "assets" / "javascripts" / "mermaid.min.js"
 VENV_BIN = Path(sys.executable).parent
-TOPICS = {"demo": 4, "orders": 2, "audit": 1, "jobs": 2}  # conf/server.ini's sample topics
 BLOCK_TIMEOUT_S = 120
 RUNNABLE = ("python", "bash")
 FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
@@ -237,20 +236,12 @@ def test_page_blocks_run(
         dev_db.need("postgres")
     if re.search(r"mysql\+pymysql://app@|dev-db\.sh mariadb", text):
         dev_db.need("mariadb")
-    zk_url = zk_conf = None
-    if "2181" in text:
-        zk: ZooKeeperServer = running(request.getfixturevalue("zookeeper"))
-        root: str = request.getfixturevalue("zk_root")
-        zk_url = f"{zk.connect}{root}"
-        zk_conf = {"zkEnable": True, "zkConnect": zk.connect, "zkRoot": root}
-    broker = BrokerProcess(
-        tmp_path / "broker",
-        topics=TOPICS,
+    broker, zk_url = example_broker(
+        tmp_path,
+        request,
+        zookeeper="2181" in text,
         system={"txCheckBackDelay": 500, "dashboardHttpPort": free_port()},
-        zookeeper=zk_conf,
     )
-    request.addfinalizer(broker.stop)
-    broker.start()
     env = PageEnv(broker, dev_db, zk_url)
     work = tmp_path / "work"
     work.mkdir()

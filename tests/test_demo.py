@@ -33,12 +33,12 @@ def test_demo_runs_within_a_minute(tmp_path: Path) -> None:
 
 
 def test_demo_script_sets_up_only_the_demo() -> None:
-    """demo.sh asks setup.sh for the demo's needs only; the servers, the browser and Spark
-    are installed by the full setup (the test command's)."""
+    """demo.sh asks setup.sh for the demo's needs only; the servers, the browser, Spark and
+    the docs tools are installed by the full setup (the test command's)."""
     demo = (ROOT / "scripts" / "demo.sh").read_text()
     assert "scripts/setup.sh --demo" in demo
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     demo_part, full_part = setup.split('if [ "$mode" = demo ]; then', 1)[1].split("exit 0", 1)
-    assert "services" not in demo_part and "spark" not in demo_part and "[dev]" not in demo_part
-    assert "services browser spark" in full_part and ".[dev]" in full_part
+    assert "services" not in demo_part and "spark" not in demo_part and "[dev" not in demo_part
+    assert "services browser spark docs" in full_part and ".[dev,docs]" in full_part
     assert "bash scripts/setup.sh\n" in (ROOT / "scripts" / "test.sh").read_text()

@@ -1,4 +1,4 @@
-"""Spark audit of committed transactions (issue #10): ``notify audit`` and a library.
+"""Spark audit of committed transactions: ``notify audit`` and a library.
 
 Needs the optional ``audit`` extra (``pyspark>=4.0``, ``pyarrow``) and Java 17; nothing here
 imports Spark until it is used, so ``notify`` itself runs without them::
@@ -10,8 +10,12 @@ imports Spark until it is used, so ``notify`` itself runs without them::
 
 Modules: :mod:`~notify.audit.formats` (file readers, no Spark), :mod:`~notify.audit.sources`
 (the ``notify-log`` / ``notify-txlog`` Python data sources), :mod:`~notify.audit.checks`
-(the checks), :mod:`~notify.audit.coordinator` (XA decision log), :mod:`~notify.audit.report`
-(Parquet, JSON, HTML), :mod:`~notify.audit.cli` (the click command).
+(the audit, stage by stage: inputs and counting passes), :mod:`~notify.audit.transactions`
+(transaction incarnations), :mod:`~notify.audit.matching` (expected messages against the
+partitions), :mod:`~notify.audit.findings` (one builder per check), :mod:`~notify.audit.carry`
+and :mod:`~notify.audit.state` (incremental runs), :mod:`~notify.audit.coordinator` (XA
+decision log), :mod:`~notify.audit.report` (Parquet, JSON, HTML), :mod:`~notify.audit.cli`
+(the click command).
 """
 
 from __future__ import annotations

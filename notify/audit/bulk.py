@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -231,58 +231,94 @@ def _walk_list(
     )
 
 
-def _decode(
-    b: _Buf, frames: I64, base: int, f: TxlogFile, fallback: set[int]
-) -> tuple[Any, set[int]]:
-    """The batch of the frames starting at ``frames`` (in ``b``) but those in ``fallback``,
-    and the frames to decode record at a time (other kinds, bodies that do not decode)."""
-    n = len(frames)
-    length = b.get(frames + _FRAME_F[0][0], _FRAME_F[0][1])
-    crc = b.get(frames + _FRAME_F[1][0], _FRAME_F[1][1])
-    body = frames + _FRAME_SIZE
-    end = body + length
-    rtype = b.u8[np.minimum(body, len(b.u8) - 1)].astype(np.int64)
-    ok = np.isin(rtype, _VECTOR_KINDS) & (body + 1 + _STR_LEN <= end)
-    if fallback:
-        ok[np.fromiter(fallback, np.int64)] = False
-    klen = b.get(body + 1, _U16)
-    kstart = body + 1 + _STR_LEN
-    p1 = kstart + klen
-    ok &= p1 <= end
+class _Frames:
+    """The frames of one chunk (``frames``: their starts in ``b``): header fields, kind, the
+    key and the end of each body. ``ok`` marks the rows still decoded here; a step that
+    finds a body it cannot read clears its row (decoded record at a time instead)."""
 
-    # per row columns (values, valid); defaults null
-    time_ms = np.zeros(n, np.int64)
-    time_v = np.zeros(n, np.bool_)
-    topic_s = np.zeros(n, np.int64)
-    topic_l = np.zeros(n, np.int64)
-    topic_v = np.zeros(n, np.bool_)
-    part = np.zeros(n, np.int64)
-    offset = np.zeros(n, np.int64)
-    offset_v = np.zeros(n, np.bool_)
-    msg_count = np.zeros(n, np.int64)
-    mc_v = np.zeros(n, np.bool_)
-    timeout = np.zeros(n, np.int64)
-    group_s = np.zeros(n, np.int64)
-    group_l = np.zeros(n, np.int64)
-    reason_s = np.zeros(n, np.int64)
-    reason_l = np.zeros(n, np.int64)
-    errors: dict[int, str] = {}
+    def __init__(self, b: _Buf, frames: I64, fallback: set[int]):
+        self.n = len(frames)
+        self.length = b.get(frames + _FRAME_F[0][0], _FRAME_F[0][1])
+        self.crc = b.get(frames + _FRAME_F[1][0], _FRAME_F[1][1])
+        body = frames + _FRAME_SIZE
+        self.end = body + self.length
+        self.rtype: I64 = b.u8[np.minimum(body, len(b.u8) - 1)].astype(np.int64)
+        ok = np.isin(self.rtype, _VECTOR_KINDS) & (body + 1 + _STR_LEN <= self.end)
+        if fallback:
+            ok[np.fromiter(fallback, np.int64)] = False
+        self.klen = b.get(body + 1, _U16)
+        self.kstart = body + 1 + _STR_LEN
+        self.p1 = self.kstart + self.klen  # the body after the key
+        ok &= self.p1 <= self.end
+        self.ok: Mask = ok
 
-    def rows_of(kind: int) -> I64:
-        return np.flatnonzero(ok & (rtype == kind))
+    def rows_of(self, kind: int) -> I64:
+        """The rows of ``kind`` still decoded here."""
+        return np.flatnonzero(self.ok & (self.rtype == kind))
 
-    # APPEND_MSG: topic, partition, count, then whole records to the end of the frame
-    a = rows_of(lr.APPEND_MSG)
-    pa1, ea = p1[a], end[a]
+    def keep(self, rows: I64, good: Mask) -> I64:
+        """Drop the ``rows`` not ``good`` (a bound check failed); the good ones."""
+        self.ok[rows[~good]] = False
+        return rows[good]
+
+
+class _Columns:
+    """The per-row columns of a chunk's rows (values and validity; null by default), and
+    the error of a row that decoded with one (an APPEND_MSG whose count is off)."""
+
+    def __init__(self, n: int):
+        def z() -> I64:
+            return np.zeros(n, np.int64)
+
+        def f() -> Mask:
+            return np.zeros(n, np.bool_)
+
+        self.time_ms, self.time_v = z(), f()
+        self.topic_s, self.topic_l, self.topic_v = z(), z(), f()
+        self.part, self.offset, self.offset_v = z(), z(), f()
+        self.msg_count, self.mc_v = z(), f()
+        self.timeout, self.group_s, self.group_l = z(), z(), z()
+        self.reason_s, self.reason_l = z(), z()
+        self.errors: dict[int, str] = {}
+
+
+class _Messages(NamedTuple):
+    """The records of the APPEND_MSG rows ``rows``: ``got`` whole ones each, their ids,
+    checksums and sizes in row order, and per chunk row how many (``counts``)."""
+
+    rows: I64
+    got: I64
+    ids: I64
+    crcs: I64
+    sizes: I64
+    counts: I64
+
+
+class _Elements(NamedTuple):
+    """The list elements (hints, placements) of some rows: per element its row, topic
+    (start, length) and fixed fields (``values``), and per chunk row how many."""
+
+    row: I64
+    topic_s: I64
+    topic_l: I64
+    values: list[I64]
+    counts: I64
+
+
+def _append_msgs(b: _Buf, fr: _Frames, cols: _Columns) -> _Messages:
+    """APPEND_MSG: topic, partition, count, then whole records to the end of the frame (the
+    walk advances one pointer per row together)."""
+    a = fr.rows_of(lr.APPEND_MSG)
+    pa1, ea = fr.p1[a], fr.end[a]
     tl = b.get(pa1, _U16)
     p2 = pa1 + _STR_LEN + tl
     good = (pa1 + _STR_LEN <= ea) & (p2 + formats._II.size <= ea)
-    ok[a[~good]] = False
-    a, pa1, ea, tl, p2 = a[good], pa1[good], ea[good], tl[good], p2[good]
-    topic_s[a], topic_l[a], topic_v[a] = pa1 + _STR_LEN, tl, True
-    part[a] = b.get(p2 + _PART_COUNT_F[0][0], _PART_COUNT_F[0][1])
+    a = fr.keep(a, good)
+    pa1, ea, tl, p2 = pa1[good], ea[good], tl[good], p2[good]
+    cols.topic_s[a], cols.topic_l[a], cols.topic_v[a] = pa1 + _STR_LEN, tl, True
+    cols.part[a] = b.get(p2 + _PART_COUNT_F[0][0], _PART_COUNT_F[0][1])
     count = b.get(p2 + _PART_COUNT_F[1][0], _PART_COUNT_F[1][1])
-    msg_count[a], mc_v[a] = count, True
+    cols.msg_count[a], cols.mc_v[a] = count, True
     cur = p2 + formats._II.size
     m_r: list[I64] = []
     m_at: list[I64] = []
@@ -313,105 +349,162 @@ def _decode(
     first = np.zeros(len(a) + 1, np.int64)
     np.cumsum(got, out=first[1:])
     has = got > 0
-    time_ms[a[has]] = (ids[first[:-1][has]] >> _ID_SHIFT) + EPOCH_MS
-    time_v[a[has]] = True
+    cols.time_ms[a[has]] = (ids[first[:-1][has]] >> _ID_SHIFT) + EPOCH_MS
+    cols.time_v[a[has]] = True
     for i in np.flatnonzero((got != count) | (cur != ea)):
-        errors[int(a[i])] = (
+        cols.errors[int(a[i])] = (
             f"APPEND_MSG says {int(count[i])} records but holds {int(got[i])} whole ones"
         )
-    m_counts = np.zeros(n, np.int64)
-    m_counts[a] = got
+    counts = np.zeros(fr.n, np.int64)
+    counts[a] = got
+    return _Messages(a, got, ids, mcrc, m_size, counts)
 
-    # COMMIT: decided at, n hints
-    c_rows = rows_of(lr.COMMIT)
-    pcm, ec = p1[c_rows], end[c_rows]
-    good = pcm + formats._I64_U16.size <= ec
-    ok[c_rows[~good]] = False
-    c_rows, pcm, ec = c_rows[good], pcm[good], ec[good]
-    time_ms[c_rows] = b.get(pcm + _AT_K_F[0][0], _AT_K_F[0][1])
-    time_v[c_rows] = True
+
+def _elements(
+    b: _Buf, fr: _Frames, rows: I64, cur: I64, k: I64, fields: list[tuple[int, str]], size: int
+) -> _Elements:
+    """The ``k`` elements ``(topic, <size> fixed bytes)`` of each of ``rows`` from ``cur``
+    (rows whose list breaks are dropped); ``fields`` read from the fixed part."""
+    el_r, el_s, el_l, el_f, broken = _walk_list(b, rows, cur, k, fr.end[rows], size)
+    fr.ok[rows[broken]] = False
+    values = [b.get(el_f + off, dtype) for off, dtype in fields]
+    row = rows[el_r]
+    counts = np.zeros(fr.n, np.int64)
+    np.add.at(counts, row, 1)
+    return _Elements(row, el_s, el_l, values, counts)
+
+
+def _commits(b: _Buf, fr: _Frames, cols: _Columns) -> _Elements:
+    """COMMIT: decided at, then n hints ``(topic, partition, hint)``."""
+    c_rows = fr.rows_of(lr.COMMIT)
+    pcm = fr.p1[c_rows]
+    good = pcm + formats._I64_U16.size <= fr.end[c_rows]
+    c_rows, pcm = fr.keep(c_rows, good), pcm[good]
+    cols.time_ms[c_rows] = b.get(pcm + _AT_K_F[0][0], _AT_K_F[0][1])
+    cols.time_v[c_rows] = True
     k = b.get(pcm + _AT_K_F[1][0], _AT_K_F[1][1])
-    h_r, h_s, h_l, h_f, h_broken = _walk_list(
-        b, c_rows, pcm + formats._I64_U16.size, k, ec, formats._HINT.size
-    )
-    ok[c_rows[h_broken]] = False
-    h_part = b.get(h_f + _HINT_F[0][0], _HINT_F[0][1])
-    h_hint = b.get(h_f + _HINT_F[1][0], _HINT_F[1][1])
-    h_row = c_rows[h_r]
-    h_counts = np.zeros(n, np.int64)
-    np.add.at(h_counts, h_row, 1)
+    start = pcm + formats._I64_U16.size
+    return _elements(b, fr, c_rows, start, k, _HINT_F, formats._HINT.size)
 
-    # APPLIED: n placements
-    p_rows = rows_of(lr.APPLIED)
-    pp, ep = p1[p_rows], end[p_rows]
-    good = pp + _STR_LEN <= ep
-    ok[p_rows[~good]] = False
-    p_rows, pp, ep = p_rows[good], pp[good], ep[good]
+
+def _placements(b: _Buf, fr: _Frames, cols: _Columns) -> _Elements:
+    """APPLIED: n placements ``(topic, partition, offset, count, bytes)``; the row's
+    ``msg_count`` is the sum of their counts."""
+    p_rows = fr.rows_of(lr.APPLIED)
+    pp = fr.p1[p_rows]
+    good = pp + _STR_LEN <= fr.end[p_rows]
+    p_rows, pp = fr.keep(p_rows, good), pp[good]
     k = b.get(pp, _U16)
-    pl_r, pl_s, pl_l, pl_f, pl_broken = _walk_list(
-        b, p_rows, pp + _STR_LEN, k, ep, formats._PLACE.size
-    )
-    ok[p_rows[pl_broken]] = False
-    pl_part = b.get(pl_f + _PLACE_F[0][0], _PLACE_F[0][1])
-    pl_off = b.get(pl_f + _PLACE_F[1][0], _PLACE_F[1][1])
-    pl_cnt = b.get(pl_f + _PLACE_F[2][0], _PLACE_F[2][1])
-    pl_bytes = b.get(pl_f + _PLACE_F[3][0], _PLACE_F[3][1])
-    pl_row = p_rows[pl_r]
-    pl_counts = np.zeros(n, np.int64)
-    np.add.at(pl_counts, pl_row, 1)
-    totals = np.zeros(n, np.int64)
-    np.add.at(totals, pl_row, pl_cnt)
-    msg_count[p_rows] = totals[p_rows]
-    mc_v[p_rows] = True
-    # one hint / placement: its topic, partition and offset on the row itself
-    for counts_k, el_row, el_s, el_l, el_part, el_off in (
-        (h_counts, h_row, h_s, h_l, h_part, h_hint),
-        (pl_counts, pl_row, pl_s, pl_l, pl_part, pl_off),
-    ):
-        single = np.flatnonzero(counts_k[el_row] == 1)
-        r1 = el_row[single]
-        topic_s[r1], topic_l[r1], topic_v[r1] = el_s[single], el_l[single], True
-        part[r1], offset[r1], offset_v[r1] = el_part[single], el_off[single], True
+    pl = _elements(b, fr, p_rows, pp + _STR_LEN, k, _PLACE_F, formats._PLACE.size)
+    totals = np.zeros(fr.n, np.int64)
+    np.add.at(totals, pl.row, pl.values[2])
+    cols.msg_count[p_rows] = totals[p_rows]
+    cols.mc_v[p_rows] = True
+    return pl
 
-    # PREPARE: at, timeout, group
-    q = rows_of(lr.PREPARE)
-    pq, eq = p1[q], end[q]
+
+def _single_on_row(cols: _Columns, el: _Elements) -> None:
+    """A row with one hint / placement: its topic, partition and offset on the row itself."""
+    single = np.flatnonzero(el.counts[el.row] == 1)
+    r1 = el.row[single]
+    cols.topic_s[r1], cols.topic_l[r1], cols.topic_v[r1] = (
+        el.topic_s[single],
+        el.topic_l[single],
+        True,
+    )
+    cols.part[r1], cols.offset[r1], cols.offset_v[r1] = (
+        el.values[0][single],
+        el.values[1][single],
+        True,
+    )
+
+
+def _prepares(b: _Buf, fr: _Frames, cols: _Columns) -> None:
+    """PREPARE: at, timeout, producer group."""
+    q = fr.rows_of(lr.PREPARE)
+    pq, eq = fr.p1[q], fr.end[q]
     gl = b.get(pq + formats._PREP.size, _U16)
     gs = pq + formats._PREP.size + _STR_LEN
     good = (gs <= eq) & (gs + gl <= eq)
-    ok[q[~good]] = False
-    q, pq, gl, gs = q[good], pq[good], gl[good], gs[good]
-    time_ms[q], time_v[q] = b.get(pq + _PREP_F[0][0], _PREP_F[0][1]), True
-    timeout[q] = b.get(pq + _PREP_F[1][0], _PREP_F[1][1])
-    group_s[q], group_l[q] = gs, gl
+    q, pq, gl, gs = fr.keep(q, good), pq[good], gl[good], gs[good]
+    cols.time_ms[q], cols.time_v[q] = b.get(pq + _PREP_F[0][0], _PREP_F[0][1]), True
+    cols.timeout[q] = b.get(pq + _PREP_F[1][0], _PREP_F[1][1])
+    cols.group_s[q], cols.group_l[q] = gs, gl
 
-    # ROLLBACK: reason
-    rb = rows_of(lr.ROLLBACK)
-    pr, er = p1[rb], end[rb]
+
+def _rollbacks(b: _Buf, fr: _Frames, cols: _Columns) -> None:
+    """ROLLBACK: the reason."""
+    rb = fr.rows_of(lr.ROLLBACK)
+    pr, er = fr.p1[rb], fr.end[rb]
     rl = b.get(pr, _U16)
     good = (pr + _STR_LEN <= er) & (pr + _STR_LEN + rl <= er)
-    ok[rb[~good]] = False
-    rb, pr, rl = rb[good], pr[good], rl[good]
-    reason_s[rb], reason_l[rb] = pr + _STR_LEN, rl
+    rb, pr, rl = fr.keep(rb, good), pr[good], rl[good]
+    cols.reason_s[rb], cols.reason_l[rb] = pr + _STR_LEN, rl
 
-    # strings: a row with a string that is not UTF-8 is decoded record at a time
-    keys, bad = b.strings(kstart, np.where(ok, klen, 0))
+
+class _Strings(NamedTuple):
+    keys: Any
+    topics: Any
+    groups: Any
+    reasons: Any
+    hint_topics: Any
+    place_topics: Any
+
+
+def _strings(
+    b: _Buf, fr: _Frames, cols: _Columns, hints: _Elements, places: _Elements
+) -> tuple[_Strings, set[int]]:
+    """The string columns, and the rows with a string that is not UTF-8 (decoded record at
+    a time)."""
+    ok = fr.ok
+    keys, bad = b.strings(fr.kstart, np.where(ok, fr.klen, 0))
     bad_rows = set(np.flatnonzero(bad & ok).tolist())
-    topics, bad = b.strings(topic_s, np.where(topic_v & ok, topic_l, 0))
+    topics, bad = b.strings(cols.topic_s, np.where(cols.topic_v & ok, cols.topic_l, 0))
     bad_rows |= set(np.flatnonzero(bad & ok).tolist())
-    groups, bad = b.strings(group_s, np.where(ok, group_l, 0))
+    groups, bad = b.strings(cols.group_s, np.where(ok, cols.group_l, 0))
     bad_rows |= set(np.flatnonzero(bad & ok).tolist())
-    reasons, bad = b.strings(reason_s, np.where(ok, reason_l, 0))
+    reasons, bad = b.strings(cols.reason_s, np.where(ok, cols.reason_l, 0))
     bad_rows |= set(np.flatnonzero(bad & ok).tolist())
-    h_topics, bad = b.strings(h_s, h_l)
-    bad_rows |= set(h_row[bad & ok[h_row]].tolist())
-    pl_topics, bad = b.strings(pl_s, pl_l)
-    bad_rows |= set(pl_row[bad & ok[pl_row]].tolist())
+    h_topics, bad = b.strings(hints.topic_s, hints.topic_l)
+    bad_rows |= set(hints.row[bad & ok[hints.row]].tolist())
+    pl_topics, bad = b.strings(places.topic_s, places.topic_l)
+    bad_rows |= set(places.row[bad & ok[places.row]].tolist())
+    return _Strings(keys, topics, groups, reasons, h_topics, pl_topics), bad_rows
+
+
+def _decode(
+    b: _Buf, frames: I64, base: int, f: TxlogFile, fallback: set[int]
+) -> tuple[Any, set[int]]:
+    """The batch of the frames starting at ``frames`` (in ``b``) but those in ``fallback``,
+    and the frames to decode record at a time (other kinds, bodies that do not decode)."""
+    fr = _Frames(b, frames, fallback)
+    cols = _Columns(fr.n)
+    msgs = _append_msgs(b, fr, cols)
+    hints = _commits(b, fr, cols)
+    places = _placements(b, fr, cols)
+    for el in (hints, places):
+        _single_on_row(cols, el)
+    _prepares(b, fr, cols)
+    _rollbacks(b, fr, cols)
+    strings, bad_rows = _strings(b, fr, cols, hints, places)
     if bad_rows:
         return _decode(b, frames, base, f, fallback | bad_rows)
-    rest = fallback | set(np.flatnonzero(~ok).tolist())
+    rest = fallback | set(np.flatnonzero(~fr.ok).tolist())
+    return _batch(f, frames + base, fr, cols, msgs, hints, places, strings), rest
 
-    # the batch of the vectorised rows
+
+def _batch(
+    f: TxlogFile,
+    positions: I64,
+    fr: _Frames,
+    cols: _Columns,
+    msgs: _Messages,
+    hints: _Elements,
+    places: _Elements,
+    strings: _Strings,
+) -> Any:
+    """The record batch of the rows still decoded here (``fr.ok``), in frame order."""
+    ok, rtype = fr.ok, fr.rtype
     v = np.flatnonzero(ok)
 
     def col(values: I64, valid: Mask, typ: Any) -> Any:
@@ -432,66 +525,54 @@ def _decode(
             pa.array(offsets, pa.int32()), values, mask=pa.array(~kind_rows[v])
         )
 
+    def structs(el: _Elements, names: Any, kinds: list[Any]) -> Any:
+        keep = ok[el.row]
+        values = [strings_of(el).filter(pa.array(keep))]
+        values += [pa.array(x[keep].astype(t)) for x, t in zip(el.values, kinds, strict=True)]
+        return pa.StructArray.from_arrays(values, fields=list(names))
+
+    def strings_of(el: _Elements) -> Any:
+        return strings.hint_topics if el is hints else strings.place_topics
+
     is_kind = {kd: (rtype == kd) & ok for kd in (lr.APPEND_MSG, lr.APPLIED, lr.COMMIT)}
-    m_keep = ok[a][np.repeat(np.arange(len(a)), got)] if len(a) else np.zeros(0, np.bool_)
-    h_keep = ok[h_row]
-    pl_keep = ok[pl_row]
+    a = msgs.rows
+    m_keep = ok[a][np.repeat(np.arange(len(a)), msgs.got)] if len(a) else np.zeros(0, np.bool_)
     hint_t = TXLOG_SCHEMA.field("hints").type.value_type
     place_t = TXLOG_SCHEMA.field("placements").type.value_type
-    hints = pa.StructArray.from_arrays(
-        [
-            h_topics.filter(pa.array(h_keep)),
-            pa.array(h_part[h_keep].astype(np.int32)),
-            pa.array(h_hint[h_keep]),
-        ],
-        fields=list(hint_t),
-    )
-    places = pa.StructArray.from_arrays(
-        [
-            pl_topics.filter(pa.array(pl_keep)),
-            pa.array(pl_part[pl_keep].astype(np.int32)),
-            pa.array(pl_off[pl_keep]),
-            pa.array(pl_cnt[pl_keep].astype(np.int32)),
-            pa.array(pl_bytes[pl_keep]),
-        ],
-        fields=list(place_t),
-    )
+    hint_arr = structs(hints, hint_t, [np.int32, np.int64])
+    place_arr = structs(places, place_t, [np.int32, np.int64, np.int32, np.int64])
     kinds = np.array([formats.KINDS[t] for t in _VECTOR_KINDS], dtype=object)
     kind_of = np.zeros(max(_VECTOR_KINDS) + 1, np.int64)
     kind_of[list(_VECTOR_KINDS)] = np.arange(len(_VECTOR_KINDS))
-    err = [errors.get(int(i)) for i in v] if errors else None
+    err = [cols.errors.get(int(i)) for i in v] if cols.errors else None
     rows = len(v)
+    appends = is_kind[lr.APPEND_MSG]
     arrays: dict[str, Any] = {
         "file": pa.repeat(pa.scalar(f.path, pa.string()), rows),
         "file_no": pa.repeat(pa.scalar(f.file_no, pa.int64()), rows),
-        "position": pa.array(frames[v] + base, pa.int64()),
+        "position": pa.array(positions[v], pa.int64()),
         "type": pa.array(rtype[v].astype(np.int32)),
         "kind": pa.array(kinds[kind_of[rtype[v]]].tolist(), pa.string()),
-        "tx_key": strs(keys, None),
-        "time_ms": col(time_ms, time_v, pa.int64()),
-        "topic": strs(topics, topic_v),
-        "partition": col(part, topic_v, pa.int32()),
-        "offset": col(offset, offset_v, pa.int64()),
-        "msg_count": col(msg_count, mc_v, pa.int32()),
-        "msg_ids": lists(m_counts, is_kind[lr.APPEND_MSG], pa.array(ids[m_keep])),
-        "checksums": lists(
-            m_counts, is_kind[lr.APPEND_MSG], pa.array(mcrc[m_keep].astype(np.int32))
-        ),
-        "sizes": lists(m_counts, is_kind[lr.APPEND_MSG], pa.array(m_size[m_keep].astype(np.int32))),
-        "placements": lists(pl_counts, is_kind[lr.APPLIED], places),
-        "hints": lists(h_counts, is_kind[lr.COMMIT], hints),
-        "timeout_s": col(timeout, (rtype == lr.PREPARE), pa.int32()),
-        "producer_group": strs(groups, rtype == lr.PREPARE),
-        "reason": strs(reasons, rtype == lr.ROLLBACK),
+        "tx_key": strs(strings.keys, None),
+        "time_ms": col(cols.time_ms, cols.time_v, pa.int64()),
+        "topic": strs(strings.topics, cols.topic_v),
+        "partition": col(cols.part, cols.topic_v, pa.int32()),
+        "offset": col(cols.offset, cols.offset_v, pa.int64()),
+        "msg_count": col(cols.msg_count, cols.mc_v, pa.int32()),
+        "msg_ids": lists(msgs.counts, appends, pa.array(msgs.ids[m_keep])),
+        "checksums": lists(msgs.counts, appends, pa.array(msgs.crcs[m_keep].astype(np.int32))),
+        "sizes": lists(msgs.counts, appends, pa.array(msgs.sizes[m_keep].astype(np.int32))),
+        "placements": lists(places.counts, is_kind[lr.APPLIED], place_arr),
+        "hints": lists(hints.counts, is_kind[lr.COMMIT], hint_arr),
+        "timeout_s": col(cols.timeout, (rtype == lr.PREPARE), pa.int32()),
+        "producer_group": strs(strings.groups, rtype == lr.PREPARE),
+        "reason": strs(strings.reasons, rtype == lr.ROLLBACK),
         "outcome": pa.nulls(rows, pa.string()),
-        "crc": pa.array(crc[v]),
-        "size": pa.array((length[v] + _FRAME_SIZE).astype(np.int32)),
+        "crc": pa.array(fr.crc[v]),
+        "size": pa.array((fr.length[v] + _FRAME_SIZE).astype(np.int32)),
         "error": pa.array(err, pa.string()) if err else pa.nulls(rows, pa.string()),
     }
-    batch = pa.RecordBatch.from_arrays(
-        [arrays[fl.name] for fl in TXLOG_SCHEMA], schema=TXLOG_SCHEMA
-    )
-    return batch, rest
+    return pa.RecordBatch.from_arrays([arrays[fl.name] for fl in TXLOG_SCHEMA], schema=TXLOG_SCHEMA)
 
 
 def read_txlog_batches(

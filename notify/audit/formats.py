@@ -22,7 +22,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -440,6 +440,49 @@ _ROLLBACK: Final = lr.ROLLBACK
 _LISTS_OF: Final = {"APPEND_MSG": 0, "APPLIED": 1, "COMMIT": 2}
 
 
+Row = tuple[Any, ...]
+
+
+def _row(
+    position: int,
+    rtype: int,
+    kind: str,
+    key: str | None,
+    crc: int,
+    size: int,
+    *,
+    time_ms: int | None = None,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+    msg_count: int | None = None,
+    timeout: int | None = None,
+    group: str | None = None,
+    reason: str | None = None,
+    outcome: str | None = None,
+    error: str | None = None,
+) -> Row:
+    """A redo row's scalar columns in :data:`_SCALARS` order."""
+    return (
+        position,
+        rtype,
+        kind,
+        key,
+        time_ms,
+        topic,
+        partition,
+        offset,
+        msg_count,
+        timeout,
+        group,
+        reason,
+        outcome,
+        crc,
+        size,
+        error,
+    )
+
+
 class TxlogColumns:
     """Rows of one redo file, built for Arrow: one tuple of the scalar columns per row
     (:data:`_SCALARS` order) and the list columns kept flat (values plus per-row offsets).
@@ -526,224 +569,158 @@ class TxlogColumns:
         row: tuple[Any, ...]
         try:
             key, p = _str(b, 1)
-            if rtype == _APPEND_MSG:
-                topic, p = _str(b, p)
-                part, count = _II.unpack_from(b, p)
-                p += 8
-                n = len(b)
-                ids, crcs, sizes = self.ids, self.crcs, self.sizes
-                unpack = HEADER.unpack_from
-                start = len(ids)
-                while n - p >= HEADER_SIZE:
-                    length, mcrc, mid, _flag = unpack(b, p)
-                    end = p + HEADER_SIZE + length
-                    if length < 0 or end > n:
-                        break
-                    ids.append(mid)
-                    crcs.append(mcrc)
-                    sizes.append(HEADER_SIZE + length)
-                    p = end
-                got = len(ids) - start
-                err = (
-                    None
-                    if got == count and p == n
-                    else f"APPEND_MSG says {count} records but holds {got} whole ones"
-                )
-                t = (ids[start] >> _ID_SHIFT) + EPOCH_MS if got else None
-                row = (
-                    position,
-                    rtype,
-                    "APPEND_MSG",
-                    key,
-                    t,
-                    topic,
-                    part,
-                    None,
-                    count,
-                    None,
-                    None,
-                    None,
-                    None,
-                    crc,
-                    size,
-                    err,
-                )
-            elif rtype == _COMMIT:
-                at, k = _I64_U16.unpack_from(b, p)
-                p += 10
-                ht, hp, hh = self.h
-                for _ in range(k):
-                    topic, p = _str(b, p)
-                    part, hint = _HINT.unpack_from(b, p)
-                    p += 12
-                    ht.append(topic)
-                    hp.append(part)
-                    hh.append(hint)
-                one = k == 1
-                row = (
-                    position,
-                    rtype,
-                    "COMMIT",
-                    key,
-                    at,
-                    ht[-1] if one else None,
-                    hp[-1] if one else None,
-                    hh[-1] if one else None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    crc,
-                    size,
-                    None,
-                )
-            elif rtype == _APPLIED:
-                (k,) = _U16.unpack_from(b, p)
-                p += 2
-                pt, pp, po, pc, pb = self.pl
-                total = 0
-                for _ in range(k):
-                    topic, p = _str(b, p)
-                    part, off, cnt, nbytes = _PLACE.unpack_from(b, p)
-                    p += 24
-                    pt.append(topic)
-                    pp.append(part)
-                    po.append(off)
-                    pc.append(cnt)
-                    pb.append(nbytes)
-                    total += cnt
-                one = k == 1
-                row = (
-                    position,
-                    rtype,
-                    "APPLIED",
-                    key,
-                    None,
-                    pt[-1] if one else None,
-                    pp[-1] if one else None,
-                    po[-1] if one else None,
-                    total,
-                    None,
-                    None,
-                    None,
-                    None,
-                    crc,
-                    size,
-                    None,
-                )
-            elif rtype == _PREPARE:
-                at, timeout = _PREP.unpack_from(b, p)
-                group, p = _str(b, p + 12)
-                row = (
-                    position,
-                    rtype,
-                    "PREPARE",
-                    key,
-                    at,
-                    None,
-                    None,
-                    None,
-                    None,
-                    timeout,
-                    group,
-                    None,
-                    None,
-                    crc,
-                    size,
-                    None,
-                )
-            elif rtype == _ROLLBACK:
-                reason, p = _str(b, p)
-                row = (
-                    position,
-                    rtype,
-                    "ROLLBACK",
-                    key,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    reason,
-                    None,
-                    crc,
-                    size,
-                    None,
-                )
-            elif rtype == lr.HEURISTIC:
-                h = lr.Heuristic.decode(b[1:])
-                row = (
-                    position,
-                    rtype,
-                    "HEURISTIC",
-                    key,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    h.by,
-                    "commit" if h.commit else "rollback",
-                    crc,
-                    size,
-                    None,
-                )
+            decode = self._DECODERS.get(rtype)
+            if decode is None:
+                row = _row(position, rtype, KINDS.get(rtype) or f"TYPE_{rtype}", key, crc, size)
             else:
-                row = (
-                    position,
-                    rtype,
-                    KINDS.get(rtype) or f"TYPE_{rtype}",
-                    key,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    crc,
-                    size,
-                    None,
-                )
+                row = decode(self, b, p, position, key, crc, size)
         except (ValueError, UnicodeDecodeError, struct.error, IndexError) as e:
-            kind = KINDS.get(rtype) or f"TYPE_{rtype}"
-            key2: str | None = None
-            with contextlib.suppress(Exception):
-                key2 = lr.key_of(b[1:])
-            # drop the list values a failed decode may have added
-            del self.ids[self.ids_off[-1] :], self.crcs[self.ids_off[-1] :]
-            del self.sizes[self.ids_off[-1] :]
-            for col in self.pl:
-                del col[self.pl_off[-1] :]
-            for hcol in self.h:
-                del hcol[self.h_off[-1] :]
-            self.broken.add(len(self.tuples))
-            row = (
-                position,
-                rtype,
-                kind,
-                key2,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                crc,
-                size,
-                f"undecodable {kind} body: {e}",
-            )
+            row = self._undecodable(position, b, crc, size, e)
         self._end_row(row)
+
+    def _undecodable(self, position: int, b: bytes, crc: int, size: int, e: Exception) -> Row:
+        """The row of a frame whose body does not decode (its key when it has one), with
+        the list values a failed decode may have added dropped."""
+        rtype = b[0]
+        kind = KINDS.get(rtype) or f"TYPE_{rtype}"
+        key: str | None = None
+        with contextlib.suppress(Exception):
+            key = lr.key_of(b[1:])
+        del self.ids[self.ids_off[-1] :], self.crcs[self.ids_off[-1] :]
+        del self.sizes[self.ids_off[-1] :]
+        for col in self.pl:
+            del col[self.pl_off[-1] :]
+        for hcol in self.h:
+            del hcol[self.h_off[-1] :]
+        self.broken.add(len(self.tuples))
+        return _row(position, rtype, kind, key, crc, size, error=f"undecodable {kind} body: {e}")
+
+    def _append_msg(self, b: bytes, p: int, position: int, key: str, crc: int, size: int) -> Row:
+        """APPEND_MSG: topic, partition, count, then whole records to the end of the body
+        (their ids, checksums and sizes go to the list columns)."""
+        topic, p = _str(b, p)
+        part, count = _II.unpack_from(b, p)
+        p += 8
+        n = len(b)
+        ids, crcs, sizes = self.ids, self.crcs, self.sizes
+        unpack = HEADER.unpack_from
+        start = len(ids)
+        while n - p >= HEADER_SIZE:
+            length, mcrc, mid, _flag = unpack(b, p)
+            end = p + HEADER_SIZE + length
+            if length < 0 or end > n:
+                break
+            ids.append(mid)
+            crcs.append(mcrc)
+            sizes.append(HEADER_SIZE + length)
+            p = end
+        got = len(ids) - start
+        err = (
+            None
+            if got == count and p == n
+            else f"APPEND_MSG says {count} records but holds {got} whole ones"
+        )
+        t = (ids[start] >> _ID_SHIFT) + EPOCH_MS if got else None
+        return _row(
+            position,
+            _APPEND_MSG,
+            "APPEND_MSG",
+            key,
+            crc,
+            size,
+            time_ms=t,
+            topic=topic,
+            partition=part,
+            msg_count=count,
+            error=err,
+        )
+
+    def _commit(self, b: bytes, p: int, position: int, key: str, crc: int, size: int) -> Row:
+        """COMMIT: decided at, then its hints (one alone is also on the row)."""
+        at, k = _I64_U16.unpack_from(b, p)
+        p += 10
+        ht, hp, hh = self.h
+        for _ in range(k):
+            topic, p = _str(b, p)
+            part, hint = _HINT.unpack_from(b, p)
+            p += 12
+            ht.append(topic)
+            hp.append(part)
+            hh.append(hint)
+        one = k == 1
+        return _row(
+            position,
+            _COMMIT,
+            "COMMIT",
+            key,
+            crc,
+            size,
+            time_ms=at,
+            topic=ht[-1] if one else None,
+            partition=hp[-1] if one else None,
+            offset=hh[-1] if one else None,
+        )
+
+    def _applied(self, b: bytes, p: int, position: int, key: str, crc: int, size: int) -> Row:
+        """APPLIED: its placements (one alone is also on the row); ``msg_count`` is the sum
+        of their counts."""
+        (k,) = _U16.unpack_from(b, p)
+        p += 2
+        pt, pp, po, pc, pb = self.pl
+        total = 0
+        for _ in range(k):
+            topic, p = _str(b, p)
+            part, off, cnt, nbytes = _PLACE.unpack_from(b, p)
+            p += 24
+            pt.append(topic)
+            pp.append(part)
+            po.append(off)
+            pc.append(cnt)
+            pb.append(nbytes)
+            total += cnt
+        one = k == 1
+        return _row(
+            position,
+            _APPLIED,
+            "APPLIED",
+            key,
+            crc,
+            size,
+            topic=pt[-1] if one else None,
+            partition=pp[-1] if one else None,
+            offset=po[-1] if one else None,
+            msg_count=total,
+        )
+
+    def _prepare(self, b: bytes, p: int, position: int, key: str, crc: int, size: int) -> Row:
+        """PREPARE: at, timeout, producer group."""
+        at, timeout = _PREP.unpack_from(b, p)
+        group, p = _str(b, p + 12)
+        return _row(
+            position, _PREPARE, "PREPARE", key, crc, size, time_ms=at, timeout=timeout, group=group
+        )
+
+    def _rollback(self, b: bytes, p: int, position: int, key: str, crc: int, size: int) -> Row:
+        """ROLLBACK: the reason."""
+        reason, p = _str(b, p)
+        return _row(position, _ROLLBACK, "ROLLBACK", key, crc, size, reason=reason)
+
+    def _heuristic(self, b: bytes, p: int, position: int, key: str, crc: int, size: int) -> Row:
+        """HEURISTIC: who decided (``reason``) and the outcome."""
+        h = lr.Heuristic.decode(b[1:])
+        outcome = "commit" if h.commit else "rollback"
+        return _row(
+            position, lr.HEURISTIC, "HEURISTIC", key, crc, size, reason=h.by, outcome=outcome
+        )
+
+    _DECODERS: Final[dict[int, Callable[..., Row]]] = {
+        _APPEND_MSG: _append_msg,
+        _COMMIT: _commit,
+        _APPLIED: _applied,
+        _PREPARE: _prepare,
+        _ROLLBACK: _rollback,
+        lr.HEURISTIC: _heuristic,
+    }
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The rows as dicts over :data:`TXLOG_NAMES` (for tests and debugging)."""

@@ -447,7 +447,22 @@ def _table(
 
 
 def render_html(s: dict[str, Any]) -> str:
-    """The report page of a summary (see :func:`summarize`)."""
+    """The report page of a summary (see :func:`summarize`): the inputs and verdict, the
+    run, the findings, the transactions, the messages and the coordinator."""
+    out = _head_html(s)
+    if s.get("run"):
+        out += _run_html(s["run"])
+    out += _findings_html(s)
+    out += _transactions_html(s)
+    out += _messages_html(s)
+    if s.get("coordinator"):
+        out += _coordinator_html(s["coordinator"])
+    out.append("</body></html>\n")
+    return "".join(out)
+
+
+def _head_html(s: dict[str, Any]) -> list[str]:
+    """The page's head, the inputs and the verdict (violations, warnings)."""
     esc = html.escape
     status = (
         '<p class="ok"><b>OK</b>: no violation found.</p>'
@@ -456,7 +471,7 @@ def render_html(s: dict[str, Any]) -> str:
     )
     if s["warnings"]:
         status += f'<p class="warn">{s["warnings"]:,} warning(s).</p>'
-    out = [
+    return [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         "<title>notify transaction audit</title>",
         f"<style>{_CSS}</style></head><body>",
@@ -472,47 +487,50 @@ def render_html(s: dict[str, Any]) -> str:
         + "</p>",
         status,
     ]
-    r = s.get("run")
-    if r:
-        mode = "incremental" if r["incremental"] else "full"
+
+
+def _run_html(r: dict[str, Any]) -> list[str]:
+    """The run (:func:`run_info`): where and how fast, what it parsed now and what it took
+    from the state, what an incremental run checked again, why a state was not used."""
+    mode = "incremental" if r["incremental"] else "full"
+    out = [
+        f"<p>{mode} run on <code>{html.escape(str(r['master']))}</code> "
+        f"({r['executors']} executors, parallelism {r['parallelism']}): "
+        f"{r['rows']:,} rows audited in {r['audit_s']} s "
+        f"(<b>{r['rows_per_s']:,} rows/s</b>; checks {r['checks_s']} s, outputs "
+        f"{r['outputs_s']} s).</p>",
+        _table(
+            ["input", "rows parsed now", "bytes parsed now", "earlier rows checked again"],
+            [
+                (
+                    "redo log",
+                    r["txlog_rows_read"],
+                    r["txlog_bytes_read"],
+                    r["txlog_rows_from_state"],
+                ),
+                ("partitions", r["log_rows_read"], r["log_bytes_read"], r["log_rows_from_state"]),
+            ],
+        ),
+    ]
+    if r.get("keys_redone") is not None:
         out.append(
-            f"<p>{mode} run on <code>{esc(str(r['master']))}</code> "
-            f"({r['executors']} executors, parallelism {r['parallelism']}): "
-            f"{r['rows']:,} rows audited in {r['audit_s']} s "
-            f"(<b>{r['rows_per_s']:,} rows/s</b>; checks {r['checks_s']} s, outputs "
-            f"{r['outputs_s']} s).</p>"
+            f"<p>checked again: {r['keys_redone']:,} transactions "
+            f"({r['keys_changed']:,} with records added or deleted) and "
+            f"{r['blocks_redone']:,} message-id blocks; the rest carried from the "
+            "state.</p>"
         )
-        out.append(
-            _table(
-                ["input", "rows parsed now", "bytes parsed now", "earlier rows checked again"],
-                [
-                    (
-                        "redo log",
-                        r["txlog_rows_read"],
-                        r["txlog_bytes_read"],
-                        r["txlog_rows_from_state"],
-                    ),
-                    (
-                        "partitions",
-                        r["log_rows_read"],
-                        r["log_bytes_read"],
-                        r["log_rows_from_state"],
-                    ),
-                ],
-            )
-        )
-        if r.get("keys_redone") is not None:
-            out.append(
-                f"<p>checked again: {r['keys_redone']:,} transactions "
-                f"({r['keys_changed']:,} with records added or deleted) and "
-                f"{r['blocks_redone']:,} message-id blocks; the rest carried from the "
-                "state.</p>"
-            )
-        if r.get("state_ignored"):
-            out.append(f"<p class=warn>state not used: {esc(str(r['state_ignored']))}</p>")
-    out.append("<h2>Findings</h2>")
+    if r.get("state_ignored"):
+        out.append(f"<p class=warn>state not used: {html.escape(str(r['state_ignored']))}</p>")
+    return out
+
+
+def _findings_html(s: dict[str, Any]) -> list[str]:
+    """Findings per check (chart and table), the first findings, the stuck transactions."""
+    out = ["<h2>Findings</h2>"]
     fc = s["findings_by_check"]
-    if fc:
+    if not fc:
+        out.append("<p>none.</p>")
+    else:
         out.append(
             svg_bars(
                 "findings per check",
@@ -553,8 +571,6 @@ def render_html(s: dict[str, Any]) -> str:
                 [f["severity"] for f in shown],
             )
         )
-    else:
-        out.append("<p>none.</p>")
     if s["stuck_prepared"]:
         out.append("<h2>Stuck in doubt</h2>")
         out.append(
@@ -566,9 +582,14 @@ def render_html(s: dict[str, Any]) -> str:
                 ],
             )
         )
-    out.append("<h2>Transactions</h2>")
+    return out
+
+
+def _transactions_html(s: dict[str, Any]) -> list[str]:
+    """Transactions by outcome (table), per hour, and their size and duration histograms."""
     tx = s["transactions"]
-    out.append(
+    out = [
+        "<h2>Transactions</h2>",
         _table(
             [
                 "outcome",
@@ -593,8 +614,8 @@ def render_html(s: dict[str, Any]) -> str:
                 )
                 for o, v in sorted(tx.items())
             ],
-        )
-    )
+        ),
+    ]
     cats, series = _pivot(s["tx_hours"], "hour", "outcome", "transactions")
     out.append(svg_bars("transactions per hour by outcome", cats, series, OUTCOME_COLORS))
     for key, title in (
@@ -611,36 +632,29 @@ def render_html(s: dict[str, Any]) -> str:
                 height=220,
             )
         )
-    out.append("<h2>Messages per topic and hour</h2>")
+    return out
+
+
+def _messages_html(s: dict[str, Any]) -> list[str]:
+    """Messages per topic and hour, the partitions' totals, the redo records by kind."""
+    esc = html.escape
     cats, series = _pivot(s["topic_hours"], "hour", "topic", "messages")
-    out.append(svg_bars("messages per hour (message-id time)", cats, series))
-    out.append(
+    return [
+        "<h2>Messages per topic and hour</h2>",
+        svg_bars("messages per hour (message-id time)", cats, series),
         f"<p>{s['partition_messages']:,} messages, {s['partition_bytes']:,} bytes in the "
         f"partitions, from {esc(str(s['first_message_at']))} to "
-        f"{esc(str(s['last_message_at']))}.</p>"
-    )
-    out.append(
+        f"{esc(str(s['last_message_at']))}.</p>",
+        _table(["redo record", "count"], sorted(s["txlog_records"].items())),
+    ]
+
+
+def _coordinator_html(c: dict[str, Any]) -> list[str]:
+    """The coordinator log read: its id, formatId, decisions, heuristics, completeness."""
+    return [
+        "<h2>Coordinator</h2>",
         _table(
-            ["redo record", "count"],
-            sorted(s["txlog_records"].items()),
-        )
-    )
-    if s.get("coordinator"):
-        c = s["coordinator"]
-        out.append("<h2>Coordinator</h2>")
-        out.append(
-            _table(
-                ["coordinator id", "formatId", "decisions", "heuristics", "complete log"],
-                [
-                    (
-                        c["coordinator_id"],
-                        c["format_id"],
-                        c["decisions"],
-                        c["heuristics"],
-                        c["complete"],
-                    )
-                ],
-            )
-        )
-    out.append("</body></html>\n")
-    return "".join(out)
+            ["coordinator id", "formatId", "decisions", "heuristics", "complete log"],
+            [(c["coordinator_id"], c["format_id"], c["decisions"], c["heuristics"], c["complete"])],
+        ),
+    ]

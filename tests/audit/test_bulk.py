@@ -124,3 +124,30 @@ def test_bulk_segment_reader_matches_on_damage(tmp_path: Path) -> None:
         assert sum(1 for r in ref if r["error"]) == 3
         assert [r["attribute"] for r in ref if r["attribute"]] == ["abc"] * 4
         assert sum(1 for r in ref if r["checksum_ok"] is False) == 1
+
+
+def test_bulk_txlog_reader_falls_back_per_kind(tmp_path: Path) -> None:
+    """A string that is not UTF-8 in any list or column of each vectorised kind, and a cut
+    HEURISTIC body: those rows are decoded record at a time, the rest in bulk, the same rows
+    as the record-at-a-time reader."""
+    bad = _str(b"t\xfe")
+    frames = [
+        frame(lr.APPLIED, _str(b"k1") + struct.pack(">H", 1) + bad + b"\0" * 24),
+        frame(lr.PREPARE, _str(b"k2") + struct.pack(">qI", 1, 2) + bad),
+        frame(lr.APPEND_MSG, _str(b"k3") + bad + struct.pack(">II", 0, 0)),
+        frame(lr.ROLLBACK, _str(b"k4") + bad),
+        frame(lr.HEURISTIC, lr.Heuristic("k5", False, "admin").encode()[:-1]),
+        frame(lr.HEURISTIC, lr.Heuristic("k6", True, "admin").encode()),
+        frame(lr.COMMIT, lr.Commit("k7", 5, (("t", 2, 7),)).encode()),
+    ]
+    d = tmp_path / "tx"
+    d.mkdir()
+    (d / "redo.0").write_bytes(b"".join(frames))
+    ref, new = _txlog_rows_both(d)
+    assert new == ref
+    undecodable = {r["tx_key"] for r in ref if r["error"] and "undecodable" in r["error"]}
+    assert undecodable == {"k1", "k2", "k3", "k4", "k5"}
+    assert next((r["kind"], r["outcome"]) for r in ref if r["tx_key"] == "k6") == (
+        "HEURISTIC",
+        "commit",
+    )

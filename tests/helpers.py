@@ -45,13 +45,13 @@ def wait_until(
     cond: Callable[[], object],
     timeout: float = 10.0,
     step: float = 0.02,
-    what: str = "condition",
+    what: str | Callable[[], str] = "condition",
     retry: tuple[type[BaseException], ...] = (),
 ) -> float:
     """Poll ``cond`` every ``step`` seconds until it returns something true; the seconds it
-    took. After ``timeout`` seconds the test fails with ``what``. An exception of ``retry``
-    raised by ``cond`` counts as "not yet" (a broker restarting refuses connections); the
-    last one is named in the failure."""
+    took. After ``timeout`` seconds the test fails with ``what`` (or what it returns then,
+    when callable). An exception of ``retry`` raised by ``cond`` counts as "not yet" (a
+    broker restarting refuses connections); the last one is named in the failure."""
     t0 = time.monotonic()
     last = ""
     while True:
@@ -61,7 +61,8 @@ def wait_until(
         except retry as e:
             last = f" (last: {e!r})"
         if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"{what} not reached within {timeout}s{last}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"{said} not reached within {timeout}s{last}")
         time.sleep(step)
 
 

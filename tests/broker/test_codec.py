@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,10 +25,7 @@ from notify.protocol.frames import (
     encode_put,
     encode_result,
 )
-
-
-def crc(b: bytes) -> int:
-    return zlib.crc32(b) & 0x7FFFFFFF
+from tests.helpers import crc
 
 
 def parse(data: bytes, max_body: int = 1 << 20) -> list[object]:

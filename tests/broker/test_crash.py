@@ -13,7 +13,7 @@ import pytest
 from notify.protocol import records
 from notify.protocol.frames import ResponseParser
 from notify.testing import BrokerProcess
-from tests.wireclient import WireClient
+from tests.helpers import WireClient
 
 pytestmark = pytest.mark.crash
 

@@ -12,24 +12,11 @@ from notify.protocol.frames import encode_dput
 from notify.protocol.replies import parse_stats
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
-from tests.wireclient import WireClient
+from tests.helpers import WireClient, read_all
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def read_all(addr: str, topic: str, part: int = 0) -> list[records.Record]:
-    out: list[records.Record] = []
-    off = 0
-    with WireClient(addr) as c:
-        while True:
-            r = c.call(b"get %s g %d %d 1048576 1\r\n" % (topic.encode(), part, off))
-            if r.code != 200:
-                return out
-            recs, used = records.decode_all(r.body, off)
-            out += recs
-            off += used
 
 
 def wait_count(addr: str, topic: str, n: int, timeout: float = 10.0) -> list[records.Record]:

@@ -16,20 +16,12 @@ from pathlib import Path
 import pytest
 
 from notify.testing import BrokerProcess
-from tests.broker.test_delay import dput, now_ms, read_all
-from tests.broker.test_transactions import stats
-from tests.wireclient import WireClient
+from tests.broker.test_delay import dput, now_ms
+from tests.helpers import WireClient, read_all, stats, wait_until
 
 
 def _bodies(addr: str) -> Counter[bytes]:
     return Counter(r.payload[:5] for r in read_all(addr, "orders"))
-
-
-def _wait(cond: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what} not reached"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("point", ["", "after_reput_intent", "after_reput"])
@@ -53,11 +45,13 @@ def test_far_future_message_is_compacted_out_of_old_segments(tmp_path: Path, poi
             assert b.wait_exit(10) is not None, "crashpoint not reached"
             b.env = {}
             b.start()
-        _wait(lambda: int(stats(b.addr)["delay_segments"]) <= 2, 5, "old segments deleted")
+        wait_until(
+            lambda: int(stats(b.addr)["delay_segments"]) <= 2, 5, what="old segments deleted"
+        )
         if not point:  # (after a restart on this slow machine it may be due already)
             st = stats(b.addr)
             assert st["delay_pending"] == "1" and int(st["delay_compacted"]) >= 1, st
-        _wait(lambda: b"far" in _bodies(b.addr), 8, "far message delivered")
+        wait_until(lambda: b"far" in _bodies(b.addr), 8, what="far message delivered")
         time.sleep(0.3)
         got = _bodies(b.addr)
         assert got[b"far"] == 1, got  # once, whatever the crash

@@ -11,25 +11,22 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from notify.testing import BrokerProcess
-from tests.broker.test_delay import dput, now_ms, read_all
-from tests.broker.test_transactions import stats
-from tests.wireclient import WireClient
+from tests.broker.test_delay import dput, now_ms
+from tests.helpers import WireClient, read_all, stats, wait_until
 
 LIMIT = 16
 N = 150
 
 
-def _wait(cond: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what} not reached: {stats_now}"
-        time.sleep(0.05)
-
-
 stats_now: dict[str, str] = {}
+
+
+def _with_stats(what: str) -> Callable[[], str]:
+    return lambda: f"{what}: {stats_now}"
 
 
 def _tracked(addr: str) -> int:
@@ -54,14 +51,20 @@ def test_delivered_behind_a_far_future_message_stay_bounded(tmp_path: Path) -> N
                 dput(c, "orders", b"now%03d" % i, base - 1000, opaque=i + 2)
                 if i % 50 == 49:  # a few checkpoints in between
                     time.sleep(0.25)
-        _wait(lambda: len(read_all(b.addr, "orders")) >= N, 10, "all due messages delivered")
-        _wait(lambda: _tracked(b.addr) <= LIMIT, 5, "delivered set trimmed")
+        wait_until(
+            lambda: len(read_all(b.addr, "orders")) >= N,
+            10,
+            what=_with_stats("all due messages delivered"),
+        )
+        wait_until(lambda: _tracked(b.addr) <= LIMIT, 5, what=_with_stats("delivered set trimmed"))
         st = stats(b.addr)
         assert st["delay_pending"] == "1" and int(st["delay_compacted"]) >= 1, st
         # the checkpoint file (its last 3 checkpoints) holds watermarks and at most a few
         # LIMITs of offsets, not N (8 bytes each)
         bound = 3 * (64 + 8 * 2 * LIMIT)
-        _wait(lambda: _checkpoint_bytes(b.data_dir) < bound, 5, "small checkpoints")
+        wait_until(
+            lambda: _checkpoint_bytes(b.data_dir) < bound, 5, what=_with_stats("small checkpoints")
+        )
         b.restart(kill=True)
         st = stats(b.addr)
         assert st["delay_pending"] == "1", st  # the far message is still there, not due

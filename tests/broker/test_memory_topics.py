@@ -6,7 +6,7 @@ import os
 
 from notify.protocol import records
 from tests.conftest import BrokerFactory
-from tests.wireclient import WireClient
+from tests.helpers import WireClient
 
 
 def test_memory_topic_roundtrip_bound_and_restart(broker_factory: BrokerFactory) -> None:

@@ -10,7 +10,7 @@ from notify.protocol import records
 from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
-from tests.wireclient import WireClient, crc
+from tests.helpers import WireClient, crc
 
 
 def body_of(reply_body: bytes) -> list[int]:

@@ -13,7 +13,7 @@ from notify.config import DeletePolicy, parse_config
 from notify.errors import ConfigError
 from notify.store.retention import quartz_trigger
 from tests.conftest import BrokerFactory
-from tests.wireclient import WireClient
+from tests.helpers import WireClient
 
 
 def test_quartz_conversion() -> None:

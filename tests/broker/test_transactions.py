@@ -10,43 +10,7 @@ import pytest
 from notify.protocol import records
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
-from tests.wireclient import WireClient, crc
-
-
-def tput(c: WireClient, topic: str, part: int, body: bytes, key: str, opaque: int = 1) -> bytes:
-    r = c.call(
-        b"put %s %d %d 0 %d %s %d\r\n%b"
-        % (topic.encode(), part, len(body), crc(body), key.encode(), opaque, body)
-    )
-    assert r.code == 200, r.body
-    mid, p, off = r.body.split()
-    assert off == b"-1" and int(p) == part
-    return mid
-
-
-def tx(c: WireClient, key: str, verb: str, extra: str = "", opaque: int = 9) -> tuple[int, bytes]:
-    r = c.call(f"transaction {key} s1 {verb}{extra} {opaque}\r\n".encode())
-    return r.code, r.body
-
-
-def read_all(addr: str, topic: str, part: int) -> list[records.Record]:
-    out: list[records.Record] = []
-    off = 0
-    with WireClient(addr) as c:
-        while True:
-            r = c.call(b"get %s g %d %d 1048576 1\r\n" % (topic.encode(), part, off))
-            if r.code != 200:
-                assert r.code == 404, r
-                return out
-            recs, used = records.decode_all(r.body, off)
-            out += recs
-            off += used
-
-
-def stats(addr: str) -> dict[str, str]:
-    with WireClient(addr) as c:
-        body = c.call(b"stats 1\r\n").body.decode()
-    return dict(line.partition(" ")[::2] for line in body.split("\r\n")[1:-2])
+from tests.helpers import WireClient, crc, read_all, stats, tput, tx, xid
 
 
 def test_one_shot_transaction_is_answered_in_one_write(broker: BrokerProcess) -> None:
@@ -141,10 +105,6 @@ def test_timeout_rolls_back_and_capacity(broker_factory: BrokerFactory) -> None:
         assert tx(c, "TX:s1:3", "BEGIN")[0] == 200  # capacity is free again
     assert read_all(b.addr, "test", 0) == []
     assert stats(b.addr)["tx_timed_out"] == "2"
-
-
-def xid(n: int, uq: str = "q1") -> str:
-    return f"XID:1:{n:04x}:beef:{uq}"
 
 
 def test_xa_prepare_survives_restart_and_recover(broker: BrokerProcess) -> None:

@@ -10,7 +10,7 @@ import time
 from notify.protocol import records
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
-from tests.wireclient import WireClient, crc
+from tests.helpers import WireClient, crc, stats
 
 
 def tx(c: WireClient, key: str, verb: str, extra: str = "", opaque: int = 9) -> tuple[int, bytes]:
@@ -32,12 +32,6 @@ def ids_from(c: WireClient, topic: str, part: int, offset: int) -> list[int]:
         return []
     recs, _ = records.decode_all(r.body, offset)
     return [x.msg_id for x in recs]
-
-
-def stats(addr: str) -> dict[str, str]:
-    with WireClient(addr) as c:
-        body = c.call(b"stats 1\r\n").body.decode()
-    return dict(line.partition(" ")[::2] for line in body.split("\r\n")[1:-2])
 
 
 def end_of(c: WireClient, topic: str, part: int) -> int:

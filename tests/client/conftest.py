@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from tests.client.fakebroker import FakeBroker
+from tests.helpers import wait_until as wait_until  # imported from here by earlier tests
 
 
 @pytest.fixture
@@ -15,12 +15,3 @@ def fake() -> Iterator[FakeBroker]:
     fb = FakeBroker()
     yield fb
     fb.close()
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.01) -> None:
-    """Poll ``cond`` until true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(step)

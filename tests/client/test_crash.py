@@ -11,7 +11,7 @@ import pytest
 
 from notify.client import ClientConfig, ConsumerConfig, Message, connect
 from notify.testing import BrokerProcess
-from tests.client.conftest import wait_until
+from tests.helpers import wait_until
 
 CHILD = textwrap.dedent(
     """

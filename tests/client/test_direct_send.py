@@ -8,7 +8,7 @@ from pathlib import Path
 
 from notify.client import ClientConfig, ConsumerConfig, Message, connect
 from notify.testing import BrokerProcess
-from tests.client.conftest import wait_until
+from tests.helpers import wait_until
 
 FAST = ClientConfig(
     request_timeout_s=2.0, reconnect_backoff_min_s=0.02, reconnect_backoff_max_s=0.2

@@ -31,7 +31,7 @@ from notify.client import (
 )
 from notify.errors import BrokerError, ClientError, ConnectionLostError
 from notify.testing import BrokerProcess
-from tests.client.conftest import wait_until
+from tests.helpers import wait_until
 
 FAST = ClientConfig(
     request_timeout_s=2.0, reconnect_backoff_min_s=0.02, reconnect_backoff_max_s=0.2

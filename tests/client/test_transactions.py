@@ -34,32 +34,17 @@ from notify.client import (
 from notify.client._transaction import as_state, reply_error
 from notify.errors import BrokerError, ClientError, TransactionError
 from notify.protocol import logrecords as lr
-from notify.protocol import records
 from notify.protocol.frames import Response, encode_check
 from notify.testing import BrokerProcess
 from notify.transport import AsyncConnection
-from tests.client.conftest import wait_until
 from tests.conftest import BrokerFactory
-from tests.wireclient import WireClient
+from tests.helpers import read_all as read_part
+from tests.helpers import wait_until
 from txlog import records as txrecords
 
 FAST = ClientConfig(
     request_timeout_s=3.0, reconnect_backoff_min_s=0.02, reconnect_backoff_max_s=0.2
 )
-
-
-def read_part(addr: str, topic: str, part: int) -> list[records.Record]:
-    out: list[records.Record] = []
-    off = 0
-    with WireClient(addr) as c:
-        while True:
-            r = c.call(b"get %s g %d %d 1048576 1\r\n" % (topic.encode(), part, off))
-            if r.code != 200:
-                assert r.code == 404, r
-                return out
-            recs, used = records.decode_all(r.body, off)
-            out += recs
-            off += used
 
 
 def bodies(addr: str, topic: str, nparts: int) -> list[bytes]:

@@ -9,8 +9,7 @@ this test's fresh root.
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,20 +20,11 @@ from kazoo.client import KazooClient
 from configserver import ConfigServer, MemoryNodeStore, MemoryZooKeeper
 from configserver._kazoo import KazooNodeStore
 from notify.testing import BrokerProcess
+from tests.helpers import wait_until as wait_until  # imported from here by earlier tests
 from tests.services import ZooKeeperServer
 
 #: ZooKeeper session of the brokers and clients of these tests (tickTime 500 ms allows 1-10 s)
 SESSION_S = 2.0
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.02) -> float:
-    """Poll ``cond``; seconds it took. Fails the test after ``timeout``."""
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(step)
-    return time.monotonic() - t0
 
 
 @dataclass

@@ -12,7 +12,8 @@ import pytest
 
 from notify.client import ClientConfig, Consumer, ConsumerConfig, Message, connect
 from notify.errors import NotifyError
-from tests.cluster.conftest import SESSION_S, ZkBrokers, wait_until
+from tests.cluster.conftest import SESSION_S, ZkBrokers
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from notify.client import ClientConfig, ProducerConfig, connect
-from tests.cluster.conftest import SESSION_S, ZkBrokers, wait_until, zk_clients
+from tests.cluster.conftest import SESSION_S, ZkBrokers, zk_clients
+from tests.helpers import wait_until
 from tests.services import ZooKeeperServer, _die_with_parent
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]

@@ -14,7 +14,8 @@ from kazoo.client import KazooClient
 
 from notify.client import ClientConfig, ConsumerConfig, connect
 from notify.config import load_config, served_config
-from tests.cluster.conftest import SESSION_S, ZkBrokers, dump_tree, wait_until
+from tests.cluster.conftest import SESSION_S, ZkBrokers, dump_tree
+from tests.helpers import wait_until
 
 E, P = True, False  # ephemeral / persistent
 

@@ -14,8 +14,8 @@ import time
 from kazoo.client import KazooClient
 
 from notify.testing import BrokerProcess, free_port
-from tests.cluster.conftest import SESSION_S, ZkBrokers, wait_until
-from tests.wireclient import WireClient
+from tests.cluster.conftest import SESSION_S, ZkBrokers
+from tests.helpers import WireClient, wait_until
 
 PAUSE = "broker.start.registered:4"
 REPL = "repl-secret"

@@ -15,8 +15,8 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 from notify.client import ClientConfig, connect
-from tests.cluster.conftest import SESSION_S, ZkBrokers, wait_until
-from tests.wireclient import WireClient
+from tests.cluster.conftest import SESSION_S, ZkBrokers
+from tests.helpers import WireClient, wait_until
 
 
 def _lines(path: Path) -> set[tuple[int, int]]:

@@ -17,8 +17,9 @@ from notify.broker.app import Broker
 from notify.client import ClientConfig, ConsumerConfig, Message, ZkBrokerDirectory, connect
 from notify.config import load_config
 from notify.testing import render_ini
-from tests.cluster.conftest import SESSION_S, wait_until
+from tests.cluster.conftest import SESSION_S
 from tests.cluster.conftest import ZkBrokers as ZkBrokersT
+from tests.helpers import wait_until
 from tests.services import ZooKeeperServer
 
 

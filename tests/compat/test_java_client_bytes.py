@@ -17,10 +17,11 @@ from kazoo.client import KazooClient
 
 from notify.config import EXTENSION_KEYS, MAX_METAQ_CLIENT_PAYLOAD, load_config, served_config
 from notify.testing import BrokerProcess
-from tests.cluster.conftest import ZkBrokers, wait_until
+from tests.cluster.conftest import ZkBrokers
 from tests.compat import javaclient as j
 from tests.compat.javaclient import BooleanCommand, DataCommand, JavaConnection
 from tests.conftest import BrokerFactory
+from tests.helpers import wait_until
 from tests.services import ZooKeeperServer
 
 

@@ -75,13 +75,16 @@ def crc(body: bytes) -> int:
 
 
 class WireClient:
-    """A minimal blocking client for protocol tests: raw frames in, decoded replies out."""
+    """A minimal blocking client for protocol tests: raw frames in, decoded replies out.
+    ``ignore_checks``: drop the broker's check-back requests (what a reader of messages
+    sees of a producer group it does not answer for)."""
 
-    def __init__(self, addr: str, timeout: float = 10.0):
+    def __init__(self, addr: str, timeout: float = 10.0, ignore_checks: bool = False):
         host, port = addr.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.parser = ResponseParser()
         self.pending: list[Response] = []
+        self.ignore_checks = ignore_checks
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -91,7 +94,8 @@ class WireClient:
             data = self.sock.recv(1 << 20)
             if not data:
                 raise ConnectionError(f"closed after {len(self.pending)} of {n} replies")
-            self.pending.extend(self.parser.feed(data))
+            got = self.parser.feed(data)
+            self.pending += [r for r in got if r.kind != "check"] if self.ignore_checks else got
         out, self.pending = self.pending[:n], self.pending[n:]
         return out
 

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pymysql
 
 from notify.protocol import records
-from notify.protocol.frames import ResponseParser, encode_get, encode_line
+from notify.protocol.frames import encode_get, encode_line
 from notify.xa.resources.mysql import connect_args
 from notify.xa.resources.postgres import conninfo_of
+from tests.helpers import WireClient
 
 TABLE_DDL = "CREATE TABLE orders (id INT PRIMARY KEY, note VARCHAR(100))"
 
@@ -70,39 +68,10 @@ def my_prepared(url: str) -> list[Any]:
         c.close()
 
 
-class Wire:
-    """A tiny blocking wire client (reads what a consumer would see)."""
-
-    def __init__(self, addr: str, timeout: float = 10.0):
-        host, port = addr.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self.parser = ResponseParser()
-        self.opaque = 0
-
-    def call(self, frame: bytes) -> Any:
-        self.sock.sendall(frame)
-        while True:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("broker closed the connection")
-            out = [r for r in self.parser.feed(data) if r.kind != "check"]
-            if out:
-                return out[0]
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> Wire:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def messages(addr: str, topic: str, partitions: int) -> list[bytes]:
     """Every visible message body of ``topic`` (all partitions)."""
     out: list[bytes] = []
-    with Wire(addr) as w:
+    with WireClient(addr, ignore_checks=True) as w:
         for p in range(partitions):
             off = 0
             while True:
@@ -123,7 +92,7 @@ def message_ids(addr: str, topic: str = "orders", partitions: int = 2) -> list[i
 
 
 def broker_prepared(addr: str, uq: str = "null") -> list[str]:
-    with Wire(addr) as w:
+    with WireClient(addr, ignore_checks=True) as w:
         r = w.call(encode_line("transaction", "null", "probe", "RECOVER", uq, 1))
         assert r.code == 200, r.body
         return [k for k in r.body.decode().split("\r\n") if k]
@@ -139,11 +108,3 @@ def kill_apps() -> None:
         if app.poll() is None:
             app.kill()
             app.wait()
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(step)

@@ -13,20 +13,12 @@ from pathlib import Path
 import pytest
 from txlog_helpers import FsyncCounter, fail_times
 
+from tests.helpers import wait_until
 from txlog import Position, RecordType, TxLog, TxLogConfig, TxLogError
 
 
 def enospc() -> OSError:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
-def wait_until(predicate: object, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_sync_makes_durable_and_is_free_when_already_durable(logdir: Path) -> None:
@@ -209,7 +201,7 @@ def test_flush_at_commit_2_background_timer(logdir: Path) -> None:
         counter = FsyncCounter(log)
         positions = [log.commit(3, b"%d" % i) for i in range(100)]
         positions.append(asyncio.run(log.commit_async(3, b"async")))
-        assert wait_until(lambda: log.durable_position > positions[-1])
+        wait_until(lambda: log.durable_position > positions[-1])
         assert counter.calls >= 1
         assert counter.calls < 20
         quiet = counter.calls
@@ -222,7 +214,7 @@ def test_flush_at_commit_2_default_interval_within_about_a_second(logdir: Path) 
         t0 = time.monotonic()
         pos = log.commit(3, b"x")
         assert log.durable_position <= pos
-        assert wait_until(lambda: log.durable_position > pos, timeout=10)
+        wait_until(lambda: log.durable_position > pos, timeout=10)
         assert time.monotonic() - t0 < 5  # nominally ~1 s; generous against slow machines
 
 
@@ -281,7 +273,7 @@ def test_failed_fsync_is_reported_to_the_followers_it_covered(logdir: Path) -> N
         assert entered.wait(10)
         follower = threading.Thread(target=run, args=("follower", lambda: log.sync(follower_pos)))
         follower.start()
-        assert wait_until(lambda: len(log._coord._waiters) == 1)
+        wait_until(lambda: len(log._coord._waiters) == 1)
         counter.before = lambda: None
         release.set()
         leader.join()
@@ -380,14 +372,14 @@ def test_failed_batch_write_fails_its_committers_only(logdir: Path) -> None:
         appended = log.append(2, b"appended")  # written directly, after "first"
         syncer = threading.Thread(target=run, args=("syncer", lambda: log.sync(appended)))
         syncer.start()
-        assert wait_until(lambda: len(log._coord._waiters) == 1)
+        wait_until(lambda: len(log._coord._waiters) == 1)
         committers = [
             threading.Thread(target=run, args=(f"c{i}", lambda i=i: log.commit(3, b"c%d" % i)))
             for i in range(3)
         ]
         for t in committers:
             t.start()
-        assert wait_until(lambda: len(log._coord._waiters) == 4)
+        wait_until(lambda: len(log._coord._waiters) == 4)
         real = log._pwrite
 
         def failing(fd: int, data: memoryview, offset: int) -> int:

@@ -34,7 +34,7 @@ from notify.protocol import logrecords as lr
 from notify.protocol import records
 from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
-from tests.wireclient import WireClient, crc
+from tests.helpers import WireClient, crc, stats, wait_until
 from txlog.records import decode as decode_frames
 from txlog.records import encode as encode_frame
 
@@ -136,14 +136,10 @@ def _mput(c: WireClient, topic: str, part: int, bodies: list[bytes], key: str) -
 
 
 def _wait_rollbacks(addr: str, n: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with WireClient(addr) as c:
-            body = c.call(b"stats 1\r\n").body.decode()
-        if f"tx_connection_rollbacks {n}" in body:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the broker did not roll back the dropped connection's transaction")
+    wait_until(
+        lambda: stats(addr).get("tx_connection_rollbacks") == str(n),
+        what="the broker's rollback of the dropped connection's transaction",
+    )
 
 
 def _generate(work: Path) -> tuple[Path, BrokerLogs]:

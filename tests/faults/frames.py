@@ -9,12 +9,12 @@ nothing may crash and memory must stay bounded).
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
 from notify.protocol import records
+from tests.helpers import crc
 
 BODY_COMMANDS = (b"put", b"mput", b"sync", b"msync")
 LENGTH_INDEX = 3  # the body length is the 4th token of every body command
@@ -37,10 +37,6 @@ class Frame:
     @property
     def has_body(self) -> bool:
         return self.body is not None
-
-
-def _crc(b: bytes) -> int:
-    return zlib.crc32(b) & 0x7FFFFFFF
 
 
 topics = st.sampled_from([b"fz", b"fz", b"nosuch", b"../etc", b"a" * 250, b"fz.x-y_z"])
@@ -96,11 +92,11 @@ def valid_frames(draw: st.DrawFn, allow_quit: bool = True) -> Frame:
         t, p = draw(topics), draw(partitions)
         toks = [b"put", t, p, b"%d" % len(body), draw(st.sampled_from([b"0", b"1", b"4"]))]
         if kind == "put7c":
-            toks.append(b"%d" % draw(st.sampled_from([_crc(body), -1, 12345])))
+            toks.append(b"%d" % draw(st.sampled_from([crc(body), -1, 12345])))
         elif kind == "put7t":
             toks.append(draw(tx_keys))
         elif kind == "put8":
-            toks += [b"%d" % _crc(body), draw(tx_keys)]
+            toks += [b"%d" % crc(body), draw(tx_keys)]
         return Frame([*toks, op], body)
     if kind in ("mput", "msync"):
         n = draw(st.integers(min_value=1, max_value=4))
@@ -121,7 +117,7 @@ def valid_frames(draw: st.DrawFn, allow_quit: bool = True) -> Frame:
             b"%d" % len(body),
             b"0",
             b"77",
-            b"%d" % _crc(body),
+            b"%d" % crc(body),
             op,
         ]
         return Frame(toks, body)

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 
 from notify.protocol import records
-from tests.wireclient import WireClient
+from tests.helpers import WireClient
 
 TOPICS: dict[str, int] = {"fa": 4, "fb": 2}
 

@@ -5,13 +5,10 @@ what the broker acknowledged. Any socket error (the broker died) ends a generato
 from __future__ import annotations
 
 import random
-import socket
 import threading
 import time
-import zlib
 
 from notify.protocol import records
-from notify.protocol.frames import Response, ResponseParser
 from tests.faults.ledger import (
     COMMIT_SENT,
     COMMITTED,
@@ -25,36 +22,10 @@ from tests.faults.ledger import (
     plain_body,
     tx_body,
 )
+from tests.helpers import WireClient, crc
 
 MAX_SECONDS = 30.0
 _TARGETS = [(t, p) for t, n in TOPICS.items() for p in range(n)]
-
-
-def _crc(b: bytes) -> int:
-    return zlib.crc32(b) & 0x7FFFFFFF
-
-
-class _Conn:
-    def __init__(self, addr: str):
-        host, port = addr.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=5)
-        self.parser = ResponseParser()
-        self.pending: list[Response] = []
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def replies(self, n: int) -> list[Response]:
-        while len(self.pending) < n:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("closed")
-            self.pending.extend(self.parser.feed(data))
-        out, self.pending = self.pending[:n], self.pending[n:]
-        return out
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class Generator(threading.Thread):
@@ -70,7 +41,7 @@ class Generator(threading.Thread):
     def run(self) -> None:
         self.started_at = time.monotonic()
         try:
-            conn = _Conn(self.addr)
+            conn = WireClient(self.addr, timeout=5)
         except OSError:
             return
         try:
@@ -82,7 +53,7 @@ class Generator(threading.Thread):
         finally:
             conn.close()
 
-    def step(self, conn: _Conn) -> None:
+    def step(self, conn: WireClient) -> None:
         raise NotImplementedError
 
 
@@ -93,7 +64,7 @@ class PlainProducer(Generator):
         super().__init__(*a, **kw)  # type: ignore[arg-type]
         self.seq = 0
 
-    def step(self, conn: _Conn) -> None:
+    def step(self, conn: WireClient) -> None:
         burst = self.rnd.randint(1, 40)
         frames = []
         sent: dict[int, tuple[str, int, bytes]] = {}
@@ -106,7 +77,7 @@ class PlainProducer(Generator):
                 self.ledger.sent.add(body)
             frames.append(
                 b"put %s %d %d 0 %d %d\r\n%b"
-                % (topic.encode(), part, len(body), _crc(body), self.seq, body)
+                % (topic.encode(), part, len(body), crc(body), self.seq, body)
             )
         conn.send(b"".join(frames))
         for r in conn.replies(burst):
@@ -128,7 +99,7 @@ class LocalTxProducer(Generator):
         self.session = session
         self.seq = 0
 
-    def step(self, conn: _Conn) -> None:
+    def step(self, conn: WireClient) -> None:
         self.seq += 1
         key = f"TX:{self.session}:{self.seq}"
         k = self.rnd.randint(1, 4)
@@ -141,7 +112,7 @@ class LocalTxProducer(Generator):
             body = tx_body(key, i, k, self.rnd.randint(0, 100))
             frames.append(
                 b"put %s %d %d 0 %d %s 2\r\n%b"
-                % (topic.encode(), part, len(body), _crc(body), kb, body)
+                % (topic.encode(), part, len(body), crc(body), kb, body)
             )
         verb = b"COMMIT_ONE_PHASE" if commit else b"ROLLBACK"
         frames.append(b"transaction %s %s %s 3\r\n" % (kb, sb, verb))
@@ -165,7 +136,7 @@ class XaProducer(Generator):
         self.prefix = prefix
         self.seq = 0
 
-    def step(self, conn: _Conn) -> None:
+    def step(self, conn: WireClient) -> None:
         self.seq += 1
         key = f"XID:1:{self.prefix:08x}{self.seq:08x}:beef:fq"
         kb = key.encode()
@@ -176,7 +147,7 @@ class XaProducer(Generator):
             body = tx_body(key, i, k, self.rnd.randint(0, 100))
             frames.append(
                 b"put %s %d %d 0 %d %s 2\r\n%b"
-                % (topic.encode(), part, len(body), _crc(body), kb, body)
+                % (topic.encode(), part, len(body), crc(body), kb, body)
             )
         frames.append(b"transaction %s xa END 3\r\n" % kb)
         frames.append(b"transaction %s xa PREPARE 4\r\n" % kb)
@@ -213,7 +184,7 @@ class Consumer(Generator):
         super().__init__(*a, **kw)  # type: ignore[arg-type]
         self.pos = dict.fromkeys(_TARGETS, 0)
 
-    def step(self, conn: _Conn) -> None:
+    def step(self, conn: WireClient) -> None:
         got = 0
         for topic, part in _TARGETS:
             off = self.pos[(topic, part)]

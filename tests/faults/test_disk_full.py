@@ -25,7 +25,7 @@ from notify.testing import BrokerProcess
 from tests.conftest import IN_CI
 from tests.faults import summary
 from tests.faults.ledger import read_partition
-from tests.wireclient import WireClient, crc
+from tests.helpers import WireClient, crc
 
 pytestmark = pytest.mark.slow
 

@@ -35,7 +35,7 @@ from tests.faults.ledger import (
     settle,
 )
 from tests.faults.load import Consumer, Generator, LocalTxProducer, PlainProducer, XaProducer
-from tests.wireclient import WireClient, crc
+from tests.helpers import WireClient, crc
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 

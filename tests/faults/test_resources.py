@@ -19,7 +19,7 @@ from notify.protocol import records
 from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
 from tests.faults import summary
-from tests.wireclient import WireClient
+from tests.helpers import WireClient
 
 pytestmark = pytest.mark.slow
 

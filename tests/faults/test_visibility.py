@@ -18,7 +18,7 @@ import pytest
 from notify.protocol import records
 from notify.testing import BrokerProcess
 from tests.faults import summary
-from tests.wireclient import WireClient, crc
+from tests.helpers import WireClient, crc
 
 pytestmark = pytest.mark.slow
 

@@ -36,7 +36,7 @@ from notify.protocol.frames import (
 from notify.testing import BrokerProcess
 from tests.faults import summary
 from tests.faults.frames import Frame, mutated_frames, valid_frames
-from tests.wireclient import WireClient
+from tests.helpers import WireClient
 
 SECTION = "wire_fuzz"
 CODEC_EXAMPLES = 3000 if summary.LONG else 400

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from notify.testing import BrokerProcess, free_port
-from tests.wireclient import WireClient
+from tests.helpers import WireClient
 
 HTTP_TOPICS: dict[str, Any] = {
     "test": 4,
@@ -129,7 +129,7 @@ def prepare_xa(
     secret: str | None = None,
 ) -> None:
     """An XA transaction with ``bodies`` put to ``topic-partition``, left PREPARED."""
-    from tests.wireclient import crc
+    from tests.helpers import crc
 
     with WireClient(addr) as c:
         if secret:

@@ -11,8 +11,8 @@ from typing import Any
 from notify.config import load_config
 from notify.http import api
 from notify.testing import BrokerProcess
+from tests.helpers import WireClient
 from tests.http.conftest import MAX_MESSAGE, Http, prepare_xa, xid
-from tests.wireclient import WireClient
 
 
 def test_produce_one_many_and_fetch(http: Http) -> None:

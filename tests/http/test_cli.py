@@ -13,8 +13,8 @@ from notify.cli import main
 from notify.client import Partition, RecoverStore, list_dead_letters, list_pending_recovery
 from notify.client._message import Message
 from notify.testing import BrokerProcess, free_port
+from tests.helpers import WireClient
 from tests.http.conftest import Http, prepare_xa, xid
-from tests.wireclient import WireClient
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:

@@ -25,8 +25,8 @@ import pytest
 
 from notify.testing import BrokerProcess
 from tests.conftest import IN_CI
+from tests.helpers import WireClient
 from tests.http.conftest import Http, prepare_xa, xid
-from tests.wireclient import WireClient
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"

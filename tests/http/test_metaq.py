@@ -8,8 +8,8 @@ import zlib
 
 from notify.protocol import records
 from notify.testing import BrokerProcess
+from tests.helpers import WireClient
 from tests.http.conftest import MAX_MESSAGE, Http
-from tests.wireclient import WireClient
 
 
 def crc(body: bytes) -> int:

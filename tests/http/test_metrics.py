@@ -9,8 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from notify.testing import BrokerProcess, free_port
+from tests.helpers import WireClient
 from tests.http.conftest import Http, prepare_xa, xid
-from tests.wireclient import WireClient
 
 
 def scrape(http: Http) -> dict[str, list[Sample]]:

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from notify.testing import BrokerProcess, free_port
+from tests.helpers import WireClient
 from tests.http.conftest import HTTP_TOPICS, Http
-from tests.wireclient import WireClient
 
 SECRET = "s3cret-token"
 

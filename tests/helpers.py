@@ -18,7 +18,7 @@ from pathlib import Path
 
 from notify.protocol import records
 from notify.protocol.frames import Response, ResponseParser
-from notify.protocol.replies import parse_stats
+from notify.protocol.replies import parse_fields, parse_stats
 from notify.testing import BrokerProcess
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "WireClient",
     "cpu_seconds",
     "crc",
+    "queue_stats",
     "raw",
     "read_all",
     "rss",
@@ -189,6 +190,11 @@ def stats(addr: str, item: str = "", secret: str = "") -> dict[str, str]:
         r = c.call(f"stats {item} 7\r\n".encode() if item else b"stats 7\r\n")
         assert r.code == 200, r
         return dict(parse_stats(r.body))
+
+
+def queue_stats(addr: str) -> dict[str, dict[str, str]]:
+    """``stats queues`` as ``{"<topic>/<group>": {field: value}}``."""
+    return {name: parse_fields(v) for name, v in stats(addr, "queues").items() if "/" in name}
 
 
 def rss(b: BrokerProcess) -> int:

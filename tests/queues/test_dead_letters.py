@@ -12,9 +12,9 @@ from notify.cli import main
 from notify.protocol import records
 from notify.protocol.frames import Response, encode_qdlq, parse_dead_letters
 from notify.testing import BrokerProcess, free_port
+from tests.helpers import WireClient
 from tests.http.conftest import Http
 from tests.queues.test_queues import _publish, _pushes
-from tests.wireclient import WireClient
 
 USER, ADMIN = "user-pw", "admin-pw"
 

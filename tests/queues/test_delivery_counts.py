@@ -9,8 +9,8 @@ from pathlib import Path
 
 from notify.protocol.frames import encode_qdlq, parse_dead_letters
 from notify.testing import BrokerProcess
+from tests.helpers import WireClient
 from tests.queues.test_queues import _publish, _pushes
-from tests.wireclient import WireClient
 
 FSYNC_WAIT_S = 0.3  # the DELIVER record is fsynced in the background, group-committed
 

@@ -24,11 +24,12 @@ from notify.migrations import upgrade
 from notify.offsets import QueueInbox
 from notify.offsets.base import OffsetStoreError
 from notify.testing import BrokerProcess
+from tests.helpers import queue_stats
 from tests.offsets.conftest import sql_url
 from tests.services import PostgresServer, fresh_database
 from tests.services_conftest import running
 
-from .test_queues import _publish, _stats
+from .test_queues import _publish
 
 N = 120
 
@@ -105,7 +106,7 @@ def test_transactional_ack_survives_sigkill_at_each_step(
             total = c.execute(sa.text("SELECT n FROM totals")).scalar_one()
         assert sorted(bodies) == sorted(f"job{i}" for i in range(N)), tail  # once each
         assert total == N
-        st = _stats(b.addr)["jobs/qtx"]
+        st = queue_stats(b.addr)["jobs/qtx"]
         assert st["tracked"] == "0", st  # every message accepted on the broker
         # the committed-but-unacknowledged batch came back and was only acknowledged
         assert " duplicates\n" in log.read_text(), tail
@@ -210,7 +211,7 @@ def test_two_consumers_holding_one_message_apply_it_once(
             t.join(10)
             assert result["second"] == (0, 1) and result["second_acked"] == [True]
             assert "queue claim raced with another transaction" in caplog.text
-        assert _stats(b.addr)["jobs/g"]["tracked"] == "0"
+        assert queue_stats(b.addr)["jobs/g"]["tracked"] == "0"
     with engine.connect() as c:
         assert [r[0] for r in c.execute(sa.text("SELECT body FROM applied"))] == ["job0"]
     engine.dispose()

@@ -15,7 +15,7 @@ from notify.protocol import queuelog
 from notify.protocol.frames import Response, decode_qbatch
 from notify.protocol.records import HEADER, HEADER_SIZE
 from notify.testing import BrokerProcess
-from tests.wireclient import WireClient
+from tests.helpers import WireClient, queue_stats
 from txlog import TxLog, TxLogConfig
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -29,17 +29,6 @@ def _publish(addr: str, topic: str, n: int, parts: int, prefix: bytes = b"m") ->
             for i in range(n)
         ))
         assert all(r.code == 200 for r in c.replies(n))
-
-
-def _stats(addr: str) -> dict[str, dict[str, str]]:
-    with WireClient(addr) as c:
-        body = c.call(b"stats queues 3\r\n").body.decode()
-    out = {}
-    for line in body.splitlines():
-        if "/" in line.split(" ", 1)[0]:
-            name, rest = line.split(" ", 1)
-            out[name] = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
-    return out
 
 
 def _pushes(c: WireClient, n: int) -> list[Response]:
@@ -77,7 +66,7 @@ def test_competing_consumers_beyond_partitions_share_the_work(tmp_path: Path) ->
         assert len(seen) == 6, {k: len(v) for k, v in seen.items()}  # every consumer worked
         everything = [d for v in seen.values() for d in v]
         assert sorted(everything) == sorted(b"m%d" % i for i in range(300))  # once each
-        st = _stats(b.addr)["work/jobs"]
+        st = queue_stats(b.addr)["work/jobs"]
         assert st["redelivered"] == "0" and st["tracked"] == "0"
 
 
@@ -102,7 +91,7 @@ def test_poison_message_is_dead_lettered_while_the_rest_flow(tmp_path: Path) -> 
             time.sleep(0.3)
         assert sorted(ok) == sorted(b"m%d" % i for i in range(50) if i != 7)
         assert attempts == [1, 2, 3]
-        st = _stats(b.addr)["work/g"]
+        st = queue_stats(b.addr)["work/g"]
         assert st["dead_letters"] == "1", st
 
 
@@ -134,7 +123,7 @@ def test_hostile_clients_bogus_acks_never_acking_and_huge_credit(tmp_path: Path)
         assert r.body == b"50"  # clamped to queueMaxCredit
         got = _pushes(greedy, 50)
         # the never-acking consumer holds 50; the window holds at most 100 messages
-        st = _stats(b.addr)["work/g"]
+        st = queue_stats(b.addr)["work/g"]
         assert int(st["tracked"]) <= 100 and st["acquired"] == "50", st
         # bogus acks: offsets it does not hold, another group's, garbage; nothing changes
         liar = WireClient(b.addr)
@@ -154,7 +143,7 @@ def test_hostile_clients_bogus_acks_never_acking_and_huge_credit(tmp_path: Path)
         (rep,) = [r for r in out if r.kind == "result"]
         assert rep.body.split(b"\n")[0] == b"5 0"
         assert sum(r.kind == "qmsg" for r in out) == 5
-        st = _stats(b.addr)["work/g"]
+        st = queue_stats(b.addr)["work/g"]
         assert st["refused_acks"] == "13" and int(st["tracked"]) <= 100, st
         assert liar_msg.kind == "qmsg"
         # bad verbs keep the connection
@@ -244,7 +233,7 @@ def test_async_listener_runs_in_its_own_task(tmp_path: Path) -> None:
             return leaks
 
         assert asyncio.run(main()) == [""] * 5
-        st = _stats(b.addr)["ctx/w"]
+        st = queue_stats(b.addr)["ctx/w"]
         assert st["redelivered"] == "0" and st["tracked"] == "0", st
 
 
@@ -343,7 +332,7 @@ def test_batch_listener_accepts_or_releases_the_whole_batch(tmp_path: Path) -> N
         firsts = {o for o, d in seen[: batches[0]]}
         again = {o for o, d in seen[batches[0] :] if d == 2}
         assert firsts and firsts <= again  # the failed batch came back, count 2
-        st = _stats(b.addr)["work/g"]
+        st = queue_stats(b.addr)["work/g"]
         assert st["acquired"] == "0" and st["tracked"] == "0"  # the rest were all accepted
         assert st["dead_letters"] == "0"
 
@@ -392,9 +381,9 @@ def test_sync_session_batch_listener_runs_on_a_thread(tmp_path: Path) -> None:
             c = session.create_queue_consumer("work", "g", credit=50, batch_listener=listener)
             assert done.wait(10)
             deadline = time.monotonic() + 5
-            while _stats(b.addr)["work/g"]["tracked"] != "0" and time.monotonic() < deadline:
+            while queue_stats(b.addr)["work/g"]["tracked"] != "0" and time.monotonic() < deadline:
                 time.sleep(0.05)
             c.close()
         assert sorted(seen) == sorted(b"m%d" % i for i in range(10))
-        assert _stats(b.addr)["work/g"]["tracked"] == "0"  # all accepted
+        assert queue_stats(b.addr)["work/g"]["tracked"] == "0"  # all accepted
         assert "MainThread" not in threads

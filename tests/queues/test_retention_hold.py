@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from tests.conftest import BrokerFactory
-from tests.wireclient import WireClient
+from tests.helpers import WireClient
 
 
 def _min_offset(c: WireClient, topic: str) -> int:

@@ -30,7 +30,8 @@ from notify.protocol.frames import Response
 from notify.testing import BrokerProcess
 from tests.broker.test_delay import dput, now_ms, read_all
 from tests.broker.test_transactions import stats
-from tests.queues.test_queues import _publish, _pushes, _stats
+from tests.helpers import queue_stats
+from tests.queues.test_queues import _publish, _pushes
 from tests.replication.test_auto_failover import Group, _logs, _stats_or_empty, _wait
 from tests.services import ZooKeeperServer
 from tests.wireclient import WireClient
@@ -165,7 +166,7 @@ def test_rejoined_member_promoted_again_keeps_delay_and_queue_state(group: Group
     assert _bodies(a.addr) == want  # each delayed message once
     assert int(stats(a.addr)["delay_pending"]) == 0
 
-    st = _stats(a.addr)["work/g"]
+    st = queue_stats(a.addr)["work/g"]
     assert st["dead_letters"] == "0" and st["acquired"] == "0", st
     with WireClient(a.addr) as c3:
         assert c3.call(b"qsub work g 30 earliest 6\r\n").code == 200
@@ -173,10 +174,10 @@ def test_rejoined_member_promoted_again_keeps_delay_and_queue_state(group: Group
         assert set(got) == set(held2)  # the ones in flight at the kill, nothing accepted
         r = c3.call(b"version 7\r\n")  # nothing else was pushed before this answer
         assert r.kind == "result" and r.code == 200, r
-        st = _stats(a.addr)["work/g"]
+        st = queue_stats(a.addr)["work/g"]
         assert (st["acquired"], st["available"], st["dead_letters"]) == ("10", "0", "0"), st
         items = b"".join(b"A %d %d\n" % m for m in got)
         rep = c3.call(b"qack work g %d 8\r\n" % len(items) + items)
         assert rep.code == 200 and rep.body.split(b"\n")[0] == b"10 0", rep
-        st = _stats(a.addr)["work/g"]
+        st = queue_stats(a.addr)["work/g"]
         assert st["tracked"] == "0" and st["low_water"] == f"0:{ends[offsets[-1]]}", st

@@ -23,9 +23,8 @@ from kazoo.client import KazooClient
 from notify.client import ClientConfig, ConsumerConfig, Producer, ProducerConfig, connect
 from notify.protocol import records
 from notify.testing import BrokerProcess, free_port
-from tests.broker.test_transactions import read_all, stats, tput, tx, xid
+from tests.helpers import WireClient, read_all, stats, tput, tx, wait_until, xid
 from tests.services import ZooKeeperServer
-from tests.wireclient import WireClient
 from txlog import TxLog
 
 REPL = "repl-secret"
@@ -35,19 +34,10 @@ SESSION_MS = 2000
 
 
 def _wait(cond: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> float:
-    """Poll ``cond`` until true; a broker that refuses or drops the connection meanwhile
+    """:func:`wait_until`; a broker that refuses or drops the connection meanwhile
     (restarting in its process: a demoted master rejoins, as designed) is "not yet"."""
-    t0 = time.monotonic()
-    last = ""
-    while True:
-        try:
-            if cond():
-                return time.monotonic() - t0
-        except (ConnectionRefusedError, ConnectionResetError) as e:
-            last = f" (last: {e})"
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"{what} not reached within {timeout}s{last}")
-        time.sleep(0.05)
+    retry = (ConnectionRefusedError, ConnectionResetError)
+    return wait_until(cond, timeout, step=0.05, what=what, retry=retry)
 
 
 class Group:

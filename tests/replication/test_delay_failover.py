@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from notify.testing import BrokerProcess, free_port
-from tests.broker.test_delay import dput, now_ms, read_all
-from tests.broker.test_transactions import stats
+from tests.broker.test_delay import dput, now_ms
+from tests.helpers import WireClient, read_all, stats
 from tests.replication.test_tx_failover import _pair, _wait
-from tests.wireclient import WireClient
 
 
 def _bodies(addr: str) -> Counter[bytes]:

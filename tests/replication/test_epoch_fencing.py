@@ -18,7 +18,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from notify.client import ClientConfig, ProducerConfig, connect
-from tests.broker.test_transactions import stats, tput, tx, xid
+from tests.helpers import WireClient, stats, tput, tx, xid
 from tests.replication.test_auto_failover import (
     Group,
     _client_send_until_ok,
@@ -27,7 +27,6 @@ from tests.replication.test_auto_failover import (
     _wait,
 )
 from tests.services import ZooKeeperServer
-from tests.wireclient import WireClient
 
 
 @pytest.fixture

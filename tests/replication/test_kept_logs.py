@@ -28,13 +28,11 @@ from notify.broker.delay import _encode_moved, decode_envelope
 from notify.protocol import queuelog, records
 from notify.protocol.frames import Response
 from notify.testing import BrokerProcess
-from tests.broker.test_delay import dput, now_ms, read_all
-from tests.broker.test_transactions import stats
-from tests.helpers import queue_stats
+from tests.broker.test_delay import dput, now_ms
+from tests.helpers import WireClient, queue_stats, read_all, stats
 from tests.queues.test_queues import _publish, _pushes
 from tests.replication.test_auto_failover import Group, _logs, _stats_or_empty, _wait
 from tests.services import ZooKeeperServer
-from tests.wireclient import WireClient
 from txlog import TxLog
 
 N = 30  # queue messages in "work"

@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 from notify.testing import BrokerProcess, free_port
-from tests.broker.test_transactions import stats
+from tests.helpers import WireClient, stats
 from tests.queues.test_queues import _publish, _pushes
 from tests.replication.test_tx_failover import REPL, _wait
-from tests.wireclient import WireClient
 
 
 def test_promoted_slave_does_not_redeliver_accepted_messages(tmp_path: Path) -> None:

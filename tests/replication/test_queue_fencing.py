@@ -22,11 +22,10 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from tests.broker.test_transactions import stats
+from tests.helpers import WireClient, stats
 from tests.queues.test_queues import _publish, _pushes
 from tests.replication.test_auto_failover import Group
 from tests.services import ZooKeeperServer
-from tests.wireclient import WireClient
 
 
 @pytest.fixture

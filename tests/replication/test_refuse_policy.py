@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from notify.protocol import records
+from tests.helpers import WireClient
 from tests.replication.test_replication import _pair, segment_bytes, stats, wait_equal
-from tests.wireclient import WireClient
 
 
 def _bodies(addr: str) -> list[bytes]:

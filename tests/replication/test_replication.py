@@ -12,16 +12,9 @@ from notify.client._message import build_payload
 from notify.protocol import records
 from notify.protocol.identity import encode_claim, producer_id
 from notify.testing import BrokerProcess, free_port
-from tests.wireclient import WireClient, crc
+from tests.helpers import WireClient, crc, stats
 
 TOPICS = {"rep": 3}
-
-
-def stats(addr: str, item: str = "") -> dict[str, str]:
-    with WireClient(addr) as c:
-        frame = f"stats {item} 1\r\n" if item else "stats 1\r\n"
-        body = c.call(frame.encode()).body.decode()
-    return dict(line.partition(" ")[::2] for line in body.split("\r\n")[1:-2])
 
 
 def ends(addr: str, topic: str, n: int) -> list[int]:

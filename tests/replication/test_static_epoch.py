@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from notify.client import ClientConfig, Partition, ProducerConfig, connect
-from tests.broker.test_transactions import read_all, stats
+from tests.helpers import WireClient, read_all, stats
 from tests.queues.test_queues import _publish, _pushes
 from tests.replication.test_auto_failover import (
     Group,
@@ -31,7 +31,6 @@ from tests.replication.test_auto_failover import (
     _wait,
 )
 from tests.services import ZooKeeperServer
-from tests.wireclient import WireClient
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from notify.testing import BrokerProcess, free_port
-from tests.broker.test_transactions import read_all, stats
+from tests.helpers import WireClient, read_all, stats
 from tests.replication.test_auto_failover import (
     REPL,
     SESSION_MS,
@@ -23,7 +23,6 @@ from tests.replication.test_auto_failover import (
     print_decisions,
 )
 from tests.services import ZooKeeperServer
-from tests.wireclient import WireClient
 
 
 @pytest.fixture

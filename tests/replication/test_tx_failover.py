@@ -8,24 +8,18 @@ Real broker processes; the master dies by SIGKILL right after its last acknowled
 from __future__ import annotations
 
 import re
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 from notify.protocol import records
 from notify.testing import BrokerProcess, free_port
-from tests.broker.test_transactions import read_all, stats, tput, tx, xid
-from tests.wireclient import WireClient
+from tests.helpers import WireClient, read_all, stats, tput, tx, wait_until, xid
 
 REPL = "repl-secret"
 
 
-def _wait(cond: object, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached")
+def _wait(cond: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
+    wait_until(cond, timeout, step=0.05, what=what)
 
 
 def _pair(tmp: Path, sync: bool) -> tuple[BrokerProcess, BrokerProcess]:

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 
 from notify.testing import BrokerProcess
+from tests.helpers import WireClient
 from tests.http.conftest import Http
-from tests.wireclient import WireClient
 
 
 def _gets(b: BrokerProcess, groups: range, batch: int = 1000) -> None:

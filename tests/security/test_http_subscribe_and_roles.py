@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from notify.protocol.frames import encode_dput
 from notify.testing import BrokerProcess
+from tests.helpers import WireClient
 from tests.http.conftest import Http
-from tests.wireclient import WireClient
 
 
 def test_closed_and_internal_topics_are_not_readable_over_http(

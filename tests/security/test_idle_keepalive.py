@@ -22,7 +22,7 @@ from notify.client import (
 )
 from notify.config import SystemConfig
 from tests.conftest import BrokerFactory
-from tests.wireclient import WireClient
+from tests.helpers import WireClient
 
 REPL = "repl-secret"
 IDLE_MS = 500

@@ -23,10 +23,10 @@ from notify.protocol import records
 from notify.protocol.frames import ResponseParser, encode_mput
 from notify.testing import BrokerProcess, free_port
 from tests.conftest import BrokerFactory
+from tests.helpers import MIB, WireClient, raw, rss
 from tests.http.conftest import Http
 from tests.security.test_wire_tls import pki  # noqa: F401  (fixture)
-from tests.security.wire import MIB, closed_within, raw, rss, send_for
-from tests.wireclient import WireClient
+from tests.security.wire import closed_within, send_for
 
 
 def test_max_header_size(broker_factory: BrokerFactory) -> None:

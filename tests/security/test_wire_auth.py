@@ -13,9 +13,9 @@ from pathlib import Path
 from notify.protocol import records
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
+from tests.helpers import WireClient, crc, raw
 from tests.http.conftest import Http
-from tests.security.wire import closed_within, raw
-from tests.wireclient import WireClient, crc
+from tests.security.wire import closed_within
 
 APP = "app-secret"
 ADMIN = "admin-secret"

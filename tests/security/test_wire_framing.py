@@ -15,8 +15,8 @@ from notify.protocol import records
 from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
-from tests.security.wire import MIB, closed_within, cpu_seconds, raw, rss, send_for
-from tests.wireclient import WireClient, crc
+from tests.helpers import MIB, WireClient, cpu_seconds, crc, raw, rss
+from tests.security.wire import closed_within, send_for
 
 SECRET = "wire-s3cret"
 

@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 
 from notify.testing import BrokerProcess
-from tests.broker.test_transactions import stats
 from tests.conftest import BrokerFactory
+from tests.helpers import MIB, WireClient, crc, rss, stats
 from tests.http.conftest import Http
-from tests.security.wire import MIB, rss
-from tests.wireclient import WireClient, crc
 
 NUMS = ("-1", "-9223372036854775809", "9223372036854775808", "18446744073709551616",
         "99999999999999999999999999", "1e9", "0x10", "+5", "nan")  # fmt: skip

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 from notify.protocol import records
 from notify.protocol.frames import encode_msync
 from notify.testing import BrokerProcess, free_port
-from tests.security.wire import stats
-from tests.wireclient import WireClient, crc
+from tests.helpers import WireClient, crc, stats, wait_until
 
 REPL = "repl-secret"
 
@@ -30,13 +29,8 @@ def _end(addr: str, topic: str = "rep", part: int = 0) -> int:
     return int(r.body) if r.code == 200 else -1
 
 
-def _wait(cond: object, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached")
+def _wait(cond: Callable[[], object], timeout: float = 15.0) -> None:
+    wait_until(cond, timeout, step=0.05)
 
 
 def test_forged_msync_and_sync_are_refused(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ import time
 from notify.protocol import records
 from notify.protocol.frames import ResponseParser, encode_mput
 from tests.conftest import BrokerFactory
+from tests.helpers import MIB, WireClient, cpu_seconds, crc, raw, rss, stats
 from tests.security.test_http_topic_creation import fd_limit
-from tests.security.wire import MIB, cpu_seconds, raw, rss, send_for, stats
-from tests.wireclient import WireClient, crc
+from tests.security.wire import send_for
 
 
 def _fill(addr: str, topic: str, mib: int, payload: bytes) -> None:

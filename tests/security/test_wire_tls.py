@@ -16,6 +16,7 @@ import pytest
 from notify.protocol import records
 from notify.protocol.frames import ResponseParser
 from notify.testing import BrokerProcess, free_port
+from tests.helpers import wait_until
 
 
 def _openssl(*args: str) -> None:
@@ -158,14 +159,14 @@ def _squat(host: str, port: int, n: int) -> tuple[list[socket.socket], int]:
 
 
 def _until(ok: Callable[[], None], what: str) -> None:
-    deadline = time.monotonic() + 3
-    while True:  # the slots free as the broker sees the squatters go
-        try:
-            ok()
-            return
-        except (ssl.SSLError, ConnectionError, TimeoutError):
-            assert time.monotonic() < deadline, what
-            time.sleep(0.1)
+    """Until ``ok`` succeeds (the slots free as the broker sees the squatters go)."""
+    wait_until(
+        lambda: ok() is None,
+        timeout=3,
+        step=0.1,
+        what=what,
+        retry=(ssl.SSLError, ConnectionError, TimeoutError),
+    )
 
 
 def test_tls_handshake_slowloris_is_bounded(tmp_path: Path, pki: dict[str, Path]) -> None:

@@ -36,9 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from notify.testing import BrokerProcess, free_port
-from tests.broker.test_transactions import read_all, stats, tput, tx, xid
+from tests.helpers import WireClient, read_all, stats, tput, tx, xid
 from tests.services import ZooKeeperServer
-from tests.wireclient import WireClient
 
 TOPIC = "orders"
 #: prepared XA branches the coordinator holds before committing the oldest

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from notify.testing import BrokerProcess, free_port
-from tests.wireclient import WireClient
+from tests.helpers import WireClient
 
 
 def main() -> None:

@@ -67,7 +67,7 @@ def test_parked_gets_are_capped_and_die_with_their_connection(
     base = rss(b)
     s = raw(b.addr, timeout=30)
     burst = b"".join(b"get r g 0 0 4096 60000 %d\r\n" % i for i in range(300_000))
-    sent = send_for(s, burst, 20)
+    sent = send_for(s, burst, 20, stall=2.0)
     time.sleep(0.5)
     grown = rss(b) - base
     st = stats(b.addr)
@@ -101,7 +101,7 @@ def test_pipelined_puts_without_reading_pause_the_reader(broker_factory: BrokerF
     one = b"put r 0 1 0 %d 7\r\n%b" % (crc(body), body)
     s = raw(b.addr, timeout=30)
     burst = one * 3_000_000  # 72 MB of puts
-    sent = send_for(s, burst, 15)
+    sent = send_for(s, burst, 15, stall=2.0)
     grown = rss(b) - base
     assert sent < len(burst), "the broker read everything: no back-pressure"
     assert grown < 80 * MIB, f"RSS grew {grown / MIB:.0f} MiB"

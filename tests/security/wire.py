@@ -7,17 +7,24 @@ import socket
 import time
 
 
-def send_for(s: socket.socket, data: bytes, seconds: float) -> int:
-    """Send as much of ``data`` as the peer accepts within ``seconds``; bytes sent."""
+def send_for(s: socket.socket, data: bytes, seconds: float, stall: float | None = None) -> int:
+    """Send as much of ``data`` as the peer accepts within ``seconds``; bytes sent. With
+    ``stall``: stop as soon as the peer has taken nothing for that long (it stopped
+    reading: the back-pressure a test waits for), rather than at the deadline."""
     s.setblocking(False)
     sent = 0
-    deadline = time.monotonic() + seconds
+    now = time.monotonic()
+    deadline, moved = now + seconds, now
     view = memoryview(data)
-    while sent < len(data) and time.monotonic() < deadline:
+    while sent < len(data) and now < deadline:
         try:
             sent += s.send(view[sent : sent + 65536])
+            moved = now
         except BlockingIOError:
+            if stall is not None and now - moved > stall:
+                break
             time.sleep(0.005)
+        now = time.monotonic()
     s.setblocking(True)
     return sent
 

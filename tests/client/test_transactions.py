@@ -39,7 +39,7 @@ from notify.testing import BrokerProcess
 from notify.transport import AsyncConnection
 from tests.conftest import BrokerFactory
 from tests.helpers import read_all as read_part
-from tests.helpers import wait_until
+from tests.helpers import timing, wait_until
 from txlog import records as txrecords
 
 FAST = ClientConfig(
@@ -394,7 +394,8 @@ def test_half_commit_is_readable_after_half_commit_force_delay(
         assert bodies(b.addr, "single", 1) == []  # answered, not forced yet: invisible
         wait_until(lambda: bodies(b.addr, "single", 1) == [b"late"], timeout=5)
         waited = time.monotonic() - acked
-        assert 0.4 <= waited < 3.0, waited
+        assert waited >= 0.4, waited
+        timing(waited < 3.0, f"a 600 ms halfCommitForceDelay made it readable after {waited:.2f} s")
 
 
 def test_half_messages_commit_rollback_unknown(broker_factory: BrokerFactory) -> None:

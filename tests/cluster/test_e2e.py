@@ -27,7 +27,7 @@ from kazoo.client import KazooClient
 
 from notify.client import ClientConfig, ProducerConfig, connect
 from tests.cluster.conftest import SESSION_S, ZkBrokers, zk_clients
-from tests.helpers import wait_until
+from tests.helpers import timing, wait_until
 from tests.services import ZooKeeperServer, _die_with_parent
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
@@ -230,7 +230,7 @@ def test_cluster_end_to_end(
         tried = [s.at for s in load.sends if s.broker == 1 and s.at > t_kill]
         figures["dead_broker_last_try_s"] = (max(tried) - t_kill) if tried else 0.0
         figures["failed_sends"] = sum(1 for s in load.sends if not s.ok)
-        assert figures["dead_broker_last_try_s"] < SESSION_S + 2.0, figures
+        timing(figures["dead_broker_last_try_s"] < SESSION_S + 2.0, f"dead broker: {figures}")
         brokers[1].start()  # back with its data: consumers drain what it holds
         wait_until(lambda: balanced(kz, root, [0, 1, 2, 3], workers), 15)
 
@@ -321,9 +321,9 @@ def test_cluster_end_to_end(
     for key, names in receivers.items():
         assert "c3" in names or set(names) & set(lost_sessions), (key, names)
     assert report["duplicates"] < 2000, report
-    assert figures["new_broker_used_s"] < 3.0, figures
-    assert figures["graceful_rebalance_s"] < 2.0, figures
-    assert figures["crash_rebalance_s"] < SESSION_S + 2.5, figures
+    timing(figures["new_broker_used_s"] < 3.0, f"new broker used: {figures}")
+    timing(figures["graceful_rebalance_s"] < 2.0, f"graceful rebalance: {figures}")
+    timing(figures["crash_rebalance_s"] < SESSION_S + 2.5, f"crash rebalance: {figures}")
     # per-key placement is stable while the partition set is unchanged
     placement: dict[tuple[str, tuple[str, ...]], set[str]] = collections.defaultdict(set)
     for s in load.sends:

@@ -16,6 +16,7 @@ from configserver import (
 )
 from tests.cluster.conftest import Backend
 from tests.cluster.test_configserver import eventually, run
+from tests.helpers import timing
 
 
 class Ledger:
@@ -121,8 +122,9 @@ def test_one_four_two_members_no_overlap(backend: Backend) -> None:
             await eventually(lambda: _true(sorted(shares(members[:2])) == [6, 6]))
             crash_s = loop.time() - t0
             assert ledger.overlaps == []
-            assert graceful_s < 2.0, graceful_s
-            assert crash_s < 2.0, crash_s  # from the session's end: watch + claim
+            timing(graceful_s < 2.0, f"rebalanced {graceful_s:.2f} s after a member left (< 2)")
+            # from the session's end: watch + claim
+            timing(crash_s < 2.0, f"rebalanced {crash_s:.2f} s after a session ended (< 2)")
             owners = await brokers.owners("g", "t")
             assert sorted(set(owners.values())) == ["g_c0", "g_c1"] and len(owners) == 12
         finally:

@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 
 from notify.client import ClientConfig, connect
 from tests.cluster.conftest import SESSION_S, ZkBrokers
-from tests.helpers import WireClient, wait_until
+from tests.helpers import WireClient, timing, wait_until
 
 
 def _lines(path: Path) -> set[tuple[int, int]]:
@@ -73,8 +73,9 @@ def test_frozen_queue_consumer_is_removed_when_its_session_ends(
             assert held <= set(got) and len(got) == 10, sorted(got)
             took = max(got[k] for k in held) - t0
             print(f"frozen consumer's messages redelivered after {took:.2f} s")
-            # session timeout plus ZooKeeper's expiry tick, far below the 60 s lock
-            assert took < 2 * SESSION_S + 1.5, took
+            # session timeout plus ZooKeeper's expiry tick (the drain above ends far below
+            # the 60 s lock)
+            timing(took < 2 * SESSION_S + 1.5, f"redelivered {took:.2f} s after the freeze")
         with WireClient(b.addr) as w:
             body = w.call(b"stats queues 3\r\n").body.decode()
         assert "zk_removed=1" in body, body

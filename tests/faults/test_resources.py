@@ -19,7 +19,7 @@ from notify.protocol import records
 from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
 from tests.faults import summary
-from tests.helpers import WireClient
+from tests.helpers import WireClient, timing
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +113,7 @@ def test_slow_consumers_pipelining_gets_keep_memory_bounded(broker: BrokerProces
     )
     assert requested > 1000 * MIB  # the clients asked for gigabytes
     assert peak < 64 * MIB + n_conn * 6 * MIB, f"peak RSS grew by {peak / MIB:.0f} MiB"
-    assert latency < 2.0
+    timing(latency < 2.0, f"a version round trip took {latency:.2f} s beside the slow consumers")
 
 
 def test_slow_long_poll_consumers_keep_memory_bounded(broker: BrokerProcess) -> None:

@@ -19,6 +19,7 @@ from notify.offsets import (
     SqlOffsetStore,
 )
 from notify.offsets.schema import OFFSET_TABLE
+from tests.helpers import timing
 from tests.services import MariaDBServer, PostgresServer, fresh_database
 
 from .conftest import Backend
@@ -78,7 +79,9 @@ def test_unreachable_database_is_retriable() -> None:
         t0 = time.monotonic()
         with pytest.raises(OffsetStoreUnavailableError) as ei:
             store.commit("g", [T("t", "0-0", 1, 1)])
-        assert ei.value.retriable and time.monotonic() - t0 < 5
+        took = time.monotonic() - t0
+        assert ei.value.retriable
+        timing(took < 5, f"an unreachable database failed after {took:.2f} s (timeout 1 s)")
         with pytest.raises(OffsetStoreUnavailableError):
             store.load("g", "t", "0-0")
 

@@ -11,6 +11,7 @@ from kazoo.client import KazooClient
 from notify.client import TopicPartitionOffset
 from notify.offsets import OffsetStoreError, OffsetStoreUnavailableError, ZooKeeperOffsetStore
 from notify.offsets.zookeeper import format_value, parse_value
+from tests.helpers import timing
 from tests.services import ZooKeeperServer
 
 T = TopicPartitionOffset
@@ -78,7 +79,9 @@ def test_unreachable_zookeeper_fails_fast() -> None:
     t0 = time.monotonic()
     with pytest.raises(OffsetStoreUnavailableError) as ei:
         store.commit("g", [T("t", "0-0", 1, 1)])
-    assert ei.value.retriable and time.monotonic() - t0 < 5
+    took = time.monotonic() - t0
+    assert ei.value.retriable
+    timing(took < 5, f"an unreachable ZooKeeper failed after {took:.2f} s (timeout 1 s)")
     store.close()
 
 
@@ -98,7 +101,8 @@ def test_zookeeper_down_at_commit_then_back(zookeeper: ZooKeeperServer, zk_root:
                     break
                 assert time.monotonic() < deadline, "commit kept succeeding with ZooKeeper down"
                 time.sleep(0.05)
-            assert time.monotonic() - t0 < 5
+            took = time.monotonic() - t0
+            timing(took < 5, f"a commit failed {took:.2f} s after ZooKeeper stopped")
         finally:
             zookeeper.start()
         deadline = time.monotonic() + 15

@@ -23,7 +23,7 @@ from notify.protocol import records
 from notify.protocol.frames import ResponseParser, encode_mput
 from notify.testing import BrokerProcess, free_port
 from tests.conftest import BrokerFactory
-from tests.helpers import MIB, WireClient, raw, rss
+from tests.helpers import MIB, WireClient, raw, rss, timing
 from tests.http.conftest import Http
 from tests.security.test_wire_tls import pki  # noqa: F401  (fixture)
 from tests.security.wire import closed_within, send_for
@@ -112,7 +112,8 @@ def test_max_long_poll_wait(broker_factory: BrokerFactory) -> None:
         r = c.call(b"get r g 0 0 4096 60000 1\r\n")
         took = time.monotonic() - t0
         assert r.code == 404 or r.kind == "value", r
-        assert took < 2.0, f"long poll held {took:.1f} s"
+        # (asked for 60 s; the client's 10 s socket timeout would end it first)
+        timing(took < 2.0, f"a 60 s long poll capped at 0.3 s answered after {took:.2f} s")
     h = Http(f"http://{b.host}:{http_port}")
     bad = h.get("/get/0?topic=r&group=g&partition=0&offset=0&maxsize=4096&maxWait=60000")
     assert bad.status == 400 and b"0..300" in bad.body, (bad.status, bad.body)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from txlog_helpers import FsyncCounter, fail_times
 
-from tests.helpers import wait_until
+from tests.helpers import timing, wait_until
 from txlog import Position, RecordType, TxLog, TxLogConfig, TxLogError
 
 
@@ -215,7 +215,8 @@ def test_flush_at_commit_2_default_interval_within_about_a_second(logdir: Path) 
         pos = log.commit(3, b"x")
         assert log.durable_position <= pos
         wait_until(lambda: log.durable_position > pos, timeout=10)
-        assert time.monotonic() - t0 < 5  # nominally ~1 s; generous against slow machines
+        took = time.monotonic() - t0
+        timing(took < 5, f"the background flush made a commit durable after {took:.2f} s (~1)")
 
 
 def test_fsync_failure_raises_and_the_log_refuses_writes_until_reopened(logdir: Path) -> None:

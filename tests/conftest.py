@@ -23,8 +23,9 @@ IN_CI = bool(os.environ.get("CI"))
 BrokerFactory = Callable[..., BrokerProcess]
 
 #: Files that take 20 s or more (a full run's ``--durations``), longest first: collected
-#: first, so the two xdist workers (``--dist loadfile`` hands out files in collection order)
-#: start on them and end together instead of one finishing a long file alone.
+#: first, so the two xdist workers (``--dist loadfile`` hands out files in collection order,
+#: see :func:`pytest_xdist_make_scheduler`) start on them and end together instead of one
+#: finishing a long file alone.
 SLOW_FIRST: tuple[str, ...] = (
     "tests/audit/test_cluster.py",
     "tests/audit/test_incremental.py",
@@ -38,11 +39,33 @@ SLOW_FIRST: tuple[str, ...] = (
     "tests/offsets/test_exactly_once.py",
     "tests/audit/test_reuse.py",
 )
+#: Directories whose files one worker runs together, one after the other: the audit tests
+#: share one Spark session (a JVM: seconds to start, and its first audits run cold) and the
+#: broker logs they audit, made once per worker.
+ONE_WORKER: tuple[str, ...] = ("tests/audit/",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(SLOW_FIRST)}
     items.sort(key=lambda it: rank.get(it.nodeid.split("::", 1)[0], len(SLOW_FIRST)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the files of each :data:`ONE_WORKER` directory as one unit,
+    and the units handed out in collection order (xdist sorts them by test count by
+    default, which put the longest files last)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return next((d for d in ONE_WORKER if path.startswith(d)), path)
+
+    config.option.loadscopereorder = False
+    return Scheduling(config, log)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.audit.conftest import BrokerLogs, SparkCluster
+from tests.audit.conftest import TEST_CONF, BrokerLogs, SparkCluster
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +44,8 @@ def test_audit_on_standalone_cluster(
         "--out",
         str(out),
         "--quiet",
+        # the tests' settings (tests/audit/conftest.py); the product's run in test_audit
+        *[a for k, v in TEST_CONF.items() for a in ("--conf", f"{k}={v}")],
     ]
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)

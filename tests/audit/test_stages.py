@@ -170,18 +170,26 @@ class Stages:
 def stages(spark: SparkSession) -> Iterator[Stages]:
     from notify.audit import checks, matching, transactions
 
-    T, M = _redo(spark), _log(spark)
+    # cached as audit() caches them (the redo rows partitioned by key), and the expected rows
+    # the finding builders join back to: each test's queries start from there
+    cached = []
+
+    def keep(df: DataFrame) -> DataFrame:
+        cached.append(df.cache())
+        return df
+
+    T, M = keep(_redo(spark).repartition("tx_key")), keep(_log(spark))
     parts = checks.partition_table(spark, _segments())
-    agg, base_i = transactions.incarnations(transactions.tx_records(T), lambda df: df)
-    tp = transactions.tx_partitions(base_i)
-    tx = transactions.transactions(agg, tp).cache()
-    E_rows = matching.expected_rows(base_i, tp, tx, parts)
+    agg, base_i = transactions.incarnations(transactions.tx_records(T), keep)
+    tp = keep(transactions.tx_partitions(base_i))
+    tx = keep(transactions.transactions(agg, tp))
+    E_rows = keep(matching.expected_rows(base_i, tp, tx, parts))
     A = matching.partition_messages(M)
-    matched = matching.match_messages(matching.expected_messages(E_rows), A).cache()
+    matched = keep(matching.match_messages(matching.expected_messages(E_rows), A))
     details = matching.message_details(E_rows)
     yield Stages(T, M, parts, base_i, agg, tp, tx, E_rows, A, matched, details)
-    tx.unpersist()
-    matched.unpersist()
+    for df in cached:
+        df.unpersist()
 
 
 def test_transactions_one_row_per_incarnation(stages: Stages) -> None:

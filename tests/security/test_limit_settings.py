@@ -213,10 +213,10 @@ def _big_client_hello(n_alpn: int) -> bytes:
 def _answered(host: str, port: int, hello: bytes) -> bytes:
     s = socket.create_connection((host, port), timeout=5)
     try:
-        s.sendall(hello)
         try:
+            s.sendall(hello)  # the broker may drop the connection before it is all sent
             return s.recv(5)
-        except (ConnectionResetError, TimeoutError):
+        except (ConnectionResetError, BrokenPipeError, TimeoutError):
             return b""
     finally:
         s.close()

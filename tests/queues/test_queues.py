@@ -31,6 +31,8 @@ def _publish(addr: str, topic: str, n: int, parts: int, prefix: bytes = b"m") ->
         assert all(r.code == 200 for r in c.replies(n))
 
 
+_stats = queue_stats  # the name earlier tests import from here
+
 def _pushes(c: WireClient, n: int) -> list[Response]:
     got = c.replies(n)
     assert all(r.kind == "qmsg" for r in got), got

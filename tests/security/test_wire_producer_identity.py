@@ -23,8 +23,7 @@ from notify.protocol.properties import decode_attribute
 from notify.protocol.records import encode, make_payload
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
-from tests.security.wire import MIB, stats
-from tests.wireclient import WireClient
+from tests.helpers import MIB, WireClient, stats
 
 FAST = ClientConfig(request_timeout_s=5.0)
 

@@ -13,9 +13,8 @@ from click.testing import CliRunner
 from notify.cli import main
 from notify.protocol.frames import Response
 from notify.testing import BrokerProcess
+from tests.helpers import WireClient, stats
 from tests.http.conftest import Http
-from tests.security.wire import stats
-from tests.wireclient import WireClient
 
 ADMIN = "admin-secret-9"
 APP = "app-secret-9"

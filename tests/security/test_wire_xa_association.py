@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from notify.protocol import records
 from notify.testing import BrokerProcess
+from tests.helpers import WireClient
 from tests.http.conftest import Http
-from tests.wireclient import WireClient
 
 APP = "app-secret-4"
 

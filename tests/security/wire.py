@@ -6,6 +6,11 @@ from __future__ import annotations
 import socket
 import time
 
+# the probes and raw sockets, still importable from here (they live in tests.helpers)
+from tests.helpers import MIB, cpu_seconds, raw, rss, stats
+
+__all__ = ["MIB", "closed_within", "cpu_seconds", "raw", "rss", "send_for", "stats"]
+
 
 def send_for(s: socket.socket, data: bytes, seconds: float, stall: float | None = None) -> int:
     """Send as much of ``data`` as the peer accepts within ``seconds``; bytes sent. With

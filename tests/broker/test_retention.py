@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from notify.config import DeletePolicy, parse_config
 from notify.errors import ConfigError
 from notify.store.retention import quartz_trigger
 from tests.conftest import BrokerFactory
-from tests.helpers import WireClient
+from tests.helpers import WireClient, wait_until
 
 
 def test_quartz_conversion() -> None:
@@ -83,8 +82,19 @@ def test_expired_segments_deleted_archived_and_consumers_protected(
         # a live consumer still at offset 0 of "held" and of "forced"
         assert c.call(b"get held g 0 0 100 1\r\n").kind == "value"
         assert c.call(b"get forced g 0 0 100 1\r\n").kind == "value"
-    time.sleep(3.5)
     data = b.data_dir
+
+    def retained() -> bool:  # what retention rounds (every second) do to the expired topics
+        live = [n for n in _segments(data / "del-0") if n.endswith(".meta")]
+        return (
+            _min_offset(b.addr, "del") > 0
+            and live == [f"{_min_offset(b.addr, 'del'):020d}.meta"]
+            and _min_offset(b.addr, "arc") > 0
+            and any(n.endswith(".meta.zip") for n in _segments(data / "zip-0"))
+            and _min_offset(b.addr, "forced") > 0
+        )
+
+    wait_until(retained, timeout=15, what="retention of del, arc, zip and forced")
     assert _min_offset(b.addr, "del") > 0
     assert [n for n in _segments(data / "del-0") if n.endswith(".meta")] == [
         f"{_min_offset(b.addr, 'del'):020d}.meta"

@@ -10,7 +10,7 @@ import pytest
 from notify.protocol import records
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
-from tests.helpers import WireClient, crc, read_all, stats, tput, tx, xid
+from tests.helpers import WireClient, crc, read_all, stats, tput, tx, wait_until, xid
 
 
 def test_one_shot_transaction_is_answered_in_one_write(broker: BrokerProcess) -> None:
@@ -99,7 +99,7 @@ def test_timeout_rolls_back_and_capacity(broker_factory: BrokerFactory) -> None:
         assert tx(c, "TX:s1:2", "BEGIN")[0] == 200
         code, body = tx(c, "TX:s1:3", "BEGIN")
         assert code == 503 and b"maxTxTimeoutTimerCapacity" in body
-        time.sleep(2.0)
+        wait_until(lambda: stats(b.addr)["tx_timed_out"] == "2", what="both timed out")
         code, body = tx(c, "TX:s1:1", "COMMIT_ONE_PHASE")
         assert code == 500 and b"code=106" in body and b"timed out" in body
         assert tx(c, "TX:s1:3", "BEGIN")[0] == 200  # capacity is free again

@@ -216,8 +216,24 @@ def tx_partitions(base_i: DataFrame) -> DataFrame:
     of the first APPLIED placement there; ``hint``, the first COMMIT hint there (first in
     log order)."""
     ord_code = pos_code() * F.lit(4096)
-    tp_cols = ["tx_key", "inc", "topic", "partition", "total", "pl_end", "pl_ord", "hint", "h_ord"]
     none_l = F.lit(None).cast("long")
+    values = ("total", "pl_end", "pl_ord", "hint", "h_ord")
+
+    def elements(kind: str, column: str, **got: Column) -> DataFrame:
+        # one row per element of the ``kind`` records' ``column`` (placements, hints):
+        # ``got`` of ``col`` (the element), ``pos`` (its index) and ``_o`` (record order)
+        return (
+            base_i.filter(F.col("kind") == kind)
+            .select("tx_key", "inc", ord_code.alias("_o"), F.posexplode(column))
+            .select(
+                "tx_key",
+                "inc",
+                F.col("col.topic").alias("topic"),
+                F.col("col.partition").alias("partition"),
+                *[got.get(v, none_l).alias(v) for v in values],
+            )
+        )
+
     tp_rows = (
         base_i.filter(F.col("kind") == "APPEND_MSG")
         .select(
@@ -225,43 +241,20 @@ def tx_partitions(base_i: DataFrame) -> DataFrame:
             "inc",
             "topic",
             "partition",
-            sizes_sum().alias("total"),
-            none_l.alias("pl_end"),
-            none_l.alias("pl_ord"),
-            none_l.alias("hint"),
-            none_l.alias("h_ord"),
+            *[(sizes_sum() if v == "total" else none_l).alias(v) for v in values],
         )
         .unionByName(
-            base_i.filter(F.col("kind") == "APPLIED")
-            .select("tx_key", "inc", ord_code.alias("_o"), F.posexplode("placements"))
-            .select(
-                "tx_key",
-                "inc",
-                F.col("col.topic").alias("topic"),
-                F.col("col.partition").alias("partition"),
-                none_l.alias("total"),
-                (F.col("col.offset") + F.col("col.bytes")).alias("pl_end"),
-                (F.col("_o") + F.col("pos")).alias("pl_ord"),
-                none_l.alias("hint"),
-                none_l.alias("h_ord"),
+            elements(
+                "APPLIED",
+                "placements",
+                pl_end=F.col("col.offset") + F.col("col.bytes"),
+                pl_ord=F.col("_o") + F.col("pos"),
             )
         )
         .unionByName(
-            base_i.filter(F.col("kind") == "COMMIT")
-            .select("tx_key", "inc", ord_code.alias("_o"), F.posexplode("hints"))
-            .select(
-                "tx_key",
-                "inc",
-                F.col("col.topic").alias("topic"),
-                F.col("col.partition").alias("partition"),
-                none_l.alias("total"),
-                none_l.alias("pl_end"),
-                none_l.alias("pl_ord"),
-                F.col("col.hint").alias("hint"),
-                (F.col("_o") + F.col("pos")).alias("h_ord"),
-            )
+            elements("COMMIT", "hints", hint=F.col("col.hint"), h_ord=F.col("_o") + F.col("pos"))
         )
-        .select(*tp_cols)
+        .select("tx_key", "inc", "topic", "partition", *values)
     )
     return tp_rows.groupBy("tx_key", "inc", "topic", "partition").agg(
         F.sum("total").alias("total"),

@@ -39,10 +39,14 @@ SLOW_FIRST: tuple[str, ...] = (
     "tests/offsets/test_exactly_once.py",
     "tests/audit/test_reuse.py",
 )
-#: Directories whose files one worker runs together, one after the other: the audit tests
-#: share one Spark session (a JVM: seconds to start, and its first audits run cold) and the
-#: broker logs they audit, made once per worker.
-ONE_WORKER: tuple[str, ...] = ("tests/audit/",)
+#: Files one worker runs together, one after the other, as one unit: the audit tests that
+#: use the local Spark session share it (a JVM: seconds to start, and its first audits run
+#: cold) and the broker logs they audit, made once per worker. (The cluster test runs its
+#: audit in processes of its own: it goes to the other worker meanwhile.)
+ONE_WORKER: dict[str, str] = {
+    f"tests/audit/{name}.py": "tests/audit (local Spark)"
+    for name in ("test_audit", "test_incremental", "test_reuse", "test_stages")
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -52,9 +56,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile`` with the files of each :data:`ONE_WORKER` directory as one unit,
-    and the units handed out in collection order (xdist sorts them by test count by
-    default, which put the longest files last)."""
+    """``--dist loadfile`` with the files of each :data:`ONE_WORKER` unit together, and the
+    units handed out in collection order (xdist sorts them by test count by default,
+    which put the longest files last)."""
     if config.getoption("dist", None) != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -62,7 +66,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class Scheduling(LoadFileScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return next((d for d in ONE_WORKER if path.startswith(d)), path)
+            return ONE_WORKER.get(path, path)
 
     config.option.loadscopereorder = False
     return Scheduling(config, log)

@@ -351,9 +351,12 @@ def test_incremental_run_carries_the_blocks_it_does_not_redo(
 
     def check(expected: list[tuple[str, str]]) -> AuditResult:
         inc = audit(spark, state=state, **kw)
-        full = audit(spark, **kw)
+        # a run with state is a full audit until the state holds a run: compared with a
+        # full audit once it is incremental
+        full = audit(spark, **kw) if inc.incremental else inc
         try:
-            _same(inc, full)
+            if full is not inc:
+                _same(inc, full)
             by_id = {i: name for name, i in ids.items()}
             found = sorted((r["check"], by_id[r["msg_id"]]) for r in full.findings.collect())
             assert found == expected

@@ -34,7 +34,7 @@ from notify.protocol.frames import ResponseParser, encode_get, encode_mput, enco
 from notify.sim.readers import Reader  # (a consumer's state: the simulation's readers too)
 from notify.testing import BrokerProcess, free_port
 from tests.conftest import BrokerFactory
-from tests.replication.test_replication import stats
+from tests.helpers import stats
 
 #: one group-commit topic and one without group commit (visible at append)
 TOPICS = {

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from notify.cli import main
 from notify.protocol.frames import encode_qdlq, parse_dead_letters
 from notify.testing import BrokerProcess, free_port
+from tests.helpers import WireClient
 from tests.http.conftest import Http
 from tests.queues.test_queues import _publish, _pushes
-from tests.wireclient import WireClient
 
 
 def _reject_all(addr: str, n: int) -> None:

@@ -131,47 +131,33 @@ def committed_findings(
     for c in reported[1:]:
         either = either | c
     committed = with_details(details, matched.filter(either), small=n_committed <= BROADCAST_ROWS)
-    common = _message_columns()
     where = where_expected()
+    n_here, found = F.col("n_here"), F.col("found_offset")
+    copies = F.when(
+        F.col("n_any") > 0,
+        F.concat(F.lit("; "), F.col("n_any"), F.lit(" copies in other partitions")),
+    ).otherwise(F.lit(""))
+    #: per check: the rows it reports, the offset and the detail it gives them
     made = {
-        "committed_missing": lambda: finding_rows(
-            committed.filter((F.col("n_here") == 0) & ~expired()),
-            "committed_missing",
-            **common,
-            offset=lower_bound(),
-            detail=F.concat(
-                F.lit("committed message not in its partition; "),
-                where,
-                F.when(
-                    F.col("n_any") > 0,
-                    F.concat(F.lit("; "), F.col("n_any"), F.lit(" copies in other partitions")),
-                ).otherwise(F.lit("")),
-            ),
+        "committed_missing": (
+            (n_here == 0) & ~expired(),
+            lower_bound(),
+            F.concat(F.lit("committed message not in its partition; "), where, copies),
         ),
-        "committed_duplicate": lambda: finding_rows(
-            committed.filter(F.col("n_here") > 1),
-            "committed_duplicate",
-            **common,
-            offset=F.col("found_offset"),
-            detail=F.concat(
-                F.lit("committed message present "), F.col("n_here"), F.lit(" times; "), where
-            ),
+        "committed_duplicate": (
+            n_here > 1,
+            found,
+            F.concat(F.lit("committed message present "), n_here, F.lit(" times; "), where),
         ),
-        "committed_misplaced": lambda: finding_rows(
-            committed.filter((F.col("n_here") == 1) & misplaced()),
-            "committed_misplaced",
-            **common,
-            offset=F.col("found_offset"),
-            detail=F.concat(F.lit("found at "), F.col("found_offset"), F.lit("; "), where),
+        "committed_misplaced": (
+            (n_here == 1) & misplaced(),
+            found,
+            F.concat(F.lit("found at "), found, F.lit("; "), where),
         ),
-        "committed_checksum_differs": lambda: finding_rows(
-            committed.filter(
-                (F.col("n_here") >= 1) & (F.col("found_checksum") != F.col("checksum"))
-            ),
-            "committed_checksum_differs",
-            **common,
-            offset=F.col("found_offset"),
-            detail=F.concat(
+        "committed_checksum_differs": (
+            (n_here >= 1) & (F.col("found_checksum") != F.col("checksum")),
+            found,
+            F.concat(
                 F.lit("partition record has checksum "),
                 F.col("found_checksum"),
                 F.lit(", the transaction log "),
@@ -179,7 +165,11 @@ def committed_findings(
             ),
         ),
     }
-    return [made[c]() for c in COMMITTED_CHECKS if counts[c]]
+    return [
+        finding_rows(committed.filter(rows), c, **_message_columns(), offset=offset, detail=detail)
+        for c, (rows, offset, detail) in made.items()
+        if counts[c]
+    ]
 
 
 def visible_findings(

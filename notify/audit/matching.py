@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from notify.audit.carry import among, block
-from notify.audit.transactions import UNCOMMITTED
+from notify.audit.transactions import UNCOMMITTED, append_rows
 
 __all__ = [
     "DETAIL_COLUMNS",
@@ -113,18 +113,7 @@ def expected_rows(base_i: DataFrame, tp: DataFrame, tx: DataFrame, parts: DataFr
         F.col("history_complete") & F.col("outcome").isin("committed", *UNCOMMITTED)
     ).select("tx_key", "inc", F.col("outcome").alias("tx_outcome"), "has_applied")
     return (
-        base_i.filter(F.col("kind") == "APPEND_MSG")
-        .select(
-            "tx_key",
-            "inc",
-            "topic",
-            "partition",
-            "file_no",
-            "position",
-            "msg_ids",
-            "checksums",
-            "sizes",
-        )
+        append_rows(base_i, "file_no", "position", "msg_ids", "checksums", "sizes")
         # every APPEND_MSG has its row in tp: one join (the wide rows shuffled once)
         .join(
             tp.select("tx_key", "inc", "topic", "partition", "total", "exp_end", "hint").join(

@@ -30,6 +30,7 @@ __all__ = [
     "NAMED_KINDS",
     "TX_KINDS",
     "UNCOMMITTED",
+    "append_rows",
     "incarnations",
     "sizes_sum",
     "transactions",
@@ -91,6 +92,14 @@ def tx_records(T: DataFrame) -> DataFrame:
         "producer_group",
         "reason",
         "outcome",
+    )
+
+
+def append_rows(base_i: DataFrame, *cols: str | Column) -> DataFrame:
+    """The APPEND_MSG records of ``base_i`` (records with their ``inc``): ``tx_key, inc,
+    topic, partition`` and ``cols``."""
+    return base_i.filter(F.col("kind") == "APPEND_MSG").select(
+        "tx_key", "inc", "topic", "partition", *cols
     )
 
 
@@ -235,14 +244,7 @@ def tx_partitions(base_i: DataFrame) -> DataFrame:
         )
 
     tp_rows = (
-        base_i.filter(F.col("kind") == "APPEND_MSG")
-        .select(
-            "tx_key",
-            "inc",
-            "topic",
-            "partition",
-            *[(sizes_sum() if v == "total" else none_l).alias(v) for v in values],
-        )
+        append_rows(base_i, *[(sizes_sum() if v == "total" else none_l).alias(v) for v in values])
         .unionByName(
             elements(
                 "APPLIED",

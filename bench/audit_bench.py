@@ -1,4 +1,4 @@
-"""Benchmark of ``notify audit`` (issue #10): generated broker logs, audited with local Spark.
+"""Benchmark of ``notify audit``: generated broker logs, audited with local Spark.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""REST topic creation cost as topics accumulate (issue 17 item 20).
+"""REST topic creation cost as topics accumulate.
 
 Starts a real broker with HTTP, creates ``--topics`` topics one by one through
 ``POST /api/topics`` and reports the latency of each block of 50, plus how long the

@@ -1,4 +1,4 @@
-"""Issue 17 item 15: one far-future delayed message no longer pins every ``__delay``
+"""One far-future delayed message no longer pins every ``__delay``
 segment. When the pending messages of the oldest segment fill less than half of it, they are
 re-put at the end of ``__delay`` (REPUT intent -> apply -> MOVED) and the old segments go.
 A SIGKILL right after the intent or right after the re-put loses nothing and doubles

@@ -1,4 +1,4 @@
-"""Issue 17 item 15 (remainder): many delayed messages delivered behind one far-future message
+"""Many delayed messages delivered behind one far-future message
 in the *active* ``__delay`` segment (which compaction never frees) no longer grow the delivered
 set and the checkpoint without bound. Past ``delayMaxDelivered`` offsets above the watermark
 the oldest pending messages are re-put at the end of ``__delay`` and the watermark passes

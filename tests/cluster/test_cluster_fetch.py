@@ -1,6 +1,6 @@
 """Pull consumption (``fetch()``/``messages()``) in cluster mode: the group shares the
 partitions through ZooKeeper, rebalances when a member joins or leaves, and what a member
-processed is committed before its partitions move (issue 21, "Discovery follows")."""
+processed is committed before its partitions move ("Discovery follows")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Java client's exact bytes against a real broker, replies decoded as it decodes them.
 
-One test per item of issue 18 (1-6), then the smaller alignments. See
+One test per difference found against the Java client's bytes, then the smaller alignments. See
 ``docs/metaq-compat.md`` for what each Java class sends and expects.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 21: automatic failover with fencing in ZooKeeper mode (``autoFailover=true``).
+"""Automatic failover with fencing in ZooKeeper mode (``autoFailover=true``).
 
 A group of two real broker processes (the configured master pushes to a synchronous slave)
 and a real ZooKeeper with 2 s sessions: ``kill -9`` the master and the slave takes over by

@@ -1,4 +1,4 @@
-"""Issue 21: the delay queue's delivered set follows replication. The master's delay log
+"""The delay queue's delivered set follows replication. The master's delay log
 (MOVE / MOVED / CKPT records) travels to its slaves as the ``__delaylog`` stream, so after
 ``kill -9`` of the master and ``promote`` every delayed message is delivered exactly once:
 the ones already moved are not moved again, the pending ones still come when due.
@@ -63,7 +63,7 @@ def test_promoted_slave_delivers_each_delayed_message_once(tmp_path: Path, sync:
 def test_slave_carries_the_bounded_delivered_set_and_trims_once_promoted(
     tmp_path: Path,
 ) -> None:
-    """Issue 17 item 15 on a slave: ``delayMaxDelivered`` is applied by the master; a slave
+    """On a slave: ``delayMaxDelivered`` is applied by the master; a slave
     keeps no delivered set of its own but its master's CKPT states (bounded by the cap) and
     the MOVED records since, so it does not grow with the messages delivered behind a
     far-future one. Once promoted, its delivered set is at most the cap again (it trims as

@@ -1,4 +1,4 @@
-"""Issue 21: producers carry the failover epoch (``epoch <brokerId> <epoch> <opaque>``) and
+"""Producers carry the failover epoch (``epoch <brokerId> <epoch> <opaque>``) and
 transaction verbs are fenced at acknowledgement.
 
 Real broker processes (the group of :mod:`tests.replication.test_auto_failover`: ``a``

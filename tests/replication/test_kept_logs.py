@@ -1,4 +1,4 @@
-"""Issue 21: a member that rejoins keeping its (cut) delay-queue and queue-state logs and is
+"""A member that rejoins keeping its (cut) delay-queue and queue-state logs and is
 then promoted again delivers each delayed message once and redelivers no accepted queue
 message.
 

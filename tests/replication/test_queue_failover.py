@@ -1,4 +1,4 @@
-"""Issue 19/21: queue-subscription state follows replication. The queue log (DONE,
+"""Queue-subscription state follows replication. The queue log (DONE,
 DELIVER, GROUP records and the checkpoints' SNAPSHOT records) travels to the slave as the
 ``__queuelog`` stream; with a synchronous slave an acknowledgement is answered only once the
 slave has it. After ``kill -9`` of the master and ``promote``, no accepted message is

@@ -1,4 +1,4 @@
-"""Issue 21: queue verbs are fenced like puts and transactions under automatic failover.
+"""Queue verbs are fenced like puts and transactions under automatic failover.
 
 A master of an ``autoFailover`` group refuses ``qsub``/``qack``/``qunsub``/``qdlq`` from a
 connection that declared a newer epoch (503 ``stale master``) and, once replaced, refuses

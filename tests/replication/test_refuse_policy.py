@@ -1,4 +1,4 @@
-"""Issue 21: with a synchronous slave and ``syncSlaveFailurePolicy=refuse``, a put answered
+"""With a synchronous slave and ``syncSlaveFailurePolicy=refuse``, a put answered
 503 is not stored. The master appends each batch *held* (invisible to consumers) and takes it
 back before answering 503; a slave that got it late is cut back to the master's end, so the
 client's retry stores the message exactly once on both.

@@ -269,7 +269,7 @@ def test_sync_slave_failure_policies(tmp_path: Path, policy: str) -> None:
 
 
 def test_idempotent_retry_after_503_and_on_the_promoted_slave(tmp_path: Path) -> None:
-    """Issue 20: with a sync slave down, a put answered 503 is not stored on the master (it
+    """With a sync slave down, a put answered 503 is not stored on the master (it
     is taken back); its retry is stored once, and a slave that replicated it (then
     promoted) drops a further retry."""
     secret = "secret-of-prod-R"

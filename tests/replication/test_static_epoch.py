@@ -1,4 +1,4 @@
-"""Issue 21: a static-mode client (broker addresses, no ZooKeeper) carries failover epochs.
+"""A static-mode client (broker addresses, no ZooKeeper) carries failover epochs.
 
 It learns each address's group and epoch from the ``stats`` it asks for the broker id
 (``failover_epoch``), declares the newest epoch it has seen on every connection to a member

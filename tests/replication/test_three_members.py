@@ -1,4 +1,4 @@
-"""Issue 21: a group of three (master ``a``, synchronous slave ``b``, asynchronous slave ``c``)
+"""A group of three (master ``a``, synchronous slave ``b``, asynchronous slave ``c``)
 with real broker processes and a real ZooKeeper (2 s sessions): when the master dies, the
 in-sync slave with the most data leads, even when another eligible slave got the lock
 first, and the other slave follows the new master."""

@@ -1,4 +1,4 @@
-"""Issue 21: transaction state follows replication. The master's redo log is shipped to its
+"""Transaction state follows replication. The master's redo log is shipped to its
 slaves at the same positions (pushed to a synchronous slave before a force is acknowledged,
 pulled by every slave); ``promote`` recovers it exactly as a restarted master would.
 

@@ -1,4 +1,4 @@
-"""Issue 17 items 16 and 19: ``server.ini`` values a hostile or careless edit could slip in
+"""``server.ini`` values a hostile or careless edit could slip in
 are refused with the section and key named, and a broker never starts on them."""
 
 from __future__ import annotations

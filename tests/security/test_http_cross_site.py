@@ -1,4 +1,4 @@
-"""Issue 17 items 3 and 16 (HTTP): a web page in the operator's browser must not be able to
+"""A web page in the operator's browser must not be able to
 drive the broker's HTTP port, by a cross-site request or by DNS rebinding, and REST can
 neither create internal (``__``) topics nor place a topic's data outside ``dataPath``.
 

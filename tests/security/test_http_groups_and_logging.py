@@ -1,4 +1,4 @@
-"""Issue 17 items 10 and 14: consumer group names a client invents are bounded and expire
+"""Consumer group names a client invents are bounded and expire
 (in the broker and in ``/metrics``), and neither an idle broker nor a secret-guessing client
 floods the log.
 """

@@ -1,4 +1,4 @@
-"""Issue 17 items 8 (HTTP half) and 18: a hostile client on the HTTP port.
+"""A hostile client on the HTTP port.
 
 Idle and half-sent connections are closed, connections beyond ``httpMaxConnections`` get a
 503 and are closed at once (file descriptors stay free for real work), bodies over their cap

@@ -1,4 +1,4 @@
-"""Issue 17 item 9 (HTTP half) and the HTTP side of roles.
+"""Subscriptions over HTTP and the HTTP side of roles.
 
 ``acceptSubscribe=false`` and the internal ``__delay`` partition (messages not yet due) must
 not be readable over HTTP, neither by the REST fetch nor by MetaQ's ``/get``. With

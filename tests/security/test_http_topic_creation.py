@@ -1,4 +1,4 @@
-"""Issue 17 items 5 and 20: REST topic creation within limits, atomic, and off the loop.
+"""REST topic creation within limits, atomic, and off the loop.
 
 A hostile ``numPartitions`` must get a clear 4xx naming the limit (``maxPartitionsPerTopic``
 or the file descriptors the process can spare), never a bare 500, never a changed

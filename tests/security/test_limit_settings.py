@@ -1,4 +1,4 @@
-"""Limits that used to be hard-coded, now settings (issue 17: "every limit is a documented
+"""Limits that used to be hard-coded, now settings ("every limit is a documented
 setting with a safe default"): each test sets one low and attacks past it as a hostile
 client would, asserting a clear refusal, bounded memory and nothing lost.
 

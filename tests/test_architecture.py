@@ -229,6 +229,12 @@ FORBIDDEN: Final = [
     ("txlog", ("notify.broker", "notify.core", "notify.client", "notify.http"), ()),
     ("notify.store", ("notify.broker", "notify.core", "notify.client", "notify.http"), ()),
     ("notify.core", ("notify.broker",), ()),
+    # the outbox sits below the client: it reaches the broker through its Publisher Protocol
+    (
+        "notify.outbox",
+        ("notify.client", "notify.broker", "notify.core", "notify.http", "notify.cli"),
+        (),
+    ),
 ]
 #: Standard / third-party modules the pure core must not touch.
 CORE_FORBIDDEN_EXTERNAL: Final = ("asyncio", "socket", "os", "threading", "apscheduler")

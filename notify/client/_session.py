@@ -45,6 +45,7 @@ from ._errors import ClientTransactionError
 from ._loopthread import LoopThread, ThreadFuture
 from ._message import BatchSendResult, Headers, Message, PostFailure, SendResult
 from ._producer import AsyncProducer
+from ._publisher import SessionPublisher
 from ._queue import AsyncQueueConsumer, BatchListener, QueueConsumer, QueueListener
 from ._routing import (
     BrokerDirectory,
@@ -1018,6 +1019,14 @@ class MessageSessionFactory:
     def partitions(self, topic: str) -> list[Partition]:
         """The global partitions of ``topic``."""
         return self._lt.run(self.core.partitions(topic))
+
+    def publisher(self) -> SessionPublisher:
+        """The transactional outbox's publisher over this session: the relay's way to the
+        brokers (``outbox.relay(session)`` takes it; see :mod:`notify.outbox`)."""
+        self.core._check_open()
+        return SessionPublisher(
+            self.core.router, self.core.pool, self._lt, self.core.config.request_timeout_s
+        )
 
     def create_queue_consumer(
         self,

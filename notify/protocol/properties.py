@@ -173,3 +173,38 @@ def record_producer(flag: int, payload: bytes) -> tuple[str, int] | None:
 #: the suffix reader (compiled when the build matches: notify.protocol.accel)
 _suffix = NATIVE.producer_suffix if NATIVE is not None else hotpath.producer_suffix
 _ID_CHARS = re.compile(r"[A-Za-z0-9._~-]+")
+
+
+def producer_member(producer_id: str) -> bytes:
+    """The producer members :func:`with_producer` appends, up to the sequence:
+    ``"p":"<producer id>","s":`` (the id checked as :func:`encode_attribute` does)."""
+    if not 0 < len(producer_id) <= MAX_PRODUCER_ID or not _ID_CHARS.fullmatch(producer_id):
+        raise ValueError(f"a producer id is 1-{MAX_PRODUCER_ID} of [A-Za-z0-9._~-]")
+    return b'"p":"' + producer_id.encode("ascii") + b'","s":'
+
+
+def with_producer(flag: int, payload: bytes, member: bytes, sequence: int) -> tuple[int, bytes]:
+    """A record payload with an idempotent producer's members appended to its properties
+    (``member``: :func:`producer_member`), everything else kept byte for byte: what
+    :func:`encode_attribute` gives with the producer set (the members last, the suffix
+    the broker reads), without decoding the key and headers again. ``payload`` must not
+    carry a producer already."""
+    if not 0 <= sequence < 10**18:
+        raise ValueError("a producer's sequence is an integer in 0..10^18-1")
+    members = member + str(sequence).encode() + b"}"
+    if flag & 1:  # records.FLAG_ATTRIBUTE: 4-byte length, attribute text, data
+        n = int.from_bytes(payload[:4], "big")
+        attr = payload[4 : 4 + n]
+        body = payload[4 + n :]
+        if flag & FLAG_PROPERTIES:
+            sep = attr.find(b"\x1e")
+            if sep < 0 or attr[sep + 1 : sep + 2] != b"{" or not attr.endswith(b"}"):
+                raise ValueError("properties flag without a properties object")
+            obj = attr[sep + 1 :]
+            attr = attr[: sep + 1] + (b"{" if obj == b"{}" else obj[:-1] + b",") + members
+        else:
+            attr = attr + b"\x1e{" + members
+    else:
+        attr = b"\x1e{" + members
+        body = payload
+    return flag | 1 | FLAG_PROPERTIES, len(attr).to_bytes(4, "big") + attr + body

@@ -1,0 +1,105 @@
+"""Half messages without a hand-written checker: markers in the application's database.
+
+A half message's producer writes a *marker* (``notify_outbox_half``: group, transaction
+key, state 1) in the same database transaction as the application's rows
+(:meth:`HalfMarkers.mark`, at commit like an outbox row). When the broker checks back,
+:meth:`HalfMarkers.check` answers from the table alone, from any process of the group:
+
+1. insert a *tombstone* for the key (state 2) unless a row exists: ``INSERT .. ON
+   CONFLICT DO NOTHING`` (MySQL ``INSERT IGNORE``, SQLite ``INSERT OR IGNORE``). If the
+   application's transaction is committing its marker at that moment, the insert waits
+   for it to end (the unique key), so it never decides while the outcome is open;
+2. read the row: state 1, the transaction committed: COMMIT; state 2, it had not
+   committed (and now never will: its marker would collide with the tombstone and its
+   commit fail): ROLLBACK.
+
+A lock wait longer than ``lock_timeout_s`` answers UNKNOWN (the broker asks again).
+:meth:`forget` removes markers older than the broker can still ask about.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Engine
+
+from .rows import build_marker
+from .sql import NOW_MS, dialect_name
+from .writer import AppConnection, OutboxConfig, write
+
+#: notify_outbox_half.state
+COMMITTED = 1
+ROLLED_BACK = 2
+
+
+class HalfState(Enum):
+    """A check-back's answer."""
+
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    UNKNOWN = "unknown"
+
+
+class HalfMarkers:
+    """Markers of one producer group's half messages (see the module doc)."""
+
+    def __init__(self, engine: Engine, group: str, lock_timeout_s: float = 5.0):
+        build_marker(group, "k")
+        self.engine = engine
+        self.group = group
+        self.d = dialect_name(engine.dialect)
+        self.lock_timeout_s = lock_timeout_s
+        self._cfg = OutboxConfig()
+
+    def mark(self, conn: AppConnection, tx_key: str) -> None:
+        """Write the marker of ``tx_key`` in ``conn``'s transaction (at its commit)."""
+        write(conn, self._cfg, build_marker(self.group, tx_key))
+
+    def check(self, tx_key: str) -> HalfState:
+        """The outcome of ``tx_key``'s database transaction, decided for good."""
+        build_marker(self.group, tx_key)
+        ignore = {"postgresql": "", "mysql": "IGNORE ", "sqlite": "OR IGNORE "}[self.d]
+        conflict = " ON CONFLICT DO NOTHING" if self.d == "postgresql" else ""
+        params = {"g": self.group, "k": tx_key, "st": ROLLED_BACK}
+        try:
+            with self.engine.begin() as c:
+                self._lock_timeout(c)
+                c.execute(
+                    sa.text(
+                        f"INSERT {ignore}INTO notify_outbox_half (group_id, tx_key, state) "
+                        f"VALUES (:g, :k, :st){conflict}"
+                    ),
+                    params,
+                )
+                state = c.execute(
+                    sa.text(
+                        "SELECT state FROM notify_outbox_half WHERE group_id = :g AND tx_key = :k"
+                    ),
+                    params,
+                ).scalar()
+        except sa_exc.OperationalError:
+            return HalfState.UNKNOWN  # a lock wait timed out or the database is away
+        if state == COMMITTED:
+            return HalfState.COMMIT
+        return HalfState.ROLLBACK if state == ROLLED_BACK else HalfState.UNKNOWN
+
+    def _lock_timeout(self, c: sa.Connection) -> None:
+        ms = max(1, int(self.lock_timeout_s * 1000))
+        if self.d == "postgresql":
+            c.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+        elif self.d == "mysql":
+            c.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(1, ms // 1000)}")
+
+    def forget(self, older_than_s: float) -> int:
+        """Remove the group's markers older than ``older_than_s``; how many."""
+        with self.engine.begin() as c:
+            n = c.execute(
+                sa.text(
+                    "DELETE FROM notify_outbox_half WHERE group_id = :g AND "
+                    f"created_ms < {NOW_MS[self.d]} - :ms"
+                ),
+                {"g": self.group, "ms": int(older_than_s * 1000)},
+            ).rowcount
+        return int(n)

@@ -1,0 +1,97 @@
+"""How the relay reaches the broker: the narrow :class:`Publisher` Protocol.
+
+The outbox never imports the client. A publisher sends one batch of prepared records to
+one topic partition under a stable, named idempotent-producer identity with explicit
+sequence numbers, and answers with one acknowledgement. The client implements it
+(``session.publisher()``, :mod:`notify.client._publisher`); a test can implement it too.
+
+The contract the relay's exactly-once rests on:
+
+* ``publish(identity, topic, partition, records, first_seq)`` stores the records with
+  sequences ``first_seq, first_seq + 1, ...`` for ``identity`` in that partition, in that
+  order, all or nothing. Sent again with the same identity, partition and sequences (the
+  relay does after a crash, a lost acknowledgement or a broker restart) it is not stored
+  twice: the broker answers with the acknowledgement of what it stored.
+* at most one batch per (identity, partition) is in flight: the relay waits for a batch's
+  answer before it sends the next to that partition.
+* ``claim(identity)`` makes this process the identity's only publisher: the broker
+  refuses later batches of an older claimant (a :class:`PublishError` with ``fenced``).
+  It answers the last sequence the broker stored per (topic, partition) for the
+  identity, or None when the broker does not tell (then the relay relies on its own
+  records alone).
+
+Records are ``(flag, payload)`` pairs exactly as the outbox stores them
+(:mod:`notify.outbox.rows`); the publisher adds the identity and sequence numbers in
+whatever form the broker expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from .rows import OutboxError
+
+__all__ = ["PublishAck", "PublishError", "Publisher"]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishAck:
+    """The broker stored a batch: the first record's message id and byte offset, and how
+    many records the acknowledgement covers."""
+
+    first_msg_id: int
+    first_offset: int
+    count: int
+
+
+class PublishError(OutboxError):
+    """A batch was not (known to be) stored.
+
+    ``retriable``: sending the same batch again may succeed (connection lost, timeout,
+    broker busy or down). ``fenced``: another process claimed the identity (stop
+    publishing under it). Otherwise the broker refused the batch itself (``code``: the
+    broker's reply code, e.g. 400 a record it does not take, 403 a topic closed to
+    publishing, 404 an unknown topic or partition)."""
+
+    def __init__(
+        self, message: str, *, code: int = 0, retriable: bool = False, fenced: bool = False
+    ):
+        super().__init__(message)
+        self.code = code
+        self.retriable = retriable
+        self.fenced = fenced
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """Publishes the relay's batches (see the module doc for the contract)."""
+
+    def partitions(self, topic: str) -> Sequence[str]:
+        """The topic's partitions as ``"<brokerId>-<partition>"``, in the order the
+        client's by-key selector indexes them. Raises :class:`PublishError` (code 404)
+        when the broker does not know the topic, a retriable one when it cannot tell."""
+        ...
+
+    def claim(self, identity: str) -> Mapping[tuple[str, str], int] | None:
+        """Claim ``identity`` (fencing older claimants); the last stored sequence per
+        (topic, partition), or None when the broker does not tell."""
+        ...
+
+    def publish(
+        self,
+        identity: str,
+        topic: str,
+        partition: str,
+        records: Sequence[tuple[int, bytes]],
+        first_seq: int,
+    ) -> Future[PublishAck]:
+        """Send one batch; the future holds its acknowledgement or a
+        :class:`PublishError`."""
+        ...
+
+    def close(self) -> None:
+        """Release what the publisher holds (not the session it came from)."""
+        ...

@@ -1,0 +1,509 @@
+"""The relay's database side, per dialect: leadership of a shard, its cycles, wake-ups,
+delayed rows, instance heartbeats.
+
+A shard's relay holds two connections: the *control* connection (autocommit) holds the
+shard's leadership lock for as long as the session lives (PostgreSQL advisory lock,
+MySQL/MariaDB ``GET_LOCK``, SQLite an exclusive ``flock`` on a file beside the database)
+and, on PostgreSQL, LISTENs; the *work* connection runs the cycles. Leadership is an
+election hint; safety comes from the epoch: every write of a leader is conditional on
+``notify_outbox_relay.epoch`` still being the one it set when it took over (its row lock
+orders it against the next leader's take-over), so a relay that lost its lock and does
+not know it yet cannot record or remove anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Engine
+
+from .plan import RelayRow
+from .rows import OutboxError, PendingBatch, Seqs, decode_pending, decode_seqs
+from .sql import CHANNEL, NOW_MS, dialect_name
+
+log = logging.getLogger("notify.outbox")
+
+#: Rows per statement when ids are listed (MySQL/SQLite ``IN``).
+ID_CHUNK = 1000
+
+
+class FencedError(OutboxError):
+    """Another relay took the shard over (its epoch moved): stop leading it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardState:
+    """A shard's relay row as a new leader finds it."""
+
+    epoch: int
+    producer_id: str
+    seqs: Seqs
+    pending: PendingBatch | None
+    published: int
+
+
+@dataclass(slots=True)
+class Done:
+    """What the last cycle's publishing ended with: rows the broker stored (to delete) and
+    rows it refused for good (to move to notify_outbox_dead, with the reason)."""
+
+    acked: list[int]
+    dead: list[tuple[list[int], str]]
+
+    @property
+    def count(self) -> int:
+        return len(self.acked)
+
+
+def _ids_param(name: str) -> sa.BindParameter[Any]:
+    return sa.bindparam(name, expanding=True)
+
+
+class ShardDB:
+    """One shard's connections and statements (see the module doc)."""
+
+    def __init__(self, engine: Engine, shard: int, pg_lock_base: int, lock_dir: Path | None):
+        self.engine = engine
+        self.shard = shard
+        self.d = dialect_name(engine.dialect)
+        self.now = NOW_MS[self.d]
+        self.pg_lock_base = pg_lock_base
+        self._lock_dir = lock_dir
+        self._control: Connection | None = None
+        self._work: Connection | None = None
+        self._lock_file: IO[bytes] | None = None
+        self._mem_lock: threading.Lock | None = None
+        self._idle_held = False
+
+    # ------------------------------------------------------------------ connections
+
+    def _work_conn(self) -> Connection:
+        if self._work is None or self._work.closed or self._work.invalidated:
+            conn = self.engine.connect()
+            if self.d == "mysql":
+                conn = conn.execution_options(isolation_level="READ COMMITTED")
+            self._work = conn
+        return self._work
+
+    def close(self) -> None:
+        """Give up leadership and close both connections (never raises)."""
+        self.release()
+        for c in (self._work, self._control):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    c.close()
+        self._work = self._control = None
+
+    # ------------------------------------------------------------------ leadership
+
+    def try_lead(self, producer_id: str) -> bool:
+        """Take the shard's leadership lock if free (non-blocking)."""
+        if self.d == "sqlite":
+            return self._flock()
+        if self._control is None or self._control.closed:
+            self._control = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        c = self._control
+        if self.d == "postgresql":
+            got = c.execute(
+                sa.text("SELECT pg_try_advisory_lock(:c, :s)"),
+                {"c": self.pg_lock_base + 2, "s": self.shard},
+            ).scalar_one()
+            if got:
+                c.exec_driver_sql(f"LISTEN {CHANNEL}")
+        else:
+            got = c.execute(
+                sa.text("SELECT GET_LOCK(:n, 0)"), {"n": f"notify_outbox.{producer_id}"}
+            ).scalar_one()
+        return bool(got)
+
+    def _flock(self) -> bool:
+        path = self._lock_path()
+        if path is None:  # an in-memory database: one process, a lock per engine and shard
+            lock = _memory_lock(self.engine, self.shard)
+            if not lock.acquire(blocking=False):
+                return False
+            self._mem_lock = lock
+            return True
+        f = open(path, "ab")  # noqa: SIM115 - held open while leading
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            return False
+        self._lock_file = f
+        return True
+
+    def _lock_path(self) -> Path | None:
+        db = self.engine.url.database
+        if not db or db == ":memory:" or db.startswith("file:"):
+            return None
+        base = Path(db).expanduser()
+        folder = self._lock_dir or base.parent
+        return folder / f"{base.name}.notify-relay-{self.shard}.lock"
+
+    def release(self) -> None:
+        """Give up the leadership lock (closing the control connection does it too)."""
+        if self._lock_file is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+        if self._mem_lock is not None:
+            self._mem_lock.release()
+            self._mem_lock = None
+        if self._control is not None:
+            with contextlib.suppress(Exception):
+                self._control.close()  # ends the session: its locks and LISTEN go with it
+            self._control = None
+            self._idle_held = False
+
+    def alive(self) -> bool:
+        """Whether the control connection (holding the lock) still answers."""
+        if self.d == "sqlite":
+            return self._lock_file is not None or self._mem_lock is not None
+        if self._control is None or self._control.closed:
+            return False
+        try:
+            self._control.exec_driver_sql("SELECT 1")
+            return True
+        except sa_exc.SQLAlchemyError:
+            return False
+
+    # ------------------------------------------------------------------ take-over
+
+    def take_over(self, owner: str) -> ShardState:
+        """Become the shard's leader in the table: a new epoch, the recorded state."""
+        conn = self._work_conn()
+        with conn.begin():
+            n = conn.execute(
+                sa.text(
+                    "UPDATE notify_outbox_relay SET epoch = epoch + 1, owner = :o, "
+                    f"updated_ms = {self.now} WHERE shard = :s"
+                ),
+                {"o": owner[:255], "s": self.shard},
+            ).rowcount
+            if n != 1:
+                raise OutboxError(f"shard {self.shard} is not in notify_outbox_relay")
+            row = conn.execute(
+                sa.text(
+                    "SELECT epoch, producer_id, seqs, pending, published "
+                    "FROM notify_outbox_relay WHERE shard = :s"
+                ),
+                {"s": self.shard},
+            ).one()
+        return ShardState(
+            int(row[0]), str(row[1]), decode_seqs(row[2]), decode_pending(row[3]), int(row[4])
+        )
+
+    # ------------------------------------------------------------------ cycles
+
+    @contextlib.contextmanager
+    def cycle(self) -> Iterator[Cycle]:
+        """One cycle's transaction (committed when the block ends without an error)."""
+        conn = self._work_conn()
+        with conn.begin():
+            yield Cycle(self, conn)
+
+    def fetch(self, ids: Sequence[int]) -> dict[int, RelayRow]:
+        """The rows of ``ids`` still in the table (a pending batch being sent again)."""
+        conn = self._work_conn()
+        out: dict[int, RelayRow] = {}
+        with conn.begin():
+            for chunk in _chunks(ids):
+                for r in conn.execute(
+                    sa.text(
+                        "SELECT id, topic, khash, flag, payload FROM notify_outbox "
+                        "WHERE shard = :s AND id IN :ids"
+                    ).bindparams(_ids_param("ids")),
+                    {"s": self.shard, "ids": chunk},
+                ):
+                    out[int(r[0])] = RelayRow(int(r[0]), r[1], r[2], int(r[3]), bytes(r[4]))
+        return out
+
+    def move_due(self, epoch: int, limit: int) -> int:
+        """Move delayed rows that are due into the outbox (in due order, new ids)."""
+        conn = self._work_conn()
+        with conn.begin():
+            ids = [
+                int(r[0])
+                for r in conn.execute(
+                    sa.text(
+                        "SELECT id FROM notify_outbox_delayed WHERE shard = :s AND "
+                        f"due_ms <= {self.now} ORDER BY due_ms, id LIMIT :n"
+                    ),
+                    {"s": self.shard, "n": limit},
+                )
+            ]
+            if not ids:
+                return 0
+            self._check_epoch(conn, epoch)
+            for chunk in _chunks(ids):
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO notify_outbox (shard, topic, khash, flag, payload, "
+                        "created_ms) SELECT shard, topic, khash, flag, payload, created_ms "
+                        "FROM notify_outbox_delayed WHERE id IN :ids ORDER BY due_ms, id"
+                    ).bindparams(_ids_param("ids")),
+                    {"ids": chunk},
+                )
+                conn.execute(
+                    sa.text("DELETE FROM notify_outbox_delayed WHERE id IN :ids").bindparams(
+                        _ids_param("ids")
+                    ),
+                    {"ids": chunk},
+                )
+        return len(ids)
+
+    def next_due_ms(self) -> int | None:
+        """Milliseconds until the shard's next delayed row is due (None: none)."""
+        conn = self._work_conn()
+        with conn.begin():
+            v = conn.execute(
+                sa.text(
+                    f"SELECT min(due_ms) - {self.now} FROM notify_outbox_delayed WHERE shard = :s"
+                ),
+                {"s": self.shard},
+            ).scalar()
+        return None if v is None else max(0, int(v))
+
+    def _check_epoch(self, conn: Connection, epoch: int) -> None:
+        n = conn.execute(
+            sa.text(
+                f"UPDATE notify_outbox_relay SET updated_ms = {self.now} "
+                "WHERE shard = :s AND epoch = :e"
+            ),
+            {"s": self.shard, "e": epoch},
+        ).rowcount
+        if n != 1:
+            raise FencedError(f"shard {self.shard}: another relay took over (epoch {epoch})")
+
+    # ------------------------------------------------------------------ waiting (PostgreSQL)
+
+    def wait_notified(self, timeout_s: float) -> bool:
+        """PostgreSQL: mark the relay waiting and sleep until a writer of the shard
+        commits (NOTIFY) or ``timeout_s``; False at once if a writer is committing (look
+        again) or on other databases. The caller reads once more after :meth:`sleep_ready`
+        and before this (see :meth:`prepare_wait`)."""
+        if self.d != "postgresql" or self._control is None or not self._idle_held:
+            return False
+        dc = self._control.connection.driver_connection
+        if not isinstance(dc, psycopg.Connection):
+            return False
+        mine = str(self.shard)
+        try:
+            return any(n.payload == mine for n in dc.notifies(timeout=timeout_s))
+        finally:
+            self.end_wait()
+
+    def prepare_wait(self) -> bool:
+        """PostgreSQL: take the shard's waiting lock (writers then NOTIFY on commit) and
+        drop notifications already queued; False when a writer holds it (it is
+        committing: read again) or on other databases."""
+        if self.d != "postgresql" or self._control is None:
+            return False
+        got = self._control.execute(
+            sa.text("SELECT pg_try_advisory_lock(:c, :s)"),
+            {"c": self.pg_lock_base + 1, "s": self.shard},
+        ).scalar_one()
+        if not got:
+            return False
+        self._idle_held = True
+        dc = self._control.connection.driver_connection
+        if isinstance(dc, psycopg.Connection):
+            for _ in dc.notifies(timeout=0):
+                pass
+        return True
+
+    def end_wait(self) -> None:
+        """Give the waiting lock back (writers stop notifying)."""
+        if self._idle_held and self._control is not None:
+            self._idle_held = False
+            self._control.execute(
+                sa.text("SELECT pg_advisory_unlock(:c, :s)"),
+                {"c": self.pg_lock_base + 1, "s": self.shard},
+            )
+
+
+class Cycle:
+    """The statements of one cycle's transaction."""
+
+    def __init__(self, db: ShardDB, conn: Connection):
+        self.db = db
+        self.conn = conn
+
+    def finish(self, done: Done | None) -> None:
+        """Remove the rows the broker acknowledged; move the refused ones aside."""
+        if done is None:
+            return
+        db, conn = self.db, self.conn
+        for ids, error in done.dead:
+            ignore = {"postgresql": "", "mysql": "IGNORE ", "sqlite": "OR IGNORE "}[db.d]
+            conflict = " ON CONFLICT DO NOTHING" if db.d == "postgresql" else ""
+            for chunk in _chunks(ids):
+                conn.execute(
+                    sa.text(
+                        f"INSERT {ignore}INTO notify_outbox_dead (shard, id, topic, khash, "
+                        "flag, payload, created_ms, error) SELECT shard, id, topic, khash, "
+                        "flag, payload, created_ms, :err FROM notify_outbox "
+                        f"WHERE shard = :s AND id IN :ids{conflict}"
+                    ).bindparams(_ids_param("ids")),
+                    {"s": db.shard, "ids": chunk, "err": error[:4000]},
+                )
+                self._delete(chunk)
+        for chunk in _chunks(done.acked, 10_000 if db.d == "postgresql" else ID_CHUNK):
+            self._delete(chunk)
+
+    def _delete(self, ids: list[int]) -> None:
+        if self.db.d == "postgresql":
+            self.conn.execute(
+                sa.text("DELETE FROM notify_outbox WHERE shard = :s AND id = ANY(:ids)"),
+                {"s": self.db.shard, "ids": ids},
+            )
+        else:
+            self.conn.execute(
+                sa.text("DELETE FROM notify_outbox WHERE shard = :s AND id IN :ids").bindparams(
+                    _ids_param("ids")
+                ),
+                {"s": self.db.shard, "ids": ids},
+            )
+
+    def read(self, limit: int, exclude: Sequence[str] = ()) -> list[RelayRow]:
+        """The shard's oldest rows (id order), topics in ``exclude`` left out."""
+        sql = "SELECT id, topic, khash, flag, payload FROM notify_outbox WHERE shard = :s"
+        params: dict[str, Any] = {"s": self.db.shard, "n": limit}
+        stmt = sa.text(sql + " ORDER BY id LIMIT :n")
+        if exclude:
+            stmt = sa.text(sql + " AND topic NOT IN :ex ORDER BY id LIMIT :n").bindparams(
+                _ids_param("ex")
+            )
+            params["ex"] = list(exclude)
+        res = self.conn.execute(stmt, params)
+        return [RelayRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in res]
+
+    def rows_of_topic(self, topic: str, limit: int) -> list[int]:
+        """Ids of the shard's rows of ``topic`` (unroutable rows to move aside)."""
+        return [
+            int(r[0])
+            for r in self.conn.execute(
+                sa.text(
+                    "SELECT id FROM notify_outbox WHERE shard = :s AND topic = :t "
+                    "ORDER BY id LIMIT :n"
+                ),
+                {"s": self.db.shard, "t": topic, "n": limit},
+            )
+        ]
+
+    def record(self, epoch: int, pending: bytes | None, seqs: str | None, published: int) -> None:
+        """Record the batch about to be published (None: nothing) and the sequences;
+        :class:`FencedError` when the shard's epoch is no longer ``epoch``."""
+        sets = "pending = :p, published = published + :n"
+        params: dict[str, Any] = {"p": pending, "n": published, "s": self.db.shard, "e": epoch}
+        if seqs is not None:
+            sets += ", seqs = :q"
+            params["q"] = seqs
+        n = self.conn.execute(
+            sa.text(
+                f"UPDATE notify_outbox_relay SET {sets}, updated_ms = {self.db.now} "
+                "WHERE shard = :s AND epoch = :e"
+            ),
+            params,
+        ).rowcount
+        if n != 1:
+            raise FencedError(f"shard {self.db.shard}: another relay took over (epoch {epoch})")
+
+
+def _chunks(ids: Sequence[int], size: int = ID_CHUNK) -> Iterator[list[int]]:
+    for i in range(0, len(ids), size):
+        yield list(ids[i : i + size])
+
+
+_mem_locks: dict[tuple[int, int], threading.Lock] = {}
+_mem_guard = threading.Lock()
+
+
+def _memory_lock(engine: Engine, shard: int) -> threading.Lock:
+    with _mem_guard:
+        return _mem_locks.setdefault((id(engine), shard), threading.Lock())
+
+
+# ---------------------------------------------------------------------------- instances
+
+
+class Instances:
+    """The relay instances alive (``notify_outbox_instances``): each writes a heartbeat;
+    the live ones, sorted, share the shards (instance ``i`` of ``k`` leads the shards
+    ``s`` with ``s mod k == i``)."""
+
+    def __init__(self, engine: Engine, instance: str):
+        self.engine = engine
+        self.instance = instance
+        self.d = dialect_name(engine.dialect)
+        self.now = NOW_MS[self.d]
+
+    def beat(self, led: Sequence[int]) -> None:
+        """Write this instance's heartbeat and the shards it leads."""
+        host = os.uname().nodename[:255]
+        params = {"i": self.instance, "h": host, "p": os.getpid(), "l": ",".join(map(str, led))}
+        cols = "(instance, host, pid, heartbeat_ms, led_shards) VALUES (:i, :h, :p, {now}, :l)"
+        if self.d == "mysql":
+            sql = (
+                "INSERT INTO notify_outbox_instances "
+                + cols.format(now=self.now)
+                + f" ON DUPLICATE KEY UPDATE heartbeat_ms = {self.now}, led_shards = :l"
+            )
+        else:
+            sql = (
+                "INSERT INTO notify_outbox_instances "
+                + cols.format(now=self.now)
+                + f" ON CONFLICT (instance) DO UPDATE SET heartbeat_ms = {self.now}, "
+                "led_shards = :l"
+            )
+        with self.engine.begin() as c:
+            c.execute(sa.text(sql), params)
+
+    def live(self, ttl_s: float) -> list[str]:
+        """Instances whose heartbeat is younger than ``ttl_s`` (sorted); stale ones are
+        removed."""
+        ms = int(ttl_s * 1000)
+        with self.engine.begin() as c:
+            c.execute(
+                sa.text(
+                    f"DELETE FROM notify_outbox_instances WHERE heartbeat_ms < {self.now} - :t"
+                ),
+                {"t": 10 * ms},
+            )
+            return [
+                str(r[0])
+                for r in c.execute(
+                    sa.text(
+                        "SELECT instance FROM notify_outbox_instances "
+                        f"WHERE heartbeat_ms >= {self.now} - :t ORDER BY instance"
+                    ),
+                    {"t": ms},
+                )
+            ]
+
+    def leave(self) -> None:
+        """Remove this instance (stopping): the others take its shards at once."""
+        with self.engine.begin() as c:
+            c.execute(
+                sa.text("DELETE FROM notify_outbox_instances WHERE instance = :i"),
+                {"i": self.instance},
+            )
+
+
+def assigned(shard: int, live: Sequence[str], me: str) -> bool:
+    """Whether instance ``me`` should lead ``shard`` among the ``live`` instances."""
+    ordered = sorted(set(live) | {me})
+    return shard % len(ordered) == ordered.index(me)

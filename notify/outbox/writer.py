@@ -1,0 +1,614 @@
+"""Writing outbox rows in the application's own transaction.
+
+:meth:`Outbox.send` checks its arguments at once (a clear :class:`OutboxArgumentError`,
+nothing written) and builds the row; *when* the row goes to the database depends on the
+connection it is given:
+
+* a SQLAlchemy ``Connection`` or ORM ``Session``: the row waits on the connection and is
+  written at commit, in the commit's own round trip where the driver allows it. On
+  PostgreSQL with psycopg the commit sends one simple query: the key locks, the rows
+  (``EXECUTE`` of a prepared insert), the relay's wake-up and ``COMMIT`` (so the outbox
+  costs no extra round trip, and a key's lock is held only for the commit itself, never
+  while the transaction does other work: no deadlock with the application's own locks).
+  Elsewhere the rows are inserted just before the COMMIT. A rolled-back transaction or
+  savepoint drops its rows; a two-phase transaction writes them before PREPARE.
+* a psycopg 3 connection: the row is inserted at once (psycopg has no commit hook), its
+  key lock held until the transaction ends; send last in such transactions.
+
+Order: a key's rows get their ids under that key's lock (PostgreSQL advisory lock,
+MySQL/MariaDB ``notify_outbox_keylock`` row, SQLite's single writer) held to the end of
+the transaction, so a key's ids follow the order its transactions commit in: the relay,
+which publishes rows in id order and deletes them once acknowledged, can neither skip a
+row that commits late nor publish a key's messages out of commit order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final, Protocol
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import errors as pg_errors
+from psycopg import pq
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session
+
+from notify.protocol.properties import HeaderValue
+
+from .publisher import Publisher
+from .relay import Relay, RelayConfig
+from .rows import (
+    DEFAULT_MAX_DELAY_S,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Marker,
+    OutboxArgumentError,
+    Row,
+    build_row,
+)
+from .sql import (
+    CHANNEL,
+    DEFAULT_PG_LOCK_BASE,
+    KEYLOCK_SLOTS,
+    MISSING_TABLES,
+    OutboxDatabaseError,
+    OutboxTablesMissingError,
+    dialect_name,
+    is_missing_table,
+)
+from .status import OutboxStatus, outbox_status, sampled_status
+
+log = logging.getLogger("notify.outbox")
+
+#: Name of the prepared insert on a PostgreSQL connection (the version is in the name).
+PREPARED_PUT: Final = "notify_outbox_put_v1"
+_PREPARE: Final = (
+    f"PREPARE {PREPARED_PUT} (int2, varchar, int4, int4, bytea) AS INSERT INTO notify_outbox "
+    "(shard, topic, khash, flag, payload) VALUES ($1, $2, $3, $4, $5)"
+)
+_INFO_KEY: Final = "notify.outbox.pending"
+
+AppConnection = Connection | Session | psycopg.Connection[Any]
+
+
+class HasPublisher(Protocol):
+    """A client session: it makes the relay's publisher (``session.publisher()``)."""
+
+    def publisher(self) -> Publisher: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxConfig:
+    """Settings of an :class:`Outbox` (writer side).
+
+    ``max_message_bytes``: largest payload ``send`` accepts (keep it <= the broker's
+    ``maxMessageSize``); ``max_delay_s``: longest ``delay``; ``pg_lock_base``: first of
+    the three PostgreSQL advisory lock classes (:mod:`notify.outbox.sql`; change it only
+    if the application uses two-int advisory locks of these classes); ``pg_prepare``: use
+    a prepared insert on PostgreSQL connections (a connection whose psycopg
+    ``prepare_threshold`` is None, e.g. behind PgBouncer's transaction pooling, never gets
+    one either way)."""
+
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_delay_s: float = DEFAULT_MAX_DELAY_S
+    pg_lock_base: int = DEFAULT_PG_LOCK_BASE
+    pg_prepare: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_message_bytes <= 1 << 30:
+            raise ValueError("max_message_bytes must be 1..1 GiB")
+        if not self.max_delay_s > 0:
+            raise ValueError("max_delay_s must be > 0")
+        if not 0 <= self.pg_lock_base <= (1 << 31) - 3:
+            raise ValueError("pg_lock_base must be a non-negative int4 (room for 3 classes)")
+
+
+@dataclass(slots=True)
+class _Pending:
+    """The rows a SQLAlchemy connection's transaction will write at commit."""
+
+    tx: object
+    rows: list[tuple[OutboxConfig, Row | Marker]] = field(default_factory=list)
+    marks: list[tuple[str, int]] = field(default_factory=list)  # savepoint, rows before it
+
+
+# ------------------------------------------------------------------ statements per dialect
+
+
+def _pg_literal_bytes(data: bytes) -> bytes:
+    return b"decode('" + data.hex().encode() + b"','hex')"
+
+
+def _int_or_null(v: int | None) -> bytes:
+    return b"NULL" if v is None else b"%d" % v
+
+
+Entries = Sequence[tuple[OutboxConfig, Row | Marker]]
+
+
+def _rows(entries: Entries) -> list[tuple[OutboxConfig, Row]]:
+    return [(c, r) for c, r in entries if isinstance(r, Row)]
+
+
+def _marker_sql(m: Marker) -> str:
+    # group and key are checked ([A-Za-z0-9:._@-]): safe as literals
+    return (
+        "INSERT INTO notify_outbox_half (group_id, tx_key, state) "
+        f"VALUES ('{m.group}', '{m.tx_key}', 1)"
+    )
+
+
+def pg_statements(entries: Entries, prepared: bool) -> bytes:
+    """The statements (``;``-separated, no COMMIT) writing ``entries`` on PostgreSQL: the
+    sorted key locks, the inserts in send order, the wake-up of a waiting relay."""
+    out: list[bytes] = []
+    rows = _rows(entries)
+    for base, khash in sorted({(c.pg_lock_base, r.khash) for c, r in rows if r.khash is not None}):
+        out.append(b"SELECT pg_advisory_xact_lock(%d,%d)" % (base, khash))
+    for m in (r for _c, r in entries if isinstance(r, Marker)):
+        out.append(_marker_sql(m).encode())
+    for _cfg, r in rows:
+        args = b"%d,'%s',%s,%d,%s" % (
+            r.shard,
+            r.topic.encode(),
+            _int_or_null(r.khash),
+            r.flag,
+            _pg_literal_bytes(r.payload),
+        )
+        if r.due_ms is not None:
+            out.append(
+                b"INSERT INTO notify_outbox_delayed (shard,topic,khash,flag,payload,due_ms) "
+                b"VALUES (" + args + b",%d)" % r.due_ms
+            )
+        elif prepared:
+            out.append(b"EXECUTE " + PREPARED_PUT.encode() + b"(" + args + b")")
+        else:
+            out.append(
+                b"INSERT INTO notify_outbox (shard,topic,khash,flag,payload) VALUES (" + args + b")"
+            )
+    for base, shard in sorted({(c.pg_lock_base, r.shard) for c, r in rows if r.due_ms is None}):
+        out.append(
+            b"SELECT pg_notify('%s','%d') WHERE NOT pg_try_advisory_xact_lock_shared(%d,%d)"
+            % (CHANNEL.encode(), shard, base + 1, shard)
+        )
+    return b";".join(out)
+
+
+_INSERT_COLUMNS: Final = "shard, topic, khash, flag, payload"
+
+
+def _params(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    return [
+        {"s": r.shard, "t": r.topic, "k": r.khash, "f": r.flag, "p": r.payload, "d": r.due_ms}
+        for r in rows
+    ]
+
+
+def _write_generic(conn: Connection, entries: Entries) -> None:
+    """Insert ``entries`` through the SQLAlchemy connection (statements before the
+    commit)."""
+    d = dialect_name(conn)
+    rows = _rows(entries)
+    for m in (r for _c, r in entries if isinstance(r, Marker)):
+        conn.exec_driver_sql(_marker_sql(m))
+    keyed = sorted({(c.pg_lock_base, r.khash) for c, r in rows if r.khash is not None})
+    if d == "postgresql":
+        for base, khash in keyed:
+            conn.exec_driver_sql(
+                "SELECT pg_advisory_xact_lock(%(c)s, %(k)s)", {"c": base, "k": khash}
+            )
+    elif d == "mysql" and keyed:
+        slots = sorted({k % KEYLOCK_SLOTS for _b, k in keyed})
+        conn.exec_driver_sql(
+            "SELECT slot FROM notify_outbox_keylock WHERE slot IN ("
+            + ",".join(str(s) for s in slots)
+            + ") ORDER BY slot FOR UPDATE"
+        )
+    now = [r for _c, r in rows if r.due_ms is None]
+    later = [r for _c, r in rows if r.due_ms is not None]
+    mark = "%(" if d != "sqlite" else ":"
+    close = ")s" if d != "sqlite" else ""
+    cols = ", ".join(f"{mark}{n}{close}" for n in "stkfp")
+    if now:
+        conn.exec_driver_sql(
+            f"INSERT INTO notify_outbox ({_INSERT_COLUMNS}) VALUES ({cols})", _params(now)
+        )
+    if later:
+        conn.exec_driver_sql(
+            f"INSERT INTO notify_outbox_delayed ({_INSERT_COLUMNS}, due_ms) "
+            f"VALUES ({cols}, {mark}d{close})",
+            _params(later),
+        )
+    if d == "postgresql":
+        for base, shard in sorted({(c.pg_lock_base, r.shard) for c, r in rows}):
+            conn.exec_driver_sql(
+                "SELECT pg_notify(%(ch)s, %(s)s) "
+                "WHERE NOT pg_try_advisory_xact_lock_shared(%(c)s, %(n)s)",
+                {"ch": CHANNEL, "s": str(shard), "c": base + 1, "n": shard},
+            )
+
+
+# ------------------------------------------------------------------ PostgreSQL fast path
+
+#: psycopg connections on which the prepared insert exists (True) or does not (False);
+#: absent: unknown (looked up before first use).
+_prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
+_prepared_lock = threading.Lock()
+
+
+def _use_prepared(dc: psycopg.Connection[Any], cfg: OutboxConfig) -> tuple[bool, bytes]:
+    """Whether to EXECUTE the prepared insert on ``dc``, and the PREPARE to send first
+    (empty when it exists). Looks it up once per connection (a read: harmless in the
+    application's transaction)."""
+    if not cfg.pg_prepare or dc.prepare_threshold is None:
+        return False, b""
+    with _prepared_lock:
+        known = _prepared.get(dc)
+    if known is None:
+        res = dc.pgconn.exec_(
+            b"SELECT 1 FROM pg_prepared_statements WHERE name = '" + PREPARED_PUT.encode() + b"'"
+        )
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            return False, b""
+        known = res.ntuples > 0
+        with _prepared_lock:
+            _prepared[dc] = known
+    return True, b"" if known else _PREPARE.encode()
+
+
+def _raise_pg(conn: Connection, dc: psycopg.Connection[Any], res: Any, sql: bytes) -> None:
+    err = pg_errors.error_from_result(res, encoding=dc.info.encoding)
+    with _prepared_lock:
+        _prepared.pop(dc, None)  # whatever failed, look the statement up again next time
+    raise sa_exc.DBAPIError.instance(
+        sql[:500].decode("utf-8", "replace"), None, err, psycopg.Error, dialect=conn.dialect
+    ) from err
+
+
+def _fast_driver(conn: Connection) -> psycopg.Connection[Any] | None:
+    """The psycopg connection under ``conn`` when the fast path can use it."""
+    try:
+        dc = conn.connection.driver_connection
+    except sa_exc.SQLAlchemyError:
+        return None
+    if not isinstance(dc, psycopg.Connection):
+        return None
+    if dc.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        return None
+    return dc
+
+
+def _pg_exec(
+    conn: Connection | None, dc: psycopg.Connection[Any], rows: Entries, tail: bytes
+) -> None:
+    """One simple query on ``dc``: [PREPARE] + the rows' statements + ``tail``.
+
+    ``conn`` None: the application's own psycopg connection, through psycopg (it begins
+    the transaction its way and raises its own errors); else libpq directly, in the
+    commit of ``conn``'s transaction (no Python-level driver work on the hot path)."""
+    use, prepare = _use_prepared(dc, rows[0][0])
+    body = pg_statements(rows, use)
+    sql = (prepare + b";" if prepare else b"") + body + tail
+    if conn is None:
+        try:
+            dc.execute(sql, prepare=False)
+        except psycopg.Error:
+            with _prepared_lock:
+                _prepared.pop(dc, None)
+            raise
+    else:
+        res = dc.pgconn.exec_(sql)
+        if res.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+            _raise_pg(conn, dc, res, sql)
+    if prepare:
+        with _prepared_lock:
+            _prepared[dc] = True
+
+
+# ------------------------------------------------------------------ SQLAlchemy hooks
+
+_hooked: weakref.WeakSet[Engine] = weakref.WeakSet()
+_hook_lock = threading.Lock()
+
+
+def _pending(conn: Connection, create: bool) -> _Pending | None:
+    tx = conn.get_transaction()
+    p: _Pending | None = conn.info.get(_INFO_KEY)
+    if p is not None and p.tx is not tx:
+        p = None  # left by a transaction that ended without our events: stale
+        conn.info.pop(_INFO_KEY, None)
+    if p is None and create:
+        p = conn.info[_INFO_KEY] = _Pending(tx)
+    return p
+
+
+def _take(conn: Connection) -> list[tuple[OutboxConfig, Row | Marker]]:
+    p: _Pending | None = conn.info.pop(_INFO_KEY, None)
+    if p is None or p.tx is not conn.get_transaction():
+        return []
+    return p.rows
+
+
+def _on_commit(conn: Connection) -> None:
+    rows = _take(conn)
+    if not rows:
+        return
+    dc = _fast_driver(conn)
+    if dc is not None:
+        # the rows and COMMIT in one round trip; the driver's own commit then finds the
+        # connection idle and sends nothing (psycopg skips COMMIT outside a transaction)
+        _pg_exec(conn, dc, rows, b";COMMIT")
+    else:
+        _write_generic(conn, rows)
+
+
+def _on_prepare(conn: Connection, _xid: object) -> None:
+    rows = _take(conn)
+    if rows:
+        _write_generic(conn, rows)
+
+
+def _on_rollback(conn: Connection) -> None:
+    conn.info.pop(_INFO_KEY, None)
+
+
+def _on_savepoint(conn: Connection, name: str) -> None:
+    p = _pending(conn, create=False)
+    if p is not None:
+        p.marks.append((name, len(p.rows)))
+
+
+def _on_rollback_savepoint(conn: Connection, name: str, _ctx: object) -> None:
+    p = _pending(conn, create=False)
+    if p is None:
+        return
+    for i in range(len(p.marks) - 1, -1, -1):
+        if p.marks[i][0] == name:
+            del p.rows[p.marks[i][1] :]
+            del p.marks[i:]
+            return
+
+
+def _on_release_savepoint(conn: Connection, name: str, _ctx: object) -> None:
+    p = _pending(conn, create=False)
+    if p is not None:
+        for i in range(len(p.marks) - 1, -1, -1):
+            if p.marks[i][0] == name:
+                del p.marks[i:]
+                return
+
+
+def install_hooks(engine: Engine) -> None:
+    """Listen to ``engine``'s transactions (once per engine)."""
+    with _hook_lock:
+        if engine in _hooked:
+            return
+        event.listen(engine, "commit", _on_commit)
+        event.listen(engine, "rollback", _on_rollback)
+        event.listen(engine, "savepoint", _on_savepoint)
+        event.listen(engine, "rollback_savepoint", _on_rollback_savepoint)
+        event.listen(engine, "release_savepoint", _on_release_savepoint)
+        event.listen(engine, "prepare_twophase", _on_prepare)
+        _hooked.add(engine)
+
+
+def write(conn: AppConnection, cfg: OutboxConfig, entry: Row | Marker) -> None:
+    """Write ``entry`` in ``conn``'s transaction: at its commit (SQLAlchemy) or now
+    (psycopg, or a connection in autocommit mode: then it commits on its own)."""
+    if isinstance(conn, Session):
+        conn = conn.connection()
+    if isinstance(conn, psycopg.Connection):
+        _pg_exec(None, conn, [(cfg, entry)], b"")
+        return
+    install_hooks(conn.engine)
+    if _autocommit(conn):
+        dc = _fast_driver(conn)
+        if dc is not None:
+            _pg_exec(conn, dc, [(cfg, entry)], b"")
+        else:
+            _write_generic(conn, [(cfg, entry)])
+        return
+    if not conn.in_transaction():
+        conn.begin()
+    p = _pending(conn, create=True)
+    assert p is not None
+    p.rows.append((cfg, entry))
+
+
+def _autocommit(conn: Connection) -> bool:
+    try:
+        dc = conn.connection.driver_connection
+    except sa_exc.SQLAlchemyError:
+        return False
+    flag = getattr(dc, "autocommit", False)
+    if callable(flag):  # PyMySQL: autocommit() sets, get_autocommit() tells
+        getter = getattr(dc, "get_autocommit", None)
+        flag = getter() if getter is not None else False
+    return flag is True
+
+
+# ------------------------------------------------------------------ the writer
+
+
+class Outbox:
+    """The application's outbox: messages written as rows in its own transactions and
+    published by a relay (:meth:`relay`, ``notify outbox relay``), exactly once.
+
+    ``engine``: the application's SQLAlchemy engine (the relay and :meth:`status` use it;
+    ``send`` works with the connection it is given). The tables come from
+    ``notify db upgrade``::
+
+        outbox = Outbox(engine)
+        with engine.begin() as conn:
+            conn.execute(insert(orders).values(id=42))
+            outbox.send(conn, "orders", b"order 42", key="42", headers={"type": "created"})
+
+    Thread-safe: one instance serves every thread of the application.
+    """
+
+    def __init__(self, engine: Engine | None = None, *, config: OutboxConfig | None = None):
+        self.engine = engine
+        self.config = config or OutboxConfig()
+        self._shards: int | None = None
+        self._rr = itertools.count()
+        if engine is not None:
+            dialect_name(engine.dialect)
+            install_hooks(engine)
+
+    # -- writing
+
+    def send(
+        self,
+        conn: AppConnection,
+        topic: str,
+        data: bytes,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        *,
+        headers: Mapping[str, HeaderValue] | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+    ) -> None:
+        """Write a message in ``conn``'s transaction: published once that transaction
+        commits, never if it rolls back.
+
+        ``conn``: a SQLAlchemy ``Connection`` or ``Session`` (its transaction begins if
+        it has not) or a psycopg 3 connection. The other arguments are those of
+        ``producer.send``: ``key`` picks the partition (the producer's by-key hash) and
+        keeps the key's messages in commit order, ``headers`` are typed
+        (``{str: str | int | float | bool | bytes}``), ``delay`` seconds (or
+        ``deliver_at``) publishes no earlier than that. Raises
+        :class:`OutboxArgumentError` for bad arguments (nothing written) and
+        :class:`OutboxTablesMissingError` before ``notify db upgrade``."""
+        cfg = self.config
+        if isinstance(conn, Session):
+            conn = conn.connection()
+        if isinstance(conn, Connection):
+            shards = self._shard_count_sa(conn)
+            row = self._row(topic, data, shards, attribute, key, headers, delay, deliver_at)
+            self._send_sa(conn, row)
+        elif isinstance(conn, psycopg.Connection):
+            shards = self._shard_count_pg(conn)
+            row = self._row(topic, data, shards, attribute, key, headers, delay, deliver_at)
+            write(conn, cfg, row)
+        elif isinstance(conn, Engine):
+            raise OutboxArgumentError(
+                "send takes the connection of a transaction (engine.begin()), not an Engine"
+            )
+        else:
+            raise OutboxArgumentError(
+                "send takes a SQLAlchemy Connection or Session, or a psycopg connection, "
+                f"not {type(conn).__name__}"
+            )
+
+    def _row(
+        self,
+        topic: str,
+        data: bytes,
+        shards: int,
+        attribute: str | None,
+        key: bytes | str | None,
+        headers: Mapping[str, HeaderValue] | None,
+        delay: float | None,
+        deliver_at: datetime | float | None,
+    ) -> Row:
+        cfg = self.config
+        return build_row(
+            topic,
+            data,
+            shards,
+            next(self._rr) if key is None else 0,
+            attribute=attribute,
+            key=key,
+            headers=headers,
+            delay=delay,
+            deliver_at=deliver_at,
+            max_message_bytes=cfg.max_message_bytes,
+            max_delay_s=cfg.max_delay_s,
+        )
+
+    def _send_sa(self, conn: Connection, row: Row) -> None:
+        write(conn, self.config, row)
+
+    # -- the shard count (rows of notify_outbox_relay), read once
+
+    def _shard_count_sa(self, conn: Connection) -> int:
+        if self._shards is None:
+            engine = self.engine if self.engine is not None else conn.engine
+            self._shards = read_shard_count(engine)
+        return self._shards
+
+    def _shard_count_pg(self, conn: psycopg.Connection[Any]) -> int:
+        if self._shards is None:
+            res = conn.pgconn.exec_(
+                b"SELECT CASE WHEN to_regclass('notify_outbox_relay') IS NULL THEN -1 ELSE "
+                b"(SELECT count(*) FROM notify_outbox_relay) END"
+            )
+            if res.status != pq.ExecStatus.TUPLES_OK:
+                raise pg_errors.error_from_result(res, encoding=conn.info.encoding)
+            value = res.get_value(0, 0)
+            n = int(value) if value is not None else -1
+            if n < 0:
+                raise OutboxTablesMissingError(MISSING_TABLES)
+            self._shards = _checked_shards(n)
+        return self._shards
+
+    # -- the relay and the status
+
+    def relay(self, source: Publisher | HasPublisher, config: RelayConfig | None = None) -> Relay:
+        """Start a relay publishing this outbox through ``source``: a client session
+        (``connect([...])``: its :meth:`publisher`) or a :class:`Publisher`. Returns the
+        running :class:`Relay`; use it as a context manager or call ``stop()``::
+
+            with connect(["127.0.0.1:8123"]) as session, outbox.relay(session):
+                ...   # the application runs; its outbox rows are published
+        """
+        if self.engine is None:
+            raise OutboxArgumentError("Outbox(engine) is needed to run a relay")
+        publisher = source if isinstance(source, Publisher) else source.publisher()
+        return Relay(self.engine, publisher, config, self.config.pg_lock_base).start()
+
+    def status(self, interval_s: float = 0.0) -> OutboxStatus:
+        """Backlog, oldest row's age, shards and leaders; with ``interval_s`` > 0 also
+        the rows published per second over that interval."""
+        if self.engine is None:
+            raise OutboxArgumentError("Outbox(engine) is needed for the status")
+        if interval_s > 0:
+            return sampled_status(self.engine, interval_s)
+        return outbox_status(self.engine)
+
+    @property
+    def shards(self) -> int:
+        """The outbox's shard count (read from the database once)."""
+        if self._shards is None:
+            if self.engine is None:
+                raise OutboxArgumentError("this Outbox has no engine: send once first")
+            self._shards = read_shard_count(self.engine)
+        return self._shards
+
+
+def _checked_shards(n: int) -> int:
+    if n < 1:
+        raise OutboxDatabaseError("notify_outbox_relay has no shard: run `notify db upgrade`")
+    return n
+
+
+def read_shard_count(engine: Engine) -> int:
+    """Rows of ``notify_outbox_relay`` (a connection of its own, so a missing table never
+    disturbs the application's transaction)."""
+    try:
+        with engine.connect() as c:
+            n = c.execute(sa.text("SELECT count(*) FROM notify_outbox_relay")).scalar_one()
+    except (sa_exc.ProgrammingError, sa_exc.OperationalError) as e:
+        if is_missing_table(e):
+            raise OutboxTablesMissingError(MISSING_TABLES) from e
+        raise
+    return _checked_shards(int(n))

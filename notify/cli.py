@@ -35,6 +35,7 @@ LAZY_COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "docs": ("notify.cli_docs", "docs"),
     "dlq": ("notify.cli_admin", "dlq"),
     "offsets": ("notify.cli_db", "offsets"),
+    "outbox": ("notify.cli_outbox", "outbox"),
     "queue": ("notify.cli_queue", "queue"),
     "retention": ("notify.cli_admin", "retention"),
     "topics": ("notify.cli_admin", "topics"),

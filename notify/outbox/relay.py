@@ -46,6 +46,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
+from notify.faults import crashpoint
 from notify.transitions import TransitionTable
 
 from .plan import Backoff, Limits, Plan, Planned, RelayRow, plan_cycle
@@ -160,6 +161,7 @@ class ShardStats:
     dead: int = 0
     retries: int = 0
     takeovers: int = 0
+    wakeups: int = 0
     last_error: str = ""
 
 
@@ -398,7 +400,9 @@ class _ShardWorker:
                     waiting = False
                 backoff.found()
                 empty_since = None
+                crashpoint("outbox.recorded")  # recorded, nothing sent
                 done = self._publish(plan)
+                crashpoint("outbox.acked")  # acknowledged, rows not removed
                 continue
             if plan is None:  # could not plan: the broker cannot route right now
                 self.r.sleep(self._retry_delay(backoff))
@@ -429,7 +433,8 @@ class _ShardWorker:
             limit = self.cfg.notify_wait_s
             if self.due_at:
                 limit = max(0.001, min(limit, self.due_at - time.monotonic()))
-            self.db.wait_notified(limit)
+            if self.db.wait_notified(limit, self.r._stop):
+                self.stats.wakeups += 1
             return False
         self.r.sleep(backoff.empty())
         return False
@@ -647,6 +652,7 @@ class _ShardWorker:
             while True:
                 try:
                     out.append(f.result(timeout=0.2))
+                    crashpoint("outbox.first_ack")  # part of a batch acknowledged
                     break
                 except concurrent.futures.TimeoutError:
                     if self.r.stopped:

@@ -18,6 +18,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,7 +165,10 @@ class ShardDB:
             self._mem_lock = None
         if self._control is not None:
             with contextlib.suppress(Exception):
-                self._control.close()  # ends the session: its locks and LISTEN go with it
+                # closed for real, not returned to the pool: the session ends, and its
+                # locks and LISTEN with it
+                self._control.invalidate()
+                self._control.close()
             self._control = None
             self._idle_held = False
 
@@ -290,19 +294,25 @@ class ShardDB:
 
     # ------------------------------------------------------------------ waiting (PostgreSQL)
 
-    def wait_notified(self, timeout_s: float) -> bool:
-        """PostgreSQL: mark the relay waiting and sleep until a writer of the shard
-        commits (NOTIFY) or ``timeout_s``; False at once if a writer is committing (look
-        again) or on other databases. The caller reads once more after :meth:`sleep_ready`
-        and before this (see :meth:`prepare_wait`)."""
+    def wait_notified(self, timeout_s: float, stop: threading.Event) -> bool:
+        """PostgreSQL: sleep (the waiting lock held, see :meth:`prepare_wait`) until a
+        writer of the shard commits (its NOTIFY: True), ``timeout_s`` passes or ``stop``
+        is set; then give the waiting lock back. False at once on other databases."""
         if self.d != "postgresql" or self._control is None or not self._idle_held:
             return False
         dc = self._control.connection.driver_connection
         if not isinstance(dc, psycopg.Connection):
             return False
         mine = str(self.shard)
+        deadline = time.monotonic() + timeout_s
         try:
-            return any(n.payload == mine for n in dc.notifies(timeout=timeout_s))
+            while not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if any(n.payload == mine for n in dc.notifies(timeout=min(left, 0.25))):
+                    return True
+            return False
         finally:
             self.end_wait()
 

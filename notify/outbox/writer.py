@@ -6,10 +6,11 @@ connection it is given:
 
 * a SQLAlchemy ``Connection`` or ORM ``Session``: the row waits on the connection and is
   written at commit, in the commit's own round trip where the driver allows it. On
-  PostgreSQL with psycopg the commit sends one simple query: the key locks, the rows
-  (``EXECUTE`` of a prepared insert), the relay's wake-up and ``COMMIT`` (so the outbox
-  costs no extra round trip, and a key's lock is held only for the commit itself, never
-  while the transaction does other work: no deadlock with the application's own locks).
+  PostgreSQL with psycopg the commit sends one simple query, straight through libpq: the
+  rows (``SELECT notify_outbox_put(...)``: the key's lock, the insert, the relay's
+  wake-up) and ``COMMIT`` (so the outbox costs no extra round trip, and a key's lock is
+  held only for the commit itself, never while the transaction does other work: no
+  deadlock with the application's own locks).
   Elsewhere the rows are inserted just before the COMMIT. A rolled-back transaction or
   savepoint drops its rows; a two-phase transaction writes them before PREPARE.
 * a psycopg 3 connection: the row is inserted at once (psycopg has no commit hook), its
@@ -68,12 +69,6 @@ from .status import OutboxStatus, outbox_status, sampled_status
 
 log = logging.getLogger("notify.outbox")
 
-#: Name of the prepared insert on a PostgreSQL connection (the version is in the name).
-PREPARED_PUT: Final = "notify_outbox_put_v1"
-_PREPARE: Final = (
-    f"PREPARE {PREPARED_PUT} (int2, varchar, int4, int4, bytea) AS INSERT INTO notify_outbox "
-    "(shard, topic, khash, flag, payload) VALUES ($1, $2, $3, $4, $5)"
-)
 _INFO_KEY: Final = "notify.outbox.pending"
 
 AppConnection = Connection | Session | psycopg.Connection[Any]
@@ -92,15 +87,12 @@ class OutboxConfig:
     ``max_message_bytes``: largest payload ``send`` accepts (keep it <= the broker's
     ``maxMessageSize``); ``max_delay_s``: longest ``delay``; ``pg_lock_base``: first of
     the three PostgreSQL advisory lock classes (:mod:`notify.outbox.sql`; change it only
-    if the application uses two-int advisory locks of these classes); ``pg_prepare``: use
-    a prepared insert on PostgreSQL connections (a connection whose psycopg
-    ``prepare_threshold`` is None, e.g. behind PgBouncer's transaction pooling, never gets
-    one either way)."""
+    if the application uses two-int advisory locks of these classes, and give the relay
+    the same)."""
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_delay_s: float = DEFAULT_MAX_DELAY_S
     pg_lock_base: int = DEFAULT_PG_LOCK_BASE
-    pg_prepare: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_message_bytes <= 1 << 30:
@@ -117,7 +109,7 @@ class _Pending:
 
     tx: object
     rows: list[tuple[OutboxConfig, Row | Marker]] = field(default_factory=list)
-    marks: list[tuple[str, int]] = field(default_factory=list)  # savepoint, rows before it
+    marks: list[tuple[str | None, int]] = field(default_factory=list)  # savepoint, rows
 
 
 # ------------------------------------------------------------------ statements per dialect
@@ -146,17 +138,26 @@ def _marker_sql(m: Marker) -> str:
     )
 
 
-def pg_statements(entries: Entries, prepared: bool) -> bytes:
-    """The statements (``;``-separated, no COMMIT) writing ``entries`` on PostgreSQL: the
-    sorted key locks, the inserts in send order, the wake-up of a waiting relay."""
+def pg_statements(entries: Entries) -> bytes:
+    """The statements (``;``-separated, no COMMIT) writing ``entries`` on PostgreSQL.
+
+    One row, one statement: ``notify_outbox_put`` (created by the migration; PL/pgSQL
+    plans it once per session, nothing to prepare or to lose) takes the key's lock,
+    inserts, and wakes the shard's relay if it waits. Several keys: their locks first,
+    sorted (two transactions sending the same keys in another order cannot deadlock),
+    then the rows in send order; the last row of each shard wakes its relay."""
     out: list[bytes] = []
     rows = _rows(entries)
-    for base, khash in sorted({(c.pg_lock_base, r.khash) for c, r in rows if r.khash is not None}):
-        out.append(b"SELECT pg_advisory_xact_lock(%d,%d)" % (base, khash))
+    keys = sorted({(c.pg_lock_base, r.khash) for c, r in rows if r.khash is not None})
+    lock_each = len(keys) <= 1
+    if not lock_each:
+        for base, khash in keys:
+            out.append(b"SELECT pg_advisory_xact_lock(%d,%d)" % (base, khash))
     for m in (r for _c, r in entries if isinstance(r, Marker)):
         out.append(_marker_sql(m).encode())
-    for _cfg, r in rows:
-        args = b"%d,'%s',%s,%d,%s" % (
+    last = {r.shard: i for i, (_c, r) in enumerate(rows) if r.due_ms is None}
+    for i, (cfg, r) in enumerate(rows):
+        args = b"%d::int2,'%s',%s,%d,%s" % (
             r.shard,
             r.topic.encode(),
             _int_or_null(r.khash),
@@ -168,17 +169,10 @@ def pg_statements(entries: Entries, prepared: bool) -> bytes:
                 b"INSERT INTO notify_outbox_delayed (shard,topic,khash,flag,payload,due_ms) "
                 b"VALUES (" + args + b",%d)" % r.due_ms
             )
-        elif prepared:
-            out.append(b"EXECUTE " + PREPARED_PUT.encode() + b"(" + args + b")")
-        else:
-            out.append(
-                b"INSERT INTO notify_outbox (shard,topic,khash,flag,payload) VALUES (" + args + b")"
-            )
-    for base, shard in sorted({(c.pg_lock_base, r.shard) for c, r in rows if r.due_ms is None}):
-        out.append(
-            b"SELECT pg_notify('%s','%d') WHERE NOT pg_try_advisory_xact_lock_shared(%d,%d)"
-            % (CHANNEL.encode(), shard, base + 1, shard)
-        )
+            continue
+        lock = b"%d" % cfg.pg_lock_base if lock_each and r.khash is not None else b"NULL"
+        wake = b"%d" % (cfg.pg_lock_base + 1) if last[r.shard] == i else b"NULL"
+        out.append(b"SELECT notify_outbox_put(" + args + b"," + lock + b"," + wake + b")")
     return b";".join(out)
 
 
@@ -238,36 +232,9 @@ def _write_generic(conn: Connection, entries: Entries) -> None:
 
 # ------------------------------------------------------------------ PostgreSQL fast path
 
-#: psycopg connections on which the prepared insert exists (True) or does not (False);
-#: absent: unknown (looked up before first use).
-_prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
-_prepared_lock = threading.Lock()
-
-
-def _use_prepared(dc: psycopg.Connection[Any], cfg: OutboxConfig) -> tuple[bool, bytes]:
-    """Whether to EXECUTE the prepared insert on ``dc``, and the PREPARE to send first
-    (empty when it exists). Looks it up once per connection (a read: harmless in the
-    application's transaction)."""
-    if not cfg.pg_prepare or dc.prepare_threshold is None:
-        return False, b""
-    with _prepared_lock:
-        known = _prepared.get(dc)
-    if known is None:
-        res = dc.pgconn.exec_(
-            b"SELECT 1 FROM pg_prepared_statements WHERE name = '" + PREPARED_PUT.encode() + b"'"
-        )
-        if res.status != pq.ExecStatus.TUPLES_OK:
-            return False, b""
-        known = res.ntuples > 0
-        with _prepared_lock:
-            _prepared[dc] = known
-    return True, b"" if known else _PREPARE.encode()
-
 
 def _raise_pg(conn: Connection, dc: psycopg.Connection[Any], res: Any, sql: bytes) -> None:
     err = pg_errors.error_from_result(res, encoding=dc.info.encoding)
-    with _prepared_lock:
-        _prepared.pop(dc, None)  # whatever failed, look the statement up again next time
     raise sa_exc.DBAPIError.instance(
         sql[:500].decode("utf-8", "replace"), None, err, psycopg.Error, dialect=conn.dialect
     ) from err
@@ -289,28 +256,18 @@ def _fast_driver(conn: Connection) -> psycopg.Connection[Any] | None:
 def _pg_exec(
     conn: Connection | None, dc: psycopg.Connection[Any], rows: Entries, tail: bytes
 ) -> None:
-    """One simple query on ``dc``: [PREPARE] + the rows' statements + ``tail``.
+    """One simple query on ``dc``: the rows' statements + ``tail``.
 
     ``conn`` None: the application's own psycopg connection, through psycopg (it begins
     the transaction its way and raises its own errors); else libpq directly, in the
     commit of ``conn``'s transaction (no Python-level driver work on the hot path)."""
-    use, prepare = _use_prepared(dc, rows[0][0])
-    body = pg_statements(rows, use)
-    sql = (prepare + b";" if prepare else b"") + body + tail
+    sql = pg_statements(rows) + tail
     if conn is None:
-        try:
-            dc.execute(sql, prepare=False)
-        except psycopg.Error:
-            with _prepared_lock:
-                _prepared.pop(dc, None)
-            raise
-    else:
-        res = dc.pgconn.exec_(sql)
-        if res.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
-            _raise_pg(conn, dc, res, sql)
-    if prepare:
-        with _prepared_lock:
-            _prepared[dc] = True
+        dc.execute(sql, prepare=False)
+        return
+    res = dc.pgconn.exec_(sql)
+    if res.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+        _raise_pg(conn, dc, res, sql)
 
 
 # ------------------------------------------------------------------ SQLAlchemy hooks
@@ -320,6 +277,8 @@ _hook_lock = threading.Lock()
 
 
 def _pending(conn: Connection, create: bool) -> _Pending | None:
+    if conn.invalidated:
+        return None
     tx = conn.get_transaction()
     p: _Pending | None = conn.info.get(_INFO_KEY)
     if p is not None and p.tx is not tx:
@@ -357,33 +316,42 @@ def _on_prepare(conn: Connection, _xid: object) -> None:
 
 
 def _on_rollback(conn: Connection) -> None:
+    if conn.invalidated:  # its info is out of reach; a stale entry is recognised later
+        return
     conn.info.pop(_INFO_KEY, None)
 
 
-def _on_savepoint(conn: Connection, name: str) -> None:
+def _on_savepoint(conn: Connection, name: str | None) -> None:
     p = _pending(conn, create=False)
     if p is not None:
         p.marks.append((name, len(p.rows)))
 
 
-def _on_rollback_savepoint(conn: Connection, name: str, _ctx: object) -> None:
-    p = _pending(conn, create=False)
-    if p is None:
-        return
+def _mark_index(p: _Pending, name: str) -> int | None:
+    """The mark of savepoint ``name``: by name, else the innermost unnamed one (SQLAlchemy
+    names its savepoints after the event; savepoints nest, so that is the one)."""
     for i in range(len(p.marks) - 1, -1, -1):
         if p.marks[i][0] == name:
-            del p.rows[p.marks[i][1] :]
-            del p.marks[i:]
-            return
+            return i
+    for i in range(len(p.marks) - 1, -1, -1):
+        if p.marks[i][0] is None:
+            return i
+    return None
+
+
+def _on_rollback_savepoint(conn: Connection, name: str, _ctx: object) -> None:
+    p = _pending(conn, create=False)
+    i = None if p is None else _mark_index(p, name)
+    if p is not None and i is not None:
+        del p.rows[p.marks[i][1] :]
+        del p.marks[i:]
 
 
 def _on_release_savepoint(conn: Connection, name: str, _ctx: object) -> None:
     p = _pending(conn, create=False)
-    if p is not None:
-        for i in range(len(p.marks) - 1, -1, -1):
-            if p.marks[i][0] == name:
-                del p.marks[i:]
-                return
+    i = None if p is None else _mark_index(p, name)
+    if p is not None and i is not None:
+        del p.marks[i:]
 
 
 def install_hooks(engine: Engine) -> None:

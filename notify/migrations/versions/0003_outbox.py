@@ -103,9 +103,30 @@ def _others(d: str) -> list[str]:
     ]
 
 
+#: PostgreSQL: one row written in one call (its key's lock, the insert, the wake-up of a
+#: waiting relay), planned once per session by PL/pgSQL (see notify.outbox.writer).
+PG_PUT = """
+CREATE FUNCTION notify_outbox_put(p_shard int2, p_topic varchar, p_khash int4, p_flag int4,
+                                  p_payload bytea, p_lock int4, p_wake int4)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  IF p_lock IS NOT NULL AND p_khash IS NOT NULL THEN
+    PERFORM pg_advisory_xact_lock(p_lock, p_khash);
+  END IF;
+  INSERT INTO notify_outbox (shard, topic, khash, flag, payload)
+    VALUES (p_shard, p_topic, p_khash, p_flag, p_payload);
+  IF p_wake IS NOT NULL AND NOT pg_try_advisory_xact_lock_shared(p_wake, p_shard) THEN
+    PERFORM pg_notify('notify_outbox', p_shard::text);
+  END IF;
+END $$"""
+
+
 def _keylock(d: str) -> list[str]:
-    """MySQL/MariaDB: the rows a writer locks (``SELECT .. FOR UPDATE``) to keep a key's
-    rows in commit order (PostgreSQL uses advisory locks, SQLite has one writer)."""
+    """What keeps a key's rows in commit order: MySQL/MariaDB, the rows a writer locks
+    (``SELECT .. FOR UPDATE``); PostgreSQL, the function taking an advisory lock (SQLite
+    has one writer)."""
+    if d == "postgresql":
+        return [PG_PUT]
     if d != "mysql":
         return []
     values = ",".join(f"({i})" for i in range(KEYLOCK_SLOTS))
@@ -132,6 +153,8 @@ def downgrade() -> None:
     """Drop the outbox's tables (their rows with them)."""
     if _dialect() == "mysql":
         op.execute("DROP TABLE notify_outbox_keylock")
+    if _dialect() == "postgresql":
+        op.execute("DROP FUNCTION notify_outbox_put")
     for table in (
         "notify_outbox_half",
         "notify_outbox_dead",

@@ -1,0 +1,269 @@
+"""Exactly once across SIGKILLs, with real processes: the relay killed at each step of a
+batch (recorded but not sent, part of it acknowledged, all acknowledged but the rows
+still there), the application killed before and after its commit, the broker killed and
+down a while, the database killed and restarted. After each, every committed message is
+in the topic exactly once, a key's messages in commit order."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Engine
+
+from notify.client import connect
+from notify.migrations import upgrade
+from notify.outbox import Outbox
+from notify.testing import BrokerProcess
+from tests.conftest import BrokerFactory
+from tests.outbox.conftest import (
+    FAST,
+    assert_exactly_once,
+    backlog,
+    bodies,
+    published,
+    wait_for,
+)
+from tests.services import PostgresServer, fresh_database
+
+pytestmark = pytest.mark.crash
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _relay(url: str, addr: str, log: Path, crashpoint: str = "") -> subprocess.Popen[bytes]:
+    env = {**os.environ, "NOTIFY_CRASHPOINTS": crashpoint, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "notify", "outbox", "relay", "--db", url, "-s", addr]
+    cmd += ["--heartbeat", "0.2", "--instance-ttl", "1", "--log-level", "info"]
+    with open(log, "ab") as err:
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+
+
+def _send_backlog(engine: Engine, topic: str, n: int, tag: str) -> list[bytes]:
+    outbox = Outbox(engine)
+    sent = []
+    with engine.begin() as c:
+        for i in range(n):
+            body = f"{tag}-{i}".encode()
+            outbox.send(c, topic, body, key=f"k{i % 11}", headers={"i": i})
+            sent.append(body)
+    return sent
+
+
+def _check_order(addr: str, topic: str) -> None:
+    per_key: dict[object, list[int]] = defaultdict(list)
+    for m in published(addr, topic):
+        if "i" in m.headers:
+            per_key[(m.key, m.body.split(b"-")[0])].append(int(m.headers["i"]))
+    for key, seq in per_key.items():
+        assert seq == sorted(seq), f"{key}: {seq}"
+
+
+def test_relay_killed_at_every_step_of_a_batch(
+    engine: Engine, db_url: str, ob_broker: BrokerProcess, topic: str, tmp_path: Path
+) -> None:
+    sent = _send_backlog(engine, topic, 240, "a")
+    log = tmp_path / "relay.log"
+    for point in ("outbox.recorded", "outbox.first_ack", "outbox.acked"):
+        p = _relay(db_url, ob_broker.addr, log, point)
+        try:
+            assert p.wait(30) == -signal.SIGKILL, log.read_text()[-2000:]
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert f"crashpoint {point}" in log.read_text()
+        sent += _send_backlog(engine, topic, 40, point.split(".")[1])
+    with engine.connect() as c:
+        pending = c.execute(
+            sa.text("SELECT count(*) FROM notify_outbox_relay WHERE pending IS NOT NULL")
+        ).scalar_one()
+    assert pending >= 1  # the last relay died with a batch acknowledged and recorded
+    p = _relay(db_url, ob_broker.addr, log)
+    try:
+        wait_for(lambda: backlog(engine) == 0, 30, "the backlog drained")
+        wait_for(lambda: len(bodies(ob_broker.addr, topic)) >= len(sent), 30, "all published")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, log.read_text()[-2000:]
+    assert_exactly_once(bodies(ob_broker.addr, topic), sent)
+    _check_order(ob_broker.addr, topic)
+    assert "sending the pending batch again" in log.read_text()
+
+
+APP = textwrap.dedent(
+    """
+    import sys, threading
+    import sqlalchemy as sa
+    from sqlalchemy import event
+    from notify.outbox import Outbox
+    url, topic, mode = sys.argv[1:4]
+    engine = sa.create_engine(url)
+    outbox = Outbox(engine)
+
+    def hold(conn):  # after the outbox's insert, before COMMIT
+        if conn.info.pop("hold", None):
+            print("inserted", flush=True)
+            threading.Event().wait()
+
+    event.listen(engine, "commit", hold)
+    if url.startswith("postgresql") and mode == "before":
+        import psycopg  # the row and its lock at send time
+        conn = psycopg.connect("postgresql://" + url.split("://", 1)[1])
+        conn.execute("INSERT INTO orders (id) VALUES (1)")
+        outbox.send(conn, topic, b"never", key="x")
+        print("inserted", flush=True)
+        threading.Event().wait()
+    with engine.begin() as c:
+        order = 2 if mode == "after" else 1
+        c.execute(sa.text("INSERT INTO orders (id) VALUES (:i)"), {"i": order})
+        outbox.send(c, topic, b"never" if mode == "before" else b"committed", key="x")
+        c.info["hold"] = mode == "before"
+    print("committed", flush=True)
+    threading.Event().wait()
+    """
+)
+
+
+def test_application_killed_before_and_after_its_commit(
+    engine: Engine, db_url: str, ob_broker: BrokerProcess, topic: str
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for mode, line in (("before", b"inserted"), ("after", b"committed")):
+        with subprocess.Popen(
+            [sys.executable, "-c", APP, db_url, topic, mode], stdout=subprocess.PIPE, env=env
+        ) as p:
+            try:
+                assert p.stdout is not None
+                assert p.stdout.readline().strip() == line
+            finally:
+                p.kill()
+    with engine.connect() as c:
+        assert c.execute(sa.text("SELECT id FROM orders")).scalars().all() == [2]
+    with connect([ob_broker.addr]) as session, Outbox(engine).relay(session, FAST):
+        wait_for(lambda: backlog(engine) == 0, what="the committed row published")
+    assert bodies(ob_broker.addr, topic) == [b"committed"]
+
+
+class _App:
+    """The application: commits an order and its message per transaction until stopped,
+    through database and broker outages (what committed is the orders table)."""
+
+    def __init__(self, engine: Engine, topic: str):
+        self.engine = engine
+        self.topic = topic
+        self.outbox = Outbox(engine)
+        self.stop = threading.Event()
+        self.commits = 0
+        self.failures = 0
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            i += 1
+            try:
+                with self.engine.begin() as c:
+                    c.execute(sa.text("INSERT INTO orders (id) VALUES (:i)"), {"i": i})
+                    body = f"o-{i}".encode()
+                    self.outbox.send(c, self.topic, body, key=f"k{i % 13}", headers={"i": i})
+                self.commits += 1
+            except sa_exc.SQLAlchemyError as e:
+                self.failures += 1
+                self.errors.append(str(e).splitlines()[0])
+                time.sleep(0.05)
+            time.sleep(0.002)
+
+    def committed(self) -> list[bytes]:
+        with self.engine.connect() as c:
+            ids = c.execute(sa.text("SELECT id FROM orders")).scalars().all()
+        return [f"o-{i}".encode() for i in ids]
+
+    def __enter__(self) -> _App:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+@pytest.mark.parametrize("db_url", ["postgres", "mariadb"], indirect=True)
+def test_broker_killed_and_down_while_the_application_commits(
+    engine: Engine, broker_factory: BrokerFactory
+) -> None:
+    broker = broker_factory(topics={"orders": 4})
+    with connect([broker.addr]) as session, Outbox(engine).relay(session, FAST) as relay:
+        with _App(engine, "orders") as app:
+            wait_for(lambda: relay.published >= 50, what="publishing")
+            broker.kill()  # mid-publish, then down a while: the application goes on
+            before = app.commits
+            wait_for(lambda: app.commits >= before + 100, what="commits while it is down")
+            assert backlog(engine) > 0
+            broker.start()
+            time.sleep(0.2)
+        wait_for(lambda: backlog(engine) == 0, 30, "the backlog drained")
+        assert app.failures == 0, app.errors
+    assert_exactly_once(bodies(broker.addr, "orders"), app.committed())
+    _check_order(broker.addr, "orders")
+
+
+class _SyncCommitPostgres(PostgresServer):
+    """PostgreSQL acknowledging a commit once its WAL is written (``synchronous_commit``
+    on; fsync stays off: a killed server's writes survive in the page cache). The test
+    servers' ``synchronous_commit=off`` would lose the last acknowledged commits with the
+    server's memory, which no outbox can survive: the relay's own records go too."""
+
+    def _command(self) -> list[str]:
+        return [
+            "synchronous_commit=on" if a == "synchronous_commit=off" else a
+            for a in super()._command()
+        ]
+
+
+@pytest.fixture
+def pg_kill_url() -> Iterator[tuple[_SyncCommitPostgres, str]]:
+    server = _SyncCommitPostgres()
+    server.start()
+    try:
+        url = fresh_database(server)
+        upgrade(url)
+        yield server, url
+    finally:
+        server.close()
+
+
+def test_database_killed_and_restarted(
+    pg_kill_url: tuple[_SyncCommitPostgres, str], broker_factory: BrokerFactory
+) -> None:
+    server, url = pg_kill_url
+    broker = broker_factory(topics={"orders": 4})
+    engine = sa.create_engine(url, pool_size=20, pool_pre_ping=True)
+    with engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE orders (id BIGINT PRIMARY KEY)"))
+    try:
+        with connect([broker.addr]) as session, Outbox(engine).relay(session, FAST) as relay:
+            with _App(engine, "orders") as app:
+                wait_for(lambda: relay.published >= 50, what="publishing")
+                server.kill()  # SIGKILL: transactions in flight are lost, committed ones not
+                time.sleep(0.5)
+                server.start()
+                before = app.commits
+                wait_for(lambda: app.commits >= before + 50, 30, "commits after the restart")
+            wait_for(lambda: backlog(engine) == 0, 30, "the backlog drained")
+            assert app.failures >= 1 and sum(s.takeovers for s in relay.stats.values()) >= 8
+        assert_exactly_once(bodies(broker.addr, "orders"), app.committed())
+        _check_order(broker.addr, "orders")
+    finally:
+        engine.dispose()

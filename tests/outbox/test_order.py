@@ -1,0 +1,187 @@
+"""Commit order with real concurrent transactions that commit out of id order.
+
+Transaction A takes a row id for key K and stays open; B (another key) takes a later id
+and commits; the relay publishes B's message; then A commits. A's row must be published
+(a relay reading ``id > last seen`` would skip it forever), and a third transaction C
+sending to K meanwhile must wait for A (K's lock) so that K's messages reach their
+partition in commit order: A, then C.
+
+PostgreSQL: A and C on psycopg connections (the row and K's advisory lock are taken at
+``send``). MariaDB and SQLite: SQLAlchemy connections, whose rows are written at commit;
+a commit listener added after the outbox's holds A open between its insert and COMMIT.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from notify.client import connect
+from notify.outbox import Outbox
+from notify.testing import BrokerProcess
+from tests.outbox.conftest import FAST, assert_exactly_once, published, wait_for
+
+HOLD = "test.hold"
+
+
+def _partition_order(addr: str, topic: str, key: str) -> list[bytes]:
+    return [m.body for m in published(addr, topic) if m.key == key]
+
+
+def _check(addr: str, topic: str) -> None:
+    got = published(addr, topic)
+    assert_exactly_once([m.body for m in got], [b"A", b"B", b"C"])
+    assert _partition_order(addr, topic, "K") == [b"A", b"C"]
+    bodies = [m.body for m in got]
+    assert bodies  # B was published while A was still open (checked by the test itself)
+
+
+Hold = tuple[threading.Event, threading.Event]
+
+
+@pytest.fixture
+def held(engine: Engine) -> Iterator[Callable[[Connection], Hold]]:
+    """``held(conn)``: the commit of ``conn``'s transaction stops after the outbox wrote
+    its rows, before COMMIT: it sets the first event returned and waits for the second."""
+
+    def hold(conn: Connection) -> None:
+        pair = conn.info.pop(HOLD, None)
+        if pair is not None:
+            pair[0].set()
+            pair[1].wait(30)
+
+    Outbox(engine)  # the outbox's listeners first
+    event.listen(engine, "commit", hold)
+
+    def make(conn: Connection) -> Hold:
+        pair = (threading.Event(), threading.Event())
+        conn.info[HOLD] = pair
+        return pair
+
+    yield make
+    event.remove(engine, "commit", hold)
+
+
+def _in_thread(fn: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, errors
+
+
+def _b_published(addr: str, topic: str) -> bool:
+    return any(m.body == b"B" for m in published(addr, topic))
+
+
+@pytest.mark.parametrize("db_url", ["mariadb", "sqlite"], indirect=True)
+def test_late_commit_is_neither_skipped_nor_reordered(
+    engine: Engine,
+    ob_broker: BrokerProcess,
+    topic: str,
+    held: Callable[[Connection], Hold],
+    db_url: str,
+) -> None:
+    outbox = Outbox(engine)
+    sqlite = db_url.startswith("sqlite")
+    with connect([ob_broker.addr]) as session, outbox.relay(session, FAST):
+        a_hold: list[Hold] = []
+
+        def tx_a() -> None:
+            with engine.begin() as c:
+                outbox.send(c, topic, b"A", key="K")
+                a_hold.append(held(c))
+
+        ta, ea = _in_thread(tx_a)
+        wait_for(lambda: bool(a_hold) and a_hold[0][0].is_set(), what="A's row inserted")
+        a_inserted, release_a = a_hold[0]
+        assert a_inserted.is_set()
+
+        def tx(body: bytes, key: str) -> Callable[[], None]:
+            def run() -> None:
+                with engine.begin() as c:
+                    outbox.send(c, topic, body, key=key)
+
+            return run
+
+        tb, eb = _in_thread(tx(b"B", "J"))
+        if not sqlite:  # MariaDB: B commits (a later id) and is published while A is open
+            tb.join(20)
+            assert not eb and not tb.is_alive()
+            wait_for(lambda: _b_published(ob_broker.addr, topic), what="B published")
+            assert b"A" not in [m.body for m in published(ob_broker.addr, topic)]
+        tc, ec = _in_thread(tx(b"C", "K"))
+        if not sqlite:
+            with engine.connect() as c:  # C waits for K's lock, held by A
+                wait_for(
+                    lambda: c.execute(
+                        sa.text(
+                            "SELECT count(*) FROM information_schema.INNODB_TRX "
+                            "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE '%keylock%'"
+                        )
+                    ).scalar_one()
+                    == 1,
+                    what="C waiting for K's lock",
+                )
+        release_a.set()
+        for t in (ta, tb, tc):
+            t.join(30)
+        assert not (ea or eb or ec), (ea, eb, ec)
+        wait_for(lambda: len(published(ob_broker.addr, topic)) >= 3, what="A, B, C published")
+    _check(ob_broker.addr, topic)
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_postgres_late_commit_is_neither_skipped_nor_reordered(
+    engine: Engine, ob_broker: BrokerProcess, topic: str, db_url: str
+) -> None:
+    outbox = Outbox(engine)
+    dsn = "postgresql://" + db_url.split("://", 1)[1]
+    with (
+        connect([ob_broker.addr]) as session,
+        outbox.relay(session, FAST),
+        psycopg.connect(dsn) as a,
+        psycopg.connect(dsn) as b,
+        psycopg.connect(dsn) as c,
+    ):
+        outbox.send(a, topic, b"A", key="K")  # A: id n, K's lock, open
+        outbox.send(b, topic, b"B", key="J")  # B: id n+1
+        b.commit()
+        wait_for(lambda: _b_published(ob_broker.addr, topic), what="B published")
+        with engine.connect() as s:
+            ids = s.execute(sa.text("SELECT id FROM notify_outbox")).scalars().all()
+        assert len(ids) == 0  # A's row is not visible yet; B's is published and removed
+        c_pid = c.info.backend_pid
+
+        def tx_c() -> None:
+            outbox.send(c, topic, b"C", key="K")
+            c.commit()
+
+        tc, ec = _in_thread(tx_c)
+        with engine.connect() as s:
+            wait_for(
+                lambda: s.execute(
+                    sa.text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :p"),
+                    {"p": c_pid},
+                ).scalar()
+                == "Lock",
+                what="C waiting for K's lock",
+            )
+        assert b"A" not in [m.body for m in published(ob_broker.addr, topic)]
+        a.commit()
+        tc.join(20)
+        assert not ec
+        wait_for(lambda: len(published(ob_broker.addr, topic)) >= 3, what="A, B, C published")
+    _check(ob_broker.addr, topic)

@@ -1,52 +1,179 @@
-""""Update my table and publish": a half message + a local PostgreSQL transaction vs the same
-INSERT + COMMIT in PostgreSQL alone (the transactional-outbox baseline; issue #16).
+""""Update my table and publish", in one printed table: the transactional outbox
+(:mod:`notify.outbox`) and the half message against the same INSERT + COMMIT in the
+database alone, with PostgreSQL (fsync on) and MariaDB (flush at commit) beside the broker.
 
-    .venv/bin/python bench/outbox_bench.py [--threads 1,8] [--seconds 5] [--pg-fsync on|off]
-        [--early-ack]
+    .venv/bin/python bench/outbox_bench.py [--threads 1,8] [--seconds 4] [--rounds 3]
+        [--backlog 1000000] [--rate 1000] [--skip-mariadb] [--skip-half]
 
-Starts its own PostgreSQL (tests/services.py; ``--pg-fsync on``, the default, turns fsync and
-synchronous_commit back on) and broker (flushTxLogAtCommit=1; ``--early-ack``:
-halfCommitEarlyAck=true, the COMMIT of a half message answered before its fsync, README
-"Transactions"), then with the same threads:
+Starts its own servers (tests/services.py, with durability back on) and broker
+(flushTxLogAtCommit=1), then:
 
-* ``pg alone``: per transaction BEGIN, one INSERT, COMMIT on a connection per thread (what a
-  transactional outbox costs before its relay: the outbox row is that INSERT);
-* ``half msg + pg``: ``producer.send_in_transaction(topic, body, local_tx)`` where
-  ``local_tx`` runs the same INSERT + COMMIT on the thread's connection and answers COMMIT
-  (BEGIN, put and PREPARE pipelined to the broker, the local transaction, then
-  COMMIT_TWO_PHASE); the producer's checker looks the row up when the broker asks back.
+* **application transaction**, rounds alternated in the same minutes, every shape on the
+  same tables (emptied before each run): per transaction the application's INSERT and
+  COMMIT (``alone``), the same plus ``outbox.send`` (``outbox``: the row rides in the
+  COMMIT's round trip on PostgreSQL), the same with the relay draining meanwhile (``outbox
+  + relay``: a ``notify outbox relay`` process), a naive extra INSERT of the same row
+  (``naive``, what the issue measured), through SQLAlchemy (``engine.begin()``, the
+  documented form) and through a psycopg connection; the half message + PostgreSQL
+  transaction (``send_in_transaction``) against psycopg's INSERT + COMMIT as before.
+  Median tx/s of the rounds, ratio to ``alone`` of the same API and thread count.
+* **commit -> readable**: 4 threads commit ``--rate`` transactions per second with an
+  outbox row each; a consumer in a child process (no shared GIL) reads the topic; latency =
+  its receive time - the commit's return (CLOCK_MONOTONIC, shared by the processes).
+* **relay drain**: ``--backlog`` rows (100-byte payloads, keys spread over the 4 shards)
+  put in the table, then one ``notify outbox relay`` process drains them; rows/s from its
+  start to an empty table (process start-up included), CPU per message of the relay,
+  PostgreSQL (reaped backends included) and the broker. Checks the broker holds them all.
 
-Prints tx/s, latency p50/p99, CPU ms per transaction in this process, the broker and
-PostgreSQL, the load average, and the ratio ``half msg + pg / pg alone`` per thread count
-(target >= 70%). Checks that every committed message is in the topic.
+MariaDB (``innodb_flush_log_at_trx_commit=1``, doublewrite on): the application
+transaction via SQLAlchemy and the drain (a tenth of the backlog).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
+import statistics
+import struct
+import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
-from bench.xa_bench import CpuMeter, DurablePostgres, Row, run_threads
-from notify.client import LocalTxState, Message, connect
+from bench.xa_bench import CpuMeter, DurablePostgres, Row, _cpu_s, _tree_cpu_s, run_threads
+from notify.client import ConsumerConfig, LocalTxState, Message, MessageSessionFactory, connect
+from notify.migrations import upgrade
+from notify.outbox import Outbox
 from notify.testing import BrokerProcess
 from tests.client.test_transactions import bodies
-from tests.services import PostgresServer, fresh_database
+from tests.services import MariaDBServer, PostgresServer, fresh_database
 
 TOPIC = "outbox"
 PARTS = 4
+ROOT = Path(__file__).resolve().parents[1]
+_SEQ = struct.Struct(">q")
+
+
+# ---------------------------------------------------------------------------- servers
+
+
+class DurableMariaDB(MariaDBServer):
+    """The fixtures' MariaDB with the log flushed at every commit and doublewrite on."""
+
+    def _command(self) -> list[str]:
+        cmd = super()._command()
+        out = [
+            {
+                "--innodb-flush-log-at-trx-commit=2": "--innodb-flush-log-at-trx-commit=1",
+                "--innodb-doublewrite=0": "--innodb-doublewrite=1",
+            }.get(a, a)
+            for a in cmd
+        ]
+        return [*out, "--sync-binlog=0"]
+
+
+def pg_cpu_s(pid: int) -> float:
+    """CPU of the postmaster, its live backends and the backends it reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            x = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return _tree_cpu_s(pid) + (int(x[13]) + int(x[14])) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter(CpuMeter):
+    """CPU of this process, the broker and the database (reaped children too)."""
+
+    def _now(self) -> tuple[float, float, float]:
+        b, p = self.pids
+        return time.process_time(), _cpu_s(b), pg_cpu_s(p) if p else 0.0
+
+
+# ---------------------------------------------------------------------------- shapes
+
+
+def _reset(engine: Engine) -> None:
+    with engine.begin() as c:
+        d = engine.dialect.name
+        for t in ("orders", "notify_outbox"):
+            c.exec_driver_sql(f"DELETE FROM {t}" if d == "sqlite" else f"TRUNCATE TABLE {t}")
+
+
+def bench_sa(
+    engine: Engine,
+    threads: int,
+    seconds: float,
+    shape: str,
+    base: int,
+    meter: Callable[[], CpuMeter],
+) -> Row:
+    """The application's transaction through SQLAlchemy: ``alone``, ``outbox`` (one
+    ``outbox.send``), ``naive`` (the same row by a plain INSERT statement)."""
+    outbox = Outbox(engine)
+    orders = sa.table("orders", sa.column("id"), sa.column("note"))
+    ins = sa.insert(orders)
+    naive = sa.text(
+        "INSERT INTO notify_outbox (shard, topic, khash, flag, payload) "
+        "VALUES (:s, :t, :k, 0, :p)"
+    )
+
+    def setup(i: int) -> Callable[[int], None]:
+        def op(k: int) -> None:
+            k += base
+            with engine.begin() as c:
+                c.execute(ins, {"id": k, "note": "x"})
+                if shape == "outbox":
+                    outbox.send(c, TOPIC, b"order %d" % k, key=str(k))
+                elif shape == "naive":
+                    c.execute(naive, {"s": k % 4, "t": TOPIC, "k": k & 0x7FFFFFFF,
+                                      "p": b"order %d" % k})  # fmt: skip
+
+        return op
+
+    return run_threads(Row(shape, engine.dialect.name, threads), seconds, setup, meter)
 
 
 def bench_pg(
     dsn: str, threads: int, seconds: float, label: str, base: int, meter: Callable[[], CpuMeter]
+) -> Row:
+    """psycopg: BEGIN, the INSERT, COMMIT on a connection per thread."""
+    return _bench_psycopg(dsn, threads, seconds, label, base, meter, None)
+
+
+def bench_pg_outbox(
+    dsn: str,
+    outbox: Outbox,
+    threads: int,
+    seconds: float,
+    base: int,
+    meter: Callable[[], CpuMeter],
+) -> Row:
+    """psycopg: the same plus ``outbox.send`` on the connection (written at send)."""
+    return _bench_psycopg(dsn, threads, seconds, "on", base, meter, outbox)
+
+
+def _bench_psycopg(
+    dsn: str,
+    threads: int,
+    seconds: float,
+    label: str,
+    base: int,
+    meter: Callable[[], CpuMeter],
+    outbox: Outbox | None,
 ) -> Row:
     conns: list[psycopg.Connection[tuple[object, ...]]] = []
 
@@ -57,10 +184,13 @@ def bench_pg(
         def op(k: int) -> None:
             with conn.transaction():
                 conn.execute("INSERT INTO orders (id, note) VALUES (%s, 'pg alone')", (base + k,))
+                if outbox is not None:
+                    outbox.send(conn, TOPIC, b"order %d" % k, key=str(k))
 
         return op
 
-    row = run_threads(Row("pg alone (INSERT + COMMIT)", label, threads), seconds, setup, meter)
+    name = "pg alone (INSERT + COMMIT)" if outbox is None else "outbox, psycopg conn"
+    row = run_threads(Row(name, label, threads), seconds, setup, meter)
     for c in conns:
         c.close()
     return row
@@ -75,6 +205,7 @@ def bench_half(
     base: int,
     meter: Callable[[], CpuMeter],
 ) -> Row:
+    """A half message + the same PostgreSQL transaction (``send_in_transaction``)."""
     conns: list[psycopg.Connection[tuple[object, ...]]] = []
 
     def checker(msg: Message) -> LocalTxState:  # asked back when the outcome is unknown
@@ -108,62 +239,422 @@ def bench_half(
     return row
 
 
+# ---------------------------------------------------------------------------- relay
+
+
+@contextlib.contextmanager
+def relay_process(url: str, addr: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``notify outbox relay`` for ``url`` in a child process (stopped with SIGTERM)."""
+    cmd = [sys.executable, "-m", "notify", "outbox", "relay", "--db", url, "-s", addr]
+    with open(log, "ab") as err:
+        p = subprocess.Popen(
+            [*cmd, "--log-level", "warning"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    try:
+        yield p
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def backlog(engine: Engine) -> int:
+    with engine.connect() as c:
+        return int(c.execute(sa.text("SELECT count(*) FROM notify_outbox")).scalar_one())
+
+
+def wait_drained(engine: Engine, timeout_s: float, poll_s: float = 0.05) -> float:
+    """Seconds until ``notify_outbox`` is empty."""
+    t0 = time.monotonic()
+    while backlog(engine):
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"backlog not drained in {timeout_s} s")
+        time.sleep(poll_s)
+    return time.monotonic() - t0
+
+
+def fill_backlog(engine: Engine, n: int) -> None:
+    """``n`` rows of 100-byte payloads, keys spread over the shards, in bulk (SQL)."""
+    d = engine.dialect.name
+    with engine.begin() as c:
+        if d == "postgresql":
+            c.exec_driver_sql(
+                "INSERT INTO notify_outbox (shard, topic, khash, flag, payload) "
+                f"SELECT (i %% 4)::int2, '{TOPIC}', (i::bigint * 40503 %% 2147483647)::int4, 0, "
+                "convert_to(rpad('order ' || i, 100, 'x'), 'UTF8') "
+                f"FROM generate_series(1, {n}) AS i"
+            )
+        else:
+            step = 10_000
+            for lo in range(0, n, step):
+                c.exec_driver_sql(
+                    "INSERT INTO notify_outbox (shard, topic, khash, flag, payload) "
+                    f"SELECT MOD(seq, 4), '{TOPIC}', MOD(seq * 40503, 2147483647), 0, "
+                    "RPAD(CONCAT('order ', seq), 100, 'x') "
+                    f"FROM seq_{lo + 1}_to_{min(n, lo + step)}"
+                )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.exec_driver_sql(
+            "VACUUM ANALYZE notify_outbox" if d == "postgresql" else "ANALYZE TABLE notify_outbox"
+        )
+
+
+@dataclass
+class Drain:
+    db: str
+    rows: int
+    seconds: float
+    cpu_relay_s: float
+    cpu_db_s: float
+    cpu_broker_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+def drain(
+    engine: Engine, url: str, broker: BrokerProcess, db_pid: int, n: int, work: Path
+) -> Drain:
+    """Fill ``n`` rows, then time one relay process draining them."""
+    _reset(engine)
+    fill_backlog(engine, n)
+    before = len(bodies(broker.addr, TOPIC, PARTS))
+    db0, b0 = pg_cpu_s(db_pid), _cpu_s(broker.pid)
+    t0 = time.monotonic()
+    with relay_process(url, broker.addr, work / "relay-drain.log") as p:
+        wait_drained(engine, 600)
+        dt = time.monotonic() - t0
+        relay_cpu = _cpu_s(p.pid)
+    got = len(bodies(broker.addr, TOPIC, PARTS)) - before
+    if got != n:
+        raise SystemExit(f"drain: {n} rows but {got} new records in the topic")
+    return Drain(engine.dialect.name, n, dt, relay_cpu, pg_cpu_s(db_pid) - db0,
+                 _cpu_s(broker.pid) - b0)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- latency
+
+
+def latency_consumer(addr: str, total: int, out: Path, data_dir: Path) -> None:
+    """Child process: consume ``total`` records, then write (seq, receive ns) pairs."""
+    got = array("q")
+    all_in = threading.Event()
+
+    def listener(m: Message) -> None:
+        now = time.monotonic_ns()
+        got.append(_SEQ.unpack_from(m.data, 0)[0])
+        got.append(now)
+        if len(got) >= 2 * total:
+            all_in.set()
+
+    cfg = ConsumerConfig(
+        group="latency",
+        data_dir=data_dir,
+        initial_offset="latest",
+        listener_threads=0,
+        idle_backoff_min_s=0.0002,
+        idle_backoff_max_s=0.001,
+    )
+    with MessageSessionFactory([addr]) as session:
+        c = session.create_consumer(cfg)
+        c.subscribe(TOPIC, listener).complete_subscribe()
+        time.sleep(0.3)
+        print("ready", flush=True)
+        all_in.wait(120)
+        c.shutdown()
+    out.write_bytes(got.tobytes())
+
+
+def commit_to_readable(
+    engine: Engine, url: str, addr: str, rate: int, seconds: float, work: Path
+) -> tuple[list[float], float]:
+    """Latencies (ms) at ``rate`` tx/s; and the rate achieved."""
+    _reset(engine)
+    total = int(rate * seconds)
+    out = work / "latency.bin"
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--latency-consumer", addr, str(total), str(out),
+         str(work / "latency-consumer")],  # fmt: skip
+        stdout=subprocess.PIPE,
+    )
+    done: dict[int, int] = {}
+    outbox = Outbox(engine)
+    t_run = 0.0
+    try:
+        assert child.stdout is not None
+        if child.stdout.readline().strip() != b"ready":
+            raise RuntimeError("latency consumer did not start")
+        with relay_process(url, addr, work / "relay-latency.log"):
+            time.sleep(2.0)  # the relay leads its shards
+            threads = 4
+            per = rate / threads
+            start = time.monotonic()
+
+            def writer(w: int) -> None:
+                k = w
+                n = 0
+                while k < total:
+                    due = start + n / per
+                    delay = due - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    with engine.begin() as c:
+                        outbox.send(c, TOPIC, _SEQ.pack(k) + b"y" * 92, key=str(k))
+                    done[k] = time.monotonic_ns()
+                    k += threads
+                    n += 1
+
+            ts = [threading.Thread(target=writer, args=(w,)) for w in range(threads)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            t_run = time.monotonic() - start
+            child.wait(150)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    pairs = array("q")
+    pairs.frombytes(out.read_bytes())
+    lat = [
+        (pairs[i + 1] - done[pairs[i]]) / 1e6 for i in range(0, len(pairs), 2) if pairs[i] in done
+    ]
+    if len(lat) != total:
+        raise SystemExit(f"latency: {total} committed, {len(lat)} received")
+    return lat, total / t_run if t_run else 0.0
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Result:
+    """One line of the table."""
+
+    section: str
+    shape: str
+    db: str
+    threads: int
+    value: float
+    unit: str
+    ratio: float | None = None
+    note: str = ""
+    rounds: list[float] = field(default_factory=list)
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def app_rounds(
+    engine: Engine,
+    dsn: str | None,
+    url: str,
+    broker: BrokerProcess,
+    db_pid: int,
+    threads_list: list[int],
+    seconds: float,
+    rounds: int,
+    work: Path,
+    half: bool,
+) -> list[Result]:
+    """The application-transaction shapes, alternated round after round."""
+
+    def meter() -> CpuMeter:
+        return Meter(broker.pid, db_pid)
+
+    db = engine.dialect.name
+    shapes = ["alone", "outbox", "outbox + relay", "naive"]
+    if dsn is not None:
+        shapes += ["psycopg alone", "psycopg outbox"] + (["half msg + pg"] if half else [])
+    runs: dict[tuple[str, int], list[Row]] = {}
+    base = 1 << 40
+    outbox = Outbox(engine)
+    for _r in range(rounds):
+        for threads in threads_list:
+            for shape in shapes:
+                _reset(engine)
+                base += 1 << 34
+                if shape == "outbox + relay":
+                    with relay_process(url, broker.addr, work / "relay-app.log"):
+                        time.sleep(1.5)  # leads its shards
+                        row = bench_sa(engine, threads, seconds, "outbox", base, meter)
+                        wait_drained(engine, 60)
+                elif shape == "psycopg alone":
+                    assert dsn is not None
+                    row = bench_pg(dsn, threads, seconds, "on", base, meter)
+                elif shape == "psycopg outbox":
+                    assert dsn is not None
+                    row = bench_pg_outbox(dsn, outbox, threads, seconds, base, meter)
+                elif shape == "half msg + pg":
+                    assert dsn is not None
+                    row = bench_half(dsn, broker.addr, threads, seconds, "on", base, meter)
+                else:
+                    row = bench_sa(engine, threads, seconds, shape, base, meter)
+                if row.errors:
+                    raise SystemExit(f"{shape}: {row.errors} errors")
+                runs.setdefault((shape, threads), []).append(row)
+                print(f"  {db} {shape:16} {threads} thr: {row.rate:7.0f} tx/s  "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    out: list[Result] = []
+    for (shape, threads), rows in runs.items():
+        rate = statistics.median(r.rate for r in rows)
+        alone_key = "psycopg alone" if shape.startswith(("psycopg", "half")) else "alone"
+        alone = statistics.median(r.rate for r in runs[(alone_key, threads)])
+        mid = sorted(rows, key=lambda r: r.rate)[len(rows) // 2]
+        label = {"alone": "INSERT + COMMIT alone (SQLAlchemy)", "outbox": "+ outbox.send",
+                 "outbox + relay": "+ outbox.send, relay draining", "naive":
+                 "+ naive INSERT of the row", "psycopg alone": "INSERT + COMMIT alone (psycopg)",
+                 "psycopg outbox": "+ outbox.send (psycopg conn)", "half msg + pg":
+                 "half message + INSERT + COMMIT"}[shape]  # fmt: skip
+        out.append(
+            Result(
+                "app tx",
+                label,
+                db,
+                threads,
+                rate,
+                "tx/s",
+                None if shape.endswith("alone") else rate / alone,
+                f"p50 {mid.pct(0.5):.2f} ms; cpu ms/tx self {mid.cpu_ms(0):.2f} "
+                f"db {mid.cpu_ms(2):.2f}",
+                [r.rate for r in rows],
+            )
+        )
+    return out
+
+
+def print_table(results: list[Result], header: str) -> None:
+    print(f"\n{header}")
+    print(f"{'section':8} {'shape':38} {'db':10} {'thr':>3} {'measured':>14} {'vs alone':>8}"
+          f"  {'target':12} notes")  # fmt: skip
+    for r in results:
+        ratio = f"{r.ratio:.0%}" if r.ratio is not None else ""
+        target = ""
+        if r.section == "app tx" and r.db == "postgresql" and r.shape == "+ outbox.send":
+            target = ">= 85% " + ("ok" if (r.ratio or 0) >= 0.85 else "NOT MET")
+        elif r.section == "drain" and r.db == "postgresql":
+            target = ">= 50,000 " + ("ok" if r.value >= 50_000 else "NOT MET")
+        elif r.section == "latency" and r.shape.startswith("p50"):
+            target = "<= 3 ms " + ("ok" if r.value <= 3 else "NOT MET")
+        elif r.section == "latency" and r.shape.startswith("p99"):
+            target = "<= 15 ms " + ("ok" if r.value <= 15 else "NOT MET")
+        value = f"{r.value:,.0f} {r.unit}" if r.unit != "ms" else f"{r.value:.2f} ms"
+        rounds = " [" + ", ".join(f"{x:,.0f}" for x in r.rounds) + "]" if r.rounds else ""
+        print(f"{r.section:8} {r.shape:38} {r.db:10} {r.threads or '':>3} {value:>14} "
+              f"{ratio:>8}  {target:12} {r.note}{rounds}")  # fmt: skip
+
+
+def run(a: argparse.Namespace) -> list[Result]:
+    work = Path(tempfile.mkdtemp(prefix="outbox-bench-"))
+    threads = [int(t) for t in a.threads.split(",")]
+    results: list[Result] = []
+    broker = BrokerProcess(
+        work / "broker", topics={TOPIC: PARTS}, system={"flushTxLogAtCommit": 1},
+        log_level="warning",
+    )  # fmt: skip
+    broker.start()
+    servers: list[PostgresServer | MariaDBServer] = []
+    try:
+        pg = DurablePostgres()
+        pg.start()
+        servers.append(pg)
+        url = fresh_database(pg, "outbox")
+        upgrade(url)
+        dsn = "postgresql://" + url.split("://", 1)[1]
+        engine = sa.create_engine(url, pool_size=20)
+        with engine.begin() as c:
+            c.exec_driver_sql("CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)")
+        assert pg.pid is not None
+        print("PostgreSQL, application transaction:", flush=True)
+        results += app_rounds(engine, dsn, url, broker, pg.pid, threads, a.seconds, a.rounds,
+                              work, not a.skip_half)  # fmt: skip
+        print("PostgreSQL, commit -> readable:", flush=True)
+        lat, achieved = commit_to_readable(engine, url, broker.addr, a.rate, a.latency_s, work)
+        note = f"at {achieved:,.0f} tx/s, {len(lat):,} messages, max {max(lat):.1f} ms"
+        results.append(Result("latency", "p50 commit -> readable", "postgresql", 4,
+                              pct(lat, 0.5), "ms", note=note))  # fmt: skip
+        results.append(Result("latency", "p99 commit -> readable", "postgresql", 4,
+                              pct(lat, 0.99), "ms", note=note))  # fmt: skip
+        print("PostgreSQL, drain:", flush=True)
+        d = drain(engine, url, broker, pg.pid, a.backlog, work)
+        results.append(_drain_result(d))
+        engine.dispose()
+        pg.close()
+        servers.remove(pg)
+        if not a.skip_mariadb and MariaDBServer.available():
+            my = DurableMariaDB()
+            my.start()
+            servers.append(my)
+            murl = fresh_database(my, "outbox")
+            upgrade(murl)
+            mengine = sa.create_engine(murl, pool_size=20)
+            with mengine.begin() as c:
+                c.exec_driver_sql("CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)")
+            assert my.pid is not None
+            print("MariaDB, application transaction:", flush=True)
+            results += app_rounds(mengine, None, murl, broker, my.pid, threads, a.seconds,
+                                  a.rounds, work, False)  # fmt: skip
+            print("MariaDB, drain:", flush=True)
+            results.append(_drain_result(drain(mengine, murl, broker, my.pid,
+                                               max(1, a.backlog // 10), work)))  # fmt: skip
+            mengine.dispose()
+    finally:
+        for s in servers:
+            s.close()
+        broker.stop()
+    return results
+
+
+def _drain_result(d: Drain) -> Result:
+    per = 1e6 / d.rows
+    return Result(
+        "drain",
+        f"relay drains {d.rows:,} rows",
+        d.db,
+        0,
+        d.rate,
+        "msg/s",
+        note=f"{d.seconds:.1f} s; cpu us/msg relay {d.cpu_relay_s * per:.1f} db "
+        f"{d.cpu_db_s * per:.1f} broker {d.cpu_broker_s * per:.1f}",
+    )
+
+
 def main() -> int:
+    if len(sys.argv) == 6 and sys.argv[1] == "--latency-consumer":
+        latency_consumer(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", default="1,8", help="comma-separated thread counts")
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--pg-fsync", choices=["on", "off"], default="on")
-    ap.add_argument("--early-ack", action="store_true", help="halfCommitEarlyAck=true")
+    ap.add_argument("--seconds", type=float, default=4.0, help="per application-tx run")
+    ap.add_argument("--rounds", type=int, default=3, help="alternated rounds")
+    ap.add_argument("--backlog", type=int, default=1_000_000, help="rows the relay drains")
+    ap.add_argument("--rate", type=int, default=1000, help="tx/s of the latency run")
+    ap.add_argument("--latency-s", type=float, default=10.0, help="seconds of the latency run")
+    ap.add_argument("--skip-mariadb", action="store_true")
+    ap.add_argument("--skip-half", action="store_true", help="no half-message rows")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    rows: list[Row] = []
-    work = Path(tempfile.mkdtemp(prefix="outbox-bench-"))
-    broker = BrokerProcess(
-        work / "broker",
-        topics={TOPIC: PARTS},
-        system={"flushTxLogAtCommit": 1, "halfCommitEarlyAck": str(a.early_ack).lower()},
-        log_level="warning",
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load0 = os.getloadavg()[0]
+    results = run(a)
+    print_table(
+        results,
+        f"{started}; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
+        f"end, {os.cpu_count()} CPUs; PostgreSQL fsync on, MariaDB flush at commit; "
+        f"median of {a.rounds} alternated rounds [each round]",
     )
-    broker.start()
-    server = (DurablePostgres if a.pg_fsync == "on" else PostgresServer)()
-    server.start()
-    half_ok = 0
-    try:
-        url = fresh_database(server, "outbox")
-        dsn = "postgresql://" + url.split("://", 1)[1]
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute("CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)")
-        pg_pid = server.pid
-        assert pg_pid is not None
-
-        def meter() -> CpuMeter:
-            return CpuMeter(broker.pid, pg_pid)
-
-        for n, threads in enumerate(int(t) for t in a.threads.split(",")):
-            rows.append(bench_pg(dsn, threads, a.seconds, a.pg_fsync, (2 * n + 1) << 40, meter))
-            half = bench_half(
-                dsn, broker.addr, threads, a.seconds, a.pg_fsync, (2 * n + 2) << 40, meter
-            )
-            rows.append(half)
-            half_ok += half.txs
-        seen = len(bodies(broker.addr, TOPIC, PARTS))
-        if seen != half_ok:
-            raise SystemExit(f"{half_ok} half messages committed but {seen} in the topic")
-    finally:
-        server.close()
-        broker.stop()
-    print(f"\n{'scenario':28} {'pg fsync':>8} {'thr':>4} {'tx/s':>7} {'p50 ms':>7} "
-          f"{'p99 ms':>7} {'err':>4}  cpu ms/tx: {'self':>5} {'broker':>6} {'pg':>5}")  # fmt: skip
-    for r in rows:
-        print(
-            f"{r.scenario:28} {r.pg_fsync:>8} {r.threads:>4} {r.rate:>7.0f} {r.pct(0.5):>7.2f} "
-            f"{r.pct(0.99):>7.2f} {r.errors:>4}             {r.cpu_ms(0):>5.2f} {r.cpu_ms(1):>6.2f}"
-            f" {r.cpu_ms(2):>5.2f}"
-        )
-    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")
-    for pg, half in zip(rows[::2], rows[1::2], strict=True):
-        if pg.rate:
-            print(f"half msg + pg / pg alone, {pg.threads} threads: {half.rate / pg.rate:.0%}")
     return 0
 
 

@@ -40,15 +40,22 @@ RETRIABLE_CODES = frozenset({500, 502, 503, 504})
 
 def stamped_body(records: Sequence[tuple[int, bytes]], identity: str, first_seq: int) -> bytes:
     """The ``mput`` body of ``records`` with the producer ``identity`` and sequences from
-    ``first_seq`` in their attribute blocks."""
+    ``first_seq`` in their attribute blocks (runs of one flag encoded in one go)."""
     member = producer_member(identity)
     out: list[bytes] = []
-    encode = rec.encode
+    run: list[bytes] = []
+    run_flag = -1
     seq = first_seq
     for flag, payload in records:
         f, p = with_producer(flag, payload, member, seq)
-        out.append(encode(0, f, p))
         seq += 1
+        if f != run_flag and run:
+            out.append(rec.encode_batch(run, run_flag))
+            run = []
+        run_flag = f
+        run.append(p)
+    if run:
+        out.append(rec.encode_batch(run, run_flag))
     return b"".join(out)
 
 

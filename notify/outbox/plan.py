@@ -18,24 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final
 
 from notify.protocol.records import HEADER_SIZE
 
-from .rows import SubBatch, unsigned32
+from .rows import SubBatch
 
 #: Most records the broker takes in one ``mput`` (its MAX_BATCH).
 MPUT_MAX_COUNT: Final = 4096
 
 
-class RelayRow(NamedTuple):
-    """A row as the relay reads it."""
-
-    id: int
-    topic: str
-    khash: int | None
-    flag: int
-    payload: bytes
+#: A row as the relay reads it: (id, topic, khash, flag, payload), the driver's own tuple.
+RelayRow = tuple[int, str, int | None, int, bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,19 +92,19 @@ def plan_cycle(
     total = 0
     taken = 0
     max_count, max_bytes = limits.mput_max_count, limits.mput_max_bytes
-    for taken, row in enumerate(rows):  # noqa: B007 - taken is read after the loop
-        names = partitions.get(row.topic)
+    for taken, (rid, topic, khash, flag, payload) in enumerate(rows):  # noqa: B007
+        names = partitions.get(topic)
         if not names:
-            plan.unroutable.setdefault(row.topic, []).append(row.id)
+            plan.unroutable.setdefault(topic, []).append(rid)
             continue
-        if row.khash is None:
-            part = keyless.get(row.topic)
+        if khash is None:
+            part = keyless.get(topic)
             if part is None:
-                part = keyless[row.topic] = names[round_robin % len(names)]
+                part = keyless[topic] = names[round_robin % len(names)]
         else:
-            part = names[unsigned32(row.khash) % len(names)]
-        key = (row.topic, part)
-        size = len(row.payload) + HEADER_SIZE
+            part = names[(khash + 4294967296 if khash < 0 else khash) % len(names)]
+        key = (topic, part)
+        size = len(payload) + HEADER_SIZE
         entry = open_.get(key)
         if entry is None:
             if total >= limits.max_rows:
@@ -123,8 +117,8 @@ def plan_cycle(
             or (ids and nbytes[0] + size > max_bytes)
         ):
             break
-        ids.append(row.id)
-        recs.append((row.flag, row.payload))
+        ids.append(rid)
+        recs.append((flag, payload))
         nbytes[0] += size
         total += 1
     else:

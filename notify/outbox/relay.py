@@ -494,9 +494,10 @@ class _ShardWorker:
             plan = self._plan(rows) if rows else Plan()
             if plan is None:
                 # keep the cycle's deletions: record nothing new (still this epoch)
-                cyc.record(self.epoch, None, None, done.count if done else 0)
+                if done is not None:
+                    cyc.record(self.epoch, None, None, done.count, durable=False)
                 return None
-            for topic in {r.topic for r in rows}:
+            for topic in {r[1] for r in rows}:
                 if topic in plan.unroutable:
                     self.blocked.setdefault(topic, now)
                 else:
@@ -509,7 +510,14 @@ class _ShardWorker:
                 self.seqs = seqs_after(self.seqs, subs)
                 seqs = encode_seqs(self.seqs)
                 self.round_robin += 1
-            cyc.record(self.epoch, pending, seqs, done.count if done else 0)
+            if pending is not None:
+                # sent only once this is durable: a relay that takes over sends it again
+                cyc.record(self.epoch, pending, seqs, done.count if done else 0)
+            elif done is not None:
+                # only removing what the broker has: if a crash loses this, the batch is
+                # sent again and answered from what the broker stored (no fsync to wait)
+                cyc.record(self.epoch, None, None, done.count, durable=False)
+            # else: nothing read, nothing to finish: a read-only transaction
         if done is not None:
             self.stats.published += done.count
             self.stats.dead += sum(len(ids) for ids, _e in done.dead)
@@ -537,7 +545,7 @@ class _ShardWorker:
 
     def _plan(self, rows: list[RelayRow]) -> Plan | None:
         parts: dict[str, Sequence[str] | None] = {}
-        for topic in {r.topic for r in rows}:
+        for topic in {r[1] for r in rows}:
             try:
                 parts[topic] = self._partitions(topic)
             except PublishError as e:
@@ -574,8 +582,8 @@ class _ShardWorker:
                     sub.count - len(present),
                 )
             if present:
-                s = SubBatch(sub.topic, sub.partition, sub.first_seq, tuple(r.id for r in present))
-                recs = [(r.flag, r.payload) for r in present]
+                s = SubBatch(sub.topic, sub.partition, sub.first_seq, tuple(r[0] for r in present))
+                recs = [(r[3], r[4]) for r in present]
                 batches.append(Planned(s, recs, sum(len(p) for _f, p in recs)))
         self.stats.resent += sum(b.sub.count for b in batches)
         log.info(

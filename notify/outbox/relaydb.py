@@ -232,7 +232,7 @@ class ShardDB:
                     ).bindparams(_ids_param("ids")),
                     {"s": self.shard, "ids": chunk},
                 ):
-                    out[int(r[0])] = RelayRow(int(r[0]), r[1], r[2], int(r[3]), bytes(r[4]))
+                    out[int(r[0])] = (int(r[0]), r[1], r[2], int(r[3]), bytes(r[4]))
         return out
 
     def move_due(self, epoch: int, limit: int) -> int:
@@ -375,31 +375,37 @@ class Cycle:
             self._delete(chunk)
 
     def _delete(self, ids: list[int]) -> None:
+        # ids are ints: written into the statement (one string join, no per-id adaptation)
+        listed = ",".join(map(str, ids))
         if self.db.d == "postgresql":
-            self.conn.execute(
-                sa.text("DELETE FROM notify_outbox WHERE shard = :s AND id = ANY(:ids)"),
-                {"s": self.db.shard, "ids": ids},
-            )
+            where = f"id = ANY('{{{listed}}}'::bigint[])"
         else:
-            self.conn.execute(
-                sa.text("DELETE FROM notify_outbox WHERE shard = :s AND id IN :ids").bindparams(
-                    _ids_param("ids")
-                ),
-                {"s": self.db.shard, "ids": ids},
-            )
+            where = f"id IN ({listed})"
+        self._raw(f"DELETE FROM notify_outbox WHERE shard = {int(self.db.shard)} AND {where}")
+
+    def _raw(self, sql: str) -> list[Any]:
+        """``sql`` (no parameters: ints and checked topic names only) on the driver's own
+        cursor, in the cycle's transaction; its rows as the driver's tuples."""
+        cur = self.conn.connection.cursor()
+        try:
+            if self.db.d == "postgresql":
+                cur.execute(sql, binary=True)  # type: ignore[call-arg]  # bytea as bytes
+            else:
+                cur.execute(sql)
+            return list(cur.fetchall()) if cur.description is not None else []
+        finally:
+            cur.close()
 
     def read(self, limit: int, exclude: Sequence[str] = ()) -> list[RelayRow]:
-        """The shard's oldest rows (id order), topics in ``exclude`` left out."""
-        sql = "SELECT id, topic, khash, flag, payload FROM notify_outbox WHERE shard = :s"
-        params: dict[str, Any] = {"s": self.db.shard, "n": limit}
-        stmt = sa.text(sql + " ORDER BY id LIMIT :n")
+        """The shard's oldest rows (id order), topics in ``exclude`` left out (topic names
+        are checked ``[A-Za-z0-9._-]`` when written: safe to quote)."""
+        sql = (
+            "SELECT id, topic, khash, flag, payload FROM notify_outbox "
+            f"WHERE shard = {int(self.db.shard)}"
+        )
         if exclude:
-            stmt = sa.text(sql + " AND topic NOT IN :ex ORDER BY id LIMIT :n").bindparams(
-                _ids_param("ex")
-            )
-            params["ex"] = list(exclude)
-        res = self.conn.execute(stmt, params)
-        return [RelayRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in res]
+            sql += " AND topic NOT IN (" + ",".join(f"'{t}'" for t in exclude) + ")"
+        return self._raw(sql + f" ORDER BY id LIMIT {int(limit)}")
 
     def rows_of_topic(self, topic: str, limit: int) -> list[int]:
         """Ids of the shard's rows of ``topic`` (unroutable rows to move aside)."""
@@ -414,9 +420,19 @@ class Cycle:
             )
         ]
 
-    def record(self, epoch: int, pending: bytes | None, seqs: str | None, published: int) -> None:
+    def record(
+        self,
+        epoch: int,
+        pending: bytes | None,
+        seqs: str | None,
+        published: int,
+        durable: bool = True,
+    ) -> None:
         """Record the batch about to be published (None: nothing) and the sequences;
-        :class:`FencedError` when the shard's epoch is no longer ``epoch``."""
+        :class:`FencedError` when the shard's epoch is no longer ``epoch``. ``durable``
+        False: the commit need not wait for its WAL flush (PostgreSQL)."""
+        if not durable and self.db.d == "postgresql":
+            self.conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
         sets = "pending = :p, published = published + :n"
         params: dict[str, Any] = {"p": pending, "n": published, "s": self.db.shard, "e": epoch}
         if seqs is not None:

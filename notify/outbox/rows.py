@@ -125,6 +125,7 @@ MAX_SHARDS: Final = 1024
 MAX_TOPIC: Final = 249
 
 _PENDING_VERSION: Final = 1
+_ATTR_LEN: Final = struct.Struct(">i")
 _U16: Final = struct.Struct(">H")
 _SUB: Final = struct.Struct(">qI")
 
@@ -201,7 +202,13 @@ def producer_id(outbox_id: str, shard: int) -> str:
     return f"outbox-{outbox_id[:12]}-{shard}"
 
 
+#: Topic names already checked (bounded: cleared when it grows past 4096).
+_good_topics: set[str] = set()
+
+
 def _check_topic(topic: object) -> str:
+    if topic in _good_topics:
+        return topic
     if not isinstance(topic, str):
         raise OutboxArgumentError(f"topic must be a str, not {type(topic).__name__}")
     try:
@@ -210,6 +217,9 @@ def _check_topic(topic: object) -> str:
         raise OutboxArgumentError(str(e)) from None
     if topic.startswith(RESERVED_PREFIX):
         raise OutboxArgumentError(f"topic {topic[:60]!r} is reserved for the broker")
+    if len(_good_topics) >= 4096:
+        _good_topics.clear()
+    _good_topics.add(topic)
     return topic
 
 
@@ -280,6 +290,10 @@ def build_row(
         raise OutboxArgumentError(f"headers must be a mapping, not {type(headers).__name__}")
     if attribute is None and key is None and not headers:
         payload, flag = data, 0
+    elif attribute is None and not headers and type(key) is str:
+        # the common keyed message, as encode_attribute writes it (without a dict)
+        attr = ('\x1e{"k":' + json.dumps(key, ensure_ascii=False) + "}").encode()
+        payload, flag = _ATTR_LEN.pack(len(attr)) + attr + data, 3
     else:
         props = Properties(attribute, key, dict(headers or {}))
         try:
@@ -293,7 +307,9 @@ def build_row(
             f"message of {len(payload)} bytes (data, key, headers) exceeds the outbox's "
             f"max_message_bytes {max_message_bytes}"
         )
-    due = _due_ms(delay, deliver_at, time.time() if now_s is None else now_s, max_delay_s)
+    due = None
+    if delay is not None or deliver_at is not None:
+        due = _due_ms(delay, deliver_at, time.time() if now_s is None else now_s, max_delay_s)
     khash = None if key is None else signed32(key_hash(key))
     return Row(shard_of(khash, shards, fallback_shard), topic, khash, flag, payload, due)
 

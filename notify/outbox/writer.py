@@ -35,7 +35,6 @@ from datetime import datetime
 from typing import Any, Final, Protocol
 
 import psycopg
-import sqlalchemy as sa
 from psycopg import errors as pg_errors
 from psycopg import pq
 from sqlalchemy import event
@@ -63,7 +62,6 @@ from .sql import (
     OutboxDatabaseError,
     OutboxTablesMissingError,
     dialect_name,
-    is_missing_table,
 )
 from .status import OutboxStatus, outbox_status, sampled_status
 
@@ -108,6 +106,7 @@ class _Pending:
     """The rows a SQLAlchemy connection's transaction will write at commit."""
 
     tx: object
+    dc: psycopg.Connection[Any] | None  # the psycopg connection of the fast path, if any
     rows: list[tuple[OutboxConfig, Row | Marker]] = field(default_factory=list)
     marks: list[tuple[str | None, int]] = field(default_factory=list)  # savepoint, rows
 
@@ -146,6 +145,19 @@ def pg_statements(entries: Entries) -> bytes:
     inserts, and wakes the shard's relay if it waits. Several keys: their locks first,
     sorted (two transactions sending the same keys in another order cannot deadlock),
     then the rows in send order; the last row of each shard wakes its relay."""
+    if len(entries) == 1:
+        cfg, r = entries[0]
+        if isinstance(r, Row) and r.due_ms is None:  # the common case, without the loops
+            base = cfg.pg_lock_base
+            return b"SELECT notify_outbox_put(%d::int2,'%s',%s,%d,decode('%s','hex'),%s,%d)" % (
+                r.shard,
+                r.topic.encode(),
+                b"NULL" if r.khash is None else b"%d" % r.khash,
+                r.flag,
+                r.payload.hex().encode(),
+                b"NULL" if r.khash is None else b"%d" % base,
+                base + 1,
+            )
     out: list[bytes] = []
     rows = _rows(entries)
     keys = sorted({(c.pg_lock_base, r.khash) for c, r in rows if r.khash is not None})
@@ -285,34 +297,34 @@ def _pending(conn: Connection, create: bool) -> _Pending | None:
         p = None  # left by a transaction that ended without our events: stale
         conn.info.pop(_INFO_KEY, None)
     if p is None and create:
-        p = conn.info[_INFO_KEY] = _Pending(tx)
+        p = conn.info[_INFO_KEY] = _Pending(tx, _fast_driver(conn))
     return p
 
 
-def _take(conn: Connection) -> list[tuple[OutboxConfig, Row | Marker]]:
+def _take(conn: Connection) -> _Pending | None:
     p: _Pending | None = conn.info.pop(_INFO_KEY, None)
-    if p is None or p.tx is not conn.get_transaction():
-        return []
-    return p.rows
+    if p is None or p.tx is not conn.get_transaction() or not p.rows:
+        return None
+    return p
 
 
 def _on_commit(conn: Connection) -> None:
-    rows = _take(conn)
-    if not rows:
+    p = _take(conn)
+    if p is None:
         return
-    dc = _fast_driver(conn)
-    if dc is not None:
+    dc = p.dc
+    if dc is not None and dc.pgconn.pipeline_status == pq.PipelineStatus.OFF:
         # the rows and COMMIT in one round trip; the driver's own commit then finds the
         # connection idle and sends nothing (psycopg skips COMMIT outside a transaction)
-        _pg_exec(conn, dc, rows, b";COMMIT")
+        _pg_exec(conn, dc, p.rows, b";COMMIT")
     else:
-        _write_generic(conn, rows)
+        _write_generic(conn, p.rows)
 
 
 def _on_prepare(conn: Connection, _xid: object) -> None:
-    rows = _take(conn)
-    if rows:
-        _write_generic(conn, rows)
+    p = _take(conn)
+    if p is not None:
+        _write_generic(conn, p.rows)
 
 
 def _on_rollback(conn: Connection) -> None:
@@ -356,6 +368,8 @@ def _on_release_savepoint(conn: Connection, name: str, _ctx: object) -> None:
 
 def install_hooks(engine: Engine) -> None:
     """Listen to ``engine``'s transactions (once per engine)."""
+    if engine in _hooked:
+        return
     with _hook_lock:
         if engine in _hooked:
             return
@@ -375,6 +389,10 @@ def write(conn: AppConnection, cfg: OutboxConfig, entry: Row | Marker) -> None:
         conn = conn.connection()
     if isinstance(conn, psycopg.Connection):
         _pg_exec(None, conn, [(cfg, entry)], b"")
+        return
+    p = _pending(conn, create=False)
+    if p is not None:  # not the first row of this transaction: nothing more to check
+        p.rows.append((cfg, entry))
         return
     install_hooks(conn.engine)
     if _autocommit(conn):
@@ -510,23 +528,18 @@ class Outbox:
 
     def _shard_count_sa(self, conn: Connection) -> int:
         if self._shards is None:
-            engine = self.engine if self.engine is not None else conn.engine
-            self._shards = read_shard_count(engine)
+            self._shards = _shard_count_on(conn)
         return self._shards
 
     def _shard_count_pg(self, conn: psycopg.Connection[Any]) -> int:
         if self._shards is None:
-            res = conn.pgconn.exec_(
-                b"SELECT CASE WHEN to_regclass('notify_outbox_relay') IS NULL THEN -1 ELSE "
-                b"(SELECT count(*) FROM notify_outbox_relay) END"
-            )
-            if res.status != pq.ExecStatus.TUPLES_OK:
-                raise pg_errors.error_from_result(res, encoding=conn.info.encoding)
-            value = res.get_value(0, 0)
-            n = int(value) if value is not None else -1
-            if n < 0:
+            found = conn.execute(
+                "SELECT to_regclass('notify_outbox_relay') IS NOT NULL", prepare=False
+            ).fetchone()
+            if not found or not found[0]:
                 raise OutboxTablesMissingError(MISSING_TABLES)
-            self._shards = _checked_shards(n)
+            n = conn.execute("SELECT count(*) FROM notify_outbox_relay", prepare=False).fetchone()
+            self._shards = _checked_shards(int(n[0]) if n else 0)
         return self._shards
 
     # -- the relay and the status
@@ -569,14 +582,29 @@ def _checked_shards(n: int) -> int:
     return n
 
 
+#: Whether notify_outbox_relay exists, per dialect: a query that cannot fail (so the
+#: look-up never aborts the application's transaction on PostgreSQL).
+_HAS_TABLE: Final = {
+    "postgresql": "SELECT count(*) FROM pg_catalog.pg_class "
+    "WHERE oid = to_regclass('notify_outbox_relay')",
+    "mysql": "SELECT count(*) FROM information_schema.tables "
+    "WHERE table_schema = DATABASE() AND table_name = 'notify_outbox_relay'",
+    "sqlite": "SELECT count(*) FROM sqlite_master "
+    "WHERE type = 'table' AND name = 'notify_outbox_relay'",
+}
+
+
+def _shard_count_on(conn: Connection) -> int:
+    """Rows of ``notify_outbox_relay``, read in ``conn``'s own transaction (no second
+    connection: the application's pool may have none to spare)."""
+    if not conn.exec_driver_sql(_HAS_TABLE[dialect_name(conn)]).scalar():
+        raise OutboxTablesMissingError(MISSING_TABLES)
+    return _checked_shards(
+        int(conn.exec_driver_sql("SELECT count(*) FROM notify_outbox_relay").scalar_one())
+    )
+
+
 def read_shard_count(engine: Engine) -> int:
-    """Rows of ``notify_outbox_relay`` (a connection of its own, so a missing table never
-    disturbs the application's transaction)."""
-    try:
-        with engine.connect() as c:
-            n = c.execute(sa.text("SELECT count(*) FROM notify_outbox_relay")).scalar_one()
-    except (sa_exc.ProgrammingError, sa_exc.OperationalError) as e:
-        if is_missing_table(e):
-            raise OutboxTablesMissingError(MISSING_TABLES) from e
-        raise
-    return _checked_shards(int(n))
+    """Rows of ``notify_outbox_relay``."""
+    with engine.connect() as c:
+        return _shard_count_on(c)

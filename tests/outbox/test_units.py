@@ -139,7 +139,7 @@ def test_pending_and_sequence_codecs() -> None:
 
 def _rows(spec: list[tuple[str, int | None]], size: int = 10) -> list[RelayRow]:
     return [
-        RelayRow(i + 1, topic, None if k is None else signed32(k), 0, b"x" * size)
+        (i + 1, topic, None if k is None else signed32(k), 0, b"x" * size)
         for i, (topic, k) in enumerate(spec)
     ]
 

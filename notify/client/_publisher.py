@@ -4,9 +4,8 @@ Implements :class:`notify.outbox.Publisher` structurally: a batch of outbox reco
 to one partition as one ``mput`` whose records carry the relay shard's producer id and
 explicit sequence numbers (the idempotent producer's attribute-block form,
 :func:`notify.protocol.properties.with_producer`), so the broker stores a re-sent batch
-once and answers it with what it stored. The records are stamped and framed in the
-calling thread; the request runs on the session's event loop (its connection pool and
-router), one reply per batch.
+once and answers it with what it stored. The records are stamped and framed, and the
+requests sent and answered, in the calling thread.
 
 ``claim`` answers None: this broker's idempotent producers have no named claim yet, so
 the relay's own records (the sequences it keeps in the database) are the only source.
@@ -15,22 +14,18 @@ the relay's own records (the sequences it keeps in the database) are the only so
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 from collections.abc import Mapping, Sequence
 
-from notify.errors import (
-    BrokerError,
-    ClientError,
-    ConnectionLostError,
-    ProtocolError,
-    RequestTimeoutError,
-)
-from notify.outbox.publisher import PublishAck, PublishError
+from notify.errors import BrokerError, ClientError, ProtocolError
+from notify.outbox.publisher import Batch, PublishAck, PublishError
 from notify.protocol import records as rec
-from notify.protocol.frames import encode_mput
+from notify.protocol.frames import Response, encode_line, encode_mput
 from notify.protocol.properties import producer_member, with_producer
 from notify.protocol.replies import MultiPutAck
+from notify.transport import FrameBuilder
 
-from ._connection import ConnectionPool
+from ._direct import DirectPool
 from ._loopthread import LoopThread
 from ._routing import Partition, TopicRouter
 
@@ -60,75 +55,118 @@ def stamped_body(records: Sequence[tuple[int, bytes]], identity: str, first_seq:
 
 
 class SessionPublisher:
-    """:class:`notify.outbox.Publisher` over a session's router and connections
-    (``session.publisher()``). ``timeout_s``: how long a batch waits for its reply."""
+    """:class:`notify.outbox.Publisher` over a session (``session.publisher()``).
 
-    def __init__(self, router: TopicRouter, pool: ConnectionPool, lt: LoopThread, timeout_s: float):
+    The batches go over blocking connections of the calling thread (one per thread and
+    broker, :class:`~notify.client._direct.DirectPool`, with the session's secret, TLS and
+    failover epochs): the batches of one call for one broker leave in one write and their
+    replies are read on the same thread, with no hop through the session's event loop.
+    Partitions come from the session's router. ``timeout_s``: how long a call waits for
+    its replies."""
+
+    def __init__(
+        self,
+        router: TopicRouter,
+        lt: LoopThread,
+        direct: DirectPool,
+        timeout_s: float,
+    ):
         self._router = router
-        self._pool = pool
         self._lt = lt
+        self._direct = direct
         self.timeout_s = timeout_s
 
     def partitions(self, topic: str) -> list[str]:
         """The topic's partitions (``"<brokerId>-<partition>"``, sorted)."""
+        return [str(p) for p in self._partitions(topic)]
+
+    def _partitions(self, topic: str) -> list[Partition]:
         parts = self._router.cached(topic)
-        if parts is None:
-            try:
-                parts = self._lt.run(self._router.partitions(topic), self.timeout_s)
-            except concurrent.futures.TimeoutError:
-                raise PublishError(f"partitions of {topic}: no answer", retriable=True) from None
-            except BrokerError as e:
-                raise PublishError(str(e), code=e.code, retriable=e.retriable) from e
-            except ClientError as e:
-                raise PublishError(str(e), retriable=True) from e
-        return [str(p) for p in parts]
+        if parts is not None:
+            return parts
+        try:
+            return self._lt.run(self._router.partitions(topic), self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise PublishError(f"partitions of {topic}: no answer", retriable=True) from None
+        except BrokerError as e:
+            raise PublishError(str(e), code=e.code, retriable=e.retriable) from e
+        except ClientError as e:
+            raise PublishError(str(e), retriable=True) from e
 
     def claim(self, identity: str) -> Mapping[tuple[str, str], int] | None:
         """None: the broker has no named identities to claim (see the module doc)."""
         producer_member(identity)  # the identity must fit the attribute block
         return None
 
-    def publish(
-        self,
-        identity: str,
-        topic: str,
-        partition: str,
-        records: Sequence[tuple[int, bytes]],
-        first_seq: int,
-    ) -> concurrent.futures.Future[PublishAck]:
-        """One ``mput`` of ``records`` under ``identity`` from ``first_seq``."""
-        body = stamped_body(records, identity, first_seq)
-        return self._lt.submit(self._publish(topic, partition, body, len(records)))
+    def publish(self, identity: str, batches: Sequence[Batch]) -> list[PublishAck | PublishError]:
+        """One ``mput`` per batch, pipelined per broker (see the class doc)."""
+        out: list[PublishAck | PublishError | None] = [None] * len(batches)
+        by_addr: dict[str, list[tuple[int, Partition, bytes, int]]] = {}
+        for i, b in enumerate(batches):
+            try:
+                part = _find(self._partitions(b.topic), b.partition)
+            except PublishError as e:
+                out[i] = e
+                continue
+            if part is None:
+                self._router.invalidate(b.topic)
+                out[i] = PublishError(f"{b.topic} has no partition {b.partition}", code=404)
+                continue
+            body = stamped_body(b.records, identity, b.first_seq)
+            by_addr.setdefault(part.address, []).append((i, part, body, len(b.records)))
+        for address, items in by_addr.items():
+            for i, res in zip(
+                (it[0] for it in items), self._exchange(address, items, batches), strict=True
+            ):
+                out[i] = res
+        return [r if r is not None else PublishError("not sent", retriable=True) for r in out]
 
-    async def _publish(self, topic: str, partition: str, body: bytes, count: int) -> PublishAck:
-        try:
-            parts = await self._router.partitions(topic)
-        except BrokerError as e:
-            raise PublishError(str(e), code=e.code, retriable=e.retriable) from e
-        except ClientError as e:
-            raise PublishError(str(e), retriable=True) from e
-        part = _find(parts, partition)
-        if part is None:
-            self._router.invalidate(topic)
-            raise PublishError(f"{topic} has no partition {partition}", code=404)
-        try:
-            conn = await self._pool.get(part.address)
-        except ClientError as e:
-            raise PublishError(f"{part.address}: {e}", retriable=True) from e
-        try:
-            r = await conn.request(
-                lambda o: encode_mput(topic, part.partition, body, count, o), self.timeout_s
+    def _exchange(
+        self,
+        address: str,
+        items: list[tuple[int, Partition, bytes, int]],
+        batches: Sequence[Batch],
+    ) -> list[PublishAck | PublishError]:
+        pool = self._direct
+        conn = pool.get(address)
+        if conn is None:
+            return [PublishError(f"{address}: not reachable just now", retriable=True)] * len(
+                items
             )
-        except (TimeoutError, ConnectionLostError, RequestTimeoutError) as e:
-            if isinstance(e, ConnectionLostError):
-                self._pool.discard(conn)
-            raise PublishError(f"{part.address}: {e}", retriable=True) from e
+        builds: list[FrameBuilder] = []
+        epoch = pool.epoch_of(address) if pool.epoch_of is not None else None
+        declare = epoch is not None and pool.declared.get(conn, 0) < epoch[1]
+        if declare and epoch is not None:
+            group, number = epoch
+            builds.append(lambda o: encode_line("epoch", group, number, o))
+        for i, part, body, count in items:
+            builds.append(functools.partial(_mput, batches[i].topic, part.partition, body, count))
+        try:
+            replies = conn.exchange(builds, self.timeout_s)
+        except ClientError as e:  # lost, timed out, refused, TLS, authentication
+            pool.failed(conn)
+            return [PublishError(f"{address}: {e}", retriable=True)] * len(items)
+        if declare and epoch is not None:
+            first, replies = replies[0], replies[1:]
+            if first.code != 200:
+                pool.failed(conn)
+                text = first.body.decode("utf-8", "replace")
+                return [PublishError(f"{address}: epoch refused: {text}", retriable=True)] * len(
+                    items
+                )
+            pool.declared[conn] = epoch[1]
+        return [
+            self._answer(address, batches[i], r, count)
+            for (i, _p, _b, count), r in zip(items, replies, strict=True)
+        ]
+
+    def _answer(self, address: str, b: Batch, r: Response, count: int) -> PublishAck | PublishError:
         if r.code != 200:
             text = r.body.decode("utf-8", "replace")
             if r.code == 404:
-                self._router.invalidate(topic)
-            raise PublishError(
-                f"broker {part.address} refused {count} record(s) for {topic} {partition}: "
+                self._router.invalidate(b.topic)
+            return PublishError(
+                f"broker {address} refused {count} record(s) for {b.topic} {b.partition}: "
                 f"{r.code} {text}",
                 code=r.code,
                 retriable=r.code in RETRIABLE_CODES,
@@ -136,15 +174,20 @@ class SessionPublisher:
         try:
             ack = MultiPutAck.parse(r.body)
         except ProtocolError as e:  # an unreadable reply: not known to be stored
-            raise PublishError(f"unreadable mput reply: {e}", retriable=True) from e
+            return PublishError(f"unreadable mput reply: {e}", retriable=True)
         if ack.count != count:
-            raise PublishError(
+            return PublishError(
                 f"mput reply acknowledges {ack.count} of {count} records", retriable=True
             )
         return PublishAck(ack.first_msg_id, ack.first_offset, ack.count)
 
     def close(self) -> None:
-        """Nothing of its own to release (the session owns the connections)."""
+        """Close this publisher's connections (not the session)."""
+        self._direct.close()
+
+
+def _mput(topic: str, partition: int, body: bytes, count: int, opaque: int) -> bytes:
+    return encode_mput(topic, partition, body, count, opaque)
 
 
 def _find(parts: Sequence[Partition], name: str) -> Partition | None:

@@ -1024,9 +1024,9 @@ class MessageSessionFactory:
         """The transactional outbox's publisher over this session: the relay's way to the
         brokers (``outbox.relay(session)`` takes it; see :mod:`notify.outbox`)."""
         self.core._check_open()
-        return SessionPublisher(
-            self.core.router, self.core.pool, self._lt, self.core.config.request_timeout_s
-        )
+        timeout = self.core.config.request_timeout_s
+        direct = DirectPool(self.core.pool.options, timeout, self.core.pool.epoch_of)
+        return SessionPublisher(self.core.router, self._lt, direct, timeout)
 
     def create_queue_consumer(
         self,

@@ -7,13 +7,15 @@ sequence numbers, and answers with one acknowledgement. The client implements it
 
 The contract the relay's exactly-once rests on:
 
-* ``publish(identity, topic, partition, records, first_seq)`` stores the records with
-  sequences ``first_seq, first_seq + 1, ...`` for ``identity`` in that partition, in that
-  order, all or nothing. Sent again with the same identity, partition and sequences (the
-  relay does after a crash, a lost acknowledgement or a broker restart) it is not stored
-  twice: the broker answers with the acknowledgement of what it stored.
-* at most one batch per (identity, partition) is in flight: the relay waits for a batch's
-  answer before it sends the next to that partition.
+* ``publish(identity, batches)`` sends each :class:`Batch` to its partition and returns
+  once every one is answered (the answers in the batches' order). A batch's records are
+  stored with sequences ``first_seq, first_seq + 1, ...`` for ``identity`` in that
+  partition, in that order, all or nothing. Sent again with the same identity, partition
+  and sequences (the relay does after a crash, a lost acknowledgement or a broker
+  restart) it is not stored twice: the broker answers with the acknowledgement of what
+  it stored.
+* at most one batch per (identity, partition) is in flight: one call holds at most one
+  batch per partition, and the relay sends the next only after the answer.
 * ``claim(identity)`` makes this process the identity's only publisher: the broker
   refuses later batches of an older claimant (a :class:`PublishError` with ``fenced``).
   It answers the last sequence the broker stored per (topic, partition) for the
@@ -28,13 +30,23 @@ whatever form the broker expects.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from .rows import OutboxError
 
-__all__ = ["PublishAck", "PublishError", "Publisher"]
+__all__ = ["Batch", "PublishAck", "PublishError", "Publisher"]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Records for one partition: ``(flag, payload)`` pairs as the outbox stores them,
+    to be stored with sequences from ``first_seq``."""
+
+    topic: str
+    partition: str
+    records: Sequence[tuple[int, bytes]]
+    first_seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +93,11 @@ class Publisher(Protocol):
         ...
 
     def publish(
-        self,
-        identity: str,
-        topic: str,
-        partition: str,
-        records: Sequence[tuple[int, bytes]],
-        first_seq: int,
-    ) -> Future[PublishAck]:
-        """Send one batch; the future holds its acknowledgement or a
-        :class:`PublishError`."""
+        self, identity: str, batches: Sequence[Batch]
+    ) -> list[PublishAck | PublishError]:
+        """Send ``batches`` (at most one per partition) under ``identity``; for each, its
+        acknowledgement or the :class:`PublishError` saying why it is not (known to be)
+        stored. Blocks until every batch is answered or timed out."""
         ...
 
     def close(self) -> None:

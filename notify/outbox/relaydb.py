@@ -83,6 +83,7 @@ class ShardDB:
         self._lock_dir = lock_dir
         self._control: Connection | None = None
         self._work: Connection | None = None
+        self._pg: Any = None  # PostgreSQL: a psycopg connection of our own, autocommit
         self._lock_file: IO[bytes] | None = None
         self._mem_lock: threading.Lock | None = None
         self._idle_held = False
@@ -97,8 +98,22 @@ class ShardDB:
             self._work = conn
         return self._work
 
+    def _pg_conn(self) -> psycopg.Connection[Any]:
+        """PostgreSQL: the cycles' own psycopg connection in autocommit mode (out of the
+        pool for good: it never goes back to the application with that setting)."""
+        if self._pg is None or self._pg.closed:
+            raw = self.engine.raw_connection()
+            dc = raw.driver_connection
+            raw.detach()
+            if not isinstance(dc, psycopg.Connection):
+                raise OutboxError("the relay runs on PostgreSQL through psycopg 3")
+            dc.autocommit = True
+            self._pg = dc
+        conn: psycopg.Connection[Any] = self._pg
+        return conn
+
     def close(self) -> None:
-        """Give up leadership and close both connections (never raises)."""
+        """Give up leadership and close the connections (never raises)."""
         self.release()
         for c in (self._work, self._control):
             if c is not None:
@@ -106,26 +121,34 @@ class ShardDB:
                     c.close()
         self._work = self._control = None
 
+    def _close_pg(self) -> None:
+        if self._pg is not None:
+            with contextlib.suppress(Exception):
+                self._pg.close()
+            self._pg = None
+        self._idle_held = False
+
     # ------------------------------------------------------------------ leadership
 
     def try_lead(self, producer_id: str) -> bool:
         """Take the shard's leadership lock if free (non-blocking)."""
         if self.d == "sqlite":
             return self._flock()
+        if self.d == "postgresql":
+            pg = self._pg_conn()
+            row = pg.execute(
+                "SELECT pg_try_advisory_lock(%s, %s)", (self.pg_lock_base + 2, self.shard)
+            ).fetchone()
+            if row and row[0]:
+                pg.execute(f"LISTEN {CHANNEL}")
+                return True
+            self._close_pg()
+            return False
         if self._control is None or self._control.closed:
             self._control = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        c = self._control
-        if self.d == "postgresql":
-            got = c.execute(
-                sa.text("SELECT pg_try_advisory_lock(:c, :s)"),
-                {"c": self.pg_lock_base + 2, "s": self.shard},
-            ).scalar_one()
-            if got:
-                c.exec_driver_sql(f"LISTEN {CHANNEL}")
-        else:
-            got = c.execute(
-                sa.text("SELECT GET_LOCK(:n, 0)"), {"n": f"notify_outbox.{producer_id}"}
-            ).scalar_one()
+        got = self._control.execute(
+            sa.text("SELECT GET_LOCK(:n, 0)"), {"n": f"notify_outbox.{producer_id}"}
+        ).scalar_one()
         return bool(got)
 
     def _flock(self) -> bool:
@@ -163,6 +186,7 @@ class ShardDB:
         if self._mem_lock is not None:
             self._mem_lock.release()
             self._mem_lock = None
+        self._close_pg()  # PostgreSQL: the session holding the lock, LISTEN, waiting
         if self._control is not None:
             with contextlib.suppress(Exception):
                 # closed for real, not returned to the pool: the session ends, and its
@@ -176,6 +200,14 @@ class ShardDB:
         """Whether the control connection (holding the lock) still answers."""
         if self.d == "sqlite":
             return self._lock_file is not None or self._mem_lock is not None
+        if self.d == "postgresql":
+            if self._pg is None or self._pg.closed:
+                return False
+            try:
+                self._pg.execute("SELECT 1")
+                return True
+            except psycopg.Error:
+                return False
         if self._control is None or self._control.closed:
             return False
         try:
@@ -213,8 +245,21 @@ class ShardDB:
     # ------------------------------------------------------------------ cycles
 
     @contextlib.contextmanager
-    def cycle(self) -> Iterator[Cycle]:
-        """One cycle's transaction (committed when the block ends without an error)."""
+    def cycle(self, epoch: int, wait: bool = False) -> Iterator[Cycle | PgCycle]:
+        """One cycle: finish, read, record (see :class:`Cycle`, :class:`PgCycle`).
+        ``wait`` (PostgreSQL): take the shard's waiting lock before reading, so a read
+        that finds nothing can sleep until a writer NOTIFYs."""
+        if self.d == "postgresql":
+            if self._pg is None or self._pg.closed:
+                raise FencedError(f"shard {self.shard}: the session holding its lock is gone")
+            try:
+                yield PgCycle(self, self._pg, epoch, wait and not self._idle_held)
+            except psycopg.Error as e:
+                self._close_pg()  # whatever state it was left in: the shard is given up
+                raise sa_exc.DBAPIError.instance(
+                    None, None, e, psycopg.Error, dialect=self.engine.dialect
+                ) from e
+            return
         conn = self._work_conn()
         with conn.begin():
             yield Cycle(self, conn)
@@ -294,55 +339,36 @@ class ShardDB:
 
     # ------------------------------------------------------------------ waiting (PostgreSQL)
 
+    @property
+    def waiting(self) -> bool:
+        """PostgreSQL: whether this relay holds the shard's waiting lock (writers
+        committing rows of the shard NOTIFY it)."""
+        return self._idle_held
+
     def wait_notified(self, timeout_s: float, stop: threading.Event) -> bool:
-        """PostgreSQL: sleep (the waiting lock held, see :meth:`prepare_wait`) until a
-        writer of the shard commits (its NOTIFY: True), ``timeout_s`` passes or ``stop``
-        is set; then give the waiting lock back. False at once on other databases."""
-        if self.d != "postgresql" or self._control is None or not self._idle_held:
-            return False
-        dc = self._control.connection.driver_connection
-        if not isinstance(dc, psycopg.Connection):
+        """PostgreSQL, the waiting lock held (taken by the cycle that read nothing): sleep
+        until a writer of the shard commits (its NOTIFY: True), ``timeout_s`` passes or
+        ``stop`` is set. The lock stays held: the next cycle that reads rows gives it
+        back with its record. False at once on other databases."""
+        if self.d != "postgresql" or self._pg is None or not self._idle_held:
             return False
         mine = str(self.shard)
         deadline = time.monotonic() + timeout_s
-        try:
-            while not stop.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                if any(n.payload == mine for n in dc.notifies(timeout=min(left, 0.25))):
-                    return True
-            return False
-        finally:
-            self.end_wait()
-
-    def prepare_wait(self) -> bool:
-        """PostgreSQL: take the shard's waiting lock (writers then NOTIFY on commit) and
-        drop notifications already queued; False when a writer holds it (it is
-        committing: read again) or on other databases."""
-        if self.d != "postgresql" or self._control is None:
-            return False
-        got = self._control.execute(
-            sa.text("SELECT pg_try_advisory_lock(:c, :s)"),
-            {"c": self.pg_lock_base + 1, "s": self.shard},
-        ).scalar_one()
-        if not got:
-            return False
-        self._idle_held = True
-        dc = self._control.connection.driver_connection
-        if isinstance(dc, psycopg.Connection):
-            for _ in dc.notifies(timeout=0):
-                pass
-        return True
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if any(n.payload == mine for n in self._pg.notifies(timeout=min(left, 0.25))):
+                return True
+        return False
 
     def end_wait(self) -> None:
         """Give the waiting lock back (writers stop notifying)."""
-        if self._idle_held and self._control is not None:
-            self._idle_held = False
-            self._control.execute(
-                sa.text("SELECT pg_advisory_unlock(:c, :s)"),
-                {"c": self.pg_lock_base + 1, "s": self.shard},
+        if self._idle_held and self._pg is not None:
+            self._pg.execute(
+                "SELECT pg_advisory_unlock(%s, %s)", (self.pg_lock_base + 1, self.shard)
             )
+        self._idle_held = False
 
 
 class Cycle:
@@ -379,20 +405,25 @@ class Cycle:
         listed = ",".join(map(str, ids))
         if self.db.d == "postgresql":
             where = f"id = ANY('{{{listed}}}'::bigint[])"
-        else:
-            where = f"id IN ({listed})"
+        else:  # the bounds keep InnoDB on the shard's own key range (no scan of others')
+            where = f"id BETWEEN {min(ids)} AND {max(ids)} AND id IN ({listed})"
         self._raw(f"DELETE FROM notify_outbox WHERE shard = {int(self.db.shard)} AND {where}")
 
     def _raw(self, sql: str) -> list[Any]:
         """``sql`` (no parameters: ints and checked topic names only) on the driver's own
         cursor, in the cycle's transaction; its rows as the driver's tuples."""
         cur = self.conn.connection.cursor()
+        dbapi = self.conn.dialect.loaded_dbapi
         try:
             if self.db.d == "postgresql":
                 cur.execute(sql, binary=True)  # type: ignore[call-arg]  # bytea as bytes
             else:
                 cur.execute(sql)
             return list(cur.fetchall()) if cur.description is not None else []
+        except dbapi.Error as e:  # as SQLAlchemy would have raised it
+            raise sa_exc.DBAPIError.instance(
+                sql[:200], None, e, dbapi.Error, dialect=self.conn.dialect
+            ) from e
         finally:
             cur.close()
 
@@ -447,6 +478,138 @@ class Cycle:
         ).rowcount
         if n != 1:
             raise FencedError(f"shard {self.db.shard}: another relay took over (epoch {epoch})")
+
+
+class PgCycle:
+    """PostgreSQL's cycle in two round trips, with :class:`Cycle`'s interface.
+
+    ``read`` sends one simple query: (with rows to finish) ``SET LOCAL
+    synchronous_commit TO OFF; UPDATE notify_outbox_relay ... pending = NULL ...; DELETE
+    ...;`` then the ``SELECT``: one implicit transaction whose commit does not wait for
+    its WAL flush (what it removes the broker has; lost in a crash, it is sent again and
+    answered from what the broker stored). ``record`` of a batch sends ``BEGIN; UPDATE
+    notify_outbox_relay SET pending = ...; COMMIT``, a commit waited for: the batch is
+    sent only once it is durable. Both updates are conditional on the epoch.
+    Everything written into the statements is ints, checked topic names, hex or the
+    sequences' JSON (names and ints only)."""
+
+    def __init__(self, db: ShardDB, conn: psycopg.Connection[Any], epoch: int, lock: bool):
+        self.db = db
+        self.conn = conn
+        self.epoch = epoch
+        self.lock = lock  # take the waiting lock in the read's round trip
+        self._done: Done | None = None
+
+    def finish(self, done: Done | None) -> None:
+        """Rows to remove with the next read; refused rows move aside at once."""
+        if done is not None and done.dead:
+            cycle = Cycle(self.db, self.db._work_conn())
+            with cycle.conn.begin():
+                cycle.finish(Done([], done.dead))
+        self._done = done
+
+    def _where(self) -> str:
+        return f"shard = {int(self.db.shard)} AND epoch = {int(self.epoch)}"
+
+    def read(self, limit: int, exclude: Sequence[str] = ()) -> list[RelayRow]:
+        sql = (
+            "SELECT id, topic, khash, flag, payload FROM notify_outbox "
+            f"WHERE shard = {int(self.db.shard)}"
+        )
+        if exclude:
+            sql += " AND topic NOT IN (" + ",".join(f"'{t}'" for t in exclude) + ")"
+        sql += f" ORDER BY id LIMIT {int(limit)}"
+        done = self._done
+        db = self.db
+        cur = self.conn.cursor()
+        try:
+            head = ""
+            if self.lock:  # before the read: a row committed later finds the lock held
+                head = f"SELECT pg_try_advisory_lock({db.pg_lock_base + 1}, {int(db.shard)});"
+            if done is None and not head:
+                cur.execute(sql, binary=True)
+                return cur.fetchall()
+            if self.lock:
+                for _ in self.conn.notifies(timeout=0):
+                    pass  # notifications of rows this read sees
+            n = len(done.acked) if done is not None else 0
+            if done is not None:
+                head += (
+                "SET LOCAL synchronous_commit TO OFF;"
+                f"UPDATE notify_outbox_relay SET pending = NULL, published = published + {n}, "
+                f"updated_ms = {self.db.now} WHERE {self._where()};"
+                )
+                if done.acked:
+                    listed = ",".join(map(str, done.acked))
+                    head += (
+                        f"DELETE FROM notify_outbox WHERE shard = {int(self.db.shard)} "
+                        f"AND id = ANY('{{{listed}}}'::bigint[]);"
+                    )
+            cur.execute(head + sql)
+            if self.lock:
+                got = cur.fetchone()
+                db._idle_held = bool(got and got[0])
+                cur.nextset()
+            if done is not None:
+                cur.nextset()  # SET
+                if cur.rowcount != 1:
+                    raise FencedError(f"shard {self.db.shard}: another relay took over")
+                while cur.nextset():
+                    pass
+            return [(i, t, k, f, bytes(p)) for i, t, k, f, p in cur.fetchall()]
+        finally:
+            cur.close()
+
+    def rows_of_topic(self, topic: str, limit: int) -> list[int]:
+        cur = self.conn.cursor()
+        try:
+            cur.execute(
+                "SELECT id FROM notify_outbox WHERE shard = %s AND topic = %s ORDER BY id LIMIT %s",
+                (self.db.shard, topic, limit),
+            )
+            return [int(r[0]) for r in cur.fetchall()]
+        finally:
+            cur.close()
+
+    def record(
+        self,
+        epoch: int,
+        pending: bytes | None,
+        seqs: str | None,
+        published: int,
+        durable: bool = True,
+    ) -> None:
+        """Record a batch (durably); without one, :meth:`read` did the rest."""
+        if pending is None:
+            return
+        assert seqs is not None and "'" not in seqs and "\\" not in seqs
+        db = self.db
+        unlock = ""
+        if db._idle_held:  # rows to publish: writers need not wake the relay now
+            unlock = f";SELECT pg_advisory_unlock({db.pg_lock_base + 1}, {int(db.shard)})"
+            db._idle_held = False
+        cur = self.conn.cursor()
+        try:
+            cur.execute(
+                "BEGIN;UPDATE notify_outbox_relay SET "
+                f"pending = decode('{pending.hex()}', 'hex'), seqs = '{seqs}', "
+                f"updated_ms = {self.db.now} WHERE {self._where()};COMMIT" + unlock
+            )
+            cur.nextset()
+            if cur.rowcount != 1:
+                raise FencedError(f"shard {self.db.shard}: another relay took over (epoch {epoch})")
+        finally:
+            cur.close()
+
+
+def transient(e: BaseException) -> bool:
+    """A deadlock, lock wait timeout or serialization failure: the same transaction may
+    simply be run again (PostgreSQL 40P01/40001, MySQL 1213/1205)."""
+    orig = getattr(e, "orig", None)
+    if getattr(orig, "sqlstate", None) in ("40P01", "40001"):
+        return True
+    args: tuple[object, ...] = tuple(getattr(orig, "args", ()))
+    return bool(args) and args[0] in (1213, 1205)
 
 
 def _chunks(ids: Sequence[int], size: int = ID_CHUNK) -> Iterator[list[int]]:

@@ -554,8 +554,12 @@ class Outbox:
         """
         if self.engine is None:
             raise OutboxArgumentError("Outbox(engine) is needed to run a relay")
-        publisher = source if isinstance(source, Publisher) else source.publisher()
-        return Relay(self.engine, publisher, config, self.config.pg_lock_base).start()
+        if isinstance(source, Publisher):
+            return Relay(self.engine, source, config, self.config.pg_lock_base).start()
+        publisher = source.publisher()
+        return Relay(
+            self.engine, publisher, config, self.config.pg_lock_base, own_publisher=True
+        ).start()
 
     def status(self, interval_s: float = 0.0) -> OutboxStatus:
         """Backlog, oldest row's age, shards and leaders; with ``interval_s`` > 0 also

@@ -29,6 +29,7 @@ from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
 from tests.outbox.conftest import (
     FAST,
+    TOPICS,
     assert_exactly_once,
     backlog,
     bodies,
@@ -50,15 +51,21 @@ def _relay(url: str, addr: str, log: Path, crashpoint: str = "") -> subprocess.P
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
 
 
-def _send_backlog(engine: Engine, topic: str, n: int, tag: str) -> list[bytes]:
+def _send_backlog(engine: Engine, topics: list[str], n: int, tag: str) -> list[bytes]:
+    """``n`` messages over ``topics`` and 41 keys (a shard's cycles then span partitions of
+    several topics: one sub-batch each)."""
     outbox = Outbox(engine)
     sent = []
     with engine.begin() as c:
         for i in range(n):
             body = f"{tag}-{i}".encode()
-            outbox.send(c, topic, body, key=f"k{i % 11}", headers={"i": i})
+            outbox.send(c, topics[i % len(topics)], body, key=f"k{i % 41}", headers={"i": i})
             sent.append(body)
     return sent
+
+
+def _bodies(addr: str, topics: list[str]) -> list[bytes]:
+    return [b for t in topics for b in bodies(addr, t)]
 
 
 def _check_order(addr: str, topic: str) -> None:
@@ -73,7 +80,8 @@ def _check_order(addr: str, topic: str) -> None:
 def test_relay_killed_at_every_step_of_a_batch(
     engine: Engine, db_url: str, ob_broker: BrokerProcess, topic: str, tmp_path: Path
 ) -> None:
-    sent = _send_backlog(engine, topic, 240, "a")
+    topics = [topic, f"t{int(topic[1:]) + TOPICS // 2}"]  # a second topic no other test uses
+    sent = _send_backlog(engine, topics, 240, "a")
     log = tmp_path / "relay.log"
     for point in ("outbox.recorded", "outbox.first_ack", "outbox.acked"):
         p = _relay(db_url, ob_broker.addr, log, point)
@@ -83,7 +91,7 @@ def test_relay_killed_at_every_step_of_a_batch(
             if p.poll() is None:
                 p.kill()
         assert f"crashpoint {point}" in log.read_text()
-        sent += _send_backlog(engine, topic, 40, point.split(".")[1])
+        sent += _send_backlog(engine, topics, 40, point.split(".")[1])
     with engine.connect() as c:
         pending = c.execute(
             sa.text("SELECT count(*) FROM notify_outbox_relay WHERE pending IS NOT NULL")
@@ -92,12 +100,13 @@ def test_relay_killed_at_every_step_of_a_batch(
     p = _relay(db_url, ob_broker.addr, log)
     try:
         wait_for(lambda: backlog(engine) == 0, 30, "the backlog drained")
-        wait_for(lambda: len(bodies(ob_broker.addr, topic)) >= len(sent), 30, "all published")
+        wait_for(lambda: len(_bodies(ob_broker.addr, topics)) >= len(sent), 30, "all published")
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0, log.read_text()[-2000:]
-    assert_exactly_once(bodies(ob_broker.addr, topic), sent)
-    _check_order(ob_broker.addr, topic)
+    assert_exactly_once(_bodies(ob_broker.addr, topics), sent)
+    for t in topics:
+        _check_order(ob_broker.addr, t)
     assert "sending the pending batch again" in log.read_text()
 
 

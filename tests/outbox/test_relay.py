@@ -117,8 +117,8 @@ def test_relays_share_the_shards_and_take_over(
                 sent.append(body)
 
     with connect([ob_broker.addr]) as session:
-        a = Relay(engine, session.publisher(), FAST).start()
-        b = Relay(engine, session.publisher(), FAST).start()
+        a = Relay(engine, session.publisher(), FAST, own_publisher=True).start()
+        b = Relay(engine, session.publisher(), FAST, own_publisher=True).start()
         try:
             wait_for(
                 lambda: len(a.leading) == len(b.leading) == 2, what="two shards each"

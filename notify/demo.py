@@ -7,7 +7,10 @@ ZooKeeper, no database), then, through the client API:
 2. consumes them with a consumer group whose offsets live in a local file;
 3. commits a transaction spanning ``orders`` and ``audit`` and rolls another back,
    showing that consumers see the first whole and never anything of the second;
-4. sends a half message whose local transaction commits (Notify-style).
+4. sends a half message whose local transaction commits (Notify-style);
+5. publishes from inside a database transaction with the transactional outbox, on a
+   SQLite file (no server): an order row and its message commit together, a rolled-back
+   transaction leaves neither, and a relay publishes the committed message exactly once.
 
 and stops the broker cleanly. Run it twice: the consumer resumes after what it consumed.
 """
@@ -23,12 +26,22 @@ import tempfile
 import time
 from pathlib import Path
 
+import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
-from notify.client import ConsumerConfig, LocalTxState, Message, connect
+from notify.client import (
+    Consumer,
+    ConsumerConfig,
+    LocalTxState,
+    Message,
+    MessageSessionFactory,
+    connect,
+)
 from notify.config import load_config
 from notify.errors import NotifyError
+from notify.migrations import upgrade
+from notify.outbox import Outbox
 
 #: How long the demo waits for its broker (a fresh install compiles bytecode on the first
 #: start; a busy machine may take a while).
@@ -62,6 +75,45 @@ def _start_broker(config_path: Path, console: Console) -> tuple[subprocess.Popen
         time.sleep(0.05)
     proc.kill()
     raise DemoError(f"the broker did not start within {START_TIMEOUT_S:.0f} s; see {log_path}")
+
+
+def _outbox_step(
+    session: MessageSessionFactory, consumer: Consumer, client_dir: Path, console: Console
+) -> None:
+    """5. the transactional outbox on a SQLite file: rows and messages commit together."""
+    client_dir.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{client_dir / 'shop.db'}"
+    upgrade(url)  # notify's tables (what `notify db upgrade --url ...` does)
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE IF NOT EXISTS shop_orders (id INTEGER, item TEXT)"))
+        outbox = Outbox(engine)
+        n = int(time.time())
+        with engine.begin() as conn:  # the application's own transaction
+            conn.execute(sa.text("INSERT INTO shop_orders VALUES (:n, 'lamp')"), {"n": n})
+            outbox.send(conn, "orders", b"order %d: lamp (outbox)" % n, key=str(n))
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.text("INSERT INTO shop_orders VALUES (:n, 'x')"), {"n": n + 1})
+                outbox.send(conn, "orders", b"order %d: never (outbox)" % (n + 1), key="x")
+                raise RuntimeError("out of stock")
+        except RuntimeError as e:
+            console.print(f"5. outbox: one transaction committed, one rolled back ({e})")
+        with outbox.relay(session):  # publishes committed rows, exactly once
+            deadline = time.monotonic() + 20
+            while outbox.status().backlog and time.monotonic() < deadline:
+                time.sleep(0.05)
+        seen: list[Message] = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(b"(outbox)" in m.data for m in seen):
+            seen += consumer.fetch("orders", max_wait_s=0.5)
+        got = [m.data.decode() for m in seen if b"(outbox)" in m.data]
+        console.print(f"   the relay published: {got}")
+        if not got or any("never" in b for b in got):
+            raise DemoError(f"the outbox published {got}")
+    finally:
+        engine.dispose()
 
 
 def run_demo(config_path: Path) -> None:
@@ -132,6 +184,7 @@ def run_demo(config_path: Path) -> None:
                 "orders", b"order 44: paid", lambda msg: LocalTxState.COMMIT
             )
             console.print(f"4. half message + local transaction: {res.state.name}")
+            _outbox_step(session, consumer, client_dir, console)
             consumer.commit()
             consumer.shutdown()
         console.print("[bold green]demo finished[/]: data in", str(cfg.system.data_path))

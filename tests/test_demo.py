@@ -30,6 +30,7 @@ def test_demo_runs_within_a_minute(tmp_path: Path) -> None:
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "half message + local transaction: COMMIT" in proc.stdout
+    assert "the relay published:" in proc.stdout and "lamp (outbox)" in proc.stdout
     assert "demo finished" in proc.stdout
     timing(elapsed < 60, f"the demo took {elapsed:.1f} s")
 

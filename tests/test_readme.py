@@ -83,6 +83,7 @@ def test_readme_has_the_examples() -> None:
     assert len(BLOCKS) >= 8
     assert {"Quickstart", "Client API", "Transactions"} <= sections
     assert any("send_in_transaction" in b.code and "checker" in b.code for b in BLOCKS)
+    assert any("Outbox(engine)" in b.code and "outbox.relay(session)" in b.code for b in BLOCKS)
     assert any(b.needs_zookeeper for b in BLOCKS)
     # the raw-protocol example needs nothing a fresh Debian lacks (no nc)
     shell = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
@@ -165,7 +166,16 @@ def _check_queue_tx(env: Env, tmp: Path, out: str) -> None:
     assert claims == [("shipping", "jobs")]
 
 
+def _check_outbox(env: Env, tmp: Path, out: str) -> None:
+    assert env.pg_conninfo is not None
+    assert pg_rows(env.pg_conninfo, "SELECT id FROM orders") == [(42,)]
+    assert pg_rows(env.pg_conninfo, "SELECT count(*) FROM notify_outbox") == [(0,)]
+    assert "1 published" in out
+    assert visible(env.broker.addr, "orders", tmp / "check") == [b"order 42"]
+
+
 CHECKS: dict[str, Callable[[Env, Path, str], None]] = {
+    "Outbox(engine)": _check_outbox,
     "send_in_transaction": _check_half,
     "TransactionManager(": _check_xa,
     "TransactionalConsumer(": _check_consumer,

@@ -108,6 +108,7 @@ class ShardDB:
             if not isinstance(dc, psycopg.Connection):
                 raise OutboxError("the relay runs on PostgreSQL through psycopg 3")
             dc.autocommit = True
+            dc.prepare_threshold = None  # statements differ (literals): nothing to prepare
             self._pg = dc
         conn: psycopg.Connection[Any] = self._pg
         return conn

@@ -1,5 +1,5 @@
-"""The targets in one run: every shape measured, one table (shape, measured, target,
-met), the raw limits and the peers of the same run beside them.
+"""The targets in one run (the transactional outbox's too): every shape measured, one table
+(shape, measured, target, met), the raw limits and the peers of the same run beside them.
 
     .venv/bin/python bench/targets.py             # ~3 minutes (2.6 on 2026-11-23, loaded)
     .venv/bin/python bench/targets.py --quick     # ~2 minutes
@@ -10,7 +10,8 @@ Reuses the other benchmarks' functions (nothing measured twice in two ways):
 ``bench/tx_client_bench.py`` (``with producer.transaction()`` on threads),
 ``bench/xa_bench.py`` (2PC broker + PostgreSQL against PostgreSQL's own PREPARE/COMMIT
 PREPARED, PostgreSQL fsync on), ``bench/outbox_bench.py`` (half message + PostgreSQL
-transaction against INSERT + COMMIT alone), ``bench/broker_bench.py`` (bare fdatasync rate,
+transaction against INSERT + COMMIT alone; the transactional outbox: its row's cost, commit
+-> readable, the relay's drain), ``bench/broker_bench.py`` (bare fdatasync rate,
 loopback copy) and ``bench/peers/`` (Redis MULTI/EXEC with ``appendfsync always``,
 RabbitMQ ``tx.commit``, NATS JetStream; each skipped with a note when its server is not
 installed: ``bash scripts/peers.sh install``). PostgreSQL rows are skipped when its
@@ -400,6 +401,39 @@ def pg_rows(work: Path, seconds: float) -> list[Target]:
     return rows
 
 
+def outbox_rows(seconds: float, backlog: int) -> list[Target]:
+    """The transactional outbox's targets: the application's transaction with an
+    outbox row against INSERT + COMMIT alone (SQLAlchemy, PostgreSQL fsync on), commit ->
+    readable at 1,000 tx/s, the relay's drain of a backlog (``bench/outbox_bench.py``)."""
+    opts = ob.Options(
+        seconds=seconds, rounds=1, backlog=backlog, latency_s=5.0, skip_mariadb=True,
+        skip_half=True,
+    )  # fmt: skip
+    rows: list[Target] = []
+    for r in ob.run(opts):
+        t = ob.target_of(r)
+        kept = ("+ outbox.send", "+ outbox.send, relay draining")
+        if r.section == "app tx" and r.shape not in kept:
+            continue
+        if r.section == "app tx":
+            rows.append(
+                Target(
+                    f"outbox: INSERT + outbox row + COMMIT ({r.shape[2:]}), {r.threads} "
+                    "thread(s), vs INSERT + COMMIT",
+                    (r.ratio or 0) * 100,
+                    "% of PG",
+                    t[0] if t else "(reference)",
+                    t[1] if t else None,
+                    note=r.note,
+                )
+            )
+        else:
+            rows.append(Target(f"outbox: {r.shape}", r.value, r.unit, t[0] if t else "",
+                               t[1] if t else None, note=r.note))  # fmt: skip
+        _log(f"{rows[-1].shape}: {_measured(rows[-1])}")
+    return rows
+
+
 # ------------------------------------------------------------------------ peers
 
 
@@ -600,6 +634,7 @@ def main() -> int:
         else:
             if PostgresServer.available():
                 rows += pg_rows(work, seconds)
+                rows += outbox_rows(seconds, 200_000 if a.quick else 1_000_000)
             else:
                 rows.append(
                     Target(

@@ -177,6 +177,7 @@ class ShardStats:
     retries: int = 0
     takeovers: int = 0
     wakeups: int = 0
+    vacuums: int = 0
     last_error: str = ""
 
 
@@ -552,6 +553,8 @@ class _ShardWorker:
         if done is not None:
             self.stats.published += done.count
             self.stats.dead += sum(len(ids) for ids, _e in done.dead)
+            if self.db.vacuum(done.count, len(rows) < limits.max_rows):
+                self.stats.vacuums += 1
         return plan
 
     def _dead_unroutable(self, cyc: Cycle | PgCycle, now: float) -> Done | None:

@@ -6,7 +6,8 @@ collide) use three classes from ``lock_base`` (:attr:`OutboxConfig.pg_lock_base`
     lock_base + 0   (class, khash)   held by a writing transaction until it ends: the rows
                                      of one key take their ids in commit order
     lock_base + 1   (class, shard)   held by a waiting relay: a writer that cannot take it
-                                     shared knows the relay sleeps and wakes it (NOTIFY)
+                                     shared knows the relay sleeps and wakes it (NOTIFY on
+                                     channel notify_outbox_<shard>)
     lock_base + 2   (class, shard)   held by the shard's leading relay (its session)
 
 MySQL/MariaDB: a writer locks ``notify_outbox_keylock`` row ``khash mod 4096`` (FOR
@@ -23,8 +24,9 @@ from sqlalchemy.engine import Connection, Dialect
 
 from .rows import OutboxError
 
-#: LISTEN/NOTIFY channel of the waiting relays (payload: the shard).
-CHANNEL: Final = "notify_outbox"
+#: LISTEN/NOTIFY channel of a shard's waiting relay: this prefix and the shard number (one
+#: channel per shard: a commit wakes only its shard's relay).
+CHANNEL: Final = "notify_outbox_"
 #: Default first class of the outbox's PostgreSQL advisory locks (see module doc).
 DEFAULT_PG_LOCK_BASE: Final = 0x6E6F7400
 #: MySQL/MariaDB: rows of notify_outbox_keylock.

@@ -238,7 +238,7 @@ def _write_generic(conn: Connection, entries: Entries) -> None:
             conn.exec_driver_sql(
                 "SELECT pg_notify(%(ch)s, %(s)s) "
                 "WHERE NOT pg_try_advisory_xact_lock_shared(%(c)s, %(n)s)",
-                {"ch": CHANNEL, "s": str(shard), "c": base + 1, "n": shard},
+                {"ch": f"{CHANNEL}{shard}", "s": "", "c": base + 1, "n": shard},
             )
 
 

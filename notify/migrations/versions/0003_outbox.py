@@ -116,7 +116,7 @@ BEGIN
   INSERT INTO notify_outbox (shard, topic, khash, flag, payload)
     VALUES (p_shard, p_topic, p_khash, p_flag, p_payload);
   IF p_wake IS NOT NULL AND NOT pg_try_advisory_xact_lock_shared(p_wake, p_shard) THEN
-    PERFORM pg_notify('notify_outbox', p_shard::text);
+    PERFORM pg_notify('notify_outbox_' || p_shard, '');
   END IF;
 END $$"""
 

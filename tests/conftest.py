@@ -34,6 +34,7 @@ SLOW_FIRST: tuple[str, ...] = (
     "tests/cluster/test_e2e.py",
     "tests/security/test_wire_resources.py",
     "tests/faults/test_kill9.py",
+    "tests/outbox/test_crash.py",
     "tests/coordinator/test_random.py",
     "tests/sim/test_storage_sim.py",
     "tests/offsets/test_exactly_once.py",

@@ -17,10 +17,12 @@ and wins the shard's leadership lock; then it *leads*:
    restarting, failing over) gets the same batch again, with backoff, for as long as it
    takes: the application keeps committing meanwhile and the backlog flows when it
    returns.
-3. nothing to read: wait. On PostgreSQL the relay takes the shard's waiting lock and
-   sleeps until a writer's commit NOTIFYs it (writers NOTIFY only while that lock is
-   held, so busy writers never pay NOTIFY's commit-serializing lock); elsewhere it polls
-   with a delay doubling from ``poll_min_s`` to ``poll_max_s``.
+3. nothing to read: poll again after a delay doubling from ``poll_min_s`` to
+   ``poll_max_s``. On PostgreSQL, once nothing came for ``notify_after_s``, the relay
+   takes the shard's waiting lock in its next read and, that read empty too, sleeps until
+   a writer's commit NOTIFYs it: writers NOTIFY only while that lock is held, so busy
+   writers (whose rows the relay finds by polling) never pay NOTIFY's lock, which
+   serializes commits.
 
 Exactly once: a row leaves the table only in the cycle after the broker acknowledged it;
 a batch is recorded (with its sequences) before it is sent, and sent again identically
@@ -76,11 +78,6 @@ from .sql import DEFAULT_PG_LOCK_BASE, dialect_name
 log = logging.getLogger("notify.outbox")
 
 
-#: A batch this small says the load is light: the next cycle takes the waiting lock
-#: (PostgreSQL), so a read finding nothing sleeps on NOTIFY without another round trip.
-SMALL_BATCH = 16
-
-
 class RelayStateError(OutboxError):
     """A relay event its state does not allow (a bug, not an operating condition)."""
 
@@ -124,7 +121,8 @@ class RelayConfig:
     ``shards``: the shards this instance may lead (None: any, shared with the other live
     instances); ``limits``: rows per cycle and per ``mput``; ``poll_min_s``/``poll_max_s``:
     the polling delays when there is nothing to publish (PostgreSQL: before the relay
-    sleeps on NOTIFY, after ``notify_after_s`` of empty polls); ``notify_wait_s``: the
+    sleeps on NOTIFY, after ``notify_after_s`` of empty polls: while rows keep coming the
+    relay polls and writers never NOTIFY, whose lock serializes commits); ``notify_wait_s``: the
     longest sleep on NOTIFY; ``heartbeat_s``/``instance_ttl_s``: liveness of instances;
     ``standby_poll_s``: how often a standby tries to take its shard; ``retry_min_s``/
     ``retry_max_s``: backoff of a batch the broker did not take; ``dead_letter_after_s``:
@@ -137,7 +135,7 @@ class RelayConfig:
     limits: Limits = field(default_factory=Limits)
     poll_min_s: float = 0.0005
     poll_max_s: float = 0.05
-    notify_after_s: float = 0.0
+    notify_after_s: float = 0.01
     notify_wait_s: float = 1.0
     heartbeat_s: float = 1.0
     instance_ttl_s: float = 5.0
@@ -432,8 +430,7 @@ class _ShardWorker:
                 crashpoint("outbox.recorded")  # recorded, nothing sent
                 done = self._publish(plan)
                 crashpoint("outbox.acked")  # acknowledged, rows not removed
-                # a small batch: the load is light, the next read may well be empty
-                wait = self.db.d == "postgresql" and plan.count <= SMALL_BATCH
+                wait = False
                 continue
             if plan is None:  # could not plan: the broker cannot route right now
                 self.db.end_wait()

@@ -198,30 +198,68 @@ def _params(rows: Sequence[Row]) -> list[dict[str, Any]]:
     ]
 
 
+def _write_driver(conn: Connection, d: str, entries: Entries) -> None:
+    """MySQL/MariaDB and SQLite: insert ``entries`` with the driver's own cursor in
+    ``conn``'s transaction (errors raised as SQLAlchemy raises them)."""
+    rows = _rows(entries)
+    mark = "%s" if d == "mysql" else "?"
+    stmts: list[tuple[str, list[tuple[Any, ...]]]] = []
+    for m in (r for _c, r in entries if isinstance(r, Marker)):
+        stmts.append((_marker_sql(m), []))
+    keyed = sorted({r.khash % KEYLOCK_SLOTS for _c, r in rows if r.khash is not None})
+    if d == "mysql" and keyed:
+        listed = ",".join(map(str, keyed))
+        lock = f"SELECT slot FROM notify_outbox_keylock WHERE slot IN ({listed}) "
+        stmts.append((lock + "ORDER BY slot FOR UPDATE", []))
+    cols = ", ".join([mark] * 5)
+    now = [(r.shard, r.topic, r.khash, r.flag, r.payload) for _c, r in rows if r.due_ms is None]
+    later = [
+        (r.shard, r.topic, r.khash, r.flag, r.payload, r.due_ms)
+        for _c, r in rows
+        if r.due_ms is not None
+    ]
+    if now:
+        stmts.append((f"INSERT INTO notify_outbox ({_INSERT_COLUMNS}) VALUES ({cols})", now))
+    if later:
+        ins = f"INSERT INTO notify_outbox_delayed ({_INSERT_COLUMNS}, due_ms) "
+        stmts.append((ins + f"VALUES ({cols}, {mark})", later))
+    dbapi = conn.dialect.loaded_dbapi
+    cur = conn.connection.cursor()
+    try:
+        for sql, params in stmts:
+            if len(params) > 1:
+                cur.executemany(sql, params)
+            elif params:
+                cur.execute(sql, params[0])
+            else:
+                cur.execute(sql)
+                if cur.description is not None:
+                    cur.fetchall()
+    except dbapi.Error as e:
+        raise sa_exc.DBAPIError.instance(
+            None, None, e, dbapi.Error, dialect=conn.dialect
+        ) from e
+    finally:
+        cur.close()
+
+
 def _write_generic(conn: Connection, entries: Entries) -> None:
-    """Insert ``entries`` through the SQLAlchemy connection (statements before the
-    commit)."""
+    """Insert ``entries`` in ``conn``'s transaction (statements before the commit)."""
     d = dialect_name(conn)
+    if d != "postgresql":
+        _write_driver(conn, d, entries)
+        return
     rows = _rows(entries)
     for m in (r for _c, r in entries if isinstance(r, Marker)):
         conn.exec_driver_sql(_marker_sql(m))
     keyed = sorted({(c.pg_lock_base, r.khash) for c, r in rows if r.khash is not None})
-    if d == "postgresql":
-        for base, khash in keyed:
-            conn.exec_driver_sql(
-                "SELECT pg_advisory_xact_lock(%(c)s, %(k)s)", {"c": base, "k": khash}
-            )
-    elif d == "mysql" and keyed:
-        slots = sorted({k % KEYLOCK_SLOTS for _b, k in keyed})
+    for base, khash in keyed:
         conn.exec_driver_sql(
-            "SELECT slot FROM notify_outbox_keylock WHERE slot IN ("
-            + ",".join(str(s) for s in slots)
-            + ") ORDER BY slot FOR UPDATE"
+            "SELECT pg_advisory_xact_lock(%(c)s, %(k)s)", {"c": base, "k": khash}
         )
     now = [r for _c, r in rows if r.due_ms is None]
     later = [r for _c, r in rows if r.due_ms is not None]
-    mark = "%(" if d != "sqlite" else ":"
-    close = ")s" if d != "sqlite" else ""
+    mark, close = "%(", ")s"
     cols = ", ".join(f"{mark}{n}{close}" for n in "stkfp")
     if now:
         conn.exec_driver_sql(
@@ -233,13 +271,12 @@ def _write_generic(conn: Connection, entries: Entries) -> None:
             f"VALUES ({cols}, {mark}d{close})",
             _params(later),
         )
-    if d == "postgresql":
-        for base, shard in sorted({(c.pg_lock_base, r.shard) for c, r in rows}):
-            conn.exec_driver_sql(
-                "SELECT pg_notify(%(ch)s, %(s)s) "
-                "WHERE NOT pg_try_advisory_xact_lock_shared(%(c)s, %(n)s)",
-                {"ch": f"{CHANNEL}{shard}", "s": "", "c": base + 1, "n": shard},
-            )
+    for base, shard in sorted({(c.pg_lock_base, r.shard) for c, r in rows}):
+        conn.exec_driver_sql(
+            "SELECT pg_notify(%(ch)s, %(s)s) "
+            "WHERE NOT pg_try_advisory_xact_lock_shared(%(c)s, %(n)s)",
+            {"ch": f"{CHANNEL}{shard}", "s": "", "c": base + 1, "n": shard},
+        )
 
 
 # ------------------------------------------------------------------ PostgreSQL fast path

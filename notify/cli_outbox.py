@@ -32,7 +32,7 @@ from notify.client import connect
 from notify.dbengine import create_offset_engine, safe_url
 from notify.errors import NotifyError
 from notify.outbox import Limits, Outbox, OutboxStatus, RelayConfig
-from notify.outbox.rows import MAX_SHARDS, producer_id
+from notify.outbox.rows import MAX_SHARDS, producer_name
 
 
 @click.group()
@@ -198,7 +198,10 @@ def shards_cmd(url: str, count: int | None) -> None:
         fail(f"COUNT must be 1..{MAX_SHARDS}", EXIT_USAGE)
     with _engine(url) as engine, engine.begin() as c:
         rows = c.execute(
-            sa.text("SELECT shard, producer_id FROM notify_outbox_relay ORDER BY shard")
+            sa.text(
+                "SELECT shard, producer_name, producer_secret FROM notify_outbox_relay "
+                "ORDER BY shard"
+            )
         ).all()
         have = len(rows)
         if count is None or count == have:
@@ -209,10 +212,10 @@ def shards_cmd(url: str, count: int | None) -> None:
             for s in range(have, count):
                 c.execute(
                     sa.text(
-                        "INSERT INTO notify_outbox_relay (shard, producer_id, seqs) "
-                        "VALUES (:s, :p, '{}')"
+                        "INSERT INTO notify_outbox_relay (shard, producer_name, "
+                        "producer_secret, seqs) VALUES (:s, :p, :k, '{}')"
                     ),
-                    {"s": s, "p": producer_id(outbox_id, s)},
+                    {"s": s, "p": producer_name(outbox_id, s), "k": rows[0][2]},
                 )
         else:
             busy = c.execute(

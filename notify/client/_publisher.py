@@ -1,29 +1,34 @@
 """The outbox relay's publisher over a synchronous session (:class:`SessionPublisher`).
 
-Implements :class:`notify.outbox.Publisher` structurally: a batch of outbox records goes
-to one partition as one ``mput`` whose records carry the relay shard's producer id and
-explicit sequence numbers (the idempotent producer's attribute-block form,
+Implements :class:`notify.outbox.Publisher` structurally. A relay shard's identity is a
+named idempotent-producer identity (:mod:`notify.protocol.identity`): its id
+``<name>~<tag>`` comes from the name and secret the outbox keeps, its epoch is the
+shard's leadership epoch, so a new leader's claim fences the old one on every broker.
+Each connection claims the identity (the ``producer`` verb) before its first batch, in
+the same write. A batch goes to one partition as one ``mput`` whose records carry the
+producer id and explicit sequence numbers (appended to their properties,
 :func:`notify.protocol.properties.with_producer`), so the broker stores a re-sent batch
 once and answers it with what it stored. The records are stamped and framed, and the
 requests sent and answered, in the calling thread.
-
-``claim`` answers None: this broker's idempotent producers have no named claim yet, so
-the relay's own records (the sequences it keeps in the database) are the only source.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
+import secrets
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 
 from notify.errors import BrokerError, ClientError, ProtocolError
-from notify.outbox.publisher import Batch, PublishAck, PublishError
+from notify.outbox.publisher import Batch, Identity, PublishAck, PublishError
 from notify.protocol import records as rec
 from notify.protocol.frames import Response, encode_line, encode_mput
+from notify.protocol.identity import ClaimReply, encode_claim, producer_id
 from notify.protocol.properties import producer_member, with_producer
 from notify.protocol.replies import MultiPutAck
-from notify.transport import FrameBuilder
+from notify.transport import BlockingConnection, FrameBuilder
 
 from ._direct import DirectPool
 from ._loopthread import LoopThread
@@ -34,8 +39,8 @@ RETRIABLE_CODES = frozenset({500, 502, 503, 504})
 
 
 def stamped_body(records: Sequence[tuple[int, bytes]], identity: str, first_seq: int) -> bytes:
-    """The ``mput`` body of ``records`` with the producer ``identity`` and sequences from
-    ``first_seq`` in their attribute blocks (runs of one flag encoded in one go)."""
+    """The ``mput`` body of ``records`` with the producer id ``identity`` and sequences
+    from ``first_seq`` in their attribute blocks (runs of one flag encoded in one go)."""
     member = producer_member(identity)
     out: list[bytes] = []
     run: list[bytes] = []
@@ -52,6 +57,16 @@ def stamped_body(records: Sequence[tuple[int, bytes]], identity: str, first_seq:
     if run:
         out.append(rec.encode_batch(run, run_flag))
     return b"".join(out)
+
+
+def _refusal(address: str, what: str, r: Response) -> PublishError:
+    text = r.body.decode("utf-8", "replace")
+    return PublishError(
+        f"broker {address} refused {what}: {r.code} {text}",
+        code=r.code,
+        retriable=r.code in RETRIABLE_CODES or (r.code == 403 and "not claimed" in text),
+        fenced=r.code == 409,
+    )
 
 
 class SessionPublisher:
@@ -75,6 +90,30 @@ class SessionPublisher:
         self._lt = lt
         self._direct = direct
         self.timeout_s = timeout_s
+        #: per identity and epoch: the producer id and this publisher's instance token
+        self._ids: dict[Identity, tuple[str, str]] = {}
+        #: the identity (id, epoch) each connection claimed on its current socket
+        self._claimed: weakref.WeakKeyDictionary[BlockingConnection, tuple[str, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def _id(self, identity: Identity) -> tuple[str, str]:
+        with self._lock:
+            got = self._ids.get(identity)
+            if got is None:
+                try:
+                    pid = producer_id(identity.name, identity.secret)
+                except ValueError as e:
+                    raise PublishError(f"identity {identity}: {e}") from None
+                got = self._ids[identity] = (pid, secrets.token_hex(8))
+            return got
+
+    def _claim_frame(self, identity: Identity) -> FrameBuilder:
+        pid, instance = self._id(identity)
+        return functools.partial(
+            encode_claim, pid, identity.secret, identity.epoch, instance
+        )
 
     def partitions(self, topic: str) -> list[str]:
         """The topic's partitions (``"<brokerId>-<partition>"``, sorted)."""
@@ -93,13 +132,55 @@ class SessionPublisher:
         except ClientError as e:
             raise PublishError(str(e), retriable=True) from e
 
-    def claim(self, identity: str) -> Mapping[tuple[str, str], int] | None:
-        """None: the broker has no named identities to claim (see the module doc)."""
-        producer_member(identity)  # the identity must fit the attribute block
-        return None
+    def claim(
+        self, identity: Identity, topics: Sequence[str]
+    ) -> Mapping[tuple[str, str], int] | None:
+        """Claim ``identity`` on the brokers of ``topics`` now (connections opened later
+        claim it before their first batch); the last sequence they stored for it per
+        (topic, ``"<brokerId>-<partition>"``). Raises :class:`PublishError` (``fenced``
+        when a newer epoch holds it; retriable when a broker cannot be reached)."""
+        pid, _instance = self._id(identity)
+        by_addr: dict[str, set[int]] = {}
+        for topic in topics:
+            try:
+                parts = self._partitions(topic)
+            except PublishError as e:
+                if e.code == 404:
+                    continue  # a topic gone: nothing of it to check
+                raise
+            for p in parts:
+                by_addr.setdefault(p.address, set()).add(p.broker_id)
+        out: dict[tuple[str, str], int] = {}
+        for address, broker_ids in by_addr.items():
+            reply = self._claim_on(address, identity, pid)
+            bid = min(broker_ids)
+            for (topic, part), seq in reply.sequences.items():
+                out[(topic, f"{bid}-{part}")] = seq
+        return out
 
-    def publish(self, identity: str, batches: Sequence[Batch]) -> list[PublishAck | PublishError]:
+    def _claim_on(self, address: str, identity: Identity, pid: str) -> ClaimReply:
+        conn = self._direct.get(address)
+        if conn is None:
+            raise PublishError(f"{address}: not reachable just now", retriable=True)
+        try:
+            (r,) = conn.exchange([self._claim_frame(identity)], self.timeout_s)
+        except ClientError as e:
+            self._direct.failed(conn)
+            raise PublishError(f"{address}: {e}", retriable=True) from e
+        if r.code != 200:
+            raise _refusal(address, f"the claim of {pid}", r)
+        try:
+            reply = ClaimReply.parse(r.body)
+        except ProtocolError as e:
+            raise PublishError(f"{address}: {e}", retriable=True) from e
+        self._claimed[conn] = (pid, identity.epoch)
+        return reply
+
+    def publish(
+        self, identity: Identity, batches: Sequence[Batch]
+    ) -> list[PublishAck | PublishError]:
         """One ``mput`` per batch, pipelined per broker (see the class doc)."""
+        pid, _instance = self._id(identity)
         out: list[PublishAck | PublishError | None] = [None] * len(batches)
         by_addr: dict[str, list[tuple[int, Partition, bytes, int]]] = {}
         for i, b in enumerate(batches):
@@ -112,11 +193,13 @@ class SessionPublisher:
                 self._router.invalidate(b.topic)
                 out[i] = PublishError(f"{b.topic} has no partition {b.partition}", code=404)
                 continue
-            body = stamped_body(b.records, identity, b.first_seq)
+            body = stamped_body(b.records, pid, b.first_seq)
             by_addr.setdefault(part.address, []).append((i, part, body, len(b.records)))
         for address, items in by_addr.items():
             for i, res in zip(
-                (it[0] for it in items), self._exchange(address, items, batches), strict=True
+                (it[0] for it in items),
+                self._exchange(address, items, batches, identity),
+                strict=True,
             ):
                 out[i] = res
         return [r if r is not None else PublishError("not sent", retriable=True) for r in out]
@@ -126,51 +209,55 @@ class SessionPublisher:
         address: str,
         items: list[tuple[int, Partition, bytes, int]],
         batches: Sequence[Batch],
+        identity: Identity,
     ) -> list[PublishAck | PublishError]:
         pool = self._direct
         conn = pool.get(address)
+        n = len(items)
         if conn is None:
-            return [PublishError(f"{address}: not reachable just now", retriable=True)] * len(
-                items
-            )
+            return [PublishError(f"{address}: not reachable just now", retriable=True)] * n
+        pid, _instance = self._id(identity)
         builds: list[FrameBuilder] = []
         epoch = pool.epoch_of(address) if pool.epoch_of is not None else None
         declare = epoch is not None and pool.declared.get(conn, 0) < epoch[1]
         if declare and epoch is not None:
             group, number = epoch
             builds.append(lambda o: encode_line("epoch", group, number, o))
+        claim = not conn.is_open or self._claimed.get(conn) != (pid, identity.epoch)
+        if claim:  # a new socket, or another identity: claimed in the same write
+            builds.append(self._claim_frame(identity))
         for i, part, body, count in items:
             builds.append(functools.partial(_mput, batches[i].topic, part.partition, body, count))
         try:
             replies = conn.exchange(builds, self.timeout_s)
         except ClientError as e:  # lost, timed out, refused, TLS, authentication
             pool.failed(conn)
-            return [PublishError(f"{address}: {e}", retriable=True)] * len(items)
+            self._claimed.pop(conn, None)
+            return [PublishError(f"{address}: {e}", retriable=True)] * n
         if declare and epoch is not None:
             first, replies = replies[0], replies[1:]
             if first.code != 200:
                 pool.failed(conn)
-                text = first.body.decode("utf-8", "replace")
-                return [PublishError(f"{address}: epoch refused: {text}", retriable=True)] * len(
-                    items
-                )
+                return [_refusal(address, "the epoch", first)] * n
             pool.declared[conn] = epoch[1]
-        return [
+        if claim:
+            first, replies = replies[0], replies[1:]
+            if first.code != 200:
+                return [_refusal(address, f"the claim of {pid}", first)] * n
+            self._claimed[conn] = (pid, identity.epoch)
+        out = [
             self._answer(address, batches[i], r, count)
             for (i, _p, _b, count), r in zip(items, replies, strict=True)
         ]
+        if any(isinstance(r, PublishError) and r.code == 403 for r in out):
+            self._claimed.pop(conn, None)  # reconnected meanwhile: claim again next time
+        return out
 
     def _answer(self, address: str, b: Batch, r: Response, count: int) -> PublishAck | PublishError:
         if r.code != 200:
-            text = r.body.decode("utf-8", "replace")
             if r.code == 404:
                 self._router.invalidate(b.topic)
-            return PublishError(
-                f"broker {address} refused {count} record(s) for {b.topic} {b.partition}: "
-                f"{r.code} {text}",
-                code=r.code,
-                retriable=r.code in RETRIABLE_CODES,
-            )
+            return _refusal(address, f"{count} record(s) for {b.topic} {b.partition}", r)
         try:
             ack = MultiPutAck.parse(r.body)
         except ProtocolError as e:  # an unreadable reply: not known to be stored

@@ -25,7 +25,7 @@ Protocol), :mod:`.status`, :mod:`.half` (half-message markers), :mod:`.sql`.
 
 from .half import HalfMarkers, HalfState
 from .plan import Limits
-from .publisher import PublishAck, Publisher, PublishError
+from .publisher import Batch, Identity, PublishAck, Publisher, PublishError
 from .relay import OutboxStateError, Relay, RelayConfig, ShardStats
 from .relaydb import FencedError
 from .rows import OutboxArgumentError, OutboxError, key_hash
@@ -34,9 +34,11 @@ from .status import OutboxStatus, ShardStatus
 from .writer import Outbox, OutboxConfig
 
 __all__ = [
+    "Batch",
     "FencedError",
     "HalfMarkers",
     "HalfState",
+    "Identity",
     "Limits",
     "Outbox",
     "OutboxArgumentError",

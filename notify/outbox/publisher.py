@@ -1,26 +1,26 @@
 """How the relay reaches the broker: the narrow :class:`Publisher` Protocol.
 
-The outbox never imports the client. A publisher sends one batch of prepared records to
-one topic partition under a stable, named idempotent-producer identity with explicit
-sequence numbers, and answers with one acknowledgement. The client implements it
+The outbox never imports the client. A publisher sends batches of prepared records, each to
+one topic partition, under a stable, named idempotent-producer identity with explicit
+sequence numbers, and answers with one acknowledgement per batch. The client implements it
 (``session.publisher()``, :mod:`notify.client._publisher`); a test can implement it too.
 
 The contract the relay's exactly-once rests on:
 
-* ``publish(identity, batches)`` sends each :class:`Batch` to its partition and returns
-  once every one is answered (the answers in the batches' order). A batch's records are
-  stored with sequences ``first_seq, first_seq + 1, ...`` for ``identity`` in that
-  partition, in that order, all or nothing. Sent again with the same identity, partition
-  and sequences (the relay does after a crash, a lost acknowledgement or a broker
-  restart) it is not stored twice: the broker answers with the acknowledgement of what
-  it stored.
+* ``publish(identity, batches)`` sends each :class:`Batch` to its partition (the identity
+  claimed on the way) and returns once every one is answered (in the batches' order).
+  A batch's records are stored with sequences ``first_seq, first_seq + 1, ...`` for
+  ``identity`` in that partition, in that order, all or nothing. Sent again with the same
+  identity, partition and sequences (the relay does after a crash, a lost
+  acknowledgement or a broker restart) it is not stored twice: the broker answers with
+  the acknowledgement of what it stored.
 * at most one batch per (identity, partition) is in flight: one call holds at most one
   batch per partition, and the relay sends the next only after the answer.
-* ``claim(identity)`` makes this process the identity's only publisher: the broker
-  refuses later batches of an older claimant (a :class:`PublishError` with ``fenced``).
-  It answers the last sequence the broker stored per (topic, partition) for the
-  identity, or None when the broker does not tell (then the relay relies on its own
-  records alone).
+* ``claim(identity, topics)`` makes this process the identity's publisher at its epoch:
+  the brokers refuse later batches of an older epoch (a :class:`PublishError` with
+  ``fenced``). It answers the last sequence the brokers of ``topics`` stored per (topic,
+  partition) for the identity (the new leader checks them against its records), or None
+  when they cannot tell. A connection opened later is claimed before its first batch.
 
 Records are ``(flag, payload)`` pairs exactly as the outbox stores them
 (:mod:`notify.outbox.rows`); the publisher adds the identity and sequence numbers in
@@ -35,7 +35,22 @@ from typing import Protocol, runtime_checkable
 
 from .rows import OutboxError
 
-__all__ = ["Batch", "PublishAck", "PublishError", "Publisher"]
+__all__ = ["Batch", "Identity", "PublishAck", "PublishError", "Publisher"]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """A relay shard's named idempotent-producer identity: ``name`` and ``secret`` (kept
+    in ``notify_outbox_relay``) make the producer id ``<name>~<tag>``
+    (:mod:`notify.protocol.identity`); ``epoch`` is the shard's leadership epoch, so the
+    newest leader holds the identity and the broker fences the older ones."""
+
+    name: str
+    secret: str
+    epoch: int
+
+    def __repr__(self) -> str:  # never the secret
+        return f"Identity({self.name!r}, epoch={self.epoch})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +102,15 @@ class Publisher(Protocol):
         when the broker does not know the topic, a retriable one when it cannot tell."""
         ...
 
-    def claim(self, identity: str) -> Mapping[tuple[str, str], int] | None:
-        """Claim ``identity`` (fencing older claimants); the last stored sequence per
-        (topic, partition), or None when the broker does not tell."""
+    def claim(
+        self, identity: Identity, topics: Sequence[str]
+    ) -> Mapping[tuple[str, str], int] | None:
+        """Claim ``identity`` (fencing older epochs) on the brokers of ``topics``; the last
+        stored sequence per (topic, partition), or None when they cannot tell."""
         ...
 
     def publish(
-        self, identity: str, batches: Sequence[Batch]
+        self, identity: Identity, batches: Sequence[Batch]
     ) -> list[PublishAck | PublishError]:
         """Send ``batches`` (at most one per partition) under ``identity``; for each, its
         acknowledgement or the :class:`PublishError` saying why it is not (known to be)

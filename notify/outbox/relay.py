@@ -52,7 +52,7 @@ from notify.faults import armed, crashpoint
 from notify.transitions import TransitionTable
 
 from .plan import Backoff, Limits, Plan, Planned, RelayRow, plan_cycle
-from .publisher import Batch, PublishAck, Publisher, PublishError
+from .publisher import Batch, Identity, PublishAck, Publisher, PublishError
 from .relaydb import (
     Cycle,
     Done,
@@ -177,6 +177,10 @@ class ShardStats:
     wakeups: int = 0
     vacuums: int = 0
     last_error: str = ""
+
+
+class _NotNow(Exception):
+    """The brokers cannot answer a claim right now."""
 
 
 class _StepDown(Exception):
@@ -314,7 +318,8 @@ class _ShardWorker:
         self.stats = relay.stats[shard]
         self.db = ShardDB(relay.engine, shard, pg_lock_base, relay.config.lock_dir)
         self.state = ShardState_.STANDBY
-        self.pid = ""
+        self.identity = Identity("", "", 0)
+        self.claimed: set[str] = set()  # topics whose brokers this leader claimed on
         self.epoch = 0
         self.seqs: Seqs = {}
         self.round_robin = 0
@@ -338,7 +343,7 @@ class _ShardWorker:
                     continue
                 try:
                     if not producer:
-                        producer = self._producer_id()
+                        producer = self._producer_name()
                     won = self.db.try_lead(producer)
                 except (sa_exc.SQLAlchemyError, psycopg.Error) as e:
                     self._error(f"cannot reach the database: {_first_line(e)}")
@@ -374,11 +379,11 @@ class _ShardWorker:
             self.db.close()
             self._to(ShardEvent.STOP)
 
-    def _producer_id(self) -> str:
+    def _producer_name(self) -> str:
         with self.r.engine.connect() as c:
             return str(
                 c.execute(
-                    sa.text("SELECT producer_id FROM notify_outbox_relay WHERE shard = :s"),
+                    sa.text("SELECT producer_name FROM notify_outbox_relay WHERE shard = :s"),
                     {"s": self.shard},
                 ).scalar_one()
             )
@@ -393,9 +398,9 @@ class _ShardWorker:
     def _lead(self) -> None:
         st = self.db.take_over(self.r.owner)
         self.stats.takeovers += 1
-        self.epoch, self.pid, self.seqs = st.epoch, st.producer_id, dict(st.seqs)
+        self.epoch, self.identity, self.seqs = st.epoch, st.identity, dict(st.seqs)
         self.stats.epoch = st.epoch
-        log.info("outbox shard %d: leading (epoch %d, %s)", self.shard, st.epoch, st.producer_id)
+        log.info("outbox shard %d: leading (epoch %d, %s)", self.shard, st.epoch, st.identity)
         self._claim(st)
         done: Done | None = None
         if st.pending is not None:
@@ -473,34 +478,60 @@ class _ShardWorker:
         return backoff.empty()
 
     def _claim(self, st: ShardState) -> None:
-        """Claim the identity; a broker ahead of the recorded sequences means the
-        database lost what it recorded (restored?): refuse to publish over it."""
-        last = self._call_publisher(lambda: self.r.publisher.claim(st.producer_id))
-        if not last:
-            return
-        pending = {(s.topic, s.partition): s for s in (st.pending.subs if st.pending else ())}
-        for key, seq in last.items():
+        """Claim the identity at the new epoch (fencing the last leader on the brokers)
+        on the brokers of the topics the shard published to."""
+        self.claimed = set()
+        pending = st.pending.subs if st.pending else ()
+        topics = {t for t, _p in self.seqs} | {s.topic for s in pending}
+        self._claim_topics(topics, {(s.topic, s.partition): s.first_seq for s in pending})
+
+    def _claim_topics(
+        self, topics: set[str], pending: Mapping[tuple[str, str], int], wait: bool = True
+    ) -> bool:
+        """Claim the identity on the brokers of ``topics`` not claimed yet in this
+        leadership; a broker ahead of the recorded sequences means the database lost what
+        it recorded (restored from an older backup?): refuse to publish over it (the
+        broker would take the new batches for re-sent ones and drop them)."""
+        new = topics - self.claimed
+        if not new:
+            return True
+        identity = self.identity
+        try:
+            last = self._call_publisher(
+                lambda: self.r.publisher.claim(identity, sorted(new)), wait
+            )
+        except _NotNow:
+            return False
+        self.claimed |= new
+        for key, seq in (last or {}).items():
             nxt = self.seqs.get(key, 0)
-            if key in pending and pending[key].first_seq <= seq < nxt:
+            if key in pending and pending[key] <= seq < nxt:
                 continue  # the pending batch: stored before the crash, answered on re-send
             if seq >= nxt:
                 raise OutboxStateError(
-                    f"the broker stored sequence {seq} of {st.producer_id} in {key[0]} "
+                    f"the broker stored sequence {seq} of {identity} in {key[0]} "
                     f"{key[1]} but the outbox recorded only up to {nxt - 1}"
                 )
+        return True
 
     def _call_publisher(
-        self, fn: Callable[[], Mapping[tuple[str, str], int] | None]
+        self, fn: Callable[[], Mapping[tuple[str, str], int] | None], wait: bool = True
     ) -> dict[tuple[str, str], int] | None:
+        """``fn`` (a claim) until it answers; ``wait`` False: once (:class:`_NotNow`
+        when the brokers cannot answer now)."""
         backoff = Backoff(self.cfg.retry_min_s, self.cfg.retry_max_s)
         while True:
             try:
                 got = fn()
                 return None if got is None else dict(got)
             except PublishError as e:
+                if e.fenced:
+                    raise FencedError(f"shard {self.shard}: {e}") from e
                 if not e.retriable:
                     raise OutboxStateError(f"claim of the shard's identity: {e}") from e
                 self._error(f"claim: {e}")
+                if not wait:
+                    raise _NotNow from e
             if self.r.sleep(backoff.empty()):
                 raise _StepDown
 
@@ -582,6 +613,8 @@ class _ShardWorker:
             except PublishError as e:
                 self._error(f"partitions of {topic}: {e}")
                 return None
+        if not self._claim_topics({t for t, names in parts.items() if names}, {}, wait=False):
+            return None  # the brokers cannot answer the claim now: the cycle plans nothing
         return plan_cycle(rows, parts, self.seqs, self.cfg.limits, self.round_robin)
 
     def _partitions(self, topic: str) -> Sequence[str] | None:
@@ -685,7 +718,7 @@ class _ShardWorker:
 
     def _publish_call(self, batches: list[Batch]) -> list[PublishAck | PublishError]:
         try:
-            got = list(self.r.publisher.publish(self.pid, batches))
+            got = list(self.r.publisher.publish(self.identity, batches))
         except PublishError as e:
             return [e] * len(batches)
         except Exception as e:  # a publisher bug or a closed session: retried as unknown

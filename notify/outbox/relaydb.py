@@ -30,6 +30,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from .plan import RelayRow
+from .publisher import Identity
 from .rows import OutboxError, PendingBatch, Seqs, decode_pending, decode_seqs
 from .sql import CHANNEL, NOW_MS, dialect_name
 
@@ -48,7 +49,7 @@ class ShardState:
     """A shard's relay row as a new leader finds it."""
 
     epoch: int
-    producer_id: str
+    identity: Identity
     seqs: Seqs
     pending: PendingBatch | None
     published: int
@@ -131,7 +132,7 @@ class ShardDB:
 
     # ------------------------------------------------------------------ leadership
 
-    def try_lead(self, producer_id: str) -> bool:
+    def try_lead(self, name: str) -> bool:
         """Take the shard's leadership lock if free (non-blocking)."""
         if self.d == "sqlite":
             return self._flock()
@@ -148,7 +149,7 @@ class ShardDB:
         if self._control is None or self._control.closed:
             self._control = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         got = self._control.execute(
-            sa.text("SELECT GET_LOCK(:n, 0)"), {"n": f"notify_outbox.{producer_id}"}
+            sa.text("SELECT GET_LOCK(:n, 0)"), {"n": f"notify_outbox.{name}"}
         ).scalar_one()
         return bool(got)
 
@@ -234,13 +235,17 @@ class ShardDB:
                 raise OutboxError(f"shard {self.shard} is not in notify_outbox_relay")
             row = conn.execute(
                 sa.text(
-                    "SELECT epoch, producer_id, seqs, pending, published "
+                    "SELECT epoch, producer_name, producer_secret, seqs, pending, published "
                     "FROM notify_outbox_relay WHERE shard = :s"
                 ),
                 {"s": self.shard},
             ).one()
         return ShardState(
-            int(row[0]), str(row[1]), decode_seqs(row[2]), decode_pending(row[3]), int(row[4])
+            int(row[0]),
+            Identity(str(row[1]), str(row[2]), int(row[0])),
+            decode_seqs(row[3]),
+            decode_pending(row[4]),
+            int(row[5]),
         )
 
     # ------------------------------------------------------------------ cycles

@@ -41,8 +41,12 @@ it is due (it then takes a new id: a delayed message is ordered by when it becom
 Table ``notify_outbox_relay``: one row per shard (their number is the shard count)::
 
     shard        INTEGER primary key
-    producer_id  VARCHAR(64)   the broker identity this shard publishes under:
+    producer_name VARCHAR(64)  the name of the broker identity this shard publishes under:
                                "outbox-<12 hex of the outbox's random id>-<shard>"
+    producer_secret VARCHAR(64) the identity's secret (random, the same for every shard of
+                               an outbox): the producer id is <name>~<tag of name and
+                               secret> (notify.protocol.identity); whoever may read this
+                               table may publish as the outbox
     epoch        BIGINT        leadership generation: a new leader adds one, and every
                                write of a relay is conditional on its epoch (fencing)
     owner        VARCHAR(255)  the leading relay instance (for people)
@@ -103,7 +107,7 @@ __all__ = [
     "encode_pending",
     "encode_seqs",
     "key_hash",
-    "producer_id",
+    "producer_name",
     "shard_of",
 ]
 
@@ -197,8 +201,8 @@ def shard_of(khash: int | None, shards: int, fallback: int) -> int:
     return unsigned32(khash) % shards
 
 
-def producer_id(outbox_id: str, shard: int) -> str:
-    """The broker identity of ``shard`` (<= 64 characters)."""
+def producer_name(outbox_id: str, shard: int) -> str:
+    """The name of ``shard``'s broker identity (<= 64 characters)."""
     return f"outbox-{outbox_id[:12]}-{shard}"
 
 

@@ -128,8 +128,10 @@ def test_late_commit_is_neither_skipped_nor_reordered(
                 wait_for(
                     lambda: c.execute(
                         sa.text(
-                            "SELECT count(*) FROM information_schema.INNODB_TRX "
-                            "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE '%keylock%'"
+                            "SELECT count(*) FROM information_schema.INNODB_TRX t "
+                            "JOIN information_schema.PROCESSLIST p ON p.ID = "
+                            "t.trx_mysql_thread_id WHERE p.DB = DATABASE() AND "
+                            "t.trx_state = 'LOCK WAIT' AND t.trx_query LIKE '%keylock%'"
                         )
                     ).scalar_one()
                     == 1,

@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from notify.client import connect, key_hash
-from notify.outbox import Outbox, Relay
+from notify.outbox import Batch, Identity, Outbox, PublishError, Relay
+from notify.outbox.rows import decode_seqs
 from notify.testing import BrokerProcess
 from tests.outbox.conftest import (
     FAST,
@@ -155,3 +156,53 @@ def test_postgres_relay_sleeps_until_a_commit_notifies_it(
             wait_published(ob_broker.addr, topic, i + 1, timeout_s=20.0)
         woken = sum(st.wakeups for st in relay.stats.values())
     assert woken >= 1
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_identities_fence_and_a_database_behind_the_broker_is_refused(
+    engine: Engine, ob_broker: BrokerProcess, topic: str
+) -> None:
+    outbox = Outbox(engine)
+    with engine.begin() as c:
+        for i in range(8):
+            outbox.send(c, topic, b"first-%d" % i, key=f"k{i}")
+    with connect([ob_broker.addr]) as session:
+        with outbox.relay(session, FAST):
+            wait_published(ob_broker.addr, topic, 8)
+            wait_for(lambda: backlog(engine) == 0, what="rows removed")
+        # the broker's claim answer is what the relay checks its records against
+        pub = session.publisher()
+        try:
+            with engine.connect() as c:
+                name, secret, epoch, seqs = c.execute(
+                    sa.text(
+                        "SELECT producer_name, producer_secret, epoch, seqs "
+                        "FROM notify_outbox_relay WHERE seqs <> '{}' ORDER BY shard LIMIT 1"
+                    )
+                ).one()
+            newer = Identity(name, secret, epoch + 10)
+            last = pub.claim(newer, [topic])
+            assert last and all(v >= 0 for v in last.values())
+            assert set(last) <= set(decode_seqs(seqs))
+            # an older epoch is fenced: its batches are refused for good
+            stale = Identity(name, secret, epoch + 5)
+            part = next(iter(last))[1]
+            (res,) = pub.publish(stale, [Batch(topic, part, [(0, b"x")], 99)])
+            assert isinstance(res, PublishError) and res.fenced and not res.retriable
+            with pytest.raises(PublishError, match="fenced") as fenced:
+                pub.claim(stale, [topic])
+            assert fenced.value.fenced
+        finally:
+            pub.close()
+        # a database that lost what it recorded (restored from a backup): the relay
+        # finds the broker ahead of its sequences and does not publish over them
+        with engine.begin() as c:
+            c.execute(sa.text("UPDATE notify_outbox_relay SET seqs = '{}'"))
+            outbox.send(c, topic, b"after-restore", key="k0")
+        cfg = dataclasses.replace(FAST, standby_poll_s=0.05)
+        with outbox.relay(session, cfg) as relay:
+            wait_for(
+                lambda: any("outbox recorded only" in s.last_error for s in relay.stats.values()),
+                what="the relay refusing its shard",
+            )
+    assert b"after-restore" not in bodies(ob_broker.addr, topic)

@@ -29,6 +29,7 @@ from notify.outbox.rows import (
 )
 from notify.outbox.writer import OutboxConfig, pg_statements
 from notify.protocol import records
+from notify.protocol.identity import producer_id
 from notify.protocol.properties import (
     Properties,
     decode_attribute,
@@ -184,21 +185,27 @@ def test_stamping_keeps_the_record_and_the_broker_sees_one_batch() -> None:
     for attr, key, hdr in cases:
         r = build_row("t", b"DATA", 4, 0, attribute=attr, key=key, headers=hdr)
         recs.append((r.flag, r.payload))
-    body = stamped_body(recs, "outbox-abc-1", 40)
+    pid = producer_id("outbox-abc-1", "s" * 32)
+    body = stamped_body(recs, pid, 40)
     got = records.decode_all(body, 0)[0]
-    assert batch_producer(body) == ("outbox-abc-1", 40, 43)
+    assert batch_producer(body) == (pid, 40, 43)  # what the broker reads of the mput
     for i, (rec, (attr, key, hdr)) in enumerate(zip(got, cases, strict=True)):
         text, data = records.split_payload(rec.payload, rec.flag)
         assert data == b"DATA"
         props = decode_attribute(text, rec.flag)
-        assert props == Properties(attr, key, hdr, "outbox-abc-1", 40 + i)
-        assert text is not None and producer_sequence(text) == ("outbox-abc-1", 40 + i)
+        assert props == Properties(attr, key, hdr, pid, 40 + i)
+        assert text is not None and producer_sequence(text) == (pid, 40 + i)
+        # byte for byte what the encoder writes with the producer set
+        assert text == encode_attribute(Properties(attr, key, hdr, pid, 40 + i))
     p = Properties("t", "k", {"h": "v"})
     payload, _ = records.make_payload(b"d", encode_attribute(p))
     with pytest.raises(ValueError):
         with_producer(flag_for(p), payload[:4] + b"t\x1e[" + payload[7:], producer_member("x"), 1)
+    for bad in ("x" * 1025, "a b", ""):
+        with pytest.raises(ValueError):
+            producer_member(bad)
     with pytest.raises(ValueError):
-        producer_member("x" * 65)
+        with_producer(0, b"d", producer_member(pid), -1)
 
 
 def test_postgres_statements_lock_keys_in_order_then_insert_in_send_order() -> None:

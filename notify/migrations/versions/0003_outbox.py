@@ -10,11 +10,12 @@ DDL differs per dialect where the engines differ: PostgreSQL keeps the rows clus
 (shard, id) with an identity column; MySQL/MariaDB the same with AUTO_INCREMENT (which
 needs its own index on id); SQLite's id is the rowid with an index on (shard, id). The
 upgrade creates the default number of shards (4) under one random outbox id, which names
-the shards' broker identities.
+the shards' broker identities, and one random secret that proves them.
 """
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Sequence
 
@@ -86,7 +87,8 @@ def _others(d: str) -> list[str]:
     return [
         "CREATE INDEX ix_notify_outbox_delayed_due ON notify_outbox_delayed (shard, due_ms)",
         "CREATE TABLE notify_outbox_relay (shard INTEGER NOT NULL PRIMARY KEY, "
-        "producer_id VARCHAR(64) NOT NULL, epoch BIGINT NOT NULL DEFAULT 0, "
+        "producer_name VARCHAR(64) NOT NULL, producer_secret VARCHAR(64) NOT NULL, "
+        "epoch BIGINT NOT NULL DEFAULT 0, "
         f"owner VARCHAR(255) NULL, seqs {text} NOT NULL, pending {blob} NULL, "
         f"published BIGINT NOT NULL DEFAULT 0, updated_ms BIGINT NOT NULL DEFAULT {now})" + tail,
         "CREATE TABLE notify_outbox_instances (instance VARCHAR(64) NOT NULL PRIMARY KEY, "
@@ -142,10 +144,11 @@ def upgrade() -> None:
     for ddl in _outbox(d) + _others(d) + _keylock(d):
         op.execute(ddl)
     outbox_id = uuid.uuid4().hex
+    secret = secrets.token_urlsafe(32)  # [A-Za-z0-9_-]: safe in the literal
     for shard in range(DEFAULT_SHARDS):
         op.execute(
-            "INSERT INTO notify_outbox_relay (shard, producer_id, seqs) VALUES "
-            f"({shard}, 'outbox-{outbox_id[:12]}-{shard}', '{{}}')"
+            "INSERT INTO notify_outbox_relay (shard, producer_name, producer_secret, seqs) "
+            f"VALUES ({shard}, 'outbox-{outbox_id[:12]}-{shard}', '{secret}', '{{}}')"
         )
 
 

@@ -5,9 +5,8 @@ holds (every record decoded: body, key, headers, producer id and sequence)."""
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,9 @@ from notify.protocol import records
 from notify.protocol.properties import decode_attribute
 from notify.testing import BrokerProcess
 from tests.faults.ledger import read_partition
+from tests.helpers import WireClient, wait_until
 from tests.services import fresh_database
 from tests.services_conftest import running
-from tests.wireclient import WireClient
 
 SQL = ["sqlite", "postgres", "mariadb"]
 #: Topics of the module broker: each test takes fresh ones (4 partitions, "one": 1).
@@ -134,17 +133,6 @@ def bodies(addr: str, topic: str, nparts: int = 4) -> list[bytes]:
     return [m.body for m in published(addr, topic, nparts)]
 
 
-def wait_for(
-    cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition"
-) -> None:
-    """Poll ``cond`` until true; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
-
-
 def backlog(engine: Engine) -> int:
     with engine.connect() as c:
         return int(c.execute(sa.text("SELECT count(*) FROM notify_outbox")).scalar_one())
@@ -152,7 +140,9 @@ def backlog(engine: Engine) -> int:
 
 def wait_published(addr: str, topic: str, n: int, nparts: int = 4, timeout_s: float = 20.0) -> None:
     """Wait until ``topic`` holds at least ``n`` records."""
-    wait_for(lambda: len(bodies(addr, topic, nparts)) >= n, timeout_s, f"{n} records in {topic}")
+    wait_until(
+        lambda: len(bodies(addr, topic, nparts)) >= n, timeout_s, what=f"{n} records in {topic}"
+    )
 
 
 def assert_exactly_once(got: list[bytes], expected: list[bytes]) -> None:

@@ -27,6 +27,7 @@ from notify.migrations import upgrade
 from notify.outbox import Outbox
 from notify.testing import BrokerProcess
 from tests.conftest import BrokerFactory
+from tests.helpers import wait_until
 from tests.outbox.conftest import (
     FAST,
     TOPICS,
@@ -34,7 +35,6 @@ from tests.outbox.conftest import (
     backlog,
     bodies,
     published,
-    wait_for,
 )
 from tests.services import PostgresServer, fresh_database
 
@@ -99,8 +99,10 @@ def test_relay_killed_at_every_step_of_a_batch(
     assert pending >= 1  # the last relay died with a batch acknowledged and recorded
     p = _relay(db_url, ob_broker.addr, log)
     try:
-        wait_for(lambda: backlog(engine) == 0, 30, "the backlog drained")
-        wait_for(lambda: len(_bodies(ob_broker.addr, topics)) >= len(sent), 30, "all published")
+        wait_until(lambda: backlog(engine) == 0, 30, what="the backlog drained")
+        wait_until(
+            lambda: len(_bodies(ob_broker.addr, topics)) >= len(sent), 30, what="all published"
+        )
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0, log.read_text()[-2000:]
@@ -160,7 +162,7 @@ def test_application_killed_before_and_after_its_commit(
     with engine.connect() as c:
         assert c.execute(sa.text("SELECT id FROM orders")).scalars().all() == [2]
     with connect([ob_broker.addr]) as session, Outbox(engine).relay(session, FAST):
-        wait_for(lambda: backlog(engine) == 0, what="the committed row published")
+        wait_until(lambda: backlog(engine) == 0, timeout=20, what="the committed row published")
     assert bodies(ob_broker.addr, topic) == [b"committed"]
 
 
@@ -215,14 +217,16 @@ def test_broker_killed_and_down_while_the_application_commits(
     broker = broker_factory(topics={"orders": 4})
     with connect([broker.addr]) as session, Outbox(engine).relay(session, FAST) as relay:
         with _App(engine, "orders") as app:
-            wait_for(lambda: relay.published >= 50, what="publishing")
+            wait_until(lambda: relay.published >= 50, timeout=20, what="publishing")
             broker.kill()  # mid-publish, then down a while: the application goes on
             before = app.commits
-            wait_for(lambda: app.commits >= before + 100, what="commits while it is down")
+            wait_until(
+                lambda: app.commits >= before + 100, timeout=20, what="commits while it is down"
+            )
             assert backlog(engine) > 0
             broker.start()
             time.sleep(0.2)
-        wait_for(lambda: backlog(engine) == 0, 30, "the backlog drained")
+        wait_until(lambda: backlog(engine) == 0, 30, what="the backlog drained")
         assert app.failures == 0, app.errors
     assert_exactly_once(bodies(broker.addr, "orders"), app.committed())
     _check_order(broker.addr, "orders")
@@ -264,13 +268,13 @@ def test_database_killed_and_restarted(
     try:
         with connect([broker.addr]) as session, Outbox(engine).relay(session, FAST) as relay:
             with _App(engine, "orders") as app:
-                wait_for(lambda: relay.published >= 50, what="publishing")
+                wait_until(lambda: relay.published >= 50, timeout=20, what="publishing")
                 server.kill()  # SIGKILL: transactions in flight are lost, committed ones not
                 time.sleep(0.5)
                 server.start()
                 before = app.commits
-                wait_for(lambda: app.commits >= before + 50, 30, "commits after the restart")
-            wait_for(lambda: backlog(engine) == 0, 30, "the backlog drained")
+                wait_until(lambda: app.commits >= before + 50, 30, what="commits after the restart")
+            wait_until(lambda: backlog(engine) == 0, 30, what="the backlog drained")
             assert app.failures >= 1 and sum(s.takeovers for s in relay.stats.values()) >= 8
         assert_exactly_once(bodies(broker.addr, "orders"), app.committed())
         _check_order(broker.addr, "orders")

@@ -25,7 +25,8 @@ from sqlalchemy.engine import Connection, Engine
 from notify.client import connect
 from notify.outbox import Outbox
 from notify.testing import BrokerProcess
-from tests.outbox.conftest import FAST, assert_exactly_once, backlog, published, wait_for
+from tests.helpers import wait_until
+from tests.outbox.conftest import FAST, assert_exactly_once, backlog, published
 
 HOLD = "test.hold"
 
@@ -105,7 +106,9 @@ def test_late_commit_is_neither_skipped_nor_reordered(
                 a_hold.append(held(c))
 
         ta, ea = _in_thread(tx_a)
-        wait_for(lambda: bool(a_hold) and a_hold[0][0].is_set(), what="A's row inserted")
+        wait_until(
+            lambda: bool(a_hold) and a_hold[0][0].is_set(), timeout=20, what="A's row inserted"
+        )
         a_inserted, release_a = a_hold[0]
         assert a_inserted.is_set()
 
@@ -120,28 +123,33 @@ def test_late_commit_is_neither_skipped_nor_reordered(
         if not sqlite:  # MariaDB: B commits (a later id) and is published while A is open
             tb.join(20)
             assert not eb and not tb.is_alive()
-            wait_for(lambda: _b_published(ob_broker.addr, topic), what="B published")
+            wait_until(lambda: _b_published(ob_broker.addr, topic), timeout=20, what="B published")
             assert b"A" not in [m.body for m in published(ob_broker.addr, topic)]
         tc, ec = _in_thread(tx(b"C", "K"))
         if not sqlite:
             with engine.connect() as c:  # C waits for K's lock, held by A
-                wait_for(
-                    lambda: c.execute(
-                        sa.text(
-                            "SELECT count(*) FROM information_schema.INNODB_TRX t "
-                            "JOIN information_schema.PROCESSLIST p ON p.ID = "
-                            "t.trx_mysql_thread_id WHERE p.DB = DATABASE() AND "
-                            "t.trx_state = 'LOCK WAIT' AND t.trx_query LIKE '%keylock%'"
-                        )
-                    ).scalar_one()
-                    == 1,
+                wait_until(
+                    lambda: (
+                        c.execute(
+                            sa.text(
+                                "SELECT count(*) FROM information_schema.INNODB_TRX t "
+                                "JOIN information_schema.PROCESSLIST p ON p.ID = "
+                                "t.trx_mysql_thread_id WHERE p.DB = DATABASE() AND "
+                                "t.trx_state = 'LOCK WAIT' AND t.trx_query LIKE '%keylock%'"
+                            )
+                        ).scalar_one()
+                        == 1
+                    ),
+                    timeout=20,
                     what="C waiting for K's lock",
                 )
         release_a.set()
         for t in (ta, tb, tc):
             t.join(30)
         assert not (ea or eb or ec), (ea, eb, ec)
-        wait_for(lambda: len(published(ob_broker.addr, topic)) >= 3, what="A, B, C published")
+        wait_until(
+            lambda: len(published(ob_broker.addr, topic)) >= 3, timeout=20, what="A, B, C published"
+        )
     _check(ob_broker.addr, topic)
 
 
@@ -161,9 +169,9 @@ def test_postgres_late_commit_is_neither_skipped_nor_reordered(
         outbox.send(a, topic, b"A", key="K")  # A: id n, K's lock, open
         outbox.send(b, topic, b"B", key="J")  # B: id n+1
         b.commit()
-        wait_for(lambda: _b_published(ob_broker.addr, topic), what="B published")
+        wait_until(lambda: _b_published(ob_broker.addr, topic), timeout=20, what="B published")
         # B's row goes once acknowledged; A's is not visible yet
-        wait_for(lambda: backlog(engine) == 0, what="B's row removed")
+        wait_until(lambda: backlog(engine) == 0, timeout=20, what="B's row removed")
         c_pid = c.info.backend_pid
 
         def tx_c() -> None:
@@ -172,17 +180,22 @@ def test_postgres_late_commit_is_neither_skipped_nor_reordered(
 
         tc, ec = _in_thread(tx_c)
         with engine.connect() as s:
-            wait_for(
-                lambda: s.execute(
-                    sa.text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :p"),
-                    {"p": c_pid},
-                ).scalar()
-                == "Lock",
+            wait_until(
+                lambda: (
+                    s.execute(
+                        sa.text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :p"),
+                        {"p": c_pid},
+                    ).scalar()
+                    == "Lock"
+                ),
+                timeout=20,
                 what="C waiting for K's lock",
             )
         assert b"A" not in [m.body for m in published(ob_broker.addr, topic)]
         a.commit()
         tc.join(20)
         assert not ec
-        wait_for(lambda: len(published(ob_broker.addr, topic)) >= 3, what="A, B, C published")
+        wait_until(
+            lambda: len(published(ob_broker.addr, topic)) >= 3, timeout=20, what="A, B, C published"
+        )
     _check(ob_broker.addr, topic)

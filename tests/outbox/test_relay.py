@@ -16,13 +16,13 @@ from notify.client import connect, key_hash
 from notify.outbox import Batch, Identity, Outbox, PublishError, Relay
 from notify.outbox.rows import decode_seqs
 from notify.testing import BrokerProcess
+from tests.helpers import wait_until
 from tests.outbox.conftest import (
     FAST,
     assert_exactly_once,
     backlog,
     bodies,
     published,
-    wait_for,
     wait_published,
 )
 
@@ -51,7 +51,9 @@ def test_committed_rows_are_published_once_in_key_order(
                     outbox.send(c, topic, b"keyless-%d" % i)
                     sent.append(b"keyless-%d" % i)
             wait_published(ob_broker.addr, topic, len(sent))
-            wait_for(lambda: backlog(engine) == 0, what="rows removed once acknowledged")
+            wait_until(
+                lambda: backlog(engine) == 0, timeout=20, what="rows removed once acknowledged"
+            )
             st = outbox.status()
             assert st.backlog == 0 and st.published == len(sent) == relay.published
             assert sorted(relay.leading) == [0, 1, 2, 3]
@@ -92,7 +94,9 @@ def test_delayed_rows_and_rows_the_broker_refuses(
         outbox.send(c, topic, b"fine", key="b")
     with connect([ob_broker.addr]) as session, outbox.relay(session, cfg):
         wait_published(ob_broker.addr, topic, 3)
-        wait_for(lambda: backlog(engine) == 0, what="the unknown topic's row set aside")
+        wait_until(
+            lambda: backlog(engine) == 0, timeout=20, what="the unknown topic's row set aside"
+        )
         with engine.connect() as c:
             dead = c.execute(sa.text("SELECT topic, error FROM notify_outbox_dead")).all()
             delayed = c.execute(sa.text("SELECT count(*) FROM notify_outbox_delayed")).scalar()
@@ -121,14 +125,16 @@ def test_relays_share_the_shards_and_take_over(
         a = Relay(engine, session.publisher(), FAST, own_publisher=True).start()
         b = Relay(engine, session.publisher(), FAST, own_publisher=True).start()
         try:
-            wait_for(
-                lambda: len(a.leading) == len(b.leading) == 2, what="two shards each"
+            wait_until(
+                lambda: len(a.leading) == len(b.leading) == 2, timeout=20, what="two shards each"
             )
             assert set(a.leading).isdisjoint(b.leading)
             send(40, "both")
             wait_published(ob_broker.addr, topic, len(sent))
             a.stop()
-            wait_for(lambda: len(b.leading) == 4, what="the survivor leads every shard")
+            wait_until(
+                lambda: len(b.leading) == 4, timeout=20, what="the survivor leads every shard"
+            )
             send(40, "one")
             wait_published(ob_broker.addr, topic, len(sent))
             assert sum(st.takeovers for st in b.stats.values()) >= 4
@@ -149,7 +155,7 @@ def test_postgres_relay_sleeps_until_a_commit_notifies_it(
     # polling alone would take 60 s: only NOTIFY can bring the row within the wait below
     cfg = dataclasses.replace(FAST, shards=(0, 1, 2, 3), notify_wait_s=60.0)
     with connect([ob_broker.addr]) as session, outbox.relay(session, cfg) as relay:
-        wait_for(lambda: len(relay.leading) == 4, what="leadership")
+        wait_until(lambda: len(relay.leading) == 4, timeout=20, what="leadership")
         for i in range(3):
             with engine.begin() as c:
                 outbox.send(c, topic, b"n-%d" % i, key="same")
@@ -169,7 +175,7 @@ def test_identities_fence_and_a_database_behind_the_broker_is_refused(
     with connect([ob_broker.addr]) as session:
         with outbox.relay(session, FAST):
             wait_published(ob_broker.addr, topic, 8)
-            wait_for(lambda: backlog(engine) == 0, what="rows removed")
+            wait_until(lambda: backlog(engine) == 0, timeout=20, what="rows removed")
         # the broker's claim answer is what the relay checks its records against
         pub = session.publisher()
         try:
@@ -201,8 +207,9 @@ def test_identities_fence_and_a_database_behind_the_broker_is_refused(
             outbox.send(c, topic, b"after-restore", key="k0")
         cfg = dataclasses.replace(FAST, standby_poll_s=0.05)
         with outbox.relay(session, cfg) as relay:
-            wait_for(
+            wait_until(
                 lambda: any("outbox recorded only" in s.last_error for s in relay.stats.values()),
+                timeout=20,
                 what="the relay refusing its shard",
             )
     assert b"after-restore" not in bodies(ob_broker.addr, topic)

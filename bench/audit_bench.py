@@ -41,9 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.protocol import logrecords as lr
 from notify.protocol import records
+from notify.protocol.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.store.segment import segment_name
 from txlog import Position
 from txlog.checkpoint import Checkpoint, write_checkpoints

@@ -1,12 +1,12 @@
 """Blocking one-shot requests for admin commands (``notify stats``, ``notify config reload``,
-``notify tx commit --server``): one :class:`~notify.transport.BlockingConnection`, one
+``notify tx commit --server``): one :class:`~notify.client.transport.BlockingConnection`, one
 request, one reply."""
 
 from __future__ import annotations
 
+from notify.client.transport import BlockingConnection, TransportOptions
 from notify.errors import BrokerError
-from notify.protocol.frames import Response
-from notify.transport import BlockingConnection, FrameBuilder, TransportOptions
+from notify.protocol.frames import FrameBuilder, Response
 
 
 def request(
@@ -18,7 +18,8 @@ def request(
     """Send the frame ``build(opaque)`` to ``addr`` (after ``auth`` when ``options`` has a
     secret) and return the reply; raise :class:`~notify.errors.BrokerError` on non-200 and
     :class:`~notify.errors.ConnectionLostError` / ``RequestTimeoutError`` /
-    :class:`~notify.transport.AuthenticationError` / :class:`~notify.transport.TLSError`."""
+    :class:`~notify.client.transport.AuthenticationError` /
+    :class:`~notify.client.transport.TLSError`."""
     opts = options or TransportOptions()
     with BlockingConnection(addr, opts, request_timeout_s=timeout) as conn:
         reply = conn.request(build)

@@ -23,7 +23,7 @@ from typing import Any, Final, TypeVar
 
 import click
 
-from notify.transport import SECRET_ENV, TransportOptions, tls_context
+from notify.client.transport import SECRET_ENV, TransportOptions, tls_context
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,7 +44,7 @@ class Security:
         return self.tls or bool(self.tls_ca_file) or bool(self.tls_cert_file)
 
     def transport(self, connect_timeout_s: float = 5.0) -> TransportOptions:
-        """Options for :mod:`notify.transport` (raises ``TLSError`` on unreadable files)."""
+        """Options for :mod:`notify.client.transport` (raises ``TLSError`` on unreadable files)."""
         return TransportOptions.build(
             self.secret,
             tls=self.tls,

@@ -6,7 +6,9 @@ Every import counts: module level, inside functions, under ``if TYPE_CHECKING``.
 (b) layering: ``notify.protocol`` imports nothing of notify but ``notify.errors``;
     ``txlog`` and ``notify.store`` import nothing of broker/core/client/http;
     ``notify.core`` imports neither ``notify.broker`` nor asyncio, socket, os, threading,
-    apscheduler;
+    apscheduler; on the client side, package layers (``notify.protocol`` < ``notify.outbox``
+    < ``notify.client`` < CLI), a sans-IO ``notify.client.core``, and the broker side
+    using only the client's transport;
 (c) no import of another package's private module (``pkg._name``);
 (d) no ``import`` inside a function in notify/, except the optional heavy dependencies in
     :data:`LAZY_ALLOWED`.
@@ -255,6 +257,93 @@ def test_layering() -> None:
         ):
             bad.append(f"{e.source}:{e.line} imports {e.name} (the core is pure)")
     assert not bad, "\n".join(bad)
+
+
+#: The client side's package layers (README "Layout"): ``notify.protocol`` < ``notify.outbox``
+#: < ``notify.client`` < the CLI. Each entry: (package, the packages of notify it may import
+#: besides itself). Top-level packages outside notify (configserver, txlog) are not listed.
+CLIENT_LAYERS: Final = [
+    ("notify.outbox", ("notify.protocol", "notify.errors", "notify.transitions")),
+    (
+        "notify.client",
+        ("notify.protocol", "notify.errors", "notify.transitions", "notify.outbox"),
+    ),
+]
+#: The client's sans-IO core: no sockets, event loop, threads or files, and nothing of the
+#: client outside the core but its exception classes.
+CLIENT_CORE: Final = "notify.client.core"
+CLIENT_CORE_ALLOWED: Final = ("notify.client.core", "notify.client._errors")
+CLIENT_CORE_FORBIDDEN_EXTERNAL: Final = (
+    "asyncio",
+    "socket",
+    "ssl",
+    "select",
+    "selectors",
+    "os",
+    "threading",
+    "concurrent",
+)
+#: What the broker side may use of the client: its transport (the replication links).
+BROKER_SIDE: Final = ("notify.core", "notify.store", "notify.broker", "notify.replication", "txlog")
+BROKER_MAY_USE_OF_CLIENT: Final = ("notify.client.transport",)
+
+
+def _client_layer_violations(edges: list[Edge]) -> list[str]:
+    bad: list[str] = []
+    for e in edges:
+        if _within(e.source, CLIENT_CORE) and any(
+            e.name == m or e.name.startswith(m + ".") for m in CLIENT_CORE_FORBIDDEN_EXTERNAL
+        ):
+            bad.append(f"{e.source}:{e.line} imports {e.name} (the client core is sans-IO)")
+        if not e.target.startswith("notify"):
+            continue
+        for pkg, allowed in CLIENT_LAYERS:
+            if _within(e.source, pkg) and not any(
+                _within(e.target, a) for a in (pkg, *allowed)
+            ):
+                bad.append(f"{e.source}:{e.line} imports {e.name} ({pkg} is below it)")
+        if (
+            _within(e.source, CLIENT_CORE)
+            and _within(e.target, "notify.client")
+            and not any(_within(e.target, a) for a in CLIENT_CORE_ALLOWED)
+        ):
+            bad.append(f"{e.source}:{e.line} imports {e.name} (the client core is pure)")
+        if (
+            any(_within(e.source, b) for b in BROKER_SIDE)
+            and _within(e.target, "notify.client")
+            and not any(_within(e.target, a) for a in BROKER_MAY_USE_OF_CLIENT)
+        ):
+            bad.append(f"{e.source}:{e.line} imports {e.name} (the broker is no client)")
+    return bad
+
+
+def test_client_side_package_layers() -> None:
+    """SEAMS section 1, client side: the outbox never imports the client, the client imports
+    only the protocol, the errors, the transition table and the outbox (never the broker,
+    the CLI or the XA coordinator); the client's core is sans-IO; the broker side reaches
+    the client only for its transport."""
+    bad = _client_layer_violations(EDGES)
+    assert not bad, "\n".join(bad)
+
+
+def test_client_layers_can_fail() -> None:
+    """Each rule of the client layers reports a made-up offending edge."""
+    fake = [
+        Edge("notify.client._x", "notify.broker.service", 1, False, "notify.broker.service"),
+        Edge("notify.client._x", "notify.cli", 2, False, "notify.cli"),
+        Edge("notify.outbox.rows", "notify.client", 3, True, "notify.client"),
+        Edge("notify.client.core.wire", "notify.client._pool", 4, False, "notify.client._pool"),
+        Edge("notify.client.core.wire", "", 5, False, "asyncio"),
+        Edge("notify.broker.service", "notify.client._producer", 6, False, "x"),
+    ]
+    bad = _client_layer_violations(fake)
+    assert [int(b.split(":")[1].split()[0]) for b in bad] == [1, 2, 3, 4, 5, 6], bad
+    ok = [
+        Edge("notify.client._x", "notify.protocol.frames", 1, False, "notify.protocol.frames"),
+        Edge("notify.replication.link", "notify.client.transport", 2, False, "x"),
+        Edge("notify.client.core.wire", "notify.client._errors", 3, False, "x"),
+    ]
+    assert _client_layer_violations(ok) == []
 
 
 def _package_of(module: str) -> str:

@@ -31,8 +31,8 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from notify.audit import formats
 from notify.audit.formats import TxlogColumns, TxlogFile
-from notify.broker.idgen import EPOCH_MS
 from notify.protocol import logrecords as lr
+from notify.protocol.idgen import EPOCH_MS
 from notify.protocol.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
 from txlog.records import DEFAULT_MAX_RECORD_BYTES
 

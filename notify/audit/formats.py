@@ -12,7 +12,7 @@ Two inputs, each read one file at a time (one Spark input partition per file):
   cannot be read ends its file with a ``CORRUPT`` row.
 
 Times: PREPARE and COMMIT carry their own time; APPEND_MSG gets the time encoded in its first
-message id (:func:`notify.broker.idgen.split_id`), and so does every partition record.
+message id (:func:`notify.protocol.idgen.split_id`), and so does every partition record.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.protocol import accel, hotpath
 from notify.protocol import logrecords as lr
+from notify.protocol.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.protocol.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
 from notify.store.segment import NAME_DIGITS, parse_segment_name
 from txlog.checkpoint import CHECKPOINT_FILE, read_checkpoints

@@ -23,7 +23,6 @@ from notify.broker.connection import Connection, PendingReplies
 from notify.broker.cuts import CutServer
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, encode_envelope
 from notify.broker.idempotence import LastBatch, ProducerStates, batch_verdict
-from notify.broker.idgen import MAX_BATCH, IdGenerator
 from notify.broker.stats import BrokerStats, ConsumerPositions
 from notify.config import ServerConfig, served_config, validate_topic
 from notify.core.effects import Applied
@@ -67,6 +66,7 @@ from notify.protocol.frames import (
     encode_value_header,
 )
 from notify.protocol.identity import Claim
+from notify.protocol.idgen import MAX_BATCH, IdGenerator
 from notify.protocol.properties import FLAG_PROPERTIES, record_producer
 from notify.protocol.replies import (
     MultiPutAck,

@@ -64,6 +64,12 @@ from ._errors import (
     XAError,
 )
 from ._fetchsize import FetchSizer
+from ._halfmsg import (
+    LocalTransaction,
+    LocalTxState,
+    TransactionChecker,
+    TransactionSendResult,
+)
 from ._identity import ProducerIdentity, put_sequenced
 from ._message import BatchSendResult, Headers, Message, PostFailure, SendResult
 from ._producer import AsyncProducer
@@ -90,22 +96,16 @@ from ._routing import (
     TopicRouter,
     ZkBrokerDirectory,
 )
-from ._selectors import KeyHashSelector, PartitionSelector, RoundRobinSelector, key_hash
 from ._session import (
     AsyncMessageSessionFactory,
     Consumer,
     MessageSessionFactory,
-    Producer,
     connect,
 )
-from ._transaction import (
-    AsyncTransaction,
-    LocalTransaction,
-    LocalTxState,
-    Transaction,
-    TransactionChecker,
-    TransactionSendResult,
-)
+from ._sync_producer import Producer
+from ._transaction import AsyncTransaction, Transaction
+from .core.selectors import KeyHashSelector, PartitionSelector, RoundRobinSelector, key_hash
+from .core.states import TxState
 from .offsets import FileOffsetStore, MemoryOffsetStore, OffsetStore, TopicPartitionOffset
 
 __all__ = [
@@ -160,6 +160,7 @@ __all__ = [
     "TransactionOutcomeUnknownError",
     "TransactionSendResult",
     "TransactionTimeoutError",
+    "TxState",
     "XAError",
     "ZkBrokerDirectory",
     "connect",

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from notify.transport import DEFAULT_HEARTBEAT_S, SECRET_ENV, TransportOptions
+from notify.client.transport import DEFAULT_HEARTBEAT_S, SECRET_ENV, TransportOptions
 
 #: Default fetch window (MetaQ's consumer ``maxSize``).
 DEFAULT_MAX_SIZE_BYTES = 1 << 20
@@ -96,8 +96,8 @@ class ClientConfig:
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_S
 
     def transport_options(self) -> TransportOptions:
-        """The :class:`~notify.transport.TransportOptions` of these settings (builds the TLS
-        context; raises :class:`~notify.transport.TLSError` on unreadable files)."""
+        """The :class:`~notify.client.transport.TransportOptions` of these settings (builds the TLS
+        context; raises :class:`~notify.client.transport.TLSError` on unreadable files)."""
         return TransportOptions.build(
             self.secret,
             tls=self.tls,

@@ -59,9 +59,10 @@ from typing import Any
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from configserver import ConfigServer, GroupMember, PartitionInfo
-from notify.broker.idgen import split_id
+from notify.client.transport import AsyncConnection
 from notify.errors import BrokerError, ClientError, ConnectionLostError, NotifyError, ProtocolError
 from notify.protocol.frames import Response, encode_get, encode_offset
+from notify.protocol.idgen import split_id
 from notify.protocol.records import (
     CorruptRecordError,
     Record,
@@ -70,7 +71,6 @@ from notify.protocol.records import (
     first_record_size,
 )
 from notify.protocol.replies import parse_offset
-from notify.transport import AsyncConnection
 
 from ._config import (
     DATA_DIR_ENV,

@@ -36,9 +36,9 @@ from notify.protocol.frames import encode_mput
 from notify.protocol.identity import NO_INSTANCE, ClaimReply, encode_claim, producer_id
 from notify.protocol.properties import decode_attribute
 from notify.protocol.replies import MultiPutAck
-from notify.transport import AsyncConnection
 
 from ._message import build_payload
+from .transport import AsyncConnection
 
 T = TypeVar("T")
 

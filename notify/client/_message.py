@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from notify.broker.idgen import split_id
 from notify.errors import ClientError
+from notify.protocol.idgen import split_id
 from notify.protocol.properties import (
     FLAG_PROPERTIES,
     HeaderValue,
@@ -19,7 +19,8 @@ from notify.protocol.properties import (
 )
 from notify.protocol.records import Record, make_payload, split_payload
 
-from ._routing import Partition
+from .core.types import Partition
+from .core.types import SendResult as SendResult
 
 Headers = Mapping[str, HeaderValue]
 """Typed message headers: ``{name: str | int | float | bool | bytes}``."""
@@ -48,32 +49,6 @@ def build_payload(
         raise ClientError(str(e)) from None
     payload, _ = make_payload(bytes(data), text)
     return payload, flag_for(props)
-
-
-class SendResult(NamedTuple):
-    """Outcome of one send (MetaQ's SendResult).
-
-    ``success`` False carries the ``error`` (a :class:`~notify.errors.ClientError`) and
-    leaves ``offset``/``msg_id`` at -1. A message written to the ordered producer's local
-    spool (its partition was unavailable) is ``success`` with ``spooled`` True and offset -1:
-    it will be delivered when the partition comes back.
-
-    Immutable; a named tuple (one per message: about 5x cheaper to build than a frozen
-    dataclass, the largest per-message cost of ``send_nowait`` before).
-    """
-
-    success: bool
-    partition: Partition | None
-    offset: int = -1
-    msg_id: int = -1
-    error: Exception | None = None
-    spooled: bool = False
-
-    def raise_for_error(self) -> SendResult:
-        """Raise ``error`` when the send failed; return self otherwise."""
-        if not self.success and self.error is not None:
-            raise self.error
-        return self
 
 
 class PostFailure(NamedTuple):

@@ -30,10 +30,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from typing import Any, cast
 
 from configserver import ConfigServer, ConfigServerError, new_consumer_id
+from notify.client.transport import AsyncConnection, TransportOptions, open_connection
 from notify.errors import ClientError, ConnectionLostError
 from notify.protocol.frames import QBATCH_RUN, Response, decode_qbatch, encode_line, encode_qack
 from notify.protocol.records import HEADER, HEADER_SIZE, split_payload
-from notify.transport import AsyncConnection, TransportOptions, open_connection
 
 from ._loopthread import LoopThread
 from ._routing import TopicRouter

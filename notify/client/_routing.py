@@ -17,7 +17,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from configserver import (
@@ -31,28 +30,9 @@ from notify.protocol.frames import encode_line
 from notify.protocol.replies import parse_stats_dict, parse_stats_topics
 
 from ._connection import ConnectionPool
+from .core.types import Partition as Partition
 
 log = logging.getLogger("notify.client")
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Partition:
-    """A global partition: broker ``broker_id`` at ``address``, broker-local ``partition``."""
-
-    broker_id: int
-    partition: int
-    address: str = field(compare=False)
-
-    def __str__(self) -> str:
-        return f"{self.broker_id}-{self.partition}"
-
-    @classmethod
-    def parse(cls, text: str, address: str) -> Partition:
-        """Inverse of ``str()``: ``"<brokerId>-<part>"``."""
-        b, sep, p = text.partition("-")
-        if not sep:
-            raise ValueError(f"not a partition id: {text!r}")
-        return cls(int(b), int(p), address)
 
 
 @runtime_checkable

@@ -14,10 +14,8 @@ rebalance, and their offsets default to ZooKeeper (MetaQ's ``consumers/<group>/o
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import dataclasses
-import functools
 import logging
 import signal
 import threading
@@ -39,11 +37,9 @@ from ._consumer import (
     MessageListener,
     signal_list,
 )
-from ._direct import DirectPool, send_direct
-from ._directtx import DirectTransaction, direct_eligible
-from ._errors import ClientTransactionError
-from ._loopthread import LoopThread, ThreadFuture
-from ._message import BatchSendResult, Headers, Message, PostFailure, SendResult
+from ._halfmsg import TransactionChecker
+from ._loopthread import LoopThread
+from ._message import Message
 from ._producer import AsyncProducer
 from ._publisher import SessionPublisher
 from ._queue import AsyncQueueConsumer, BatchListener, QueueConsumer, QueueListener
@@ -54,14 +50,8 @@ from ._routing import (
     TopicRouter,
     ZkBrokerDirectory,
 )
-from ._selectors import PartitionSelector
-from ._transaction import (
-    LocalTransaction,
-    Transaction,
-    TransactionChecker,
-    TransactionSendResult,
-    as_state,
-)
+from ._sync_producer import Producer
+from .core.selectors import PartitionSelector
 from .offsets import OffsetStore
 
 log = logging.getLogger("notify.client")
@@ -118,6 +108,7 @@ class AsyncMessageSessionFactory:
             self.config.reconnect_backoff_min_s,
             self.config.reconnect_backoff_max_s,
             self.config.transport_options(),
+            self.config.request_timeout_s,
         )
         # configserver (issue #7): cluster membership and discovery
         self.cluster: ConfigServer | None = None
@@ -282,478 +273,6 @@ class AsyncMessageSessionFactory:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-#: a blocking-API post waiting for the loop: (topic, data, attribute, key, headers)
-_Posted = tuple[str, bytes, str | None, bytes | str | None, Headers | None]
-
-
-def _retrieve_thread(f: concurrent.futures.Future[Any]) -> None:
-    """Mark a posted message's future (inside a transaction) as seen: its failure is
-    the transaction's."""
-    if not f.cancelled():
-        f.exception()
-
-
-def _gather_sync(
-    futs: list[concurrent.futures.Future[SendResult]],
-) -> concurrent.futures.Future[BatchSendResult]:
-    """One batch result for messages sent one by one (inside a transaction)."""
-    out: concurrent.futures.Future[BatchSendResult] = concurrent.futures.Future()
-    left = [len(futs)]
-    lock = threading.Lock()
-
-    def done(_f: concurrent.futures.Future[SendResult]) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
-        try:
-            results = [f.result() for f in futs]
-        except BaseException as e:
-            out.set_exception(e)
-            return
-        ok = [r for r in results if r.success]
-        bad = next((r.error for r in results if not r.success), None)
-        part = results[0].partition if results else None
-        ids = [r.msg_id for r in ok]
-        offs = [r.offset for r in ok]
-        out.set_result(BatchSendResult(bad is None, part, ids, offs, error=bad))
-
-    if not futs:
-        out.set_result(BatchSendResult(True, None))
-    for f in futs:
-        f.add_done_callback(done)
-    return out
-
-
-class Producer:
-    """Synchronous producer over the asyncio core (thread-safe).
-
-    ``send`` blocks until the broker acknowledged (or the send failed: ``success`` False);
-    ``send_future`` returns at once with a ``concurrent.futures.Future``; messages sent from
-    one thread to one partition keep their order either way.
-
-    Transactions are per producer and per thread: between :meth:`begin_transaction` (or
-    ``with producer.transaction():``) and its commit/rollback, ``send`` from that thread
-    joins the transaction; other threads are not affected::
-
-        with producer.transaction(timeout=10):
-            producer.send("orders", b"o-1")
-            producer.send("audit", b"o-1 created")
-    """
-
-    def __init__(
-        self,
-        core: AsyncProducer,
-        lt: LoopThread,
-        direct: DirectPool | None = None,
-        direct_tx: DirectPool | None = None,
-    ):
-        self.core = core
-        self._lt = lt
-        self._thread_tx: dict[int, Transaction] = {}
-        self._tx_lock = threading.Lock()
-        #: ``send()`` goes over the calling thread's own socket while this is 0 (_direct).
-        self._direct = direct
-        #: transactions go over the calling thread's own socket (_directtx) when eligible
-        self._direct_tx = direct_tx if direct_tx is not None and direct_eligible(core) else None
-        self._in_flight = 0  # batch futures not done yet
-        self._in_flight_lock = threading.Lock()
-        #: one entry per send_future() not yet queued in the core (then core.outstanding
-        #: counts it): deque append/pop are atomic, no lock per message
-        self._posted: collections.deque[None] = collections.deque()
-        #: post(): messages not handed to the core yet, and whether a drain is scheduled
-        self._post_buf: list[_Posted] = []
-        self._post_wake = False
-        self._post_lock = threading.Lock()
-
-    def send(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout_s: float | None = None,
-        *,
-        headers: Headers | None = None,
-        delay: float | None = None,
-        deliver_at: datetime | float | None = None,
-    ) -> SendResult:
-        """Send one message and wait for its :class:`SendResult` (see
-        :meth:`AsyncProducer.send`: failures, ``raise_on_error``, ``key`` and typed
-        ``headers`` kept on the message, ``delay``/``deliver_at``).
-
-        When none of the producer's messages is in flight the message goes straight over
-        a socket of the calling thread (no hop to the loop thread; see ``_direct``)."""
-        if delay is not None or deliver_at is not None:
-            return self._lt.run(
-                self.core.send_delayed(
-                    topic, data, delay, deliver_at, attribute, key, headers=headers
-                ),
-                timeout_s,
-            )
-        if (
-            self._direct is not None
-            and not self._in_flight
-            and not self._posted
-            and not self.core.outstanding
-            and self.current_transaction() is None
-        ):
-            core, direct = self.core, self._direct
-            r = send_direct(core, direct, topic, data, attribute, key, headers, timeout_s)
-            if r is not None:
-                return core._checked(r)
-        return self.send_future(topic, data, attribute, key, headers=headers).result(timeout_s)
-
-    def send_future(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
-        headers: Headers | None = None,
-    ) -> concurrent.futures.Future[SendResult]:
-        """Queue one message; the future resolves to its :class:`SendResult`.
-
-        Joins this thread's transaction when one is open."""
-        tx = self.current_transaction()
-        if tx is not None:
-            return tx.send_future(topic, data, attribute, key, headers=headers)
-        self._seal_posts()
-        out: ThreadFuture[SendResult] = ThreadFuture()
-        posted = self._posted
-        posted.append(None)  # until the core counts it (core.outstanding); atomic, no lock
-        try:
-            self._lt.post(
-                functools.partial(self._send_into, out, topic, data, attribute, key, headers),
-                out,
-            )
-        except BaseException:
-            posted.pop()
-            raise
-        return out
-
-    def post(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
-        headers: Headers | None = None,
-    ) -> None:
-        """Queue one message without a future (see :meth:`AsyncProducer.post`): the
-        calling thread appends it to a buffer the loop thread drains, one wake-up per
-        burst instead of a hop per message. Results: :attr:`posts_acked`,
-        :attr:`posts_failed`, :meth:`post_failures`; :meth:`flush` waits for all. Order
-        per partition is kept with this thread's other sends. Joins this thread's
-        transaction when one is open."""
-        tx = self.current_transaction()
-        if tx is not None:
-            tx.send_future(topic, data, attribute, key, headers=headers).add_done_callback(
-                _retrieve_thread
-            )
-            return
-        if type(data) is not bytes and not isinstance(data, bytes | bytearray | memoryview):
-            raise ClientError(f"message data must be bytes, not {type(data).__name__}")
-        self._posted.append(None)  # send() takes the loop's way until the core has these
-        with self._post_lock:
-            buf = self._post_buf
-            buf.append((topic, data, attribute, key, headers))
-            if self._post_wake:
-                return
-            self._post_wake = True
-        try:
-            self._lt.post(functools.partial(self._drain_posts, buf), ThreadFuture())
-        except BaseException:
-            with self._post_lock:
-                if self._post_buf is buf:
-                    self._post_buf, self._post_wake = [], False
-            for _ in buf:
-                self._posted.pop()
-            raise
-
-    def _seal_posts(self) -> None:
-        """A send queued on the loop after posts: later posts go in a new buffer drained
-        after it (the pending drain takes only the posts made before it)."""
-        if self._post_wake:
-            with self._post_lock:
-                if self._post_wake:
-                    self._post_buf, self._post_wake = [], False
-
-    def _drain_posts(self, items: list[_Posted]) -> None:
-        """On the loop: hand one buffer of posts to the core, in order."""
-        with self._post_lock:
-            if self._post_buf is items:
-                self._post_buf, self._post_wake = [], False
-        core = self.core
-        posted = self._posted
-        for topic, data, attribute, key, headers in items:
-            try:
-                core.post(topic, data, attribute, key, headers=headers)
-            except ClientError as e:  # closed meanwhile: a failure, not lost silently
-                core.post_failed(topic, bytes(data), e)
-            finally:
-                posted.pop()
-
-    @property
-    def posts_acked(self) -> int:
-        """Messages of :meth:`post` stored so far."""
-        return self.core.posts_acked
-
-    @property
-    def posts_failed(self) -> int:
-        """Messages of :meth:`post` not stored (after the retries) so far."""
-        return self.core.posts_failed
-
-    def post_failures(self) -> list[PostFailure]:
-        """Take the kept failures of :meth:`post` (see :meth:`AsyncProducer.post_failures`)."""
-        return self.core.post_failures()
-
-    @property
-    def outstanding(self) -> int:
-        """Messages queued (also those posted and not yet handed to the loop) or in flight."""
-        return self.core.outstanding + len(self._posted)
-
-    def _send_into(
-        self,
-        out: ThreadFuture[SendResult],
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        headers: Headers | None,
-    ) -> None:
-        """On the loop: queue the message in the core, which resolves ``out`` itself."""
-        try:
-            self.core.send_into(out, topic, data, attribute, key, headers)
-        finally:
-            self._posted.pop()
-
-    def send_batch(
-        self,
-        topic: str,
-        datas: Sequence[bytes],
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout_s: float | None = None,
-    ) -> BatchSendResult:
-        """Send many messages to one partition and wait for their one
-        :class:`BatchSendResult` (see :meth:`AsyncProducer.send_batch_nowait`)."""
-        return self.send_batch_future(topic, datas, attribute, key).result(timeout_s)
-
-    def send_batch_future(
-        self,
-        topic: str,
-        datas: Sequence[bytes],
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-    ) -> concurrent.futures.Future[BatchSendResult]:
-        """Queue many messages for one partition; one future for all of them.
-
-        One hop to the client's loop thread for the whole batch. Joins this thread's
-        transaction when one is open (the messages then go one by one)."""
-        tx = self.current_transaction()
-        if tx is not None:
-            futs = [tx.send_future(topic, d, attribute, key) for d in datas]
-            return _gather_sync(futs)
-        core = self.core
-        self._seal_posts()
-        return self._track(
-            lambda: self._lt.call(lambda: core.send_batch_nowait(topic, datas, attribute, key))
-        )
-
-    def _track(
-        self, call: Callable[[], concurrent.futures.Future[T]]
-    ) -> concurrent.futures.Future[T]:
-        """``call()``, counted in flight until its future is done (the direct path of
-        ``send()`` waits for none, so messages of one thread stay in order)."""
-        with self._in_flight_lock:
-            self._in_flight += 1
-        try:
-            fut = call()
-        except BaseException:
-            self._untrack(None)
-            raise
-        fut.add_done_callback(self._untrack)
-        return fut
-
-    def _untrack(self, _fut: object) -> None:
-        with self._in_flight_lock:
-            self._in_flight -= 1
-
-    @property
-    def session_id(self) -> str:
-        """The producer's id in its transaction keys ``TX:<session_id>:<n>``."""
-        return self.core.session_id
-
-    @property
-    def producer_id(self) -> str | None:
-        """The idempotent producer's id (``ProducerConfig(idempotent=True)``), else None."""
-        return self.core.producer_id
-
-    def transaction(self, timeout: float | None = None) -> Transaction:
-        """Begin a local transaction for a ``with`` block (commit on exit, rollback on
-        error); same as :meth:`begin_transaction`.
-
-        ::
-
-            with producer.transaction(timeout=10) as tx:
-                producer.send("orders", b"o-1")
-                producer.send("audit", b"o-1 created")
-            print(tx.status)   # "committed"
-        """
-        return self.begin_transaction(timeout)
-
-    def begin_transaction(self, timeout: float | None = None) -> Transaction:
-        """Begin a local transaction, current for this thread until commit or rollback.
-
-        ``timeout`` in seconds (the broker caps it at ``maxTxTimeoutInSeconds``; None: the
-        cap). Raises :class:`ClientTransactionError` when this thread already has one open
-        on this producer. See :class:`~notify.client.AsyncTransaction` for the semantics::
-
-            tx = producer.begin_transaction(timeout=10)
-            try:
-                producer.send("orders", b"o-1")
-                tx.commit()
-            except Exception:
-                tx.rollback()
-                raise
-        """
-        cur = self.current_transaction()
-        if cur is not None:
-            raise ClientTransactionError(
-                f"transaction {cur.key} is still open on this thread: transactions of one "
-                "producer do not nest",
-                cur.key,
-            )
-        core = self.core._new_transaction(timeout)
-        if self._direct_tx is not None:
-            tx: Transaction = DirectTransaction(
-                core, self._lt, self.core, self._direct_tx, self._tx_finished
-            )
-        else:
-            tx = Transaction(core, self._lt, self._tx_finished)
-        with self._tx_lock:
-            self._thread_tx[tx.thread_id] = tx
-        return tx
-
-    def current_transaction(self) -> Transaction | None:
-        """This thread's open transaction on this producer, if any."""
-        tx = self._thread_tx.get(threading.get_ident())
-        return tx if tx is not None and not tx.finished else None
-
-    def _tx_finished(self, tx: Transaction) -> None:
-        with self._tx_lock:
-            if self._thread_tx.get(tx.thread_id) is tx:
-                del self._thread_tx[tx.thread_id]
-
-    def send_in_transaction(
-        self,
-        topic: str,
-        data: bytes,
-        local_tx: LocalTransaction,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout: float | None = None,
-        *,
-        headers: Headers | None = None,
-    ) -> TransactionSendResult:
-        """Send a half message, run ``local_tx(msg)`` in this thread, then commit or roll
-        back the message as it answers (needs a producer group).
-
-        ::
-
-            def local_tx(msg: Message) -> LocalTxState:
-                with db.begin():
-                    db.insert_order(msg.data)
-                return LocalTxState.COMMIT
-
-            producer = session.create_transactional_producer("shop", checker)
-            result = producer.send_in_transaction("orders", b"o-1", local_tx)
-            assert result.state is LocalTxState.COMMIT
-
-        UNKNOWN (or an exception from ``local_tx``, which propagates) leaves the decision
-        to the broker's check-back. See :meth:`AsyncProducer.send_in_transaction`.
-        """
-        core = self.core
-        half = self._lt.run(core._send_half(topic, data, attribute, key, timeout, headers))
-        try:
-            res: object = local_tx(half.message)
-        except BaseException as e:
-            log.warning(
-                "local transaction of %s raised %r: UNKNOWN, left to check-back", half.tx_key, e
-            )
-            raise
-        if asyncio.iscoroutine(res):
-            res.close()
-            raise ClientTransactionError(
-                "local_tx of the synchronous producer must not be async", half.tx_key
-            )
-        state = as_state(res, half.tx_key)
-        err = self._lt.run(core._end_half(half, state))
-        return TransactionSendResult(half.tx_key, state, half.result, err)
-
-    def send_delayed(
-        self,
-        topic: str,
-        data: bytes,
-        delay: float | None = None,
-        deliver_at: datetime | float | None = None,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout_s: float | None = None,
-        *,
-        headers: Headers | None = None,
-    ) -> SendResult:
-        """A message visible no earlier than ``delay`` s from now or at ``deliver_at``
-        (aware datetime or Unix seconds); see :meth:`AsyncProducer.send_delayed`."""
-        return self._lt.run(
-            self.core.send_delayed(
-                topic, data, delay, deliver_at, attribute, key, headers=headers
-            ),
-            timeout_s,
-        )
-
-    async def send_async(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
-        headers: Headers | None = None,
-    ) -> SendResult:
-        """Awaitable send usable from any event loop."""
-        return await asyncio.wrap_future(
-            self.send_future(topic, data, attribute, key, headers=headers)
-        )
-
-    def publish(self, topic: str) -> list[Partition]:
-        """Look up and cache the partitions of ``topic``."""
-        return self._lt.run(self.core.publish(topic))
-
-    def producer_sequences(self, topic: str) -> dict[Partition, int]:
-        """Idempotent producer: the last sequence its brokers stored for its identity per
-        partition of ``topic`` (claiming it there; see
-        :meth:`AsyncProducer.producer_sequences`)."""
-        return self._lt.run(self.core.producer_sequences(topic))
-
-    def flush(self, timeout_s: float | None = None) -> None:
-        """Wait until every queued message has its result."""
-        self._lt.run(self.core.flush(), timeout_s)
-
-    def close(self) -> None:
-        """Flush and stop the producer."""
-        self._lt.run(self.core.close())
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class Consumer:
@@ -959,14 +478,6 @@ class MessageSessionFactory:
             self._lt.stop()
             raise
         self._closed = False
-        #: The callers' own sockets for ``Producer.send()`` one at a time (_direct).
-        self._direct = DirectPool(
-            self.core.pool.options, cfg.request_timeout_s, self.core.pool.epoch_of
-        )
-        #: ... and for transactions of a synchronous producer (_directtx)
-        self._direct_tx = DirectPool(
-            self.core.pool.options, cfg.request_timeout_s, self.core.pool.epoch_of
-        )
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -980,7 +491,7 @@ class MessageSessionFactory:
     ) -> Producer:
         """A synchronous producer (see :meth:`AsyncMessageSessionFactory.create_producer`)."""
         core = self.core.create_producer(config, selector)
-        return Producer(core, self._lt, self._direct, self._direct_tx)
+        return Producer(core, self._lt, self.core.pool)
 
     def create_transactional_producer(
         self,
@@ -1005,7 +516,7 @@ class MessageSessionFactory:
         async def make() -> AsyncProducer:
             return core.create_transactional_producer(group, checker, config, selector)
 
-        return Producer(self._lt.run(make()), self._lt, self._direct)
+        return Producer(self._lt.run(make()), self._lt, self.core.pool)
 
     def create_consumer(
         self,
@@ -1055,8 +566,6 @@ class MessageSessionFactory:
         if self._closed:
             return
         self._closed = True
-        self._direct.close()
-        self._direct_tx.close()
         try:
             self._lt.run(self.core.close())
         finally:

@@ -10,16 +10,35 @@ One spool per global partition, replayed in order when the partition is back::
 An append is one write plus one fsync (a spooled send is acknowledged to the application).
 A torn tail (crash during an append) is cut at the last whole, checksum-correct record on
 open. When everything is replayed both files are deleted.
+
+:class:`Spool` is the file; :class:`PartitionSpool` is what an ordered producer's partition
+does with it: the messages of a partition that stayed unavailable after the retries go to
+its spool, and later messages follow them there until a background task has replayed the
+spool, in order, to the partition (whose address it learns again after a restart).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from notify.errors import ClientError
 from notify.protocol.records import decode_all, encode, scan
+from notify.protocol.replies import MultiPutAck
+
+from ._batch import Item, Queued
+from ._config import ProducerConfig
+from .core.types import Partition
+
+if TYPE_CHECKING:
+    from .core.wire import Ack
+
+log = logging.getLogger("notify.client")
 
 
 class Spool:
@@ -131,3 +150,125 @@ def existing_spools(spool_dir: Path) -> Iterator[tuple[str, str, Path]]:
         if tdir.is_dir():
             for f in sorted(tdir.glob("*.spool")):
                 yield tdir.name, f.stem, f
+
+
+class SpoolOwner(Protocol):
+    """What a :class:`PartitionSpool` needs of its partition's sender."""
+
+    topic: str
+    partition: Partition
+    queue: deque[Queued]
+
+    @property
+    def config(self) -> ProducerConfig: ...
+
+    @property
+    def closing(self) -> bool: ...
+
+    def pump(self) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
+
+    def resolve(self, item: Queued, result: Any) -> None: ...
+
+    def fail(self, items: Sequence[Queued], err: Exception) -> None: ...
+
+    def replayed(self, count: int) -> None: ...
+
+    async def partitions(self) -> list[Partition]: ...
+
+    async def transmit(self, items: Sequence[Queued]) -> MultiPutAck | list[Ack | Exception]: ...
+
+
+class PartitionSpool:
+    """The spool of one partition of an ordered producer and its replay."""
+
+    def __init__(self, owner: SpoolOwner, spool: Spool):
+        self.owner = owner
+        self.file = spool
+        self._replay: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, owner: SpoolOwner) -> PartitionSpool:
+        """The spool under ``spool_dir/<topic>/<brokerId>-<part>.spool``."""
+        spool_dir = owner.config.spool_dir
+        assert spool_dir is not None
+        return cls(owner, Spool(Path(spool_dir) / owner.topic / f"{owner.partition}.spool"))
+
+    @property
+    def empty(self) -> bool:
+        return self.file.empty
+
+    def spool(self, items: Sequence[Queued]) -> None:
+        """Append ``items`` (acknowledged to their callers as spooled), start the replay."""
+        try:
+            self.file.append([r for it in items for r in it.records()])
+        except ClientError as e:
+            self.owner.fail(items, e)
+            return
+        for it in items:
+            self.owner.resolve(it, it.spooled(self.owner.partition))
+        self.start_replay()
+
+    def take_queue(self) -> None:
+        """Messages queued while the spool is not empty follow the spooled ones."""
+        queue = self.owner.queue
+        items = list(queue)
+        queue.clear()
+        if items:
+            self.spool(items)
+
+    def start_replay(self) -> None:
+        if self._replay is None or self._replay.done():
+            self._replay = self.owner.spawn(self._run())
+
+    async def _resolve_address(self) -> None:
+        owner = self.owner
+        interval = owner.config.spool_replay_interval_s
+        while not owner.partition.address and not owner.closing:
+            try:
+                parts = await owner.partitions()
+            except ClientError as e:
+                log.warning("cannot route spool of %s %s yet: %s", owner.topic, owner.partition, e)
+                await asyncio.sleep(interval)
+                continue
+            match = [p for p in parts if p == owner.partition]
+            if match:
+                owner.partition = match[0]
+                return
+            log.error("%s has no partition %s: its spool waits", owner.topic, owner.partition)
+            await asyncio.sleep(max(1.0, interval))
+
+    async def _run(self) -> None:
+        owner = self.owner
+        cfg = owner.config
+        spool = self.file
+        await self._resolve_address()
+        while not spool.empty and not owner.closing:
+            msgs, end = spool.peek(cfg.batch_max_count, cfg.batch_max_bytes)
+            items: list[Queued] = [Item(payload, flag, None) for flag, payload in msgs]
+            results: MultiPutAck | list[Ack | Exception] | list[Exception]
+            try:
+                results = await owner.transmit(items)
+            except (ClientError, OSError) as e:
+                err: Exception = e
+                results = [err] * len(items)
+            ok = 0
+            if isinstance(results, MultiPutAck):
+                ok = len(items)
+            else:
+                for res in results:
+                    if not isinstance(res, tuple):
+                        break
+                    ok += 1
+            if ok == len(items):
+                spool.advance(end)
+                owner.replayed(ok)
+                continue
+            if ok:  # advance past the prefix that went through
+                _, part_end = spool.peek(ok, cfg.batch_max_bytes)
+                spool.advance(part_end)
+                owner.replayed(ok)
+            await asyncio.sleep(cfg.spool_replay_interval_s)
+        if spool.empty and owner.queue:
+            owner.pump()

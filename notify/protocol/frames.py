@@ -101,6 +101,7 @@ Replies::
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -112,6 +113,10 @@ from notify.protocol.replies import encode_stats
 #: Old name of :func:`notify.protocol.replies.encode_stats`, kept for notify.broker until it
 #: imports that one (then delete).
 encode_stats_body = encode_stats
+
+#: ``build(opaque) -> frame``: how a request is handed to a connection, which picks the
+#: opaque (so requests may be pipelined and matched to their replies).
+FrameBuilder = Callable[[int], bytes]
 
 CRLF: Final = b"\r\n"
 DEFAULT_MAX_HEADER_BYTES: Final = 4096

@@ -1,5 +1,6 @@
-"""Connections from this broker to another one (master <-> slave), on :mod:`notify.transport`:
-pipelined requests, replies matched by opaque, TLS when a context is given.
+"""Connections from this broker to another one (master <-> slave), on the client transport
+(:mod:`notify.client.transport`): pipelined requests, replies matched by opaque, TLS when a
+context is given.
 
 Every link opens with the replica handshake ``auth <replicationSecret> <brokerId>``: the
 secret proves the peer belongs to the replication set, and both sides check the broker id
@@ -15,10 +16,10 @@ from __future__ import annotations
 
 import ssl
 
+from notify.client.transport import AsyncConnection, TransportOptions, open_connection
 from notify.errors import NotifyError
 from notify.protocol.frames import encode_replica_auth
 from notify.protocol.replies import parse_replica_ack, parse_replica_epoch
-from notify.transport import AsyncConnection, TransportOptions, open_connection
 
 #: A replication link is a plain transport connection.
 BrokerLink = AsyncConnection
@@ -44,7 +45,7 @@ async def connect_link(
     with ``epoch`` (automatic failover) a peer in an older epoch is refused.
 
     Raises :class:`ReplicaHandshakeError`, :class:`~notify.errors.ConnectionLostError` or
-    :class:`~notify.transport.TLSError` (all :class:`~notify.errors.NotifyError`)."""
+    :class:`~notify.client.transport.TLSError` (all :class:`~notify.errors.NotifyError`)."""
     conn = await open_connection(addr, TransportOptions(None, tls, CONNECT_TIMEOUT_S))
     try:
         r = await conn.request(

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
 from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config, encode_envelope
-from notify.broker.idgen import IdGenerator
 from notify.config import default_topic, parse_config
 from notify.core.apply import Applier
 from notify.core.effects import Applied, Complete, Defer, Effect, Force, Reply, SendCheck, Ticket
@@ -50,6 +49,7 @@ from notify.core.transactions import TxEngine, TxLimits, TxPut
 from notify.errors import NotifyError
 from notify.protocol import records
 from notify.protocol.frames import Transaction
+from notify.protocol.idgen import IdGenerator
 from notify.sim.clock import SimClock
 from notify.sim.disk import SimCrash, SimFileSystem
 from notify.sim.readers import Readers

@@ -13,9 +13,9 @@ import pytest
 
 from notify.audit import formats
 from notify.audit.state import TABLES
-from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.protocol import logrecords as lr
 from notify.protocol import records
+from notify.protocol.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.store.segment import segment_name
 from tests.audit.conftest import BrokerLogs
 from txlog.records import encode as frame

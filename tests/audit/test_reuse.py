@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from notify.broker.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.protocol import logrecords as lr
 from notify.protocol import records
+from notify.protocol.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.store.segment import segment_name
 from txlog.records import encode as frame
 from txlog.segment import segment_path

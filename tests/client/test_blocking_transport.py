@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from notify.client.transport import BlockingConnection
 from notify.errors import RequestTimeoutError
-from notify.transport import BlockingConnection
 from tests.helpers import timing
 
 

@@ -32,7 +32,7 @@ def test_send_goes_direct_and_stays_behind_messages_in_flight(
         p = s.create_producer()
         p.publish("test")
         first = p.send("test", b"d0", key="k")
-        mine = s._direct._by_thread[threading.get_ident()]
+        mine = s.core.pool.blocking_of("send")
         assert first.success and list(mine) == [broker.addr]  # went over this thread's socket
         futs = [p.send_future("test", b"f%d" % i, key="k") for i in range(300)]
         after = p.send("test", b"after", key="k", headers={"h": 1})  # must queue behind them
@@ -57,20 +57,20 @@ def test_broken_direct_socket_falls_back_and_ended_threads_close_theirs(
         p = s.create_producer()
         p.publish("test")
         assert p.send("test", b"a").success
-        conn = s._direct._by_thread[threading.get_ident()][broker.addr]
+        conn = s.core.pool.blocking_of("send")[broker.addr]
         sock = conn._sock
         assert sock is not None
         sock.shutdown(socket.SHUT_RDWR)  # as if the broker dropped it
         r = p.send("test", b"b")  # the direct attempt fails: the loop path sends it
         assert r.success and r.msg_id > 0 and not conn.is_open
-        s._direct._skip_until.clear()
+        s.core.pool._skip_until.clear()
         assert p.send("test", b"c").success and conn.is_open  # reconnected
         # connections of threads that ended are closed when another thread opens one
         conns = []
 
         def one() -> None:
             assert p.send("test", b"t").success
-            conns.append(s._direct._by_thread[threading.get_ident()][broker.addr])
+            conns.append(s.core.pool.blocking_of("send")[broker.addr])
 
         for _ in range(4):
             t = threading.Thread(target=one)
@@ -79,4 +79,4 @@ def test_broken_direct_socket_falls_back_and_ended_threads_close_theirs(
         assert p.send("test", b"main").success
         # (a new thread may get an ended one's id, and then its connection: also bounded)
         assert len({id(c) for c in conns if c.is_open}) <= 1
-        assert len(s._direct._by_thread) <= 2
+        assert len(s.core.pool._by_thread) <= 2

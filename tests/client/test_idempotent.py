@@ -21,12 +21,12 @@ from notify.client import (
 )
 from notify.client._identity import put_sequenced
 from notify.client._message import build_payload
+from notify.client.transport import BlockingConnection
 from notify.errors import ProducerFencedError
 from notify.protocol.frames import encode_mput, encode_put
 from notify.protocol.identity import encode_claim, producer_id
 from notify.protocol.records import checksum, encode
 from notify.testing import BrokerProcess
-from notify.transport import BlockingConnection
 
 FAST = ClientConfig(
     request_timeout_s=2.0, reconnect_backoff_min_s=0.02, reconnect_backoff_max_s=0.2

@@ -23,18 +23,18 @@ from click.testing import CliRunner
 
 from notify.cli import main
 from notify.client import AsyncMessageSessionFactory, ClientConfig, ConsumerConfig, connect
-from notify.errors import BrokerError
-from notify.protocol.frames import encode_line
-from notify.protocol.keys import Xid
-from notify.protocol.replies import parse_stats_topics
-from notify.testing import BrokerProcess
-from notify.transport import (
+from notify.client.transport import (
     AuthenticationError,
     BlockingConnection,
     TLSError,
     TransportOptions,
     open_connection,
 )
+from notify.errors import BrokerError
+from notify.protocol.frames import encode_line
+from notify.protocol.keys import Xid
+from notify.protocol.replies import parse_stats_topics
+from notify.testing import BrokerProcess
 from notify.xa import BrokerParticipant, ParticipantError, Scope, Vote
 from notify.xa.ids import XidFactory
 from tests.conftest import BrokerFactory

@@ -31,12 +31,13 @@ from notify.client import (
     XAError,
     connect,
 )
-from notify.client._transaction import as_state, reply_error
+from notify.client._halfmsg import as_state
+from notify.client.core.wire import reply_error
+from notify.client.transport import AsyncConnection
 from notify.errors import BrokerError, ClientError, TransactionError
 from notify.protocol import logrecords as lr
 from notify.protocol.frames import Response, encode_check
 from notify.testing import BrokerProcess
-from notify.transport import AsyncConnection
 from tests.conftest import BrokerFactory
 from tests.helpers import read_all as read_part
 from tests.helpers import timing, wait_until

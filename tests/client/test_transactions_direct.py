@@ -16,9 +16,9 @@ from notify.client import (
     TransactionTimeoutError,
     connect,
 )
-from notify.client._directtx import DirectTransaction
-from notify.client._selectors import KeyHashSelector
-from notify.client._transaction import Transaction
+from notify.client._directtx import DirectBackend
+from notify.client._txloop import LoopBackend
+from notify.client.core.selectors import KeyHashSelector
 from tests.client.test_transactions import bodies, read_part
 from tests.conftest import BrokerFactory
 
@@ -36,7 +36,7 @@ def test_direct_transactions(broker_factory: BrokerFactory) -> None:
 
         # BEGIN, the puts (one mput per partition) and COMMIT go in one write at commit
         with p.transaction() as tx:
-            assert isinstance(tx, DirectTransaction)
+            assert isinstance(tx._backend, DirectBackend)
             futs = [p.send_future("orders", b"m%d" % i) for i in range(10)]
             assert not any(f.done() for f in futs)  # queued on this thread, nothing sent
         assert tx.status == "committed" and tx.broker == b.addr
@@ -132,13 +132,13 @@ def test_direct_transactions(broker_factory: BrokerFactory) -> None:
         # a producer whose settings do not allow it keeps the loop path
         slow = s.create_producer(ProducerConfig(pipeline_commit=False))
         with slow.transaction() as tx2:
-            assert type(tx2) is Transaction
+            assert isinstance(tx2._backend, LoopBackend)
             slow.send("orders", b"loop")
         assert tx2.status == "committed"
         custom = s.create_producer(selector=lambda topic, parts, key, data: parts[0])
-        assert type(custom.begin_transaction()) is Transaction
+        assert isinstance(custom.begin_transaction()._backend, LoopBackend)
         keyed = s.create_producer(selector=KeyHashSelector())
         with keyed.transaction() as tx3:
-            assert isinstance(tx3, DirectTransaction)
+            assert isinstance(tx3._backend, DirectBackend)
             keyed.send("orders", b"keyed", key="k")
         assert b"loop" in set(bodies(b.addr, "orders", 2))

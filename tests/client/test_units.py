@@ -27,19 +27,14 @@ from notify.client import (
     parse_stats_topics,
     replay_dead_letters,
 )
+from notify.client._batch import BatchItem, Item, mput_body
 from notify.client._consumer import _make_filter, _share
-from notify.client._producer import (
-    _BatchItem,
-    _Item,
-    _mput_body,
-    _parse_mput_reply,
-    _unknown_command,
-)
 from notify.client._spool import Spool, existing_spools
-from notify.errors import ClientError
+from notify.client.core import wire
+from notify.client.transport import split_address
+from notify.errors import BrokerError, ClientError
 from notify.protocol import records
 from notify.protocol.frames import Response
-from notify.transport import split_address
 
 PARTS = [Partition(0, p, "h:1") for p in range(4)] + [Partition(1, p, "h:2") for p in range(4)]
 
@@ -282,13 +277,14 @@ def test_make_filter() -> None:
 
 def test_mput_reply_offsets_follow_record_sizes() -> None:
     part = PARTS[2]
-    items: list[_Item | _BatchItem] = [
-        _Item(b"a" * 10, 0, None),  # type: ignore[arg-type]
-        _BatchItem([b"", b"b" * 30, b"c"], 1, None),  # type: ignore[arg-type]
-        _Item(b"d" * 5, 0, None),  # type: ignore[arg-type]
+    items: list[Item | BatchItem] = [
+        Item(b"a" * 10, 0, None),  # type: ignore[arg-type]
+        BatchItem([b"", b"b" * 30, b"c"], 1, None),  # type: ignore[arg-type]
+        Item(b"d" * 5, 0, None),  # type: ignore[arg-type]
     ]
     r = Response("result", 200, 1, b"500 2 1000 5")
-    ack = _parse_mput_reply(r, 5)
+    ack = wire.mput_ack(r, 5)
+    assert not isinstance(ack, ClientError)
     mid, off, got = ack.first_msg_id, ack.first_offset, []
     for it in items:
         got.append(it.acked(part, mid, off))
@@ -299,7 +295,7 @@ def test_mput_reply_offsets_follow_record_sizes() -> None:
     assert list(got[1].offsets) == [1030, 1050, 1100]
     assert got[2] == SendResult(True, part, 1121, 504)
     # the records go out in one body, flags per run, ids 0 (the broker assigns them)
-    body = _mput_body(items)
+    body = mput_body(items)
     recs, used = records.decode_all(body, 1000)
     assert used == len(body) and [(x.offset, x.flag, x.payload) for x in recs] == [
         (1000, 0, b"a" * 10),
@@ -308,12 +304,13 @@ def test_mput_reply_offsets_follow_record_sizes() -> None:
         (1100, 1, b"c"),
         (1121, 0, b"d" * 5),
     ]
-    with pytest.raises(ClientError):
-        _parse_mput_reply(Response("result", 200, 1, b"500 2 1000 2"), 5)
-    with pytest.raises(ClientError):
-        _parse_mput_reply(Response("result", 200, 1, b"garbage"), 5)
-    assert _unknown_command(Response("result", 400, 1, b"unknown command 'mput'"))
-    assert not _unknown_command(Response("result", 400, 1, b"checksum mismatch"))
+    short = wire.mput_ack(Response("result", 200, 1, b"500 2 1000 2"), 5)
+    assert isinstance(short, ClientError) and "2 of 5" in str(short)
+    assert isinstance(wire.mput_ack(Response("result", 200, 1, b"garbage"), 5), ClientError)
+    refused = wire.mput_ack(Response("result", 503, 1, b"busy"), 5)
+    assert isinstance(refused, BrokerError) and refused.retriable
+    assert wire.unknown_command(Response("result", 400, 1, b"unknown command 'mput'"))
+    assert not wire.unknown_command(Response("result", 400, 1, b"checksum mismatch"))
 
 
 def test_encode_batch_matches_record_encoding() -> None:

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from notify.broker.idgen import IdGenerator
 from notify.config import parse_config
 from notify.core.apply import Applier
 from notify.core.effects import Applied, Complete, Defer, Effect, Force, Reply, SendCheck
 from notify.core.transactions import TxEngine, TxLimits
 from notify.protocol import records
 from notify.protocol.frames import Transaction
+from notify.protocol.idgen import IdGenerator
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from txlog import TxLog, TxLogConfig

@@ -114,7 +114,7 @@ def test_paused_master_refuses_a_producer_that_saw_the_new_epoch(group: Group) -
             assert producer.send("orders", b"after-2").success  # declared with it at least
             assert int(stats(b.addr)["epoch_declared"]) >= 1
             # send() one at a time goes over this thread's own socket: it declared there too
-            assert 2 in session._direct.declared.values()
+            assert 2 in session.core.pool.blocking_declared.values()
             # a producer that saw epoch 2, on a connection to the old (paused) master
             stale.send(b"epoch 1 2 21\r\n")
             stale.send(b"put orders 0 5 0 22\r\nstale")

@@ -10,7 +10,6 @@ takes a few seconds."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 
@@ -128,12 +127,12 @@ def test_sync_client_survives_idle_timeout(broker_factory: BrokerFactory) -> Non
         p = s.create_producer()
         p.publish("t")
         assert p.send("t", b"x").success
-        direct = s._direct._by_thread[threading.get_ident()][b.addr]
+        direct = s.core.pool.blocking_of("send")[b.addr]
         assert p.send_future("t", b"y").result(5).success  # the loop path
         time.sleep(2 * IDLE_S)
         assert direct.peer_closed()  # the broker closed the unused socket
         assert p.send("t", b"z").success
-        assert s._direct._by_thread[threading.get_ident()][b.addr] is direct
-        assert direct.is_open and not direct.peer_closed() and not s._direct._skip_until
+        assert s.core.pool.blocking_of("send")[b.addr] is direct
+        assert direct.is_open and not direct.peer_closed() and not s.core.pool._skip_until
         assert p.send_future("t", b"w").result(5).success
         assert s.core.pool.connects == 1  # the loop connection: kept by heartbeats

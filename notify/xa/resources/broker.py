@@ -1,7 +1,10 @@
 """The notify broker as an XA participant, over a blocking
-:class:`~notify.transport.BlockingConnection` (shared secret and TLS as configured).
+:class:`~notify.client.transport.BlockingConnection` (shared secret and TLS as configured).
 
-Speaks MetaQ's ``transaction`` and ``put`` commands directly (no client library)::
+The branch is one client transaction: the frames, what their replies mean and the branch's
+state are the client's transaction core's (:class:`~notify.client.core.transaction.TxCore`,
+the one the producers drive); this module moves the bytes and translates the client's errors
+into :mod:`notify.xa.errors` at the boundary. On the wire (MetaQ's commands)::
 
     transaction <key> <sid> BEGIN <timeout> <opaque>          (sent with the first put)
     put <topic> <partition> <len> <flag> <checksum> <key> <opaque>\\r\\n<body>
@@ -21,29 +24,33 @@ from __future__ import annotations
 import itertools
 import secrets
 import ssl
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
-from notify.errors import ClientError, ProtocolError, TransactionError
-from notify.protocol import records
-from notify.protocol.frames import Response, encode_line, encode_put
-from notify.protocol.keys import Xid, parse_xid
-from notify.protocol.replies import (
-    PutAck,
-    XAFailure,
-    parse_partition_count,
-    parse_prepare_vote,
-    parse_recover,
-)
-from notify.protocol.xa import XA_RDONLY
-from notify.transport import (
+from notify.client import TransactionConnectionError, XAError
+from notify.client.core import wire
+from notify.client.core.states import TxEvent, TxState
+from notify.client.core.transaction import Outcome, Resolved, TxCore
+from notify.client.core.types import Partition
+from notify.client.transport import (
     AuthenticationError,
     BlockingConnection,
-    FrameBuilder,
     TLSError,
     TransportOptions,
 )
+from notify.errors import (
+    BrokerError,
+    ClientError,
+    ConnectionLostError,
+    NotifyError,
+    ProtocolError,
+    RequestTimeoutError,
+    TransactionError,
+)
+from notify.protocol import records
+from notify.protocol.frames import FrameBuilder, Response, encode_line
+from notify.protocol.keys import Xid, parse_xid
+from notify.protocol.replies import parse_partition_count, parse_recover
+from notify.protocol.xa import XA_RDONLY
 from notify.xa.errors import (
     XAER_PROTO,
     BranchHeuristicError,
@@ -54,8 +61,6 @@ from notify.xa.errors import (
 )
 from notify.xa.ids import Scope, qualifier_of
 from notify.xa.participant import Vote
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +100,7 @@ class BrokerParticipant:
     ``unique_qualifier`` defaults to the coordinator id found in each gtrid (so ``RECOVER``
     returns only that coordinator's keys). ``secret`` authenticates first when the broker
     requires it (on every reconnect); ``tls`` is the TLS context to connect with
-    (:func:`notify.transport.tls_context`).
+    (:func:`notify.client.transport.tls_context`).
     """
 
     def __init__(
@@ -122,13 +127,9 @@ class BrokerParticipant:
         self._producer = BrokerProducer(self)
         self._partitions: dict[str, int] = {}
         self._rr = itertools.count()
-        # the current branch
+        # the current branch: its xid and its transaction core
         self._xid: Xid | None = None
-        self._key = ""
-        self._timeout_s = 0
-        self._begun = False  # BEGIN reached the broker
-        self._ended = False
-        self._sent = 0
+        self._tx: TxCore[None] | None = None
         self._last_key: tuple[Xid, str] | None = None
 
     # ------------------------------------------------------------------ plumbing
@@ -147,6 +148,10 @@ class BrokerParticipant:
         self._last_key = (xid, key)
         return key
 
+    def _current(self, xid: Xid) -> TxCore[None] | None:
+        """The current branch's core when it is ``xid``'s."""
+        return self._tx if self._xid == xid else None
+
     def _exchange(self, builds: list[FrameBuilder]) -> list[Response]:
         """Send the frames in one write and return their replies in order."""
         try:
@@ -156,38 +161,19 @@ class BrokerParticipant:
         except ClientError as e:  # connection lost, timeout (the connection was dropped)
             raise ParticipantUnavailableError(f"broker {self.addr}: {e}") from e
 
-    def _tx_frame(self, key: str, verb: str, *extra: object) -> FrameBuilder:
-        sid = self.session_id
-        return lambda o: encode_line("transaction", key, sid, verb, *extra, o)
-
-    def _parse(self, parse: Callable[[bytes], T], body: bytes, what: str) -> T:
-        try:
-            return parse(body)
-        except ProtocolError as e:
-            raise ParticipantError(f"broker {self.addr}: {what}: {e}") from e
+    def _command(self, key: str, verb: str) -> FrameBuilder:
+        return wire.command(key, self.session_id, verb)
 
     @staticmethod
-    def _check(r: Response, what: str) -> bytes:
-        if r.code == 200:
-            return r.body
-        try:
-            failure = XAFailure.parse(r.body)
-        except ProtocolError:
-            failure = None
-        if failure is not None:
-            code, text = failure.code, failure.message
-            if code == XAER_PROTO and "HEURISTIC_" in text:  # decided by the broker's admin
-                kind = (
-                    HeuristicKind.COMMIT
-                    if "HEURISTIC_COMMITTED" in text
-                    else (HeuristicKind.ROLLBACK)
-                )
-                raise BranchHeuristicError(f"{what}: {text}", kind)
-            raise from_xa_code(code, f"{what}: {text}")
-        text = r.body.decode(errors="replace")
-        if r.code in (503, 504):
-            raise ParticipantUnavailableError(f"{what}: broker busy ({r.code}): {text}")
-        raise ParticipantError(f"{what}: broker error {r.code}: {text}")
+    def _check(outcome: Outcome, what: str, key: str | None = None) -> None:
+        """Raise the :mod:`notify.xa.errors` class of a reply that is not a 200."""
+        if isinstance(outcome, Response):
+            if outcome.code == 200:
+                return
+            err: BaseException = wire.reply_error(outcome, key)
+        else:
+            err = outcome
+        raise _xa_error(err, what) from None
 
     # ------------------------------------------------------------------ the branch
 
@@ -197,15 +183,17 @@ class BrokerParticipant:
             raise ParticipantError(f"broker {self.addr}: a branch is already active")
         if self._conn.peer_closed():
             self._conn.drop()  # a pooled connection the broker closed (restart): reconnect lazily
-        self._xid, self._key, self._timeout_s = xid, self._key_of(xid), max(1, timeout_s)
-        self._begun = self._ended = False
-        self._sent = 0
+        key = self._key_of(xid)
+        self._tx = TxCore(key, self.session_id, max(1, timeout_s))
+        self._tx.bind(-1, self.addr)
+        self._xid = xid
 
     def _partition_for(self, topic: str) -> int:
         n = self._partitions.get(topic)
         if n is None:
             r = self._exchange([lambda o: encode_line("stats", topic, o)])[0]
-            n = parse_partition_count(self._check(r, f"stats {topic}"))
+            self._check(r, f"stats {topic}")
+            n = parse_partition_count(r.body)
             if not n:
                 raise ParticipantError(f"broker {self.addr}: topic {topic!r} has no partitions")
             self._partitions[topic] = n
@@ -215,83 +203,97 @@ class BrokerParticipant:
         self, topic: str, data: bytes, attribute: str | None, partition: int | None
     ) -> SendResult:
         """See :meth:`BrokerProducer.send`."""
-        if self._xid is None or self._ended:
+        tx = self._tx
+        if tx is None or tx.state is not TxState.ACTIVE:
             raise ParticipantError("send() outside an active transaction branch")
         if partition is None:
             partition = self._partition_for(topic)
-        payload, flag = records.make_payload(bytes(data), attribute)
-        frames: list[FrameBuilder] = []
-        if not self._begun:
-            frames.append(self._tx_frame(self._key, "BEGIN", self._timeout_s))
-        key, crc, part = self._key, records.checksum(payload), partition
-        frames.append(
-            lambda o: encode_put(topic, part, payload, flag, o, checksum=crc, tx_key=key)
-        )
-        replies = self._exchange(frames)
-        if not self._begun:
-            self._check(replies[0], f"BEGIN {self._key}")
-            self._begun = True
-        body = self._check(replies[-1], f"put {topic}-{partition}")
-        self._sent += 1
-        ack = self._parse(PutAck.parse, body, f"put {topic}-{partition}")
-        return SendResult(topic, ack.partition, ack.msg_id)
+        try:
+            payload, flag = records.make_payload(bytes(data), attribute)
+        except ValueError as e:
+            raise ParticipantError(f"broker {self.addr}: {e}") from e
+        tx.add(topic, Partition(-1, partition, self.addr), payload, flag, None)
+        flight = tx.flight(mput=False, checksum=True)
+        try:
+            replies: list[Outcome] = list(self._exchange(flight.frames))
+        except ParticipantUnavailableError as e:  # the broker rolls the branch back
+            for step in flight.steps:
+                tx.on_reply(step, ConnectionLostError(str(e)))
+            raise
+        resolved: Resolved[None] = []
+        for step, r in zip(flight.steps, replies, strict=True):
+            resolved += tx.on_reply(step, r)
+        result = resolved[-1][1]  # the put's (BEGIN resolves nothing)
+        if not result.success:
+            raise _xa_error(result.error, f"put {topic}-{partition}")
+        return SendResult(topic, partition, result.msg_id)
 
     def end(self, xid: Xid, success: bool) -> None:
         """Mark the branch ended; END is pipelined with the next command."""
-        self._ended = True
+        tx = self._current(xid)
+        if tx is not None and tx.open:
+            tx.fire(TxEvent.END)
 
     def _finish_branch(self) -> None:
-        self._xid = None
-        self._begun = self._ended = False
+        self._xid = self._tx = None
+
+    def _begun(self, xid: Xid) -> bool | None:
+        """Whether the current branch ``xid`` reached the broker (None: not current)."""
+        tx = self._current(xid)
+        return None if tx is None else tx.begin_ok
 
     def prepare(self, xid: Xid) -> Vote:
         """END + PREPARE in one round trip; READ_ONLY at once when nothing was sent."""
-        if self._xid == xid and not self._begun:
+        if self._begun(xid) is False:
             self._finish_branch()
             return Vote.READ_ONLY
         key = self._key_of(xid)
-        replies = self._exchange([self._tx_frame(key, "END"), self._tx_frame(key, "PREPARE")])
-        body = self._check(replies[1], f"PREPARE {key}")  # its error says more than END's
-        self._check(replies[0], f"END {key}")
+        replies = self._exchange([self._command(key, wire.END), self._command(key, wire.PREPARE)])
         if self._xid == xid:
             self._finish_branch()
-        vote = self._parse(parse_prepare_vote, body, f"PREPARE {key}")
+        self._check(replies[1], f"PREPARE {key}", key)  # its error says more than END's
+        self._check(replies[0], f"END {key}", key)
+        vote = wire.prepare_vote(replies[1], key)
+        if isinstance(vote, ClientError):
+            raise ParticipantError(f"broker {self.addr}: PREPARE {key}: {vote}")
         return Vote.READ_ONLY if vote == XA_RDONLY else Vote.OK
 
     def commit(self, xid: Xid, one_phase: bool) -> None:
         """COMMIT_ONE_PHASE (after END) or COMMIT_TWO_PHASE."""
         key = self._key_of(xid)
-        if one_phase:
-            if self._xid == xid and not self._begun:
-                self._finish_branch()
-                return
-            frames = [self._tx_frame(key, "END"), self._tx_frame(key, "COMMIT_ONE_PHASE")]
-            replies = self._exchange(frames)
-            if self._xid == xid:
-                self._finish_branch()
-            self._check(replies[1], f"COMMIT_ONE_PHASE {key}")
-            self._check(replies[0], f"END {key}")
+        if not one_phase:
+            r = self._exchange([self._command(key, wire.COMMIT_TWO_PHASE)])[0]
+            self._check(r, f"COMMIT {key}", key)
             return
-        self._check(self._exchange([self._tx_frame(key, "COMMIT_TWO_PHASE")])[0], f"COMMIT {key}")
+        if self._begun(xid) is False:
+            self._finish_branch()
+            return
+        frames = [self._command(key, wire.END), self._command(key, wire.COMMIT_ONE_PHASE)]
+        replies = self._exchange(frames)
+        if self._xid == xid:
+            self._finish_branch()
+        self._check(replies[1], f"COMMIT_ONE_PHASE {key}", key)
+        self._check(replies[0], f"END {key}", key)
 
     def rollback(self, xid: Xid) -> None:
         """ROLLBACK (nothing to do for a branch that never reached the broker)."""
-        if self._xid == xid:
-            begun = self._begun
+        begun = self._begun(xid)
+        if begun is not None:
             self._finish_branch()
             if not begun:
                 return
         key = self._key_of(xid)
-        self._check(self._exchange([self._tx_frame(key, "ROLLBACK")])[0], f"ROLLBACK {key}")
+        r = self._exchange([self._command(key, wire.ROLLBACK)])[0]
+        self._check(r, f"ROLLBACK {key}", key)
 
     def recover(self, scope: Scope) -> list[Xid]:
         """``RECOVER <uniqueQualifier>``, filtered by ``scope``."""
         uq = self.unique_qualifier or scope.unique_qualifier
-        sid = self.session_id
-        frame: FrameBuilder = lambda o: encode_line("transaction", "null", sid, "RECOVER", uq, o)  # noqa: E731
-        body = self._check(self._exchange([frame])[0], "RECOVER")
+        frame = wire.command("null", self.session_id, wire.RECOVER, uq)
+        r = self._exchange([frame])[0]
+        self._check(r, "RECOVER")
         out = []
-        for line in parse_recover(body):
+        for line in parse_recover(r.body):
             try:
                 xid, _ = parse_xid(line)
             except TransactionError:  # not an XA key: not ours
@@ -303,7 +305,8 @@ class BrokerParticipant:
     def forget(self, xid: Xid) -> None:
         """FORGET a heuristically completed branch."""
         key = self._key_of(xid)
-        self._check(self._exchange([self._tx_frame(key, "FORGET")])[0], f"FORGET {key}")
+        r = self._exchange([self._command(key, wire.FORGET)])[0]
+        self._check(r, f"FORGET {key}", key)
 
     def close(self) -> None:
         """Say ``quit`` and close the connection; never raises."""
@@ -311,3 +314,23 @@ class BrokerParticipant:
 
     def __repr__(self) -> str:
         return f"<BrokerParticipant {self.addr}>"
+
+
+def _xa_error(err: BaseException | None, what: str) -> NotifyError:
+    """The :mod:`notify.xa.errors` class of a client error (the boundary's translation)."""
+    if isinstance(err, XAError):
+        code, text = err.code, err.text
+        if code == XAER_PROTO and "HEURISTIC_" in text:  # decided by the broker's admin
+            kind = HeuristicKind.COMMIT if "HEURISTIC_COMMITTED" in text else HeuristicKind.ROLLBACK
+            return BranchHeuristicError(f"{what}: {text}", kind)
+        return from_xa_code(code, f"{what}: {text}")
+    if isinstance(err, BrokerError):
+        text = err.text
+        if err.code in (503, 504):
+            return ParticipantUnavailableError(f"{what}: broker busy ({err.code}): {text}")
+        return ParticipantError(f"{what}: broker error {err.code}: {text}")
+    if isinstance(err, ConnectionLostError | RequestTimeoutError | TransactionConnectionError):
+        return ParticipantUnavailableError(f"{what}: {err}")
+    if isinstance(err, ProtocolError):
+        return ParticipantError(f"{what}: {err}")
+    return ParticipantError(f"{what}: {err}")

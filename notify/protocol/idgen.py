@@ -1,7 +1,13 @@
-"""Snowflake-like message ids: 41 bits of milliseconds since EPOCH_MS, 10 bits of broker id,
-12 bits of sequence. Ids are strictly increasing per broker; a batch gets consecutive ids.
-When a millisecond's 4096 sequence numbers are used up (or the clock steps back) the
-generator borrows from the next millisecond, so it never blocks and never repeats."""
+"""Message ids: their layout (read by clients: a message's timestamp and broker) and the
+broker's generator. Snowflake-like, one signed 64-bit integer::
+
+    bit 63       62 ........... 22   21 ....... 12   11 ........ 0
+        0        milliseconds since   broker id       sequence in
+                 EPOCH_MS (41 bits)   (10 bits)       the ms (12 bits)
+
+Ids are strictly increasing per broker; a batch gets consecutive ids. When a millisecond's
+4096 sequence numbers are used up (or the clock steps back) the generator borrows from the
+next millisecond, so it never blocks and never repeats."""
 
 from __future__ import annotations
 

@@ -43,6 +43,7 @@ import socket
 import ssl
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,9 +58,9 @@ from notify.errors import (
     ProtocolError,
     RequestTimeoutError,
 )
-from notify.protocol.frames import Response, ResponseParser, encode_line
+from notify.protocol.frames import FrameBuilder, Response, ResponseParser, encode_line
 
-log = logging.getLogger("notify.transport")
+log = logging.getLogger("notify.client.transport")
 
 DEFAULT_PORT: Final = 8123
 DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
@@ -76,9 +77,6 @@ REUSE_CHECK_S: Final = 1.0
 #: than re-arm the socket's kernel timeout after every partial reply
 REARM_SLACK: Final = 0.05
 _RECV_BYTES: Final = 1 << 18
-
-#: ``build(opaque) -> frame``: how callers hand a request to a connection.
-FrameBuilder = Callable[[int], bytes]
 
 
 class AuthenticationError(BrokerError):
@@ -500,6 +498,9 @@ class BlockingConnection:
         #: receive buffer, reused: a fresh 256 KiB ``recv`` per reply costs the allocator
         #: (and page faults) more than the system call itself
         self._rbuf = memoryview(bytearray(_RECV_BYTES))
+        #: held around :meth:`exchange` by users that share the connection across threads
+        #: (a connection carries one exchange at a time)
+        self.lock = threading.Lock()
 
     @property
     def is_open(self) -> bool:

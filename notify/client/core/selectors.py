@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from notify.errors import ClientError
 
-from ._routing import Partition
+from .types import Partition
 
 #: ``(topic, partitions, key, data) -> Partition``: any callable of this shape.
 PartitionSelector = Callable[[str, Sequence[Partition], bytes | str | None, bytes], Partition]

@@ -1,0 +1,420 @@
+"""Half messages (Notify's transactional messages): a message prepared at the broker before
+the application's local transaction, committed or rolled back after it, and settled by the
+producer group's checker when the producer cannot say (it died, or answered UNKNOWN).
+
+Two ways to send one, both on a transactional producer
+(``session.create_transactional_producer(group, checker)``)::
+
+    def checker(msg: Message) -> LocalTxState:          # asked when the outcome is unknown
+        return LocalTxState.COMMIT if order_exists(msg.data) else LocalTxState.ROLLBACK
+
+    with producer.half_message("orders", b"order-1", key="user-7") as half:
+        half.prepared()                 # optional: wait for PREPARE's acknowledgement
+        save_order_in_my_database()
+    # normal exit: PREPARE's ack awaited, then COMMIT; an exception: ROLLBACK (re-raised)
+
+    result = producer.send_in_transaction("orders", b"order-2", local_tx)   # callback API
+
+Both pipeline BEGIN, the put and PREPARE on one of the producer's registered connections
+(:class:`~.core.transaction.TxCore` builds and reads them, as for every transaction).
+``half_message`` does not wait for their replies before the block runs: on a normal exit it
+waits for PREPARE's acknowledgement (raising when the message was not prepared), then sends
+COMMIT_TWO_PHASE; on an exception it sends ROLLBACK (once PREPARE is answered) and the
+exception propagates. A block whose database commit must not happen without the message
+calls ``half.prepared()`` before it. ``send_in_transaction`` waits for the PREPARE first,
+then runs ``local_tx(msg)`` and sends COMMIT_TWO_PHASE or ROLLBACK for its answer, nothing
+for UNKNOWN. When ``local_tx`` raises, the state is UNKNOWN (a raised exception does not prove
+the local transaction did not commit, e.g. a lost reply of the database's COMMIT) and the
+exception propagates; the broker checks back later (RocketMQ does the same). A COMMIT or
+ROLLBACK that cannot be delivered is left to the check-back too (``error`` of the result,
+``half.error``), never retried on another message.
+
+The seam for the application's side (:class:`LocalSide`): ``half_message`` runs ``begin``
+when the block starts (what the block gets), ``commit`` after PREPARE's acknowledgement and
+before COMMIT_TWO_PHASE, ``rollback`` on an exception; by default there is none and the
+block gets the :class:`HalfMessage` handle. A database-backed side (the outbox's marker row,
+written in the block's database transaction and read by the check-back) plugs in there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+from notify.errors import ClientError, ConnectionLostError, RequestTimeoutError
+
+from ._config import ClientConfig, ProducerConfig
+from ._errors import ClientTransactionError, TransactionConnectionError
+from ._loopthread import LoopThread
+from ._message import Headers, Message, build_payload
+from ._routing import TopicRouter
+from .core.selectors import PartitionSelector
+from .core.states import TxState
+from .core.transaction import Kind, Outcome, Step, TxCore
+from .core.types import Partition, SendResult
+from .transport import AsyncConnection
+
+log = logging.getLogger("notify.client")
+
+
+class LocalTxState(enum.Enum):
+    """The outcome of a local transaction (RocketMQ's LocalTransactionState)."""
+
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    UNKNOWN = "UNKNOWN"
+
+
+#: ``checker(msg) -> LocalTxState`` (may be ``async def``).
+TransactionChecker = Callable[[Message], "LocalTxState | Awaitable[LocalTxState]"]
+#: ``local_tx(msg) -> LocalTxState`` (may be ``async def`` in the asyncio API).
+LocalTransaction = Callable[[Message], "LocalTxState | Awaitable[LocalTxState]"]
+
+
+def as_state(value: object, tx_key: str) -> LocalTxState:
+    """Accept a LocalTxState (or its name); anything else counts as UNKNOWN."""
+    if isinstance(value, LocalTxState):
+        return value
+    if isinstance(value, str) and value.upper() in LocalTxState.__members__:
+        return LocalTxState[value.upper()]
+    log.warning("transaction %s: %r is not a LocalTxState: taken as UNKNOWN", tx_key, value)
+    return LocalTxState.UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionSendResult:
+    """Outcome of :meth:`AsyncProducer.send_in_transaction`.
+
+    ``state`` is what the local transaction answered; ``send_result`` is the half
+    message's (offset -1). ``error`` is set when the COMMIT_TWO_PHASE/ROLLBACK that followed
+    could not be delivered: the broker then settles it by checking back.
+    """
+
+    tx_key: str
+    state: LocalTxState
+    send_result: SendResult
+    error: Exception | None = None
+
+    @property
+    def msg_id(self) -> int:
+        return self.send_result.msg_id
+
+    @property
+    def partition(self) -> Partition | None:
+        return self.send_result.partition
+
+
+class HalfHost(Protocol):
+    """What a half message needs of its producer (``AsyncProducer`` implements it)."""
+
+    router: TopicRouter
+    client_config: ClientConfig
+    config: ProducerConfig
+    selector: PartitionSelector
+    session_id: str
+
+    def check_open(self) -> None: ...
+
+    def next_tx_key(self) -> str: ...
+
+    async def tx_connection(self, address: str) -> AsyncConnection: ...
+
+
+class LocalSide(Protocol):
+    """The application's side of a half message (see the module docstring)."""
+
+    def begin(self, half: HalfMessage) -> object: ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> None: ...
+
+
+class HalfMessage:
+    """One half message on its way (asyncio; the blocking API runs it on its loop).
+
+    ``tx_key`` names it; once :meth:`prepared`, ``result`` and ``message`` carry its id.
+    ``state`` follows the client transaction's states; ``error`` is a COMMIT or ROLLBACK
+    that could not be delivered (left to the check-back).
+    """
+
+    def __init__(self, host: HalfHost, core: TxCore[None], conn: AsyncConnection, msg: Message):
+        self._host = host
+        self.core = core
+        self._conn = conn
+        self.message = msg
+        self.result = SendResult(True, msg.partition, -1, -1)
+        self.error: Exception | None = None
+        self._replies: list[tuple[Step[None], asyncio.Future[Any]]] = []
+        self._prepare: Exception | bool | None = False  # False: not awaited yet
+
+    @property
+    def tx_key(self) -> str:
+        return self.core.key
+
+    @property
+    def state(self) -> TxState:
+        return self.core.state
+
+    @classmethod
+    async def send(
+        cls,
+        host: HalfHost,
+        topic: str,
+        data: bytes,
+        attribute: str | None,
+        key: bytes | str | None,
+        timeout: float | None,
+        headers: Headers | None,
+    ) -> HalfMessage:
+        """Write BEGIN, the put and PREPARE on a registered connection (replies not
+        awaited). Raises when the message cannot be sent at all."""
+        host.check_open()
+        if host.config.producer_group is None:
+            raise ClientTransactionError(
+                "half messages need a producer group: "
+                "session.create_transactional_producer(group, checker)"
+            )
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise ClientError(f"message data must be bytes, not {type(data).__name__}")
+        body = bytes(data)
+        payload, flag = build_payload(body, attribute, key, headers)
+        parts = host.router.cached(topic) or await host.router.partitions(topic)
+        part = host.selector(topic, parts, key, body)
+        conn = await host.tx_connection(part.address)
+        core: TxCore[None] = TxCore(host.next_tx_key(), host.session_id, timeout)
+        core.bind(part.broker_id, part.address)
+        core.add(topic, part, payload, flag, None)
+        half = cls(host, core, conn, Message(topic, part, -1, -1, flag, payload))
+        flight = core.flight(mput=False, checksum=host.config.send_checksum, prepare=True)
+        frames = []
+        for build in flight.frames:
+            o = conn.next_opaque()
+            frames.append((build(o), o))
+        try:
+            futs = conn.send_many(frames, host.client_config.request_timeout_s)
+        except ConnectionLostError as e:
+            raise TransactionConnectionError(f"half message {core.key}: {e}", core.key) from e
+        for step, fut in zip(flight.steps, futs, strict=True):
+            fut.add_done_callback(_retrieve)
+            half._replies.append((step, fut))
+        return half
+
+    async def prepared(self) -> SendResult:
+        """Wait for PREPARE's acknowledgement: the half message's result (its id, offset
+        -1). Raises when it was not prepared (:class:`TransactionConnectionError` when no
+        reply came: if it was prepared after all, the check-back settles it)."""
+        if self._prepare is False:
+            self._prepare = await self._settle_prepare()
+        if isinstance(self._prepare, Exception):
+            raise self._prepare
+        return self.result
+
+    async def _settle_prepare(self) -> Exception | None:
+        core = self.core
+        prepare: Outcome = ClientError("no PREPARE")
+        for step, fut in self._replies:
+            outcome = await _outcome(fut)
+            if step.kind is Kind.PREPARE:
+                prepare = outcome
+                continue
+            for _none, result in core.on_reply(step, outcome):
+                if result.success:
+                    self.result = result
+                    self.message = self.message._replace(msg_id=result.msg_id)
+        err = core.on_prepare_reply(prepare)
+        if core.state is TxState.ROLLING_BACK:  # PREPARE refused: nothing to keep
+            with contextlib.suppress(ClientError):
+                await self._request(core.rollback_frame())
+            core.rolled_back()
+        return err
+
+    async def finish(self, commit: bool) -> Exception | None:
+        """COMMIT_TWO_PHASE (``commit``) or ROLLBACK of the prepared message; the error when
+        it could not be delivered (then the broker checks back)."""
+        core = self.core
+        frame = core.second_phase(commit)
+        conn = self._conn
+        if not conn.is_open:  # a prepared transaction may end on any connection
+            try:
+                conn = self._conn = await self._host.tx_connection(conn.address)
+            except ClientError as e:
+                core.on_second_phase_reply(e)
+                return self._left(e)
+        err = core.on_second_phase_reply(await self._request(frame))
+        return self._left(err) if err is not None else None
+
+    def _left(self, err: Exception) -> Exception:
+        verb = "COMMIT_TWO_PHASE" if self.core.state is not TxState.ROLLED_BACK else "ROLLBACK"
+        log.warning("half message %s: %s failed (%s): left to check-back", self.tx_key, verb, err)
+        self.error = err
+        return err
+
+    async def close(self, failed: bool, local: LocalSide | None = None) -> None:
+        """End the ``half_message`` block: on success wait for PREPARE's acknowledgement
+        (raising when not prepared: ``local`` rolls back), commit ``local``, then COMMIT;
+        on failure roll back ``local`` and the message."""
+        if failed:
+            try:
+                if local is not None:
+                    local.rollback()
+            finally:
+                if await self._settle_quietly():
+                    await self.finish(False)
+            return
+        try:
+            await self.prepared()
+        except BaseException:
+            if local is not None:
+                local.rollback()
+            raise
+        if local is not None:
+            local.commit()  # the application's transaction first: then the message
+        await self.finish(True)
+
+    async def _settle_quietly(self) -> bool:
+        """Whether the message was prepared (errors of PREPARE are not raised here)."""
+        try:
+            await self.prepared()
+        except ClientError as e:
+            log.info("half message %s not prepared: %s", self.tx_key, e)
+            return False
+        return True
+
+    async def _request(self, frame: Any) -> Outcome:
+        try:
+            return await self._conn.request(frame, self._host.client_config.request_timeout_s)
+        except (ConnectionLostError, RequestTimeoutError) as e:
+            return e
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+async def _outcome(fut: asyncio.Future[Any]) -> Outcome:
+    try:
+        return await fut  # type: ignore[no-any-return]
+    except (ConnectionLostError, RequestTimeoutError) as e:
+        return e
+
+
+async def run_local(half: HalfMessage, local_tx: LocalTransaction) -> LocalTxState:
+    """``local_tx(msg)`` (plain or ``async def``) as a state; raises what it raises (the
+    outcome is then UNKNOWN: left to the check-back)."""
+    try:
+        res: object = local_tx(half.message)
+        if inspect.isawaitable(res):
+            res = await res
+    except BaseException as e:
+        local_tx_raised(half, e)
+        raise
+    return as_state(res, half.tx_key)
+
+
+def local_tx_raised(half: HalfMessage, e: BaseException) -> None:
+    """Say that ``local_tx`` raised: the outcome is UNKNOWN, left to the check-back."""
+    log.warning("local transaction of %s raised %r: UNKNOWN, left to check-back", half.tx_key, e)
+
+
+async def decide(half: HalfMessage, state: LocalTxState) -> TransactionSendResult:
+    """Second phase for the local transaction's ``state`` (nothing for UNKNOWN)."""
+    err = None
+    if state is LocalTxState.UNKNOWN:
+        log.info("half message %s left UNKNOWN: the broker will check back", half.tx_key)
+    else:
+        err = await half.finish(state is LocalTxState.COMMIT)
+    return TransactionSendResult(half.tx_key, state, half.result, err)
+
+
+class AsyncHalfMessageBlock:
+    """``async with producer.half_message(...) as half:`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        start: Callable[[], Coroutine[Any, Any, HalfMessage]],
+        local: LocalSide | None = None,
+    ):
+        self._start = start
+        self._local = local
+        self.half: HalfMessage | None = None
+
+    async def __aenter__(self) -> Any:
+        self.half = await self._start()
+        return self._local.begin(self.half) if self._local is not None else self.half
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self.half is not None
+        await self.half.close(exc_type is not None, self._local)
+
+
+class SyncHalfMessage:
+    """The blocking API's view of a :class:`HalfMessage` (what ``half_message`` yields)."""
+
+    def __init__(self, half: HalfMessage, lt: LoopThread):
+        self._half = half
+        self._lt = lt
+
+    @property
+    def tx_key(self) -> str:
+        return self._half.tx_key
+
+    @property
+    def state(self) -> TxState:
+        return self._half.state
+
+    @property
+    def error(self) -> Exception | None:
+        """A COMMIT or ROLLBACK that could not be delivered (left to the check-back)."""
+        return self._half.error
+
+    @property
+    def message(self) -> Message:
+        return self._half.message
+
+    def prepared(self, timeout_s: float | None = None) -> SendResult:
+        """Wait for PREPARE's acknowledgement (see :meth:`HalfMessage.prepared`)."""
+        return self._lt.run(self._half.prepared(), timeout_s)
+
+
+class HalfMessageBlock:
+    """``with producer.half_message(...) as half:`` (blocking API; see the module
+    docstring): the half message runs on the session's loop thread."""
+
+    def __init__(
+        self,
+        start: Callable[[], Coroutine[Any, Any, HalfMessage]],
+        lt: LoopThread,
+        local: LocalSide | None = None,
+    ):
+        self._start = start
+        self._lt = lt
+        self._local = local
+        self.half: HalfMessage | None = None
+
+    def __enter__(self) -> Any:
+        self.half = self._lt.run(self._start())
+        view = SyncHalfMessage(self.half, self._lt)
+        return self._local.begin(self.half) if self._local is not None else view
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self.half is not None
+        self._lt.run(self.half.close(exc_type is not None, self._local))

@@ -1,0 +1,107 @@
+"""Where the sends of a transaction go: the backend a transaction is given when it begins.
+
+``producer.transaction(timeout=None, db=None)`` picks the backend once, at begin, and the
+transaction object the application holds (:class:`~._transaction.Transaction`,
+:class:`~._transaction.AsyncTransaction`) only forwards to it:
+
+* ``db=None`` — the broker: a local broker transaction (BEGIN, puts, COMMIT_ONE_PHASE) run
+  by the client's transaction core: over the calling thread's own socket or the session's
+  loop thread (blocking API: ``_directtx.DirectBackend``, ``_txloop.LoopBackend``), or on the
+  caller's loop (asyncio: ``_txloop.LoopTransaction``);
+* ``db=<the application's database connection>`` — the outbox: the block's sends are
+  written as outbox rows in that connection's current transaction (:mod:`notify.outbox`),
+  nothing goes to the broker, and the outbox relay publishes them once the application's
+  transaction commits. :func:`outbox_backend` / :func:`async_outbox_backend` are where that
+  backend is made; until :mod:`notify.outbox` provides it they raise a
+  :class:`~notify.errors.ClientError` saying so.
+
+A backend is anything with the surface below; its ``state`` is one of the client
+transaction's states (:class:`~.core.states.TxState`, changed through that module's one
+transition table), so every backend reports the same statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Final, Protocol
+
+from notify.errors import ClientError
+
+from ._message import Headers
+from .core.states import TxState
+from .core.types import SendResult
+
+#: What ``transaction(db=...)`` says while the outbox backend is not installed.
+OUTBOX_UNAVAILABLE: Final = (
+    "transaction(db=...) writes the sends as outbox rows in your database transaction, "
+    "which needs the outbox backend (notify.outbox); it is not available in this version: "
+    "use transaction() without db= (a broker transaction) or a half message"
+)
+
+
+class TxInfo(Protocol):
+    """What every backend tells about its transaction."""
+
+    @property
+    def key(self) -> str:
+        """The transaction key (``TX:<sessionId>:<n>``)."""
+        ...
+
+    @property
+    def state(self) -> TxState: ...
+
+    @property
+    def address(self) -> str | None:
+        """The broker the transaction is bound to (None: none yet, or not a broker's)."""
+        ...
+
+    @property
+    def failure(self) -> Exception | None:
+        """The first failed send (the transaction is rollback-only), if any."""
+        ...
+
+
+class SyncBackend(TxInfo, Protocol):
+    """A backend of the blocking API (any thread)."""
+
+    def send_future(
+        self,
+        topic: str,
+        data: bytes,
+        attribute: str | None,
+        key: bytes | str | None,
+        headers: Headers | None,
+    ) -> concurrent.futures.Future[SendResult]: ...
+
+    def commit(self, timeout_s: float | None) -> None: ...
+
+    def rollback(self, timeout_s: float | None) -> None: ...
+
+
+class AsyncBackend(TxInfo, Protocol):
+    """A backend of the asyncio API (on the producer's loop)."""
+
+    def send_nowait(
+        self,
+        topic: str,
+        data: bytes,
+        attribute: str | None,
+        key: bytes | str | None,
+        headers: Headers | None,
+    ) -> asyncio.Future[SendResult]: ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
+
+
+def outbox_backend(db: object, key: str, timeout_s: float | None) -> SyncBackend:
+    """The blocking backend of ``transaction(db=db)`` (key ``key``): outbox rows in
+    ``db``'s current transaction. Not available yet: raises :class:`ClientError`."""
+    raise ClientError(OUTBOX_UNAVAILABLE)
+
+
+def async_outbox_backend(db: object, key: str, timeout_s: float | None) -> AsyncBackend:
+    """The asyncio backend of ``transaction(db=db)``; see :func:`outbox_backend`."""
+    raise ClientError(OUTBOX_UNAVAILABLE)

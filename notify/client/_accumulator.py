@@ -27,7 +27,7 @@ from notify.protocol.properties import decode_attribute
 
 from ._batch import BatchItem, Item, PostRun, Queued
 from ._identity import ProducerIdentity
-from ._message import Headers, build_payload
+from ._message import Draft, Headers, Key, build_payload
 from ._sender import PartitionSender, Sender, retriable
 from ._spool import PartitionSpool, Spool, existing_spools
 from .core.selectors import KeyHashSelector, PartitionSelector
@@ -66,7 +66,7 @@ class Accumulator:
         self,
         data: bytes,
         attribute: str | None,
-        key: bytes | str | None,
+        key: Key | None,
         headers: Headers | None,
     ) -> tuple[bytes, int]:
         """A message's record payload and flag (the key and headers go in the attribute
@@ -85,13 +85,10 @@ class Accumulator:
     def send_into(
         self,
         fut: asyncio.Future[SendResult] | concurrent.futures.Future[SendResult],
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        headers: Headers | None = None,
+        msg: Draft,
     ) -> None:
         """Queue one message whose result resolves ``fut`` (on the loop)."""
+        topic, data, attribute, key, headers = msg
         payload, flag = self.payload(data, attribute, key, headers)
         item = Item(payload, flag, fut)
         self.delivery.outstanding += 1
@@ -125,15 +122,9 @@ class Accumulator:
             return
         self.dispatch(topic, parts, item, key, payload)
 
-    def post(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        headers: Headers | None = None,
-    ) -> None:
+    def post(self, msg: Draft) -> None:
         """Queue one message without a future (see :meth:`AsyncProducer.post`)."""
+        topic, data, attribute, key, headers = msg
         if type(data) is bytes and attribute is None and key is None and not headers:
             if self.closed:
                 raise ClientError("producer is closed")
@@ -182,7 +173,7 @@ class Accumulator:
         self.dispatch(topic, parts, item, key, payload)
 
     def add_batch(
-        self, topic: str, items: list[BatchItem], key: bytes | str | None, first: bytes
+        self, topic: str, items: list[BatchItem], key: Key | None, first: bytes
     ) -> None:
         """Queue the chunks of one ``send_batch`` for one partition (picked once, by ``key``
         or round robin, with ``first`` as the data a selector sees)."""
@@ -216,7 +207,7 @@ class Accumulator:
                 self._stamp(topic, part, it)
             sender.add(it)
 
-    def _park(self, topic: str, item: Queued, key: bytes | str | None, data: bytes) -> None:
+    def _park(self, topic: str, item: Queued, key: Key | None, data: bytes) -> None:
         """``topic`` is not routed yet: ``item`` waits for the router's answer."""
         waiting = self._unrouted.get(topic)
         if waiting is None:
@@ -225,12 +216,7 @@ class Accumulator:
         waiting.append((item, key, data))
 
     def dispatch(
-        self,
-        topic: str,
-        parts: Sequence[Partition],
-        item: Queued,
-        key: bytes | str | None,
-        data: bytes,
+        self, topic: str, parts: Sequence[Partition], item: Queued, key: Key | None, data: bytes,
     ) -> None:
         """Queue ``item`` for the partition the selector picks among ``parts``."""
         if self.identity is not None and (seed := self._seed_queue(topic)) is not None:

@@ -25,7 +25,7 @@ from notify.errors import ClientError, RequestTimeoutError
 
 from ._connection import ConnectionPool, epoch_frame
 from ._directtx import SAFE_SELECTORS
-from ._message import Headers, build_payload
+from ._message import Draft, build_payload
 from ._producer import AsyncProducer
 from .core import wire
 from .core.types import Partition, SendResult
@@ -55,17 +55,11 @@ class DirectSender:
         #: the producer's settings allow it at all
         self.able = not (cfg.ordered or cfg.idempotent) and type(core.selector) in SAFE_SELECTORS
 
-    def plan(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        headers: Headers | None,
-    ) -> DirectPlan | None:
+    def plan(self, msg: Draft) -> DirectPlan | None:
         """Where the message goes over this thread's socket; None when it must take the
         loop path (nothing is sent then). The caller guarantees that none of its earlier
         messages is still in flight."""
+        topic, data, attribute, key, headers = msg
         core = self.core
         if not self.able or core.closed or type(data) is not bytes:
             return None

@@ -39,7 +39,7 @@ from notify.protocol.xa import XA_RBTIMEOUT
 from ._connection import ConnectionPool
 from ._errors import ClientTransactionError, TransactionTimeoutError
 from ._loopthread import LoopThread
-from ._message import Headers, build_payload
+from ._message import Draft, build_payload
 from ._txbackend import SyncBackend
 from ._txloop import TxHost
 from .core.selectors import KeyHashSelector, RoundRobinSelector
@@ -119,16 +119,11 @@ class DirectBackend:
     transaction binds to this thread's socket only then, so it cannot overtake them."""
 
     def __init__(
-        self,
-        host: TxHost,
-        key: str,
-        timeout_s: float | None,
-        pool: ConnectionPool,
-        lt: LoopThread,
+        self, host: TxHost, key: str, timeout_s: float | None, pool: ConnectionPool, lt: LoopThread,
         fallback: Callable[[Exception | None], SyncBackend],
         quiet: Callable[[], bool] = lambda: True,
     ):
-        self.core: TxCore[TxFuture] = TxCore(key, host.session_id, timeout_s, host.no_mput)
+        self._core: TxCore[TxFuture] = TxCore(key, host.session_id, timeout_s, host.no_mput)
         self._host = host
         self._pool = pool
         self._lt = lt
@@ -147,35 +142,18 @@ class DirectBackend:
     # -- SyncBackend
 
     @property
-    def key(self) -> str:
-        return self.core.key
+    def core(self) -> TxCore[Any]:
+        """The transaction's core: this path's own, or the loop path's once it took over."""
+        return self._loop_path.core if self._loop_path is not None else self._core
 
-    @property
-    def state(self) -> TxState:
-        return self._loop_path.state if self._loop_path is not None else self.core.state
-
-    @property
-    def address(self) -> str | None:
-        return self._loop_path.address if self._loop_path is not None else self.core.address
-
-    @property
-    def failure(self) -> Exception | None:
-        return self._loop_path.failure if self._loop_path is not None else self.core.failure
-
-    def send_future(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        headers: Headers | None,
-    ) -> concurrent.futures.Future[SendResult]:
+    def send_future(self, msg: Draft) -> concurrent.futures.Future[SendResult]:
         """Queue one message of the transaction (kept in call order); future of its result
         (completed when the transaction is flushed: at commit or when waited on)."""
         with self._lock:
             if self._loop_path is not None:
-                return self._loop_path.send_future(topic, data, attribute, key, headers)
-            core = self.core
+                return self._loop_path.send_future(msg)
+            topic, data, attribute, key, headers = msg
+            core = self._core
             core.check_open()
             self._host.check_open()
             if not isinstance(data, bytes | bytearray | memoryview):
@@ -198,7 +176,7 @@ class DirectBackend:
             if core.broker is None and not self._bind(part):
                 # nothing sent yet: the loop path, same key (with a failure so far)
                 self._loop_path = self._make_fallback(core.failure)
-                return self._loop_path.send_future(topic, data, attribute, key, headers)
+                return self._loop_path.send_future(msg)
             core.add(topic, part, payload, flag, fut)
             return fut
 
@@ -220,16 +198,16 @@ class DirectBackend:
         if conn is None:
             return False
         self._conn = conn
-        self.core.bind(part.broker_id, address)
-        if self.core.timeout is not None:  # the broker's clock would start here
-            self._deadline = time.monotonic() + self.core.timeout
+        self._core.bind(part.broker_id, address)
+        if self._core.timeout is not None:  # the broker's clock would start here
+            self._deadline = time.monotonic() + self._core.timeout
         return True
 
     def flush(self) -> None:
         """Write the queued sends (BEGIN first) and read their replies, on this thread."""
         try:
             with self._lock:
-                core = self.core
+                core = self._core
                 if not core.queue:
                     return
                 refusal = core.refusal()
@@ -243,7 +221,7 @@ class DirectBackend:
     def _exchange(self, commit: bool, timeout_s: float | None = None) -> Outcome | None:
         """One write of BEGIN (first time), the queued puts and (``commit``) the COMMIT;
         the outcome of the COMMIT (None without it). Resolves the sends."""
-        core = self.core
+        core = self._core
         conn = self._conn
         assert conn is not None
         if core.begun and not conn.is_open:  # dropped: the broker rolled it back
@@ -302,7 +280,7 @@ class DirectBackend:
             self._deliver()
 
     def _commit(self, timeout_s: float | None) -> None:
-        core = self.core
+        core = self._core
         core.start_commit()
         try:
             if self._host.closed:  # its connection would be gone on the loop path
@@ -335,7 +313,7 @@ class DirectBackend:
             return self._loop_path.rollback(timeout_s)
         try:
             with self._lock:
-                core = self.core
+                core = self._core
                 if not core.start_rollback():
                     return
                 try:
@@ -354,7 +332,7 @@ class DirectBackend:
     def _rollback_quietly(self) -> None:
         """ROLLBACK when BEGIN went out; quiet when the broker already rolled it back."""
         conn = self._conn
-        frame = self.core.rollback_frame()
+        frame = self._core.rollback_frame()
         if frame is None or conn is None or not conn.is_open:
             return  # never begun, or the broker rolled it back when the connection dropped
         try:
@@ -362,4 +340,4 @@ class DirectBackend:
                 outcome: Outcome = conn.request(frame, self._pool.request_timeout_s)
         except (ConnectionLostError, RequestTimeoutError) as e:
             outcome = e
-        self.core.on_rollback_reply(outcome)
+        self._core.on_rollback_reply(outcome)

@@ -45,15 +45,15 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Protocol
 
 from notify.errors import ClientError, ConnectionLostError, RequestTimeoutError
 
 from ._config import ClientConfig, ProducerConfig
 from ._errors import ClientTransactionError, TransactionConnectionError
+from ._facade import Delegated
 from ._loopthread import LoopThread
-from ._message import Headers, Message, build_payload
+from ._message import Draft, Message, build_payload
 from ._routing import TopicRouter
 from .core.selectors import PartitionSelector
 from .core.states import TxState
@@ -145,37 +145,31 @@ class HalfMessage:
     that could not be delivered (left to the check-back).
     """
 
-    def __init__(self, host: HalfHost, core: TxCore[None], conn: AsyncConnection, msg: Message):
+    tx_key = Delegated[str]("core.key", "The half message's transaction key.")
+    state = Delegated[TxState]("core.state", "Where its transaction is.")
+
+    def __init__(
+        self,
+        host: HalfHost,
+        core: TxCore[None],
+        conn: AsyncConnection,
+        msg: Message,
+        replies: list[tuple[Step[None], asyncio.Future[Any]]],
+    ):
         self._host = host
         self.core = core
         self._conn = conn
         self.message = msg
         self.result = SendResult(True, msg.partition, -1, -1)
         self.error: Exception | None = None
-        self._replies: list[tuple[Step[None], asyncio.Future[Any]]] = []
+        self._replies = replies  # BEGIN's, the put's and PREPARE's, in flight
         self._prepare: Exception | bool | None = False  # False: not awaited yet
 
-    @property
-    def tx_key(self) -> str:
-        return self.core.key
-
-    @property
-    def state(self) -> TxState:
-        return self.core.state
-
     @classmethod
-    async def send(
-        cls,
-        host: HalfHost,
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        timeout: float | None,
-        headers: Headers | None,
-    ) -> HalfMessage:
+    async def send(cls, host: HalfHost, msg: Draft, timeout: float | None) -> HalfMessage:
         """Write BEGIN, the put and PREPARE on a registered connection (replies not
         awaited). Raises when the message cannot be sent at all."""
+        topic, data, attribute, key, headers = msg
         host.check_open()
         if host.config.producer_group is None:
             raise ClientTransactionError(
@@ -192,7 +186,6 @@ class HalfMessage:
         core: TxCore[None] = TxCore(host.next_tx_key(), host.session_id, timeout)
         core.bind(part.broker_id, part.address)
         core.add(topic, part, payload, flag, None)
-        half = cls(host, core, conn, Message(topic, part, -1, -1, flag, payload))
         flight = core.flight(mput=False, checksum=host.config.send_checksum, prepare=True)
         frames = []
         for build in flight.frames:
@@ -202,10 +195,10 @@ class HalfMessage:
             futs = conn.send_many(frames, host.client_config.request_timeout_s)
         except ConnectionLostError as e:
             raise TransactionConnectionError(f"half message {core.key}: {e}", core.key) from e
-        for step, fut in zip(flight.steps, futs, strict=True):
+        for fut in futs:
             fut.add_done_callback(_retrieve)
-            half._replies.append((step, fut))
-        return half
+        message = Message(topic, part, -1, -1, flag, payload)
+        return cls(host, core, conn, message, list(zip(flight.steps, futs, strict=True)))
 
     async def prepared(self) -> SendResult:
         """Wait for PREPARE's acknowledgement: the half message's result (its id, offset
@@ -351,12 +344,7 @@ class AsyncHalfMessageBlock:
         self.half = await self._start()
         return self._local.begin(self.half) if self._local is not None else self.half
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         assert self.half is not None
         await self.half.close(exc_type is not None, self._local)
 
@@ -364,30 +352,20 @@ class AsyncHalfMessageBlock:
 class SyncHalfMessage:
     """The blocking API's view of a :class:`HalfMessage` (what ``half_message`` yields)."""
 
+    tx_key = Delegated[str]("half.core.key", "The half message's transaction key.")
+    state = Delegated[TxState]("half.core.state", "Where its transaction is.")
+    message = Delegated[Message]("half.message", "The message (its id once prepared).")
+    error = Delegated[Exception | None](
+        "half.error", "A COMMIT or ROLLBACK that could not be delivered (left to check-back)."
+    )
+
     def __init__(self, half: HalfMessage, lt: LoopThread):
-        self._half = half
+        self.half = half
         self._lt = lt
-
-    @property
-    def tx_key(self) -> str:
-        return self._half.tx_key
-
-    @property
-    def state(self) -> TxState:
-        return self._half.state
-
-    @property
-    def error(self) -> Exception | None:
-        """A COMMIT or ROLLBACK that could not be delivered (left to the check-back)."""
-        return self._half.error
-
-    @property
-    def message(self) -> Message:
-        return self._half.message
 
     def prepared(self, timeout_s: float | None = None) -> SendResult:
         """Wait for PREPARE's acknowledgement (see :meth:`HalfMessage.prepared`)."""
-        return self._lt.run(self._half.prepared(), timeout_s)
+        return self._lt.run(self.half.prepared(), timeout_s)
 
 
 class HalfMessageBlock:
@@ -410,11 +388,6 @@ class HalfMessageBlock:
         view = SyncHalfMessage(self.half, self._lt)
         return self._local.begin(self.half) if self._local is not None else view
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         assert self.half is not None
         self._lt.run(self.half.close(exc_type is not None, self._local))

@@ -15,6 +15,13 @@ from notify.errors import ClientError
 
 T = TypeVar("T")
 
+#: A blocking call made on the loop thread itself (it would wait for itself forever).
+_INLINE_MESSAGE = (
+    "blocking client call from the client's own event loop thread "
+    "(a listener running inline?): use the asyncio API there"
+)
+
+
 class ThreadFuture(concurrent.futures.Future[T]):
     """A thread-safe future the loop resolves directly (no asyncio future chained to it).
 
@@ -93,31 +100,15 @@ class LoopThread:
         """Run ``coro`` on the loop and wait for its result (not from the loop thread)."""
         if self.in_loop_thread:
             coro.close()
-            raise ClientError(
-                "blocking client call from the client's own event loop thread "
-                "(a listener running inline?): use the asyncio API there"
-            )
-        fut = self.submit(coro)
-        try:
-            return fut.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise
+            raise ClientError(_INLINE_MESSAGE)
+        return _wait(self.submit(coro), timeout_s)
 
     def run_call(self, fn: Callable[[], asyncio.Future[T]], timeout_s: float | None = None) -> T:
         """:meth:`call` and wait for the result (not from the loop thread); on timeout the
         future ``fn`` returned is cancelled."""
         if self.in_loop_thread:
-            raise ClientError(
-                "blocking client call from the client's own event loop thread "
-                "(a listener running inline?): use the asyncio API there"
-            )
-        fut = self.call(fn)
-        try:
-            return fut.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise
+            raise ClientError(_INLINE_MESSAGE)
+        return _wait(self.call(fn), timeout_s)
 
     def call(self, fn: Callable[[], asyncio.Future[T]]) -> concurrent.futures.Future[T]:
         """Call ``fn`` on the loop (FIFO with other calls) and chain the future it returns.
@@ -207,3 +198,12 @@ class LoopThread:
             _fn, out, _chain = self._calls.popleft()
             if not out.done():
                 out.set_exception(ClientError("session is closed"))
+
+
+def _wait(fut: concurrent.futures.Future[T], timeout_s: float | None) -> T:
+    """``fut``'s result; cancelled when ``timeout_s`` passes first (then TimeoutError)."""
+    try:
+        return fut.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        fut.cancel()
+        raise

@@ -24,6 +24,11 @@ from .core.types import SendResult as SendResult
 
 Headers = Mapping[str, HeaderValue]
 """Typed message headers: ``{name: str | int | float | bool | bytes}``."""
+Key = bytes | str
+"""A message key: picks the partition and stays on the message."""
+Draft = tuple[str, bytes, str | None, Key | None, Headers | None]
+"""A message as the application gave it, handed on inside the client:
+``(topic, data, attribute, key, headers)``."""
 
 
 def build_payload(

@@ -37,6 +37,7 @@ from ._checkback import TxChannel
 from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._errors import ClientTransactionError
+from ._facade import Delegated
 from ._halfmsg import (
     AsyncHalfMessageBlock,
     HalfMessage,
@@ -47,7 +48,7 @@ from ._halfmsg import (
     run_local,
 )
 from ._identity import ProducerIdentity
-from ._message import BatchSendResult, Headers, PostFailure, build_payload
+from ._message import BatchSendResult, Draft, Headers, Key, PostFailure, build_payload
 from ._routing import TopicRouter
 from ._sender import Delivery, Sender
 from ._transaction import AsyncTransaction
@@ -82,12 +83,8 @@ class AsyncProducer:
     """
 
     def __init__(
-        self,
-        pool: ConnectionPool,
-        router: TopicRouter,
-        client_config: ClientConfig,
-        config: ProducerConfig,
-        selector: PartitionSelector | None = None,
+        self, pool: ConnectionPool, router: TopicRouter, client_config: ClientConfig,
+        config: ProducerConfig, selector: PartitionSelector | None = None,
         checker: TransactionChecker | None = None,
     ):
         self.pool = pool
@@ -129,25 +126,17 @@ class AsyncProducer:
             self._loop = asyncio.get_running_loop()
         return self._loop
 
-    @property
-    def producer_id(self) -> str | None:
-        """Idempotent mode: this producer's id (in every message's attribute block)."""
-        return self.accumulator.producer_id
-
-    @property
-    def posts_acked(self) -> int:
-        """Messages of :meth:`post` stored so far."""
-        return self.delivery.posts_acked
-
-    @property
-    def posts_failed(self) -> int:
-        """Messages of :meth:`post` not stored (after the retries) so far."""
-        return self.delivery.posts_failed
-
-    @property
-    def stats_spool_replayed(self) -> int:
-        """Messages an ordered producer's spools replayed so far."""
-        return self.sender.spool_replayed
+    producer_id = Delegated[str | None](
+        "accumulator.producer_id",
+        "Idempotent mode: this producer's id (in every message's attribute block).",
+    )
+    posts_acked = Delegated[int]("delivery.posts_acked", "Messages of post() stored so far.")
+    posts_failed = Delegated[int](
+        "delivery.posts_failed", "Messages of post() not stored (after the retries) so far."
+    )
+    stats_spool_replayed = Delegated[int](
+        "sender.spool_replayed", "Messages an ordered producer's spools replayed so far."
+    )
 
     # -- public API
 
@@ -157,14 +146,8 @@ class AsyncProducer:
         return await self.router.partitions(topic)
 
     async def send(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
-        headers: Headers | None = None,
-        delay: float | None = None,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None, *,
+        headers: Headers | None = None, delay: float | None = None,
         deliver_at: datetime | float | None = None,
     ) -> SendResult:
         """Send one message and wait for its result.
@@ -183,12 +166,7 @@ class AsyncProducer:
         return await self.send_nowait(topic, data, attribute, key, headers=headers)
 
     def send_nowait(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None, *,
         headers: Headers | None = None,
     ) -> asyncio.Future[SendResult]:
         """Queue one message; the future resolves to its :class:`SendResult` (or fails with
@@ -202,16 +180,11 @@ class AsyncProducer:
         if tx is not None and not tx.finished:
             return tx.send_nowait(topic, data, attribute, key, headers=headers)
         fut: asyncio.Future[SendResult] = (self._loop or self.loop).create_future()
-        self.accumulator.send_into(fut, topic, data, attribute, key, headers)
+        self.accumulator.send_into(fut, (topic, data, attribute, key, headers))
         return fut
 
     def post(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None, *,
         headers: Headers | None = None,
     ) -> None:
         """Queue one message without a future: the fastest way to send messages one at a
@@ -233,7 +206,7 @@ class AsyncProducer:
                 _retrieve
             )
             return
-        self.accumulator.post(topic, data, attribute, key, headers)
+        self.accumulator.post((topic, data, attribute, key, headers))
 
     def post_failures(self) -> list[PostFailure]:
         """Take the kept failures of :meth:`post` (oldest first); see ``posts_failed``.
@@ -246,11 +219,8 @@ class AsyncProducer:
         self.delivery.post_failed(topic, payload, err)
 
     async def send_batch(
-        self,
-        topic: str,
-        datas: Sequence[bytes],
-        attribute: str | None = None,
-        key: bytes | str | None = None,
+        self, topic: str, datas: Sequence[bytes], attribute: str | None = None,
+        key: Key | None = None,
     ) -> BatchSendResult:
         """Send many messages to one partition and wait for one :class:`BatchSendResult`.
 
@@ -258,11 +228,8 @@ class AsyncProducer:
         return await self.send_batch_nowait(topic, datas, attribute, key)
 
     def send_batch_nowait(
-        self,
-        topic: str,
-        datas: Sequence[bytes],
-        attribute: str | None = None,
-        key: bytes | str | None = None,
+        self, topic: str, datas: Sequence[bytes], attribute: str | None = None,
+        key: Key | None = None,
     ) -> asyncio.Future[BatchSendResult]:
         """Queue many messages (same ``attribute``) for one partition (chosen once, by
         ``key`` or round robin); one future resolves to their :class:`BatchSendResult`
@@ -324,15 +291,9 @@ class AsyncProducer:
         return asyncio.ensure_future(merge(), loop=self.loop)
 
     async def send_delayed(
-        self,
-        topic: str,
-        data: bytes,
-        delay: float | None = None,
-        deliver_at: datetime | float | None = None,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
-        headers: Headers | None = None,
+        self, topic: str, data: bytes, delay: float | None = None,
+        deliver_at: datetime | float | None = None, attribute: str | None = None,
+        key: Key | None = None, *, headers: Headers | None = None,
     ) -> SendResult:
         """Send a message consumers see no earlier than ``delay`` seconds from now or at
         ``deliver_at`` (an aware datetime or Unix seconds), in due order per partition.
@@ -360,12 +321,7 @@ class AsyncProducer:
         return result
 
     async def _send_delayed(
-        self,
-        topic: str,
-        data: bytes,
-        due_ms: int,
-        attribute: str | None,
-        key: bytes | str | None,
+        self, topic: str, data: bytes, due_ms: int, attribute: str | None, key: Key | None,
         headers: Headers | None,
     ) -> SendResult:
         payload, flag = build_payload(data, attribute, key, headers)
@@ -527,14 +483,8 @@ class AsyncProducer:
     # -- half messages
 
     def half_message(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout: float | None = None,
-        *,
-        headers: Headers | None = None,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None,
+        timeout: float | None = None, *, headers: Headers | None = None,
     ) -> AsyncHalfMessageBlock:
         """A half message around an ``async with`` block (needs a producer group)::
 
@@ -546,46 +496,23 @@ class AsyncProducer:
         BEGIN, the put and PREPARE are written on entry, not awaited; see
         :mod:`notify.client._halfmsg` for the order of events and the check-back."""
         return AsyncHalfMessageBlock(
-            lambda: self.start_half(topic, data, attribute, key, timeout, headers)
+            lambda: self.start_half((topic, data, attribute, key, headers), timeout)
         )
 
-    async def start_half(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout: float | None = None,
-        headers: Headers | None = None,
-    ) -> HalfMessage:
+    async def start_half(self, msg: Draft, timeout: float | None = None) -> HalfMessage:
         """BEGIN + put + PREPARE written, their replies not awaited."""
-        return await HalfMessage.send(self, topic, data, attribute, key, timeout, headers)
+        return await HalfMessage.send(self, msg, timeout)
 
-    async def prepare_half(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout: float | None = None,
-        headers: Headers | None = None,
-    ) -> HalfMessage:
+    async def prepare_half(self, msg: Draft, timeout: float | None = None) -> HalfMessage:
         """BEGIN + put + PREPARE, acknowledged: the prepared half message (raises when it
         was not prepared)."""
-        half = await self.start_half(topic, data, attribute, key, timeout, headers)
+        half = await self.start_half(msg, timeout)
         await half.prepared()
         return half
 
     async def send_in_transaction(
-        self,
-        topic: str,
-        data: bytes,
-        local_tx: LocalTransaction,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout: float | None = None,
-        *,
-        headers: Headers | None = None,
+        self, topic: str, data: bytes, local_tx: LocalTransaction, attribute: str | None = None,
+        key: Key | None = None, timeout: float | None = None, *, headers: Headers | None = None,
     ) -> TransactionSendResult:
         """Send a half message, run ``local_tx(msg)``, then commit or roll the message back.
 
@@ -604,5 +531,5 @@ class AsyncProducer:
         is UNKNOWN and the exception propagates. Raises (without running ``local_tx``) when
         the half message could not be prepared. Needs a producer group.
         """
-        half = await self.prepare_half(topic, data, attribute, key, timeout, headers)
+        half = await self.prepare_half((topic, data, attribute, key, headers), timeout)
         return await decide(half, await run_local(half, local_tx))

@@ -35,6 +35,7 @@ from notify.errors import ClientError, ConnectionLostError
 from notify.protocol.frames import QBATCH_RUN, Response, decode_qbatch, encode_line, encode_qack
 from notify.protocol.records import HEADER, HEADER_SIZE, split_payload
 
+from ._facade import AsyncCloses, Closes
 from ._loopthread import LoopThread
 from ._routing import TopicRouter
 
@@ -389,7 +390,7 @@ def _resolve(
         f.set_result(not bad)
 
 
-class AsyncQueueConsumer:
+class AsyncQueueConsumer(AsyncCloses):
     """A consumer of queue group ``group`` of ``topic`` (asyncio; see the module doc)."""
 
     def __init__(
@@ -583,11 +584,6 @@ class AsyncQueueConsumer:
                     self.group, self.topic, self.consumer_id
                 )
 
-    async def __aenter__(self) -> AsyncQueueConsumer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
 
 class SyncQueueMessage:
@@ -628,7 +624,7 @@ def settle_all(messages: Sequence[SyncQueueMessage], accept: bool) -> list[bool]
     return lt.run(run())
 
 
-class QueueConsumer:
+class QueueConsumer(Closes):
     """Synchronous queue consumer: ``for msg in consumer.messages(): ...; msg.ack()``."""
 
     def __init__(self, core: AsyncQueueConsumer, lt: LoopThread):
@@ -650,9 +646,3 @@ class QueueConsumer:
 
     def close(self) -> None:
         self._lt.run(self.core.close())
-
-    def __enter__(self) -> QueueConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

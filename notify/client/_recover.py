@@ -22,7 +22,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -278,20 +278,19 @@ def _groups(data_dir: Path, group: str | None) -> Iterable[str]:
 
 def list_dead_letters(data_dir: Path | str, group: str | None = None) -> list[StoredMessage]:
     """Dead letters kept under a consumer's ``data_dir`` (one group, or all groups)."""
-    d = Path(data_dir)
-    out: list[StoredMessage] = []
-    for g in _groups(d, group):
-        out.extend(RecoverStore(d, g).dead())
-    return out
+    return _collect(Path(data_dir), group, RecoverStore.dead)
 
 
 def list_pending_recovery(data_dir: Path | str, group: str | None = None) -> list[StoredMessage]:
     """Messages waiting for background re-delivery under ``data_dir``."""
-    d = Path(data_dir)
-    out: list[StoredMessage] = []
-    for g in _groups(d, group):
-        out.extend(RecoverStore(d, g).pending())
-    return out
+    return _collect(Path(data_dir), group, RecoverStore.pending)
+
+
+def _collect(
+    d: Path, group: str | None, read: Callable[[RecoverStore], list[StoredMessage]]
+) -> list[StoredMessage]:
+    """``read`` of the store of one group, or of every group under ``d``."""
+    return [m for g in _groups(d, group) for m in read(RecoverStore(d, g))]
 
 
 def replay_dead_letters(

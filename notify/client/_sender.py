@@ -30,6 +30,7 @@ from notify.protocol.replies import MultiPutAck
 from ._batch import Item, Queued, mput_body
 from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
+from ._facade import Delegated
 from ._identity import ProducerIdentity
 from ._message import PostFailure
 from ._routing import TopicRouter
@@ -166,12 +167,8 @@ class Sender:
     """The producer's sending side: connections, tasks and one transmission of a batch."""
 
     def __init__(
-        self,
-        pool: ConnectionPool,
-        router: TopicRouter,
-        client_config: ClientConfig,
-        config: ProducerConfig,
-        loop: Callable[[], asyncio.AbstractEventLoop],
+        self, pool: ConnectionPool, router: TopicRouter, client_config: ClientConfig,
+        config: ProducerConfig, loop: Callable[[], asyncio.AbstractEventLoop],
         identity: ProducerIdentity | None = None,
     ):
         self.pool = pool
@@ -254,11 +251,7 @@ class Sender:
         return out
 
     async def _pipelined_puts(
-        self,
-        conn: AsyncConnection,
-        topic: str,
-        partition: int,
-        items: Sequence[Queued],
+        self, conn: AsyncConnection, topic: str, partition: int, items: Sequence[Queued],
         timeout: float,
     ) -> list[wire.Ack | Exception]:
         checksum = self.config.send_checksum
@@ -402,13 +395,8 @@ class PartitionSender:
 
     # -- what the partition's spool uses (:class:`~._spool.SpoolOwner`)
 
-    @property
-    def config(self) -> ProducerConfig:
-        return self.s.config
-
-    @property
-    def closing(self) -> bool:
-        return self.s.closing
+    config = Delegated[ProducerConfig]("s.config")
+    closing = Delegated[bool]("s.closing")
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return self.s.spawn(coro)

@@ -22,8 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Final, TypedDict, TypeVar, Unpack
 
 from configserver import ConfigServer, ConfigServerError
 from notify.errors import ClientError, ConnectionLostError
@@ -37,6 +36,7 @@ from ._consumer import (
     MessageListener,
     signal_list,
 )
+from ._facade import Closes
 from ._halfmsg import TransactionChecker
 from ._loopthread import LoopThread
 from ._message import Message
@@ -59,50 +59,65 @@ log = logging.getLogger("notify.client")
 Brokers = Sequence[str] | Mapping[int, str]
 T = TypeVar("T")
 
-def with_security(config: ClientConfig, overrides: Mapping[str, Any]) -> ClientConfig:
-    """``config`` with the given (not None) ``secret``/``tls*`` keyword arguments applied."""
-    given = {k: v for k, v in overrides.items() if v is not None}
+class SessionOptions(TypedDict, total=False):
+    """The keyword arguments of a session (:func:`connect` and both factories).
+
+    ``config``: the :class:`ClientConfig`; ``partitions``: ``{topic: partitions per
+    broker}`` to skip ``stats topics`` discovery; ``directory``: any
+    :class:`BrokerDirectory` instead of the static one; ``zk``: a configserver address
+    (``"127.0.0.1:2181/meta"``, ``"zookeeper://h1,h2/meta"``) or a
+    :class:`configserver.ConfigServer` (cluster mode). ``secret`` and ``tls*`` override the
+    same fields of ``config`` (the secret defaults to ``NOTIFY_SECRET``).
+    """
+
+    config: ClientConfig | None
+    partitions: Mapping[str, int] | None
+    directory: BrokerDirectory | None
+    zk: str | ConfigServer | None
+    secret: str | None
+    tls: bool | None
+    tls_ca_file: str | None
+    tls_verify: bool | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+
+
+#: The options that override fields of the ClientConfig (secret and TLS).
+SECURITY_OPTIONS: Final = (
+    "secret",
+    "tls",
+    "tls_ca_file",
+    "tls_verify",
+    "tls_cert_file",
+    "tls_key_file",
+)
+
+
+def session_config(options: SessionOptions) -> ClientConfig:
+    """The session's :class:`ClientConfig`: ``config`` (default one) with the given (not
+    None) ``secret``/``tls*`` options applied."""
+    config = options.get("config") or ClientConfig()
+    given: dict[str, Any] = {
+        k: v for k in SECURITY_OPTIONS if (v := options.get(k)) is not None
+    }
     return dataclasses.replace(config, **given) if given else config
 
 
 class AsyncMessageSessionFactory:
     """Connections to the brokers plus the producers and consumers using them (asyncio).
 
-    ``brokers``: ``["host:port", ...]`` (broker id = position) or ``{brokerId: "host:port"}``.
-    ``partitions``: ``{topic: partitions per broker}`` to skip ``stats topics`` discovery.
-    ``directory``: any :class:`BrokerDirectory` instead of the static one. ``secret`` and
-    ``tls*`` override the same fields of ``config`` (see :class:`ClientConfig`; the secret
-    defaults to ``NOTIFY_SECRET``). ``zk``: a
-    configserver address (``"127.0.0.1:2181/meta"``, ``"zookeeper://h1,h2/meta"``) or a
-    :class:`configserver.ConfigServer` (cluster mode; ``await session.start()`` or ``async
-    with`` connects it, else the first use does). Use as ``async with
-    AsyncMessageSessionFactory([...]) as session:``; every object it created is closed with it.
+    ``brokers``: ``["host:port", ...]`` (broker id = position) or ``{brokerId: "host:port"}``;
+    the keyword arguments are :class:`SessionOptions` (``config``, ``partitions``,
+    ``directory``, ``zk``, ``secret``, ``tls*``). In cluster mode (``zk``) ``await
+    session.start()`` or ``async with`` connects the configserver, else the first use does.
+    Use as ``async with AsyncMessageSessionFactory([...]) as session:``; every object it
+    created is closed with it.
     """
 
-    def __init__(
-        self,
-        brokers: Brokers | None = None,
-        *,
-        config: ClientConfig | None = None,
-        partitions: Mapping[str, int] | None = None,
-        directory: BrokerDirectory | None = None,
-        zk: str | ConfigServer | None = None,
-        secret: str | None = None,
-        tls: bool | None = None,
-        tls_ca_file: str | None = None,
-        tls_verify: bool | None = None,
-        tls_cert_file: str | None = None,
-        tls_key_file: str | None = None,
-    ):
-        security = {
-            "secret": secret,
-            "tls": tls,
-            "tls_ca_file": tls_ca_file,
-            "tls_verify": tls_verify,
-            "tls_cert_file": tls_cert_file,
-            "tls_key_file": tls_key_file,
-        }
-        self.config = with_security(config or ClientConfig(), security)
+    def __init__(self, brokers: Brokers | None = None, **options: Unpack[SessionOptions]):
+        self.config = session_config(options)
+        zk = options.get("zk")
+        directory = options.get("directory")
         self.pool = ConnectionPool(
             self.config.connect_timeout_s,
             self.config.reconnect_backoff_min_s,
@@ -127,7 +142,7 @@ class AsyncMessageSessionFactory:
             if brokers is None:
                 raise ClientError("give broker addresses, zk= or a BrokerDirectory")
             directory = StaticBrokerDirectory(
-                brokers, self.pool, self.config.request_timeout_s, partitions
+                brokers, self.pool, self.config.request_timeout_s, options.get("partitions")
             )
         self.directory = directory
         self.router = TopicRouter(directory, self.config.metadata_ttl_s)
@@ -138,13 +153,8 @@ class AsyncMessageSessionFactory:
         self._closed = False
 
     async def create_queue_consumer(
-        self,
-        topic: str,
-        group: str,
-        credit: int = 100,
-        listener: QueueListener | None = None,
-        start: str = "earliest",
-        batch_listener: BatchListener | None = None,
+        self, topic: str, group: str, credit: int = 100, listener: QueueListener | None = None,
+        start: str = "earliest", batch_listener: BatchListener | None = None,
     ) -> AsyncQueueConsumer:
         """A consumer of queue group ``group`` of ``topic``, subscribed on every broker of
         the topic: the brokers push messages (at most ``credit`` unacknowledged per broker)
@@ -177,10 +187,7 @@ class AsyncMessageSessionFactory:
         return p
 
     def create_transactional_producer(
-        self,
-        group: str,
-        checker: TransactionChecker,
-        config: ProducerConfig | None = None,
+        self, group: str, checker: TransactionChecker, config: ProducerConfig | None = None,
         selector: PartitionSelector | None = None,
     ) -> AsyncProducer:
         """A producer of the producer group ``group`` for half messages (call on the loop).
@@ -202,9 +209,7 @@ class AsyncMessageSessionFactory:
         return p
 
     def create_consumer(
-        self,
-        config: ConsumerConfig | str,
-        offset_store: OffsetStore | None = None,
+        self, config: ConsumerConfig | str, offset_store: OffsetStore | None = None,
         executor: concurrent.futures.Executor | None = None,
     ) -> AsyncConsumer:
         """A pull consumer of a group (``config`` may be just the group name).
@@ -266,16 +271,11 @@ class AsyncMessageSessionFactory:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 
-class Consumer:
+class Consumer(Closes):
     """Synchronous pull consumer over the asyncio core."""
 
     def __init__(self, core: AsyncConsumer, lt: LoopThread):
@@ -293,10 +293,7 @@ class Consumer:
         return self.core.stats
 
     def subscribe(
-        self,
-        topic: str,
-        listener: MessageListener | None = None,
-        max_size: int = 1 << 20,
+        self, topic: str, listener: MessageListener | None = None, max_size: int = 1 << 20,
         filter: MessageFilter | None = None,
     ) -> Consumer:
         """See :meth:`AsyncConsumer.subscribe`; returns self."""
@@ -341,12 +338,8 @@ class Consumer:
         self._lt.run(self.core.commit())
 
     def seek(
-        self,
-        topic: str,
-        partitions: Partition | str | Iterable[Partition | str] | None = None,
-        *,
-        offset: int | str | None = None,
-        timestamp: float | datetime | None = None,
+        self, topic: str, partitions: Partition | str | Iterable[Partition | str] | None = None, *,
+        offset: int | str | None = None, timestamp: float | datetime | None = None,
     ) -> dict[str, int]:
         """Move to ``offset`` (bytes, ``"earliest"``, ``"latest"``) or to the first message
         at or after ``timestamp``; see :meth:`AsyncConsumer.seek`::
@@ -421,50 +414,21 @@ class Consumer:
 
     close = shutdown
 
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
 
 
-class MessageSessionFactory:
+class MessageSessionFactory(Closes):
     """Synchronous session factory (MetaQ's MessageSessionFactory).
 
     Same arguments as :class:`AsyncMessageSessionFactory`; runs the asyncio core on a
     background event-loop thread. Use as a context manager or call :meth:`close`.
     """
 
-    def __init__(
-        self,
-        brokers: Brokers | None = None,
-        *,
-        config: ClientConfig | None = None,
-        partitions: Mapping[str, int] | None = None,
-        directory: BrokerDirectory | None = None,
-        zk: str | ConfigServer | None = None,
-        secret: str | None = None,
-        tls: bool | None = None,
-        tls_ca_file: str | None = None,
-        tls_verify: bool | None = None,
-        tls_cert_file: str | None = None,
-        tls_key_file: str | None = None,
-    ):
-        security = {
-            "secret": secret,
-            "tls": tls,
-            "tls_ca_file": tls_ca_file,
-            "tls_verify": tls_verify,
-            "tls_cert_file": tls_cert_file,
-            "tls_key_file": tls_key_file,
-        }
-        cfg = with_security(config or ClientConfig(), security)
+    def __init__(self, brokers: Brokers | None = None, **options: Unpack[SessionOptions]):
+        cfg = session_config(options)
         self._lt = LoopThread(cfg.use_uvloop)
 
         async def build() -> AsyncMessageSessionFactory:
-            core = AsyncMessageSessionFactory(
-                brokers, config=cfg, partitions=partitions, directory=directory, zk=zk
-            )  # cfg already carries the security overrides
+            core = AsyncMessageSessionFactory(brokers, **options)
             try:
                 await core.start()
             except BaseException:
@@ -494,10 +458,7 @@ class MessageSessionFactory:
         return Producer(core, self._lt, self.core.pool)
 
     def create_transactional_producer(
-        self,
-        group: str,
-        checker: TransactionChecker,
-        config: ProducerConfig | None = None,
+        self, group: str, checker: TransactionChecker, config: ProducerConfig | None = None,
         selector: PartitionSelector | None = None,
     ) -> Producer:
         """A synchronous producer of producer group ``group`` for half messages.
@@ -519,9 +480,7 @@ class MessageSessionFactory:
         return Producer(self._lt.run(make()), self._lt, self.core.pool)
 
     def create_consumer(
-        self,
-        config: ConsumerConfig | str,
-        offset_store: OffsetStore | None = None,
+        self, config: ConsumerConfig | str, offset_store: OffsetStore | None = None,
         executor: concurrent.futures.Executor | None = None,
     ) -> Consumer:
         """A synchronous consumer (see :meth:`AsyncMessageSessionFactory.create_consumer`)."""
@@ -540,13 +499,8 @@ class MessageSessionFactory:
         return SessionPublisher(self.core.router, self._lt, direct, timeout)
 
     def create_queue_consumer(
-        self,
-        topic: str,
-        group: str,
-        credit: int = 100,
-        listener: QueueListener | None = None,
-        start: str = "earliest",
-        batch_listener: BatchListener | None = None,
+        self, topic: str, group: str, credit: int = 100, listener: QueueListener | None = None,
+        start: str = "earliest", batch_listener: BatchListener | None = None,
     ) -> QueueConsumer:
         """A synchronous queue consumer (see
         :meth:`AsyncMessageSessionFactory.create_queue_consumer`); a plain ``listener``
@@ -571,11 +525,6 @@ class MessageSessionFactory:
         finally:
             self._lt.stop()
 
-    def __enter__(self) -> MessageSessionFactory:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _check_group(group: str) -> None:
@@ -584,34 +533,14 @@ def _check_group(group: str) -> None:
 
 
 def connect(
-    brokers: Brokers | None = None,
-    *,
-    config: ClientConfig | None = None,
-    partitions: Mapping[str, int] | None = None,
-    zk: str | ConfigServer | None = None,
-    secret: str | None = None,
-    tls: bool | None = None,
-    tls_ca_file: str | None = None,
-    tls_verify: bool | None = None,
-    tls_cert_file: str | None = None,
-    tls_key_file: str | None = None,
+    brokers: Brokers | None = None, **options: Unpack[SessionOptions]
 ) -> MessageSessionFactory:
     """Open a synchronous session: ``with connect(["127.0.0.1:8123"]) as session: ...``,
     or in a cluster ``with connect(zk="127.0.0.1:2181/meta") as session: ...`` (brokers and
     partitions from ZooKeeper, consumer groups rebalanced there).
 
-    ``secret`` (default: the ``NOTIFY_SECRET`` environment variable) authenticates every
-    connection to brokers that set ``authSecret``; ``tls*`` turn on TLS (see
-    :class:`ClientConfig`). Given here they override the same fields of ``config``."""
-    return MessageSessionFactory(
-        brokers,
-        config=config,
-        partitions=partitions,
-        zk=zk,
-        secret=secret,
-        tls=tls,
-        tls_ca_file=tls_ca_file,
-        tls_verify=tls_verify,
-        tls_cert_file=tls_cert_file,
-        tls_key_file=tls_key_file,
-    )
+    The keyword arguments are :class:`SessionOptions`. ``secret`` (default: the
+    ``NOTIFY_SECRET`` environment variable) authenticates every connection to brokers that
+    set ``authSecret``; ``tls*`` turn on TLS (see :class:`ClientConfig`). Given here they
+    override the same fields of ``config``."""
+    return MessageSessionFactory(brokers, **options)

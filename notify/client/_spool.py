@@ -33,6 +33,7 @@ from notify.protocol.replies import MultiPutAck
 
 from ._batch import Item, Queued
 from ._config import ProducerConfig
+from ._files import write_all
 from .core.types import Partition
 
 if TYPE_CHECKING:
@@ -87,9 +88,7 @@ class Spool:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                write_all(fd, data)
                 self._fsync(fd)
             finally:
                 os.close(fd)

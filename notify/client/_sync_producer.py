@@ -25,6 +25,7 @@ from ._connection import ConnectionPool
 from ._direct import DirectPlan, DirectSender
 from ._directtx import DirectBackend, direct_eligible
 from ._errors import ClientTransactionError
+from ._facade import Closes, Delegated
 from ._halfmsg import (
     HalfMessageBlock,
     LocalTransaction,
@@ -34,7 +35,7 @@ from ._halfmsg import (
     local_tx_raised,
 )
 from ._loopthread import LoopThread, ThreadFuture
-from ._message import BatchSendResult, Headers, PostFailure
+from ._message import BatchSendResult, Draft, Headers, Key, PostFailure
 from ._producer import AsyncProducer
 from ._transaction import Transaction
 from ._txbackend import SyncBackend, outbox_backend
@@ -44,8 +45,6 @@ from .core.types import Partition, SendResult
 log = logging.getLogger("notify.client")
 T = TypeVar("T")
 
-#: a blocking-API post waiting for the loop: (topic, data, attribute, key, headers)
-_Posted = tuple[str, bytes, str | None, bytes | str | None, Headers | None]
 
 
 class Route(enum.Enum):
@@ -94,7 +93,7 @@ def _gather_sync(
     return out
 
 
-class Producer:
+class Producer(Closes):
     """Synchronous producer over the asyncio core (thread-safe).
 
     ``send`` blocks until the broker acknowledged (a failure raises its error; with
@@ -127,21 +126,13 @@ class Producer:
         #: counts it): deque append/pop are atomic, no lock per message
         self._posted: collections.deque[None] = collections.deque()
         #: post(): messages not handed to the core yet, and whether a drain is scheduled
-        self._post_buf: list[_Posted] = []
+        self._post_buf: list[Draft] = []
         self._post_wake = False
         self._post_lock = threading.Lock()
 
     # -- sends
 
-    def _route(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        headers: Headers | None,
-        delayed: bool,
-    ) -> tuple[Route, Transaction | DirectPlan | None]:
+    def _route(self, msg: Draft, delayed: bool) -> tuple[Route, Transaction | DirectPlan | None]:
         """Where a ``send()`` goes: the one decision. A delayed message is a ``dput`` on the
         loop (outside any transaction); this thread's open transaction takes the others;
         then the direct path when nothing of the producer is in flight and it can take the
@@ -153,22 +144,15 @@ class Producer:
             return Route.TRANSACTION, tx
         direct = self._direct
         if direct is not None and self._quiet():
-            plan = direct.plan(topic, data, attribute, key, headers)
+            plan = direct.plan(msg)
             if plan is not None:
                 return Route.DIRECT, plan
         return Route.LOOP, None
 
     def send(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout_s: float | None = None,
-        *,
-        headers: Headers | None = None,
-        delay: float | None = None,
-        deliver_at: datetime | float | None = None,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None,
+        timeout_s: float | None = None, *, headers: Headers | None = None,
+        delay: float | None = None, deliver_at: datetime | float | None = None,
     ) -> SendResult:
         """Send one message and wait for its :class:`SendResult` (see
         :meth:`AsyncProducer.send`: failures raise unless ``raise_on_error`` is off,
@@ -176,8 +160,8 @@ class Producer:
 
         When none of the producer's messages is in flight the message goes straight over
         a socket of the calling thread (no hop to the loop thread; see ``_direct``)."""
-        delayed = delay is not None or deliver_at is not None
-        route, via = self._route(topic, data, attribute, key, headers, delayed)
+        msg = (topic, data, attribute, key, headers)
+        route, via = self._route(msg, delay is not None or deliver_at is not None)
         if route is Route.DELAYED:
             return self.send_delayed(
                 topic, data, delay, deliver_at, attribute, key, timeout_s, headers=headers
@@ -190,15 +174,10 @@ class Producer:
             r = self._direct.send(via, timeout_s)
             if r is not None:
                 return self.core.checked(r)
-        return self._queue(topic, data, attribute, key, headers).result(timeout_s)
+        return self._queue(msg).result(timeout_s)
 
     def send_future(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None, *,
         headers: Headers | None = None,
     ) -> concurrent.futures.Future[SendResult]:
         """Queue one message; the future resolves to its :class:`SendResult` (or fails with
@@ -208,53 +187,30 @@ class Producer:
         tx = self.current_transaction()
         if tx is not None:
             return tx.send_future(topic, data, attribute, key, headers=headers)
-        return self._queue(topic, data, attribute, key, headers)
+        return self._queue((topic, data, attribute, key, headers))
 
-    def _queue(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        headers: Headers | None,
-    ) -> concurrent.futures.Future[SendResult]:
+    def _queue(self, msg: Draft) -> concurrent.futures.Future[SendResult]:
         """Queue one message on the loop; the core resolves the future itself."""
         self._seal_posts()
         out: ThreadFuture[SendResult] = ThreadFuture()
         posted = self._posted
         posted.append(None)  # until the core counts it (core.outstanding); atomic, no lock
         try:
-            self._lt.post(
-                functools.partial(self._send_into, out, topic, data, attribute, key, headers),
-                out,
-            )
+            self._lt.post(functools.partial(self._send_into, out, msg), out)
         except BaseException:
             posted.pop()
             raise
         return out
 
-    def _send_into(
-        self,
-        out: ThreadFuture[SendResult],
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        headers: Headers | None,
-    ) -> None:
+    def _send_into(self, out: ThreadFuture[SendResult], msg: Draft) -> None:
         """On the loop: queue the message in the core, which resolves ``out`` itself."""
         try:
-            self.core.accumulator.send_into(out, topic, data, attribute, key, headers)
+            self.core.accumulator.send_into(out, msg)
         finally:
             self._posted.pop()
 
     def post(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None, *,
         headers: Headers | None = None,
     ) -> None:
         """Queue one message without a future (see :meth:`AsyncProducer.post`): the
@@ -296,7 +252,7 @@ class Producer:
                 if self._post_wake:
                     self._post_buf, self._post_wake = [], False
 
-    def _drain_posts(self, items: list[_Posted]) -> None:
+    def _drain_posts(self, items: list[Draft]) -> None:
         """On the loop: hand one buffer of posts to the core, in order."""
         with self._post_lock:
             if self._post_buf is items:
@@ -304,23 +260,18 @@ class Producer:
         core = self.core
         post = core.accumulator.post
         posted = self._posted
-        for topic, data, attribute, key, headers in items:
+        for msg in items:
             try:
-                post(topic, data, attribute, key, headers)
+                post(msg)
             except ClientError as e:  # closed meanwhile: a failure, not lost silently
-                core.post_failed(topic, bytes(data), e)
+                core.post_failed(msg[0], bytes(msg[1]), e)
             finally:
                 posted.pop()
 
-    @property
-    def posts_acked(self) -> int:
-        """Messages of :meth:`post` stored so far."""
-        return self.core.posts_acked
-
-    @property
-    def posts_failed(self) -> int:
-        """Messages of :meth:`post` not stored (after the retries) so far."""
-        return self.core.posts_failed
+    posts_acked = Delegated[int]("core.delivery.posts_acked", "Messages of post() stored so far.")
+    posts_failed = Delegated[int](
+        "core.delivery.posts_failed", "Messages of post() not stored (after the retries) so far."
+    )
 
     def post_failures(self) -> list[PostFailure]:
         """Take the kept failures of :meth:`post` (see :meth:`AsyncProducer.post_failures`)."""
@@ -332,23 +283,16 @@ class Producer:
         return self.core.outstanding + len(self._posted)
 
     def send_batch(
-        self,
-        topic: str,
-        datas: Sequence[bytes],
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout_s: float | None = None,
+        self, topic: str, datas: Sequence[bytes], attribute: str | None = None,
+        key: Key | None = None, timeout_s: float | None = None,
     ) -> BatchSendResult:
         """Send many messages to one partition and wait for their one
         :class:`BatchSendResult` (see :meth:`AsyncProducer.send_batch_nowait`)."""
         return self.send_batch_future(topic, datas, attribute, key).result(timeout_s)
 
     def send_batch_future(
-        self,
-        topic: str,
-        datas: Sequence[bytes],
-        attribute: str | None = None,
-        key: bytes | str | None = None,
+        self, topic: str, datas: Sequence[bytes], attribute: str | None = None,
+        key: Key | None = None,
     ) -> concurrent.futures.Future[BatchSendResult]:
         """Queue many messages for one partition; one future for all of them.
 
@@ -384,16 +328,9 @@ class Producer:
             self._in_flight -= 1
 
     def send_delayed(
-        self,
-        topic: str,
-        data: bytes,
-        delay: float | None = None,
-        deliver_at: datetime | float | None = None,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout_s: float | None = None,
-        *,
-        headers: Headers | None = None,
+        self, topic: str, data: bytes, delay: float | None = None,
+        deliver_at: datetime | float | None = None, attribute: str | None = None,
+        key: Key | None = None, timeout_s: float | None = None, *, headers: Headers | None = None,
     ) -> SendResult:
         """A message visible no earlier than ``delay`` s from now or at ``deliver_at``
         (aware datetime or Unix seconds); see :meth:`AsyncProducer.send_delayed`."""
@@ -405,12 +342,7 @@ class Producer:
         )
 
     async def send_async(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None, *,
         headers: Headers | None = None,
     ) -> SendResult:
         """Awaitable send usable from any event loop."""
@@ -418,15 +350,13 @@ class Producer:
             self.send_future(topic, data, attribute, key, headers=headers)
         )
 
-    @property
-    def session_id(self) -> str:
-        """The producer's id in its transaction keys ``TX:<session_id>:<n>``."""
-        return self.core.session_id
-
-    @property
-    def producer_id(self) -> str | None:
-        """The idempotent producer's id (``ProducerConfig(idempotent=True)``), else None."""
-        return self.core.producer_id
+    session_id = Delegated[str](
+        "core.session_id", "The producer's id in its transaction keys TX:<session_id>:<n>."
+    )
+    producer_id = Delegated[str | None](
+        "core.accumulator.producer_id",
+        "The idempotent producer's id (ProducerConfig(idempotent=True)), else None.",
+    )
 
     # -- transactions
 
@@ -507,14 +437,8 @@ class Producer:
     # -- half messages
 
     def half_message(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout: float | None = None,
-        *,
-        headers: Headers | None = None,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None,
+        timeout: float | None = None, *, headers: Headers | None = None,
     ) -> HalfMessageBlock:
         """A half message around a ``with`` block (a transactional producer's)::
 
@@ -526,19 +450,12 @@ class Producer:
         See :meth:`AsyncProducer.half_message`."""
         core = self.core
         return HalfMessageBlock(
-            lambda: core.start_half(topic, data, attribute, key, timeout, headers), self._lt
+            lambda: core.start_half((topic, data, attribute, key, headers), timeout), self._lt
         )
 
     def send_in_transaction(
-        self,
-        topic: str,
-        data: bytes,
-        local_tx: LocalTransaction,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout: float | None = None,
-        *,
-        headers: Headers | None = None,
+        self, topic: str, data: bytes, local_tx: LocalTransaction, attribute: str | None = None,
+        key: Key | None = None, timeout: float | None = None, *, headers: Headers | None = None,
     ) -> TransactionSendResult:
         """Send a half message, run ``local_tx(msg)`` in this thread, then commit or roll
         back the message as it answers (needs a producer group).
@@ -557,7 +474,8 @@ class Producer:
         UNKNOWN (or an exception from ``local_tx``, which propagates) leaves the decision
         to the broker's check-back. See :meth:`AsyncProducer.send_in_transaction`.
         """
-        half = self._lt.run(self.core.prepare_half(topic, data, attribute, key, timeout, headers))
+        msg = (topic, data, attribute, key, headers)
+        half = self._lt.run(self.core.prepare_half(msg, timeout))
         try:
             res: object = local_tx(half.message)
         except BaseException as e:
@@ -590,8 +508,3 @@ class Producer:
         """Flush and stop the producer."""
         self._lt.run(self.core.close())
 
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

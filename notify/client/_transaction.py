@@ -38,63 +38,60 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
-from types import TracebackType
+from typing import Any, Generic, TypeVar
 
-from ._message import Headers
+from ._facade import Delegated
+from ._message import Headers, Key
 from ._txbackend import AsyncBackend, SyncBackend, TxInfo
 from .core.states import FINISHED, OPEN, TxState
 from .core.types import SendResult
 
 log = logging.getLogger("notify.client")
+B = TypeVar("B", bound=TxInfo)
 
 
-class _Handle:
+class _Handle(Generic[B]):
     """What both handles tell about their transaction (from its backend)."""
 
-    _backend: TxInfo
+    key = Delegated[str]("_backend.core.key", "The transaction key TX:<sessionId>:<n>.")
+    state = Delegated[TxState]("_backend.core.state", "Where the transaction is.")
+    broker = Delegated[str | None](
+        "_backend.core.address",
+        "Address of the broker the transaction is bound to (None before the first send).",
+    )
+
+    def __init__(self, backend: B, on_end: Callable[[Any], None] | None = None):
+        self._backend = backend
+        self._on_end = on_end
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.key} {self.status} broker={self.broker}>"
 
     @property
-    def key(self) -> str:
-        """The transaction key ``TX:<sessionId>:<n>``."""
-        return self._backend.key
-
-    @property
-    def state(self) -> TxState:
-        return self._backend.state
-
-    @property
     def status(self) -> str:
         """active, rollback_only, committing, committed, rolling_back, rolled_back, failed."""
-        return self._backend.state.value
+        return self._backend.core.state.value
 
     @property
     def active(self) -> bool:
         """True until commit or rollback starts (also when rollback-only)."""
-        return self._backend.state in OPEN
+        return self._backend.core.state in OPEN
 
     @property
     def finished(self) -> bool:
         """Committed, rolled back or failed."""
-        return self._backend.state in FINISHED
-
-    @property
-    def broker(self) -> str | None:
-        """Address of the broker the transaction is bound to (None before the first send)."""
-        return self._backend.address
+        return self._backend.core.state in FINISHED
 
     @property
     def rollback_only(self) -> bool:
         """True when a send failed: commit() will roll back and raise."""
-        return self._backend.failure is not None
+        return self._backend.core.failure is not None
 
     def _rollback_after(self, exc: BaseException | None, e: Exception) -> None:
         log.warning("transaction %s: rollback after %r failed: %s", self.key, exc, e)
 
 
-class AsyncTransaction(_Handle):
+class AsyncTransaction(_Handle[AsyncBackend]):
     """One local transaction of an :class:`AsyncProducer` (asyncio API).
 
     Get it from :meth:`AsyncProducer.transaction` / :meth:`AsyncProducer.begin_transaction`
@@ -110,21 +107,8 @@ class AsyncTransaction(_Handle):
         await tx.commit()                               # or: await tx.rollback()
     """
 
-    def __init__(
-        self,
-        backend: AsyncBackend,
-        on_end: Callable[[AsyncTransaction], None] | None = None,
-    ):
-        self._backend: AsyncBackend = backend
-        self._on_end = on_end
-
     async def send(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None, *,
         headers: Headers | None = None,
     ) -> SendResult:
         """Send one message in the transaction and wait for the broker to record it.
@@ -133,19 +117,14 @@ class AsyncTransaction(_Handle):
         ``raise_on_error=False``) and makes the transaction rollback-only; a topic without
         a partition on the transaction's broker raises :class:`ClientTransactionError`.
         """
-        return await self._backend.send_nowait(topic, data, attribute, key, headers)
+        return await self._backend.send_nowait((topic, data, attribute, key, headers))
 
     def send_nowait(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None, *,
         headers: Headers | None = None,
     ) -> asyncio.Future[SendResult]:
         """Queue one message of the transaction (sent in call order); future of its result."""
-        return self._backend.send_nowait(topic, data, attribute, key, headers)
+        return self._backend.send_nowait((topic, data, attribute, key, headers))
 
     async def commit(self) -> None:
         """Commit: COMMIT_ONE_PHASE right behind the puts (one round trip in all).
@@ -187,10 +166,7 @@ class AsyncTransaction(_Handle):
         return self
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, *_: object
     ) -> None:
         if not self.active:  # committed or rolled back explicitly inside the block
             return
@@ -203,7 +179,7 @@ class AsyncTransaction(_Handle):
             self._rollback_after(exc, e)
 
 
-class Transaction(_Handle):
+class Transaction(_Handle[SyncBackend]):
     """One local transaction of a synchronous :class:`Producer` (thread-safe handle).
 
     ::
@@ -220,40 +196,24 @@ class Transaction(_Handle):
     See :class:`AsyncTransaction` for the semantics and errors.
     """
 
-    def __init__(
-        self,
-        backend: SyncBackend,
-        on_end: Callable[[Transaction], None] | None = None,
-    ):
-        self._backend: SyncBackend = backend
-        self._on_end = on_end
+    def __init__(self, backend: SyncBackend, on_end: Callable[[Any], None] | None = None):
+        super().__init__(backend, on_end)
         #: the thread that began it (its sends join it)
         self.thread_id = threading.get_ident()
 
     def send(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        timeout_s: float | None = None,
-        *,
-        headers: Headers | None = None,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None,
+        timeout_s: float | None = None, *, headers: Headers | None = None,
     ) -> SendResult:
         """Send one message in the transaction and wait for its result (offset -1)."""
         return self.send_future(topic, data, attribute, key, headers=headers).result(timeout_s)
 
     def send_future(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        *,
+        self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None, *,
         headers: Headers | None = None,
     ) -> concurrent.futures.Future[SendResult]:
         """Queue one message of the transaction (kept in call order); future of its result."""
-        return self._backend.send_future(topic, data, attribute, key, headers)
+        return self._backend.send_future((topic, data, attribute, key, headers))
 
     def commit(self, timeout_s: float | None = None) -> None:
         """See :meth:`AsyncTransaction.commit`."""
@@ -277,10 +237,7 @@ class Transaction(_Handle):
         return self
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, *_: object
     ) -> None:
         if not self.active:
             return

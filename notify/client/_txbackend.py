@@ -15,21 +15,23 @@ transaction object the application holds (:class:`~._transaction.Transaction`,
   backend is made; until :mod:`notify.outbox` provides it they raise a
   :class:`~notify.errors.ClientError` saying so.
 
-A backend is anything with the surface below; its ``state`` is one of the client
-transaction's states (:class:`~.core.states.TxState`, changed through that module's one
-transition table), so every backend reports the same statuses.
+A backend is anything with the surface below. Its ``core`` is a
+:class:`~.core.transaction.TxCore`: the transaction's key, its state (the client
+transaction's states, changed through :mod:`.core.states`' one transition table, so every
+backend reports the same statuses) and its failure; a broker backend also drives its
+flights, another uses it for the state and failure alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from notify.errors import ClientError
 
-from ._message import Headers
-from .core.states import TxState
+from ._message import Draft
+from .core.transaction import TxCore
 from .core.types import SendResult
 
 #: What ``transaction(db=...)`` says while the outbox backend is not installed.
@@ -41,38 +43,17 @@ OUTBOX_UNAVAILABLE: Final = (
 
 
 class TxInfo(Protocol):
-    """What every backend tells about its transaction."""
+    """What every backend tells about its transaction: its core (key, state, failure, the
+    broker it is bound to)."""
 
     @property
-    def key(self) -> str:
-        """The transaction key (``TX:<sessionId>:<n>``)."""
-        ...
-
-    @property
-    def state(self) -> TxState: ...
-
-    @property
-    def address(self) -> str | None:
-        """The broker the transaction is bound to (None: none yet, or not a broker's)."""
-        ...
-
-    @property
-    def failure(self) -> Exception | None:
-        """The first failed send (the transaction is rollback-only), if any."""
-        ...
+    def core(self) -> TxCore[Any]: ...
 
 
 class SyncBackend(TxInfo, Protocol):
     """A backend of the blocking API (any thread)."""
 
-    def send_future(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        headers: Headers | None,
-    ) -> concurrent.futures.Future[SendResult]: ...
+    def send_future(self, msg: Draft) -> concurrent.futures.Future[SendResult]: ...
 
     def commit(self, timeout_s: float | None) -> None: ...
 
@@ -82,14 +63,7 @@ class SyncBackend(TxInfo, Protocol):
 class AsyncBackend(TxInfo, Protocol):
     """A backend of the asyncio API (on the producer's loop)."""
 
-    def send_nowait(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        headers: Headers | None,
-    ) -> asyncio.Future[SendResult]: ...
+    def send_nowait(self, msg: Draft) -> asyncio.Future[SendResult]: ...
 
     async def commit(self) -> None: ...
 

@@ -23,7 +23,7 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from notify.errors import ClientError, ConnectionLostError, RequestTimeoutError
 from notify.protocol.frames import FrameBuilder, Response
@@ -31,7 +31,7 @@ from notify.protocol.frames import FrameBuilder, Response
 from ._config import ClientConfig, ProducerConfig
 from ._errors import ClientTransactionError, TransactionConnectionError
 from ._loopthread import LoopThread
-from ._message import Headers, build_payload
+from ._message import Draft, Key, build_payload
 from ._routing import TopicRouter
 from .core.selectors import PartitionSelector
 from .core.states import TxState
@@ -68,20 +68,15 @@ class TxHost(Protocol):
     async def tx_connection(self, address: str) -> AsyncConnection: ...
 
 
-class _Unrouted:
+class _Unrouted(NamedTuple):
     """A send of the transaction waiting for its partition."""
 
-    __slots__ = ("data", "flag", "future", "key", "payload", "topic")
-
-    def __init__(
-        self, topic: str, payload: bytes, flag: int, key: bytes | str | None, data: bytes, f: Future
-    ):
-        self.topic = topic
-        self.payload = payload
-        self.flag = flag
-        self.key = key
-        self.data = data
-        self.future = f
+    topic: str
+    payload: bytes
+    flag: int
+    key: Key | None
+    data: bytes
+    future: Future
 
 
 def outcome_of(fut: asyncio.Future[Response], tx_key: str) -> Outcome:
@@ -106,33 +101,11 @@ class LoopTransaction:
         self._replies: list[asyncio.Future[Response]] = []  # replies not settled yet
         self._commit_reply: tuple[asyncio.Future[Response], int] | None = None  # and opaque
 
-    @property
-    def key(self) -> str:
-        return self.core.key
-
-    @property
-    def state(self) -> TxState:
-        return self.core.state
-
-    @property
-    def address(self) -> str | None:
-        return self.core.address
-
-    @property
-    def failure(self) -> Exception | None:
-        return self.core.failure
-
     # -- sends
 
-    def send_nowait(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None = None,
-        key: bytes | str | None = None,
-        headers: Headers | None = None,
-    ) -> Future:
+    def send_nowait(self, msg: Draft) -> Future:
         """Queue one message (written in call order); the future of its result."""
+        topic, data, attribute, key, headers = msg
         self.core.check_open()
         self._host.check_open()
         if not isinstance(data, bytes | bytearray | memoryview):
@@ -373,38 +346,16 @@ def _retrieve(fut: asyncio.Future[Response]) -> None:
 
 class LoopBackend:
     """A blocking transaction run on the session's loop thread (the loop path): the
-    :class:`~._transaction.SyncBackend` over a :class:`LoopTransaction`."""
+    :class:`~._txbackend.SyncBackend` over a :class:`LoopTransaction`."""
 
     def __init__(self, tx: LoopTransaction, lt: LoopThread):
         self.tx = tx
+        self.core = tx.core
         self._lt = lt
 
-    @property
-    def key(self) -> str:
-        return self.tx.core.key
-
-    @property
-    def state(self) -> TxState:
-        return self.tx.core.state
-
-    @property
-    def address(self) -> str | None:
-        return self.tx.core.address
-
-    @property
-    def failure(self) -> Exception | None:
-        return self.tx.core.failure
-
-    def send_future(
-        self,
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        headers: Headers | None,
-    ) -> concurrent.futures.Future[SendResult]:
+    def send_future(self, msg: Draft) -> concurrent.futures.Future[SendResult]:
         tx = self.tx
-        return self._lt.call(lambda: tx.send_nowait(topic, data, attribute, key, headers))
+        return self._lt.call(lambda: tx.send_nowait(msg))
 
     def commit(self, timeout_s: float | None) -> None:
         self._lt.run_call(self.tx.commit_soon, timeout_s)

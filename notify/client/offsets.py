@@ -35,6 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from notify.errors import ClientError
 
+from ._files import write_all
+
 log = logging.getLogger("notify.client")
 
 #: The offset file format: 2 = partitions keyed ``<brokerId>-<part>`` by the broker's own id.
@@ -225,9 +227,7 @@ class FileOffsetStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                write_all(fd, data)
                 self._fsync(fd)
             finally:
                 os.close(fd)

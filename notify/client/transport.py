@@ -48,7 +48,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Final
 
 from notify.errors import (
@@ -214,6 +213,10 @@ class AsyncConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # requests are small and answered one by one: no Nagle delay
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -443,11 +446,6 @@ async def open_connection(
             )
     except (OSError, TimeoutError) as e:
         raise _connect_error(address, e) from e
-    transport = conn._transport
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if opts.secret:
         secret = opts.secret
         try:
@@ -663,10 +661,5 @@ class BlockingConnection:
     def __enter__(self) -> BlockingConnection:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

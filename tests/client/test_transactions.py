@@ -81,6 +81,9 @@ def test_check_frames_are_not_replies() -> None:
             def write(self, data: bytes) -> None:
                 written.append(data)
 
+            def get_extra_info(self, name: str, default: object = None) -> object:
+                return default
+
         conn.connection_made(Transport())  # type: ignore[arg-type]
         fut = conn.send(b"stats 7\r\n", 7)
         conn.data_received(encode_check("TX:a:1", "t", 0, b"", 7))  # no handler: dropped

@@ -73,44 +73,40 @@ class TxEvent(Enum):
     ERROR = "error"
 
 
-S, E = TxState, TxEvent
+S = TxState
+#: event -> {state before: state after}: the whole machine, by event
+_BY_EVENT: Final[dict[TxEvent, dict[TxState, TxState]]] = {
+    TxEvent.FAIL: {
+        S.ACTIVE: S.ROLLBACK_ONLY,
+        S.ROLLBACK_ONLY: S.ROLLBACK_ONLY,
+        S.ENDED: S.ENDED,
+        S.COMMITTING: S.COMMITTING,
+        S.ROLLING_BACK: S.ROLLING_BACK,
+    },
+    TxEvent.END: {S.ACTIVE: S.ENDED, S.ROLLBACK_ONLY: S.ENDED},
+    TxEvent.PREPARED: {S.ACTIVE: S.PREPARED, S.ENDED: S.PREPARED},
+    TxEvent.READ_ONLY: {S.ACTIVE: S.COMMITTED, S.ENDED: S.COMMITTED},
+    TxEvent.COMMIT: dict.fromkeys((S.ACTIVE, S.ROLLBACK_ONLY, S.ENDED, S.PREPARED), S.COMMITTING),
+    TxEvent.COMMITTED: {S.COMMITTING: S.COMMITTED},
+    TxEvent.UNKNOWN: dict.fromkeys((S.ACTIVE, S.ROLLBACK_ONLY, S.COMMITTING), S.FAILED),
+    TxEvent.ROLLBACK: dict.fromkeys(
+        (S.ACTIVE, S.ROLLBACK_ONLY, S.ENDED, S.PREPARED, S.COMMITTING), S.ROLLING_BACK
+    ),
+    TxEvent.ROLLED_BACK: dict.fromkeys(
+        (S.ROLLING_BACK, S.COMMITTING, S.ROLLBACK_ONLY, S.ENDED), S.ROLLED_BACK
+    ),
+    TxEvent.ERROR: dict.fromkeys((S.COMMITTING, S.ROLLING_BACK), S.FAILED),
+}
 TRANSITIONS: Final[dict[tuple[TxState, TxEvent], TxState]] = {
-    (S.ACTIVE, E.FAIL): S.ROLLBACK_ONLY,
-    (S.ROLLBACK_ONLY, E.FAIL): S.ROLLBACK_ONLY,
-    (S.ENDED, E.FAIL): S.ENDED,
-    (S.COMMITTING, E.FAIL): S.COMMITTING,
-    (S.ROLLING_BACK, E.FAIL): S.ROLLING_BACK,
-    (S.ACTIVE, E.END): S.ENDED,
-    (S.ROLLBACK_ONLY, E.END): S.ENDED,
-    (S.ACTIVE, E.PREPARED): S.PREPARED,
-    (S.ENDED, E.PREPARED): S.PREPARED,
-    (S.ACTIVE, E.READ_ONLY): S.COMMITTED,
-    (S.ENDED, E.READ_ONLY): S.COMMITTED,
-    (S.ACTIVE, E.COMMIT): S.COMMITTING,
-    (S.ROLLBACK_ONLY, E.COMMIT): S.COMMITTING,
-    (S.ENDED, E.COMMIT): S.COMMITTING,
-    (S.PREPARED, E.COMMIT): S.COMMITTING,
-    (S.COMMITTING, E.COMMITTED): S.COMMITTED,
-    (S.COMMITTING, E.UNKNOWN): S.FAILED,
-    (S.ACTIVE, E.UNKNOWN): S.FAILED,
-    (S.ROLLBACK_ONLY, E.UNKNOWN): S.FAILED,
-    (S.ACTIVE, E.ROLLBACK): S.ROLLING_BACK,
-    (S.ROLLBACK_ONLY, E.ROLLBACK): S.ROLLING_BACK,
-    (S.ENDED, E.ROLLBACK): S.ROLLING_BACK,
-    (S.PREPARED, E.ROLLBACK): S.ROLLING_BACK,
-    (S.COMMITTING, E.ROLLBACK): S.ROLLING_BACK,
-    (S.ROLLING_BACK, E.ROLLED_BACK): S.ROLLED_BACK,
-    (S.COMMITTING, E.ROLLED_BACK): S.ROLLED_BACK,
-    (S.ROLLBACK_ONLY, E.ROLLED_BACK): S.ROLLED_BACK,
-    (S.ENDED, E.ROLLED_BACK): S.ROLLED_BACK,
-    (S.COMMITTING, E.ERROR): S.FAILED,
-    (S.ROLLING_BACK, E.ERROR): S.FAILED,
+    (before, event): after
+    for event, moves in _BY_EVENT.items()
+    for before, after in moves.items()
 }
 
 #: states in which the transaction takes messages
-OPEN: Final = frozenset({S.ACTIVE, S.ROLLBACK_ONLY})
+OPEN: Final = frozenset({TxState.ACTIVE, TxState.ROLLBACK_ONLY})
 #: states a transaction never leaves
-FINISHED: Final = frozenset({S.COMMITTED, S.ROLLED_BACK, S.FAILED})
+FINISHED: Final = frozenset({TxState.COMMITTED, TxState.ROLLED_BACK, TxState.FAILED})
 
 _TABLE: Final = TransitionTable(TRANSITIONS, ClientTransactionError)
 #: The state after ``event``; :class:`ClientTransactionError` when the event is not allowed.

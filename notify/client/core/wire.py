@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 from notify.client._errors import TransactionTimeoutError, XAError
 from notify.errors import BrokerError, ClientError, ProducerFencedError, ProtocolError
@@ -43,6 +44,8 @@ from notify.protocol.frames import (
 )
 from notify.protocol.replies import MultiPutAck, PutAck, XAFailure, parse_prepare_vote
 from notify.protocol.xa import XA_RBTIMEOUT
+
+T = TypeVar("T")
 
 #: ``(msg_id, offset)`` of one stored message (offset -1: not in the partition yet).
 Ack = tuple[int, int]
@@ -135,40 +138,36 @@ def unknown_command(r: Response) -> bool:
     return r.code == 400 and b"unknown command" in r.body.lower()
 
 
-def put_ack(r: Response, tx_key: str | None = None) -> Ack | ClientError:
-    """``(msg_id, offset)`` of a reply to ``put`` or ``dput``, or the error it carries (a
-    non-200 reply, a body that is no put ack)."""
+def _body(r: Response, parse: Callable[[bytes], T], tx_key: str | None) -> T | ClientError:
+    """``parse`` of a 200 reply's body, or the error the reply carries (a non-200 reply, a
+    body that does not parse)."""
     if r.code != 200:
         return reply_error(r, tx_key)
     try:
-        ack = PutAck.parse(r.body)
+        return parse(r.body)
     except ProtocolError as e:
         return ClientError(str(e))
-    return ack.msg_id, ack.offset
+
+
+def put_ack(r: Response, tx_key: str | None = None) -> Ack | ClientError:
+    """``(msg_id, offset)`` of a reply to ``put`` or ``dput``, or the error it carries (a
+    non-200 reply, a body that is no put ack)."""
+    ack = _body(r, PutAck.parse, tx_key)
+    return ack if isinstance(ack, ClientError) else (ack.msg_id, ack.offset)
 
 
 def mput_ack(r: Response, count: int, tx_key: str | None = None) -> MultiPutAck | ClientError:
     """The ack of a reply to an ``mput`` of ``count`` records, or the error it carries (a
     non-200 reply, a body that is no mput ack or acknowledges another count)."""
-    if r.code != 200:
-        return reply_error(r, tx_key)
-    try:
-        ack = MultiPutAck.parse(r.body)
-    except ProtocolError as e:
-        return ClientError(str(e))
-    if ack.count != count:
+    ack = _body(r, MultiPutAck.parse, tx_key)
+    if isinstance(ack, MultiPutAck) and ack.count != count:
         return ClientError(f"mput reply acknowledges {ack.count} of {count} messages")
     return ack
 
 
 def prepare_vote(r: Response, tx_key: str | None = None) -> int | ClientError:
     """The vote of a 200 reply to PREPARE (0 XA_OK, 3 XA_RDONLY), or the reply's error."""
-    if r.code != 200:
-        return reply_error(r, tx_key)
-    try:
-        return parse_prepare_vote(r.body)
-    except ProtocolError as e:
-        return ClientError(str(e))
+    return _body(r, parse_prepare_vote, tx_key)
 
 
 def records_body(runs: list[tuple[int, list[bytes]]]) -> bytes:

@@ -50,11 +50,14 @@ from notify.client import (
     ConsumerConfig,
     Message,
     MessageSessionFactory,
+    ProducerConfig,
     SendResult,
 )
 from notify.testing import BrokerProcess
 
 TOPIC = "bench"
+#: failures are counted, not raised
+LENIENT = ProducerConfig(raise_on_error=False)
 _TS = struct.Struct(">q")
 
 
@@ -62,7 +65,7 @@ async def produce(addr: str, count: int, size: int, window: int) -> tuple[float,
     body = b"x" * size
     failed = 0
     async with AsyncMessageSessionFactory([addr]) as s:
-        p = s.create_producer()
+        p = s.create_producer(LENIENT)
         await p.publish(TOPIC)
         chunks: list[list[asyncio.Future[object]]] = []
         t0 = time.perf_counter()
@@ -86,7 +89,7 @@ async def produce_posts(addr: str, count: int, size: int, window: int) -> tuple[
     """``post()`` per message (no future; results counted), at most ``window`` pending."""
     body = b"x" * size
     async with AsyncMessageSessionFactory([addr]) as s:
-        p = s.create_producer()
+        p = s.create_producer(LENIENT)
         await p.publish(TOPIC)
         t0 = time.perf_counter()
         sent = 0
@@ -108,7 +111,7 @@ async def produce_batches(addr: str, count: int, size: int, batch: int) -> tuple
     body = b"x" * size
     failed = 0
     async with AsyncMessageSessionFactory([addr]) as s:
-        p = s.create_producer()
+        p = s.create_producer(LENIENT)
         await p.publish(TOPIC)
         pending: list[asyncio.Future[BatchSendResult]] = []
         t0 = time.perf_counter()
@@ -133,7 +136,7 @@ def produce_sync(addr: str, count: int, size: int, mode: str, batch: int) -> tup
     body = b"x" * size
     failed = 0
     with MessageSessionFactory([addr]) as s:
-        p = s.create_producer()
+        p = s.create_producer(LENIENT)
         p.publish(TOPIC)
         t0 = time.perf_counter()
         if mode == "batch":
@@ -255,7 +258,7 @@ def latency(
 
         async def paced() -> None:
             async with AsyncMessageSessionFactory([addr]) as s:
-                p = s.create_producer()
+                p = s.create_producer(LENIENT)
                 await p.publish(topic)
                 pad = b"y" * max(0, size - 8)
                 loop = asyncio.get_running_loop()

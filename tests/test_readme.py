@@ -84,6 +84,7 @@ def test_readme_has_the_examples() -> None:
     assert {"Quickstart", "Client API", "Transactions"} <= sections
     assert any("send_in_transaction" in b.code and "checker" in b.code for b in BLOCKS)
     assert any("Outbox(engine)" in b.code and "outbox.relay(session)" in b.code for b in BLOCKS)
+    assert any(".half_message(" in b.code and "prepared()" in b.code for b in BLOCKS)
     assert any(b.needs_zookeeper for b in BLOCKS)
     # the raw-protocol example needs nothing a fresh Debian lacks (no nc)
     shell = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
@@ -144,6 +145,13 @@ def _check_half(env: Env, tmp: Path, out: str) -> None:
     assert visible(env.broker.addr, "orders", tmp / "check") == [b"paid 7"]
 
 
+def _check_half_block(env: Env, tmp: Path, out: str) -> None:
+    assert env.pg_conninfo is not None
+    assert pg_rows(env.pg_conninfo, "SELECT id FROM deliveries") == [(9,)]
+    assert "TxState.COMMITTED" in out
+    assert visible(env.broker.addr, "orders", tmp / "check") == [b"shipped 9"]
+
+
 def _check_xa(env: Env, tmp: Path, out: str) -> None:
     assert env.pg_conninfo is not None
     assert pg_rows(env.pg_conninfo, "SELECT id FROM orders") == [(42,)]
@@ -177,6 +185,7 @@ def _check_outbox(env: Env, tmp: Path, out: str) -> None:
 CHECKS: dict[str, Callable[[Env, Path, str], None]] = {
     "Outbox(engine)": _check_outbox,
     "send_in_transaction": _check_half,
+    ".half_message(": _check_half_block,
     "TransactionManager(": _check_xa,
     "TransactionalConsumer(": _check_consumer,
     "socket.create_connection": _check_raw,

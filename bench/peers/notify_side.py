@@ -32,7 +32,12 @@ from bench.peers.common import (
     Result,
 )
 from bench.peers.servers import check_stop, cpu_seconds, peak_rss_kib
-from notify.client import AsyncMessageSessionFactory, AsyncProducer, ConsumerConfig
+from notify.client import (
+    AsyncMessageSessionFactory,
+    AsyncProducer,
+    ConsumerConfig,
+    ProducerConfig,
+)
 from notify.protocol import records
 from notify.protocol.frames import ResponseParser, encode_mput
 from notify.testing import BrokerProcess
@@ -155,7 +160,9 @@ async def _lib_clients(
     lat: list[float] = []
     counts = [0, 0]
     async with AsyncMessageSessionFactory([f"{addr[0]}:{addr[1]}"]) as session:
-        producers = [session.create_producer() for _ in range(n)]
+        producers = [
+            session.create_producer(ProducerConfig(raise_on_error=False)) for _ in range(n)
+        ]
         for p in producers:
             await p.publish("bench")
         deadline = time.perf_counter() + seconds

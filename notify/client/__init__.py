@@ -16,14 +16,17 @@ asyncio API (same core, on your loop)::
         producer = session.create_producer()
         result = await producer.send("test", b"hello")
 
-Transactions (:mod:`._transaction`)::
+Transactions (:mod:`._transaction`, :mod:`._halfmsg`)::
 
     with producer.transaction(timeout=10):          # local: all or nothing, one broker
         producer.send("orders", b"o-1")
         producer.send("audit", b"o-1 created")
 
     producer = session.create_transactional_producer("shop", checker)   # half messages
-    result = producer.send_in_transaction("orders", b"o-2", local_tx)
+    with producer.half_message("orders", b"o-2") as half:
+        half.prepared()
+        save_order()                                 # committed after the block
+    result = producer.send_in_transaction("orders", b"o-3", local_tx)
 
 Messages carry a key, typed headers and a timestamp; consumers seek, pause and run::
 
@@ -41,11 +44,19 @@ Cluster (ZooKeeper, MetaQ's layout; see :mod:`configserver`)::
         consumer = session.create_consumer(ConsumerConfig(group="g", data_dir=path))
         consumer.subscribe("test", handle).complete_subscribe()   # the group rebalances
 
-Modules: ``_connection`` owns the sockets (pipelined, opaque-matched requests over the
-sans-IO codec of :mod:`notify.protocol.frames`); ``_routing`` the broker directory;
-``_producer``/``_consumer`` the asyncio cores; ``_session`` the factories and the
-synchronous wrappers; ``_transaction`` local transactions, half messages and check-backs;
-``_offsets``, ``_recover``, ``_spool`` the local files.
+A failed send raises its error; ``ProducerConfig(raise_on_error=False)`` returns
+``SendResult(success=False, error=...)`` instead.
+
+Modules: :mod:`.core` is the sans-IO client core (frames and replies, the transaction state
+machine and :class:`~.core.transaction.TxCore`, selectors); :mod:`.transport` owns the
+sockets and ``_connection`` the session's one pool of them; ``_routing`` the broker
+directory. The producer is ``_producer`` (the asyncio API) over ``_accumulator`` (queues,
+batching), ``_sender`` (sending, retries, results) and ``_spool`` (ordered mode), with
+``_sync_producer`` its blocking facade and ``_direct`` its ``send()`` over the caller's
+socket; transactions are ``_transaction`` (the handles), ``_txbackend`` (the backend chosen
+at begin), ``_txloop`` / ``_directtx`` (the asyncio and blocking drivers of the core),
+``_halfmsg`` and ``_checkback`` (half messages and the group's check-backs). ``_consumer``,
+``_queue``, ``offsets``, ``_recover`` are the consuming side; ``_session`` the factories.
 """
 
 from notify.errors import ProducerFencedError

@@ -163,9 +163,12 @@ class ProducerConfig:
     producer_name: str | None = None
     producer_secret: str | None = None
     producer_epoch: int | None = None
-    #: Raise the error of every failed send (from ``send()`` / the future) instead of
-    #: returning ``SendResult(success=False)``. Programming errors always raise.
-    raise_on_error: bool = False
+    #: A failed send raises its error (from ``send()``, the future of ``send_future()`` /
+    #: ``send_nowait()``, ``send_batch()``, a transaction's sends). False: it returns
+    #: ``SendResult(success=False, error=...)`` instead (check ``success`` or call
+    #: ``raise_for_error()``). Programming errors always raise; :meth:`post` failures are
+    #: counted, never raised.
+    raise_on_error: bool = True
     #: Failed :meth:`~notify.client.AsyncProducer.post` messages kept for
     #: ``post_failures()`` (the oldest are dropped past it; ``posts_failed`` counts all).
     max_post_failures: int = 10_000

@@ -199,6 +199,8 @@ class ConnectionPool:
     def owed_epoch(self, conn: BlockingConnection) -> tuple[int, int] | None:
         """``(broker group, epoch)`` that ``conn`` must declare before its next request
         (a member of a group that fails over automatically), else None."""
+        if not self._groups:  # no broker group fails over automatically (the usual case)
+            return None
         epoch = self.epoch_of(conn.address)
         if epoch is None or self.blocking_declared.get(conn, 0) >= epoch[1]:
             return None

@@ -19,7 +19,7 @@ backoff only, not a blocking connect per message.
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+from typing import Final
 
 from notify.errors import ClientError, RequestTimeoutError
 
@@ -35,14 +35,8 @@ from .transport import BlockingConnection
 SEND_LANE: Final = "send"
 
 
-class DirectPlan(NamedTuple):
-    """A message the direct path takes: where it goes and over which connection."""
-
-    topic: str
-    part: Partition
-    payload: bytes
-    flag: int
-    conn: BlockingConnection
+#: A message the direct path takes: ``(topic, partition, payload, flag, connection)``.
+DirectPlan = tuple[str, Partition, bytes, int, BlockingConnection]
 
 
 class DirectSender:
@@ -77,7 +71,7 @@ class DirectSender:
         conn = self.pool.blocking(part.address, SEND_LANE)
         if conn is None:
             return None
-        return DirectPlan(topic, part, payload, flag, conn)
+        return topic, part, payload, flag, conn
 
     def send(self, plan: DirectPlan, timeout_s: float | None) -> SendResult | None:
         """Send the planned message; its result, or None when it must go through the loop
@@ -85,23 +79,20 @@ class DirectSender:
         again exactly as after a lost acknowledgement). Raises ``TimeoutError`` when
         ``timeout_s`` elapsed without a reply (as ``send()`` does)."""
         pool = self.pool
-        conn = plan.conn
+        topic, part, payload, flag, conn = plan
         limit = pool.request_timeout_s
         if timeout_s is not None:
             limit = min(timeout_s, limit)
-        put = wire.put(
-            plan.topic, plan.part.partition, plan.payload, plan.flag, self.core.config.send_checksum
-        )
+        put = wire.put(topic, part.partition, payload, flag, self.core.config.send_checksum)
         epoch = pool.owed_epoch(conn)
-        try:
-            with conn.lock:
-                if epoch is None:
-                    r = conn.request(put, limit)
-                else:
-                    declared, r = conn.exchange([epoch_frame(*epoch), put], limit)
-                    if declared.code != 200:  # a stale master: the loop path finds the new one
-                        return None
-                    pool.blocking_declared[conn] = epoch[1]
+        try:  # (the send lane's connection is this thread's alone: no lock)
+            if epoch is None:
+                r = conn.request(put, limit)
+            else:
+                declared, r = conn.exchange([epoch_frame(*epoch), put], limit)
+                if declared.code != 200:  # a stale master: the loop path finds the new one
+                    return None
+                pool.blocking_declared[conn] = epoch[1]
         except RequestTimeoutError:
             pool.blocking_failed(conn)
             if timeout_s is not None and timeout_s <= pool.request_timeout_s:
@@ -115,4 +106,4 @@ class DirectSender:
             if r.code == 200:  # a broken reply: this socket is not trusted any more
                 pool.blocking_failed(conn)
             return None
-        return SendResult(True, plan.part, ack[1], ack[0])
+        return SendResult(True, part, ack[1], ack[0])

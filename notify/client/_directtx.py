@@ -224,7 +224,9 @@ class DirectBackend:
         core = self._core
         conn = self._conn
         assert conn is not None
-        if core.begun and not conn.is_open:  # dropped: the broker rolled it back
+        if core.begun and (not conn.is_open or conn.peer_closed()):
+            # dropped (or closed by the broker before this write): it rolled the
+            # transaction back, and a COMMIT written now could not reach it
             lost = core.lost()
             core.mark(lost)
             self._results += core.refuse_queue(lost)

@@ -143,7 +143,12 @@ class Producer(Closes):
         if tx is not None:
             return Route.TRANSACTION, tx
         direct = self._direct
-        if direct is not None and self._quiet():
+        if (
+            direct is not None
+            and not self._in_flight
+            and not self._posted
+            and not self.core.delivery.outstanding
+        ):
             plan = direct.plan(msg)
             if plan is not None:
                 return Route.DIRECT, plan
@@ -170,7 +175,7 @@ class Producer(Closes):
             assert isinstance(via, Transaction)
             return via.send(topic, data, attribute, key, timeout_s, headers=headers)
         if route is Route.DIRECT:
-            assert isinstance(via, DirectPlan) and self._direct is not None
+            assert isinstance(via, tuple) and self._direct is not None
             r = self._direct.send(via, timeout_s)
             if r is not None:
                 return self.core.checked(r)

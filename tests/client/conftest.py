@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,3 +21,22 @@ def fake() -> Iterator[FakeBroker]:
     fb = FakeBroker()
     yield fb
     fb.close()
+
+
+def kill_when_marked(code: str, marker: Path, *args: str, timeout: float = 30.0) -> str:
+    """Run ``code`` in a child interpreter (``sys.argv[1:]`` = ``args``), wait until it
+    writes ``marker`` (whole: write a temporary file and rename it), SIGKILL it there and
+    return the marker's text."""
+    child = subprocess.Popen([sys.executable, "-c", code, *args])
+    try:
+        deadline = time.monotonic() + timeout
+        while not marker.exists():
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.005)
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(10) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return marker.read_text()

@@ -259,8 +259,8 @@ def test_named_identity_a_new_instance_fences_the_old_and_goes_on_with_its_seque
                 again = await put_sequenced(conn, ident, "single", 0, [(b"a2", 0)], 2, 5.0)
                 assert (again.first_msg_id, again.first_offset) == (acks[2].msg_id, acks[2].offset)
                 assert (await second.send("single", b"b3")).success
-                late = await first.send("single", b"zombie")
-                assert not late.success and isinstance(late.error, ProducerFencedError)
+                with pytest.raises(ProducerFencedError):  # never retried, raised
+                    await first.send("single", b"zombie")
 
     asyncio.run(run())
     assert _consume_all(broker.addr, tmp_path, "single") == [b"a0", b"a1", b"a2", b"b3"]

@@ -140,12 +140,22 @@ def test_keyless_sends_go_round_robin_by_batch(broker: BrokerProcess) -> None:
 
 
 def test_unknown_topic_is_a_failed_send(broker: BrokerProcess) -> None:
+    """A failed send raises by default; ``raise_on_error=False`` returns it as a result."""
     with connect([broker.addr], config=FAST) as s:
-        r = s.create_producer().send("nope", b"x")
+        with pytest.raises(BrokerError) as ei:
+            s.create_producer().send("nope", b"x")
+        assert ei.value.code == 404
+        fut = s.create_producer().send_future("nope", b"x")
+        with pytest.raises(BrokerError):
+            fut.result(10)
+        lenient = s.create_producer(ProducerConfig(raise_on_error=False))
+        r = lenient.send("nope", b"x")
         assert not r.success and isinstance(r.error, BrokerError) and r.error.code == 404
+        with pytest.raises(BrokerError):
+            r.raise_for_error()
         given = connect([broker.addr], config=FAST, partitions={"ghost": 1})
         with given:
-            r2 = given.create_producer().send("ghost", b"x")
+            r2 = given.create_producer(ProducerConfig(raise_on_error=False)).send("ghost", b"x")
         assert not r2.success and isinstance(r2.error, BrokerError) and r2.error.code == 404
 
 
@@ -513,9 +523,12 @@ def test_custom_selector_and_send_async_from_another_loop(broker: BrokerProcess)
         def refusing(topic: str, parts: Sequence[Partition], key: Any, data: bytes) -> Partition:
             raise ClientError("no partition for this key")
 
-        r = s.create_producer(selector=refusing).send("orders", b"x")
+        lenient = ProducerConfig(raise_on_error=False)
+        r = s.create_producer(lenient, selector=refusing).send("orders", b"x")
         assert not r.success and "no partition" in str(r.error)  # a refusal is a result
-        strict = s.create_producer(ProducerConfig(raise_on_error=True))
+        with pytest.raises(ClientError, match="no partition"):  # which raises by default
+            s.create_producer(selector=refusing).send("orders", b"x")
+        strict = s.create_producer()
         with pytest.raises(BrokerError) as e:
             strict.send("nope", b"x")
         assert e.value.code == 404
@@ -655,8 +668,8 @@ def test_delayed_send_arrives_when_due(broker: BrokerProcess, tmp_path: Path) ->
         assert r.success and r.offset == -1 and r.msg_id > 0
         r2 = producer.send_delayed("single", b"sooner", deliver_at=t0 + 0.3)
         assert r2.success
-        bad = producer.send_delayed("nosuch", b"x", delay=1)
-        assert not bad.success
+        with pytest.raises(BrokerError):
+            producer.send_delayed("nosuch", b"x", delay=1)
         consumer = session.create_consumer(ConsumerConfig(group="dl", data_dir=tmp_path))
         got: list[bytes] = []
         deadline = _time.monotonic() + 10

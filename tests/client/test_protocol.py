@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from notify.client import (
     AsyncMessageSessionFactory,
     ClientConfig,
@@ -84,7 +86,8 @@ def test_send_times_out_into_a_failed_result(fake: FakeBroker) -> None:
     async def main() -> None:
         parts = {"single": 1}
         async with AsyncMessageSessionFactory([fake.addr], config=FAST, partitions=parts) as s:
-            p = s.create_producer(ProducerConfig(retries=1, retry_backoff_s=0.01))
+            cfg = ProducerConfig(retries=1, retry_backoff_s=0.01, raise_on_error=False)
+            p = s.create_producer(cfg)
             r = await p.send("single", b"lost?")
             assert not r.success and isinstance(r.error, RequestTimeoutError)
             assert r.partition is not None and str(r.partition) == "0-0"
@@ -112,8 +115,9 @@ def test_lost_connection_is_retried_and_reconnected(fake: FakeBroker) -> None:
 
 def test_unreachable_broker_gives_failed_result() -> None:
     with connect(["127.0.0.1:1"], config=FAST, partitions={"t": 1}) as s:
-        r = s.create_producer(ProducerConfig(retries=1, retry_backoff_s=0.01)).send("t", b"x")
-    assert not r.success and isinstance(r.error, ConnectionLostError)
+        p = s.create_producer(ProducerConfig(retries=1, retry_backoff_s=0.01))
+        with pytest.raises(ConnectionLostError):
+            p.send("t", b"x")
 
 
 def test_consumer_follows_301_and_grows_the_fetch_window(fake: FakeBroker, tmp_path: Path) -> None:

@@ -49,19 +49,21 @@ def secured(broker_factory: BrokerFactory, monkeypatch: pytest.MonkeyPatch) -> B
 
 
 def test_send_without_secret_fails_clearly(secured: BrokerProcess) -> None:
-    with connect([secured.addr], partitions={"test": 2}) as session:
-        r = session.create_producer().send("test", b"x")
-    assert not r.success
-    assert isinstance(r.error, BrokerError) and r.error.code == 403
-    assert "authentication required" in str(r.error)
+    with (
+        connect([secured.addr], partitions={"test": 2}) as session,
+        pytest.raises(BrokerError) as ei,
+    ):
+        session.create_producer().send("test", b"x")
+    assert ei.value.code == 403 and "authentication required" in str(ei.value)
 
 
 def test_wrong_secret_is_refused(secured: BrokerProcess) -> None:
-    with connect([secured.addr], partitions={"test": 2}, secret="wrong") as session:
-        r = session.create_producer().send("test", b"x")
-    assert not r.success
-    assert isinstance(r.error, AuthenticationError)
-    assert "refused the shared secret" in str(r.error) and not r.error.retriable
+    with (
+        connect([secured.addr], partitions={"test": 2}, secret="wrong") as session,
+        pytest.raises(AuthenticationError) as ei,
+    ):
+        session.create_producer().send("test", b"x")
+    assert "refused the shared secret" in str(ei.value) and not ei.value.retriable
 
 
 def test_secret_argument_and_env_var(
@@ -88,8 +90,12 @@ def test_secret_argument_and_env_var(
 
 async def _async_send(addr: str, secret: str | None) -> bool:
     async with AsyncMessageSessionFactory([addr], secret=secret) as session:
-        r = await session.create_producer().send("test", b"async")
-        return r.success
+        try:
+            await session.create_producer().send("test", b"async")
+        except BrokerError as e:
+            assert e.code == 403
+            return False
+        return True
 
 
 def test_async_factory_takes_the_secret(secured: BrokerProcess) -> None:

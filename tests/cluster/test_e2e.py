@@ -67,7 +67,9 @@ class LoadProducer:
         )
         try:
             with connect(zk=self.url, config=cfg) as session:
-                producer = session.create_producer(ProducerConfig(retries=1, retry_backoff_s=0.05))
+                producer = session.create_producer(
+                    ProducerConfig(retries=1, retry_backoff_s=0.05, raise_on_error=False)
+                )
                 n = 0
                 while not self.stop.is_set():
                     payload, key = f"p{n}", f"k{n % 64}"

@@ -99,7 +99,9 @@ def test_paused_master_refuses_a_producer_that_saw_the_new_epoch(group: Group) -
     assert a.proc is not None
     cfg = ClientConfig(zk_session_timeout_s=2.0, request_timeout_s=2.0, connect_timeout_s=0.5)
     with connect(zk=f"{group.zk.connect}{group.root}", config=cfg) as session:
-        producer = session.create_producer(ProducerConfig(retries=1, retry_backoff_s=0.05))
+        producer = session.create_producer(
+            ProducerConfig(retries=1, retry_backoff_s=0.05, raise_on_error=False)
+        )
         assert producer.send("orders", b"before").success
         pool = session.core.pool  # what the client learned
         _wait(lambda: pool.epochs.get(1) == 1, 5.0, "the client read epoch 1")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from notify.client import TransactionConnectionError, XAError
 from notify.client.core import wire
-from notify.client.core.states import TxEvent, TxState
+from notify.client.core.states import TxEvent
 from notify.client.core.transaction import Outcome, Resolved, TxCore
 from notify.client.core.types import Partition
 from notify.client.transport import (
@@ -204,7 +204,7 @@ class BrokerParticipant:
     ) -> SendResult:
         """See :meth:`BrokerProducer.send`."""
         tx = self._tx
-        if tx is None or tx.state is not TxState.ACTIVE:
+        if tx is None or not tx.open:
             raise ParticipantError("send() outside an active transaction branch")
         if partition is None:
             partition = self._partition_for(topic)

@@ -76,8 +76,10 @@ from ._errors import (
 )
 from ._fetchsize import FetchSizer
 from ._halfmsg import (
+    HalfMessage,
     LocalTransaction,
     LocalTxState,
+    SyncHalfMessage,
     TransactionChecker,
     TransactionSendResult,
 )
@@ -135,6 +137,7 @@ __all__ = [
     "DuplicateWindow",
     "FetchSizer",
     "FileOffsetStore",
+    "HalfMessage",
     "Headers",
     "KeyHashSelector",
     "ListenerTimeoutError",
@@ -161,6 +164,7 @@ __all__ = [
     "SendResult",
     "StaticBrokerDirectory",
     "StoredMessage",
+    "SyncHalfMessage",
     "SyncQueueMessage",
     "TopicPartitionOffset",
     "TopicRouter",

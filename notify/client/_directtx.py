@@ -30,7 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from notify.errors import ClientError, ConnectionLostError, RequestTimeoutError
@@ -43,11 +43,21 @@ from ._message import Draft, build_payload
 from ._txbackend import SyncBackend
 from ._txloop import TxHost
 from .core.selectors import KeyHashSelector, RoundRobinSelector
-from .core.states import TxState
-from .core.transaction import CommitStep, Kind, Outcome, Resolved, TxCore
+from .core.transaction import (
+    C_AWAIT,
+    K_COMMIT,
+    S_ACTIVE,
+    S_COMMITTED,
+    S_ROLLING_BACK,
+    Outcome,
+    Resolved,
+    Send,
+    TxCore,
+)
 from .core.types import Partition, SendResult
 from .transport import BlockingConnection
 
+_new = tuple.__new__  # a named tuple without its Python-level __new__ (per send)
 #: The pool lane of the direct transactions' blocking connections.
 TX_LANE = "tx"
 #: Selectors known to be thread-safe (a user's selector only ever runs on the loop thread).
@@ -124,6 +134,8 @@ class DirectBackend:
         quiet: Callable[[], bool] = lambda: True,
     ):
         self._core: TxCore[TxFuture] = TxCore(key, host.session_id, timeout_s, host.no_mput)
+        #: the transaction's core: this path's own, or the loop path's once it took over
+        self.core: TxCore[Any] = self._core
         self._host = host
         self._pool = pool
         self._lt = lt
@@ -141,11 +153,6 @@ class DirectBackend:
 
     # -- SyncBackend
 
-    @property
-    def core(self) -> TxCore[Any]:
-        """The transaction's core: this path's own, or the loop path's once it took over."""
-        return self._loop_path.core if self._loop_path is not None else self._core
-
     def send_future(self, msg: Draft) -> concurrent.futures.Future[SendResult]:
         """Queue one message of the transaction (kept in call order); future of its result
         (completed when the transaction is flushed: at commit or when waited on)."""
@@ -154,15 +161,18 @@ class DirectBackend:
                 return self._loop_path.send_future(msg)
             topic, data, attribute, key, headers = msg
             core = self._core
-            core.check_open()
-            self._host.check_open()
+            if core.state is not S_ACTIVE:
+                core.check_open()  # (rollback-only: open, its sends are refused)
+            if self._host.closed:
+                self._host.check_open()
             if not isinstance(data, bytes | bytearray | memoryview):
                 raise ClientError(f"message data must be bytes, not {type(data).__name__}")
             body = bytes(data)
             payload, flag = build_payload(body, attribute, key, headers)
             fut = TxFuture(self)
             try:
-                part = core.select(topic, self._partitions(topic), key, body, self._host.selector)
+                parts = self._host.router.cached(topic) or self._partitions(topic)
+                part = core.select(topic, parts, key, body, self._host.selector)
             except ClientTransactionError as e:  # misuse (wrong broker): raised by result()
                 core.mark(e)
                 fut.tx = None
@@ -176,14 +186,14 @@ class DirectBackend:
             if core.broker is None and not self._bind(part):
                 # nothing sent yet: the loop path, same key (with a failure so far)
                 self._loop_path = self._make_fallback(core.failure)
+                self.core = self._loop_path.core
                 return self._loop_path.send_future(msg)
-            core.add(topic, part, payload, flag, fut)
+            core.queue.append(_new(Send, (topic, part, payload, flag, fut)))
             return fut
 
     def _partitions(self, topic: str) -> list[Partition]:
-        router = self._host.router
-        parts = router.cached(topic)
-        return parts if parts is not None else self._lt.run(router.partitions(topic))
+        """``topic``'s partitions, looked up by the loop thread (not routed yet)."""
+        return self._lt.run(self._host.router.partitions(topic))
 
     def _bind(self, part: Partition) -> bool:
         """Bind to ``part``'s broker over this thread's connection; False: the loop path."""
@@ -236,21 +246,21 @@ class DirectBackend:
         timeout = self._pool.request_timeout_s
         if timeout_s is not None:
             timeout = min(timeout, timeout_s)
-        outcomes: list[Outcome]
+        outcomes: Sequence[Outcome]
         try:
             with conn.lock:
-                outcomes = list(conn.exchange(flight.frames, timeout))
+                outcomes = conn.exchange(flight.frames, timeout)
         except (ConnectionLostError, RequestTimeoutError) as e:
             # the socket is dropped either way: the broker rolls the transaction back
             gone = e if isinstance(e, ConnectionLostError) else ConnectionLostError(str(e))
-            outcomes = [e if s.kind is Kind.COMMIT else gone for s in flight.steps]
+            outcomes = [e if s.kind is K_COMMIT else gone for s in flight.steps]
         except ClientError as e:  # TLS or authentication while connecting: nothing sent
             self._pool.blocking_failed(conn)
             self._results += core.unsent(flight, e)
             raise
         reply: Outcome | None = None
         for step, outcome in zip(flight.steps, outcomes, strict=True):
-            if step.kind is Kind.COMMIT:
+            if step.kind is K_COMMIT:
                 reply = outcome
             else:
                 self._results += core.on_reply(step, outcome)
@@ -295,19 +305,22 @@ class DirectBackend:
                     )
                 )
             reply: Outcome | None = None
-            refusal = core.refusal()
+            refusal = core.refusal() if core.failure is not None else None
             if refusal is not None:
                 self._results += core.refuse_queue(refusal)
             elif core.begun or core.queue:
                 reply = self._exchange(True, timeout_s)
-            if core.commit_plan() is CommitStep.AWAIT:
+            if core.commit_plan() is C_AWAIT:
                 assert reply is not None
                 core.on_commit_reply(reply)
-            if core.state is TxState.ROLLING_BACK:
+            if core.state is S_COMMITTED:
+                return
+            if core.state is S_ROLLING_BACK:
                 self._rollback_quietly()
             core.conclude()
-        finally:
+        except BaseException:
             core.settle_failed()
+            raise
 
     def rollback(self, timeout_s: float | None) -> None:
         """Roll back (queued sends are dropped unsent)."""

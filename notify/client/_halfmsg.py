@@ -29,11 +29,13 @@ exception propagates; the broker checks back later (RocketMQ does the same). A C
 ROLLBACK that cannot be delivered is left to the check-back too (``error`` of the result,
 ``half.error``), never retried on another message.
 
-The seam for the application's side (:class:`LocalSide`): ``half_message`` runs ``begin``
-when the block starts (what the block gets), ``commit`` after PREPARE's acknowledgement and
-before COMMIT_TWO_PHASE, ``rollback`` on an exception; by default there is none and the
-block gets the :class:`HalfMessage` handle. A database-backed side (the outbox's marker row,
-written in the block's database transaction and read by the check-back) plugs in there.
+The seam for the application's side (:class:`LocalSide`): a block made with a local side
+gives the block what ``begin(half)`` returns (e.g. the application's database connection,
+its transaction begun and the half message's marker row written), runs ``commit`` after
+PREPARE's acknowledgement and before COMMIT_TWO_PHASE, and ``rollback`` on an exception or
+when the message was not prepared; by default there is none and the block gets the
+:class:`HalfMessage` handle. A database-backed side (the outbox's marker table, read by the
+check-back) plugs in there: ``AsyncHalfMessageBlock(start, local.begin, local)``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from notify.errors import ClientError, ConnectionLostError, RequestTimeoutError
 
@@ -62,6 +64,7 @@ from .core.types import Partition, SendResult
 from .transport import AsyncConnection
 
 log = logging.getLogger("notify.client")
+T = TypeVar("T")
 
 
 class LocalTxState(enum.Enum):
@@ -328,21 +331,27 @@ async def decide(half: HalfMessage, state: LocalTxState) -> TransactionSendResul
     return TransactionSendResult(half.tx_key, state, half.result, err)
 
 
-class AsyncHalfMessageBlock:
-    """``async with producer.half_message(...) as half:`` (see the module docstring)."""
+class AsyncHalfMessageBlock(Generic[T]):
+    """``async with producer.half_message(...) as half:`` (see the module docstring).
+
+    ``enter(half)`` is what the block gets (the :class:`HalfMessage` itself by default;
+    a :class:`LocalSide`'s ``begin`` for a database-backed one, whose ``commit`` and
+    ``rollback`` the block's end then runs)."""
 
     def __init__(
         self,
         start: Callable[[], Coroutine[Any, Any, HalfMessage]],
+        enter: Callable[[HalfMessage], T],
         local: LocalSide | None = None,
     ):
         self._start = start
+        self._enter = enter
         self._local = local
         self.half: HalfMessage | None = None
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> T:
         self.half = await self._start()
-        return self._local.begin(self.half) if self._local is not None else self.half
+        return self._enter(self.half)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         assert self.half is not None
@@ -368,25 +377,27 @@ class SyncHalfMessage:
         return self._lt.run(self.half.prepared(), timeout_s)
 
 
-class HalfMessageBlock:
+class HalfMessageBlock(Generic[T]):
     """``with producer.half_message(...) as half:`` (blocking API; see the module
-    docstring): the half message runs on the session's loop thread."""
+    docstring): the half message runs on the session's loop thread; ``enter`` as for
+    :class:`AsyncHalfMessageBlock` (by default the :class:`SyncHalfMessage` view)."""
 
     def __init__(
         self,
         start: Callable[[], Coroutine[Any, Any, HalfMessage]],
         lt: LoopThread,
+        enter: Callable[[HalfMessage], T],
         local: LocalSide | None = None,
     ):
         self._start = start
         self._lt = lt
+        self._enter = enter
         self._local = local
         self.half: HalfMessage | None = None
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> T:
         self.half = self._lt.run(self._start())
-        view = SyncHalfMessage(self.half, self._lt)
-        return self._local.begin(self.half) if self._local is not None else view
+        return self._enter(self.half)
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         assert self.half is not None

@@ -109,7 +109,8 @@ class AsyncProducer:
         #: brokers that answered ``mput`` with "unknown command" (sends and transactions)
         self.no_mput = self.sender.no_mput
         self.accumulator = Accumulator(self.sender, self.selector, self.identity)
-        self._closed = False
+        #: True once :meth:`close` was called (later sends raise ClientError)
+        self.closed = False
         #: Unique per producer instance: local transaction keys are ``TX:<session_id>:<n>``.
         self.session_id = uuid.uuid4().hex[:12]
         self.checker = checker
@@ -365,9 +366,9 @@ class AsyncProducer:
 
     async def close(self, timeout_s: float | None = 30.0) -> None:
         """Flush (up to ``timeout_s``), then stop; later sends raise ClientError."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = self.accumulator.closed = True
+        self.closed = self.accumulator.closed = True
         try:
             async with asyncio.timeout(timeout_s):
                 await self.flush()
@@ -380,18 +381,13 @@ class AsyncProducer:
             await self._channel.close()
 
     @property
-    def closed(self) -> bool:
-        """True once :meth:`close` was called."""
-        return self._closed
-
-    @property
     def outstanding(self) -> int:
         """Messages queued or in flight."""
         return self.delivery.outstanding
 
     def check_open(self) -> None:
         """Raise :class:`ClientError` once the producer is closed."""
-        if self._closed:
+        if self.closed:
             raise ClientError("producer is closed")
 
     def spawn(self, coro: Any) -> asyncio.Task[None]:
@@ -485,7 +481,7 @@ class AsyncProducer:
     def half_message(
         self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None,
         timeout: float | None = None, *, headers: Headers | None = None,
-    ) -> AsyncHalfMessageBlock:
+    ) -> AsyncHalfMessageBlock[HalfMessage]:
         """A half message around an ``async with`` block (needs a producer group)::
 
             async with producer.half_message("orders", b"o-1", key="user-7") as half:
@@ -496,7 +492,8 @@ class AsyncProducer:
         BEGIN, the put and PREPARE are written on entry, not awaited; see
         :mod:`notify.client._halfmsg` for the order of events and the check-back."""
         return AsyncHalfMessageBlock(
-            lambda: self.start_half((topic, data, attribute, key, headers), timeout)
+            lambda: self.start_half((topic, data, attribute, key, headers), timeout),
+            lambda half: half,
         )
 
     async def start_half(self, msg: Draft, timeout: float | None = None) -> HalfMessage:

@@ -197,7 +197,8 @@ class Transaction(_Handle[SyncBackend]):
     """
 
     def __init__(self, backend: SyncBackend, on_end: Callable[[Any], None] | None = None):
-        super().__init__(backend, on_end)
+        self._backend = backend
+        self._on_end = on_end
         #: the thread that began it (its sends join it)
         self.thread_id = threading.get_ident()
 

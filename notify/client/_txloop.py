@@ -34,8 +34,16 @@ from ._loopthread import LoopThread
 from ._message import Draft, Key, build_payload
 from ._routing import TopicRouter
 from .core.selectors import PartitionSelector
-from .core.states import TxState
-from .core.transaction import CommitStep, Kind, Outcome, Resolved, Step, TxCore
+from .core.transaction import (
+    C_AWAIT,
+    C_SEND,
+    K_COMMIT,
+    S_ROLLING_BACK,
+    Outcome,
+    Resolved,
+    Step,
+    TxCore,
+)
 from .core.types import Partition, SendResult
 from .transport import AsyncConnection
 
@@ -225,7 +233,7 @@ class LoopTransaction:
             self._resolve(self.core.unsent(flight, e))
             return
         for step, fut, (_, opaque) in zip(flight.steps, futs, frames, strict=True):
-            if step.kind is Kind.COMMIT:
+            if step.kind is K_COMMIT:
                 self._commit_reply = fut, opaque
                 fut.add_done_callback(_retrieve)
             else:
@@ -270,12 +278,12 @@ class LoopTransaction:
             if core.begun and not core.commit_sent and (conn is None or not conn.is_open):
                 core.mark(core.lost())  # dropped: the broker rolled it back
             step = core.commit_plan()
-            if step is CommitStep.SEND:
+            if step is C_SEND:
                 core.on_commit_reply(await self._request(core.commit_frame(msgs=False)))
-            elif step is CommitStep.AWAIT:
+            elif step is C_AWAIT:
                 assert self._commit_reply is not None
                 core.on_commit_reply(await self._wait(*self._commit_reply))
-            if core.state is TxState.ROLLING_BACK:
+            if core.state is S_ROLLING_BACK:
                 await self._send_rollback()
             core.conclude()
         finally:

@@ -583,10 +583,17 @@ class BlockingConnection:
         start = time.monotonic()
         if start - self._used > REUSE_CHECK_S and self.peer_closed():
             self.drop()  # closed by the broker while unused (idleTimeout, restart)
-        self.connect()
         sock = self._sock
-        assert sock is not None
-        opaques = [self._next_opaque() for _ in builds]
+        if sock is None:
+            self.connect()
+            sock = self._sock
+            assert sock is not None
+        first = self._opaque + 1
+        if first + len(builds) > OPAQUE_MAX:  # wrap: one at a time
+            opaques = [self._next_opaque() for _ in builds]
+        else:
+            opaques = list(range(first, first + len(builds)))
+            self._opaque = opaques[-1] if opaques else self._opaque
         frames = b"".join([b(o) for b, o in zip(builds, opaques, strict=True)])
         wanted = set(opaques)
         got: dict[int, Response] = {}

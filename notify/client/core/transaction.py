@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 from notify.client._errors import (
     ClientTransactionError,
@@ -64,17 +63,14 @@ _ROLLED_BACK_CODES: Final = (XA_RBTIMEOUT, XAER_NOTA, XA_RBROLLBACK)
 Outcome = Response | BaseException
 
 
-class Send(Generic[H]):
+class Send(NamedTuple, Generic[H]):
     """One routed message of the transaction; ``handle`` is the driver's (its future)."""
 
-    __slots__ = ("flag", "handle", "part", "payload", "topic")
-
-    def __init__(self, topic: str, part: Partition, payload: bytes, flag: int, handle: H):
-        self.topic = topic
-        self.part = part
-        self.payload = payload
-        self.flag = flag
-        self.handle = handle
+    topic: str
+    part: Partition
+    payload: bytes
+    flag: int
+    handle: H
 
 
 class Kind(Enum):
@@ -86,20 +82,22 @@ class Kind(Enum):
     PREPARE = "prepare"
 
 
-@dataclass(slots=True)
-class Step(Generic[H]):
+class Step(NamedTuple, Generic[H]):
     """One frame of a flight: its kind and the sends its reply settles (PUTS only)."""
 
     kind: Kind
     sends: list[Send[H]]
 
 
-@dataclass(slots=True)
-class Flight(Generic[H]):
+class Flight(NamedTuple, Generic[H]):
     """Frames to write in one go, in order, and what each one is."""
 
     frames: list[FrameBuilder]
     steps: list[Step[H]]
+
+
+_new = tuple.__new__  # a named tuple without its Python-level __new__ (per frame, per send)
+_NO_SENDS: Final[list[Any]] = []
 
 
 class CommitStep(Enum):
@@ -114,6 +112,34 @@ class CommitStep(Enum):
 Resolved = list[tuple[H, SendResult]]
 
 
+# Enum members as module globals for the per-transaction paths: on CPython 3.11 reading a
+# member through its class costs about eight times reading a global.
+C_AWAIT: Final = CommitStep.AWAIT
+C_DONE: Final = CommitStep.DONE
+C_ROLLBACK: Final = CommitStep.ROLLBACK
+C_SEND: Final = CommitStep.SEND
+K_BEGIN: Final = Kind.BEGIN
+K_COMMIT: Final = Kind.COMMIT
+K_PREPARE: Final = Kind.PREPARE
+K_PUTS: Final = Kind.PUTS
+E_COMMIT: Final = TxEvent.COMMIT
+E_COMMITTED: Final = TxEvent.COMMITTED
+E_ERROR: Final = TxEvent.ERROR
+E_FAIL: Final = TxEvent.FAIL
+E_PREPARED: Final = TxEvent.PREPARED
+E_READ_ONLY: Final = TxEvent.READ_ONLY
+E_ROLLBACK: Final = TxEvent.ROLLBACK
+E_ROLLED_BACK: Final = TxEvent.ROLLED_BACK
+E_UNKNOWN: Final = TxEvent.UNKNOWN
+S_ACTIVE: Final = TxState.ACTIVE
+S_COMMITTED: Final = TxState.COMMITTED
+S_COMMITTING: Final = TxState.COMMITTING
+S_FAILED: Final = TxState.FAILED
+S_PREPARED: Final = TxState.PREPARED
+S_ROLLED_BACK: Final = TxState.ROLLED_BACK
+S_ROLLING_BACK: Final = TxState.ROLLING_BACK
+
+
 class TxCore(Generic[H]):
     """One transaction's client-side state (see the module docstring).
 
@@ -122,6 +148,25 @@ class TxCore(Generic[H]):
     ``no_mput``, when given, is the set of broker addresses known not to speak ``mput``: the
     core adds the address of a broker that answers one with "unknown command".
     """
+
+    __slots__ = (
+        "_begin_error",
+        "_chosen",
+        "_error",
+        "_local",
+        "_prepared",
+        "begun",
+        "broker",
+        "commit_sent",
+        "failure",
+        "key",
+        "no_mput",
+        "queue",
+        "session_id",
+        "state",
+        "timeout",
+        "written",
+    )
 
     def __init__(
         self,
@@ -132,9 +177,9 @@ class TxCore(Generic[H]):
     ):
         self.key = key
         self.session_id = session_id
-        self.timeout = wire.timeout_token(timeout_s)
+        self.timeout = None if timeout_s is None else wire.timeout_token(timeout_s)
         self.no_mput = no_mput
-        self.state = TxState.ACTIVE
+        self.state = S_ACTIVE
         #: the first error of a send (or of BEGIN): the transaction is rollback-only
         self.failure: Exception | None = None
         #: ``(broker id, address)`` the transaction is bound to by its first send
@@ -186,8 +231,8 @@ class TxCore(Generic[H]):
         """A send failed: remember the first error, the transaction is rollback-only."""
         if self.failure is None:
             self.failure = err
-        if allowed(self.state, TxEvent.FAIL):
-            self.fire(TxEvent.FAIL)
+        if allowed(self.state, E_FAIL):
+            self.fire(E_FAIL)
 
     def lost(self) -> TransactionConnectionError:
         """The error of a send on the dropped connection (the broker rolled it back)."""
@@ -206,7 +251,7 @@ class TxCore(Generic[H]):
                 self.key,
                 self.failure,
             )
-        if self.state not in (TxState.ACTIVE, TxState.COMMITTING):
+        if self.state not in (S_ACTIVE, S_COMMITTING):
             return ClientTransactionError(
                 f"not sent: transaction {self.key} was rolled back first", self.key
             )
@@ -259,7 +304,7 @@ class TxCore(Generic[H]):
 
     def add(self, topic: str, part: Partition, payload: bytes, flag: int, handle: H) -> None:
         """Queue one routed message for the next flight."""
-        self.queue.append(Send(topic, part, payload, flag, handle))
+        self.queue.append(_new(Send, (topic, part, payload, flag, handle)))
 
     def refuse_queue(self, err: Exception) -> Resolved[H]:
         """Fail every queued send with ``err`` (not written; the failure is not new)."""
@@ -269,7 +314,7 @@ class TxCore(Generic[H]):
     def may_pipeline_commit(self) -> bool:
         """COMMIT may go right behind the puts: commit started, not sent, no failure."""
         return (
-            self.state is TxState.COMMITTING and not self.commit_sent and self.failure is None
+            self.state is S_COMMITTING and not self.commit_sent and self.failure is None
         )
 
     def flight(
@@ -286,60 +331,66 @@ class TxCore(Generic[H]):
         if not self.begun:
             self.begun = True
             frames.append(wire.begin(key, self.session_id, self.timeout))
-            steps.append(Step(Kind.BEGIN, []))
+            steps.append(_new(Step, (K_BEGIN, _NO_SENDS)))
         queue, self.queue = self.queue, []
         self.written += len(queue)
         if mput and len(queue) > 1 and not (self.no_mput and self.address in self.no_mput):
             groups: dict[tuple[str, int], list[Send[H]]] = {}
             for s in queue:
                 groups.setdefault((s.topic, s.part.partition), []).append(s)
-            batches = list(groups.values())
+            for sends in groups.values():
+                frames.append(self._batch_frame(sends, checksum))
+                steps.append(_new(Step, (K_PUTS, sends)))
         else:
-            batches = [[s] for s in queue]
-        for sends in batches:
-            first = sends[0]
-            if len(sends) == 1:
-                frames.append(
-                    wire.put(
-                        first.topic, first.part.partition, first.payload, first.flag, checksum, key
-                    )
-                )
-            else:
-                runs: list[tuple[int, list[bytes]]] = []
-                for s in sends:
-                    if runs and runs[-1][0] == s.flag:
-                        runs[-1][1].append(s.payload)
-                    else:
-                        runs.append((s.flag, [s.payload]))
-                body = wire.records_body(runs)
-                frames.append(wire.mput(first.topic, first.part.partition, body, len(sends), key))
-            steps.append(Step(Kind.PUTS, sends))
+            for s in queue:
+                frames.append(wire.put(s.topic, s.part.partition, s.payload, s.flag, checksum, key))
+                steps.append(_new(Step, (K_PUTS, [s])))
         if commit:
             self.commit_sent = True
             frames.append(self.commit_frame(msgs=True))
-            steps.append(Step(Kind.COMMIT, []))
+            steps.append(_new(Step, (K_COMMIT, _NO_SENDS)))
         if prepare:
             frames.append(wire.command(key, self.session_id, wire.PREPARE))
-            steps.append(Step(Kind.PREPARE, []))
-        return Flight(frames, steps)
+            steps.append(_new(Step, (K_PREPARE, _NO_SENDS)))
+        return _new(Flight, (frames, steps))
+
+    def _batch_frame(self, sends: list[Send[H]], checksum: bool) -> FrameBuilder:
+        """One partition's sends: a ``put`` for a lone one, else an ``mput`` (records in
+        runs of one flag)."""
+        first = sends[0]
+        if len(sends) == 1:
+            return wire.put(
+                first.topic, first.part.partition, first.payload, first.flag, checksum, self.key
+            )
+        runs: list[tuple[int, list[bytes]]] = []
+        for s in sends:
+            if runs and runs[-1][0] == s.flag:
+                runs[-1][1].append(s.payload)
+            else:
+                runs.append((s.flag, [s.payload]))
+        body = wire.records_body(runs)
+        return wire.mput(first.topic, first.part.partition, body, len(sends), self.key)
 
     def on_reply(self, step: Step[H], outcome: Outcome) -> Resolved[H]:
         """The reply to a BEGIN or PUTS step (or the exception standing for it); the sends
         it resolves. COMMIT and PREPARE replies go to their own methods."""
-        if step.kind is Kind.BEGIN:
-            err = self._error_of(outcome)
-            if err is None:
-                assert isinstance(outcome, Response)
-                if outcome.code != 200:
-                    err = wire.reply_error(outcome, self.key)
+        if step.kind is K_BEGIN:
+            if isinstance(outcome, Response):
+                if outcome.code == 200:
+                    return []
+                err: ClientError | None = wire.reply_error(outcome, self.key)
+            else:
+                err = self._error_of(outcome)
             if err is not None:
                 self._begin_error = err
                 self.mark(err)
             return []
-        if step.kind is not Kind.PUTS:
+        if step.kind is not K_PUTS:
             raise ValueError(f"{step.kind.value} replies go to their own method")
         sends = step.sends
-        err = self._begin_error or self._error_of(outcome)  # BEGIN's error explains the puts'
+        err = self._begin_error  # BEGIN's error explains the puts'
+        if err is None and not isinstance(outcome, Response):
+            err = self._error_of(outcome)
         first = -1
         if err is None:
             assert isinstance(outcome, Response)
@@ -360,15 +411,21 @@ class TxCore(Generic[H]):
         if err is not None:
             self.mark(err)
             return [(s.handle, SendResult(False, s.part, error=err)) for s in sends]
-        return [(s.handle, SendResult(True, s.part, -1, first + i)) for i, s in enumerate(sends)]
+        if len(sends) == 1:
+            s = sends[0]
+            return [(s.handle, _new(SendResult, (True, s.part, -1, first, None, False)))]
+        return [
+            (s.handle, _new(SendResult, (True, s.part, -1, first + i, None, False)))
+            for i, s in enumerate(sends)
+        ]
 
     def unsent(self, flight: Flight[H], exc: BaseException) -> Resolved[H]:
         """``flight`` could not be written (``exc``): its sends fail, COMMIT did not go."""
         out: Resolved[H] = []
         for step in flight.steps:
-            if step.kind is Kind.COMMIT:
+            if step.kind is K_COMMIT:
                 self.commit_sent = False
-            elif step.kind is not Kind.PREPARE:
+            elif step.kind is not K_PREPARE:
                 out += self.on_reply(step, exc)
         return out
 
@@ -387,16 +444,16 @@ class TxCore(Generic[H]):
     def start_commit(self) -> None:
         """Commit begins: no more sends. Raises :class:`ClientTransactionError` unless the
         transaction is open (or, for a prepared one, PREPARED)."""
-        if self.state not in OPEN and self.state is not TxState.PREPARED:
+        if self.state not in OPEN and self.state is not S_PREPARED:
             raise ClientTransactionError(
                 f"cannot commit transaction {self.key}: it is {self.state.value}", self.key
             )
-        self.fire(TxEvent.COMMIT)
+        self.state = next_state(self.state, E_COMMIT)
 
     def commit_frame(self, msgs: bool) -> FrameBuilder:
         """COMMIT_ONE_PHASE (with ``msgs=<n>`` when ``msgs``: the broker rolls back when it
         recorded fewer of the transaction's messages); COMMIT_TWO_PHASE once prepared."""
-        if self.state is TxState.COMMITTING and self._prepared:
+        if self.state is S_COMMITTING and self._prepared:
             return wire.command(self.key, self.session_id, wire.COMMIT_TWO_PHASE)
         if msgs:
             return wire.command(
@@ -412,14 +469,14 @@ class TxCore(Generic[H]):
     def commit_plan(self) -> CommitStep:
         """What commit does now that every send is settled (see :class:`CommitStep`)."""
         if self.commit_sent:
-            return CommitStep.AWAIT
+            return C_AWAIT
         if self.failure is not None:
-            self.fire(TxEvent.ROLLBACK)
-            return CommitStep.ROLLBACK
+            self.fire(E_ROLLBACK)
+            return C_ROLLBACK
         if not self.begun:
-            self.fire(TxEvent.COMMITTED)
-            return CommitStep.DONE
-        return CommitStep.SEND
+            self.fire(E_COMMITTED)
+            return C_DONE
+        return C_SEND
 
     def on_commit_reply(self, outcome: Outcome) -> None:
         """The reply to COMMIT. Leaves COMMITTED, ROLLING_BACK (a send had failed: the
@@ -427,7 +484,7 @@ class TxCore(Generic[H]):
         outcome is unknown; or another error); :meth:`conclude` raises accordingly."""
         if not isinstance(outcome, Response):
             if isinstance(outcome, ConnectionLostError | RequestTimeoutError):
-                self.fire(TxEvent.UNKNOWN)
+                self.fire(E_UNKNOWN)
                 self._error = TransactionOutcomeUnknownError(
                     f"transaction {self.key}: no reply to COMMIT ({outcome}): the broker may "
                     "or may not have committed it",
@@ -435,11 +492,11 @@ class TxCore(Generic[H]):
                 )
                 self._error.__cause__ = outcome
                 return
-            self.fire(TxEvent.ERROR)
+            self.fire(E_ERROR)
             self._error = self._error_of(outcome)
             return
         if outcome.code == 200:
-            self.fire(TxEvent.COMMITTED)
+            self.state = next_state(self.state, E_COMMITTED)
             if self.failure is not None:  # a broker that ignored msgs=<n>: say it loudly
                 log.error(
                     "transaction %s committed although a send failed (%s): the broker does "
@@ -449,20 +506,20 @@ class TxCore(Generic[H]):
                 )
             return
         if self.failure is not None:  # the broker refused a put: it rolled back (or never had it)
-            self.fire(TxEvent.ROLLBACK)
+            self.fire(E_ROLLBACK)
             return
         err = wire.reply_error(outcome, self.key)
         if isinstance(err, XAError) and err.code == XA_RBTIMEOUT:
-            self.fire(TxEvent.ROLLED_BACK)  # the broker timed it out
+            self.fire(E_ROLLED_BACK)  # the broker timed it out
         else:
-            self.fire(TxEvent.ERROR)
+            self.fire(E_ERROR)
         self._error = err
 
     def conclude(self) -> None:
         """Raise what the commit ends with: nothing once COMMITTED; after the rollback a
         failed send forced (state ROLLING_BACK), :meth:`abort`'s error; else the error
         :meth:`on_commit_reply` found."""
-        if self.state is TxState.ROLLING_BACK:
+        if self.state is S_ROLLING_BACK:
             raise self.abort()
         err, self._error = self._error, None
         if err is not None:
@@ -472,7 +529,7 @@ class TxCore(Generic[H]):
         """After the rollback a failed send forced: ROLLED_BACK, and the error to raise (the
         send's own :class:`XAError` / :class:`TransactionConnectionError`, else
         :class:`TransactionAbortedError` caused by it)."""
-        self.fire(TxEvent.ROLLED_BACK)
+        self.fire(E_ROLLED_BACK)
         failure = self.failure
         assert failure is not None
         if isinstance(failure, XAError | TransactionConnectionError):
@@ -492,23 +549,23 @@ class TxCore(Generic[H]):
     def settle_failed(self) -> None:
         """A commit or rollback that ended without a decision (an exception in the driver)
         is FAILED."""
-        if self.state in (TxState.COMMITTING, TxState.ROLLING_BACK):
-            self.fire(TxEvent.ERROR)
+        if self.state in (S_COMMITTING, S_ROLLING_BACK):
+            self.fire(E_ERROR)
 
     # -- rollback
 
     def start_rollback(self) -> bool:
         """Rollback begins; False when there is nothing to do (rolled back or failed
         already). Raises :class:`ClientTransactionError` after a commit or while one runs."""
-        if self.state in (TxState.ROLLED_BACK, TxState.FAILED):
+        if self.state in (S_ROLLED_BACK, S_FAILED):
             return False
-        if self.state is TxState.COMMITTED:
+        if self.state is S_COMMITTED:
             raise ClientTransactionError(f"transaction {self.key} is already committed", self.key)
-        if self.state is TxState.COMMITTING or self.state is TxState.ROLLING_BACK:
+        if self.state is S_COMMITTING or self.state is S_ROLLING_BACK:
             raise ClientTransactionError(
                 f"transaction {self.key} is {self.state.value}", self.key
             )
-        self.fire(TxEvent.ROLLBACK)
+        self.fire(E_ROLLBACK)
         return True
 
     def rollback_frame(self) -> FrameBuilder | None:
@@ -533,7 +590,7 @@ class TxCore(Generic[H]):
 
     def rolled_back(self) -> None:
         """The rollback is done."""
-        self.fire(TxEvent.ROLLED_BACK)
+        self.fire(E_ROLLED_BACK)
 
     # -- two phases (half messages)
 
@@ -544,26 +601,26 @@ class TxCore(Generic[H]):
         (BEGIN or the put refused: PREPARE voted read-only), ROLLING_BACK when a ROLLBACK
         must follow (PREPARE refused)."""
         if not isinstance(outcome, Response):
-            self.fire(TxEvent.UNKNOWN)
+            self.fire(E_UNKNOWN)
             return TransactionConnectionError(
                 f"half message {self.key}: no reply to PREPARE ({outcome}); if it was "
                 "prepared, the broker asks the producer group's checker",
                 self.key,
             )
         if self.failure is not None:
-            self.fire(TxEvent.ROLLED_BACK)
+            self.fire(E_ROLLED_BACK)
             if isinstance(self.failure, ClientError):
                 return self.failure
             return ClientError(str(self.failure))
         vote = wire.prepare_vote(outcome, self.key)
         if isinstance(vote, ClientError):
-            self.fire(TxEvent.ROLLBACK)
+            self.fire(E_ROLLBACK)
             return vote
         if vote == XA_RDONLY:
-            self.fire(TxEvent.READ_ONLY)
+            self.fire(E_READ_ONLY)
             return ClientTransactionError(f"half message {self.key} was not recorded", self.key)
         self._prepared = True
-        self.fire(TxEvent.PREPARED)
+        self.fire(E_PREPARED)
         return None
 
     def second_phase(self, commit: bool) -> FrameBuilder:
@@ -571,19 +628,19 @@ class TxCore(Generic[H]):
         if commit:
             self.start_commit()
             return self.commit_frame(msgs=False)
-        self.fire(TxEvent.ROLLBACK)
+        self.fire(E_ROLLBACK)
         return wire.command(self.key, self.session_id, wire.ROLLBACK)
 
     def on_second_phase_reply(self, outcome: Outcome) -> ClientError | None:
         """The reply to :meth:`second_phase`: None when acknowledged (COMMITTED or
         ROLLED_BACK), else the error (FAILED: the broker's check-back settles it)."""
-        committing = self.state is TxState.COMMITTING
+        committing = self.state is S_COMMITTING
         err = self._error_of(outcome)
         if err is None:
             assert isinstance(outcome, Response)
             if outcome.code == 200:
-                self.fire(TxEvent.COMMITTED if committing else TxEvent.ROLLED_BACK)
+                self.fire(E_COMMITTED if committing else E_ROLLED_BACK)
                 return None
             err = wire.reply_error(outcome, self.key)
-        self.fire(TxEvent.ERROR)
+        self.fire(E_ERROR)
         return err

@@ -38,7 +38,6 @@ from notify.protocol.frames import (
     FrameBuilder,
     Response,
     encode_dput,
-    encode_line,
     encode_mput,
     encode_put,
 )
@@ -93,8 +92,10 @@ def dput(topic: str, partition: int, payload: bytes, flag: int, due_ms: int) -> 
 
 
 def command(tx_key: str, session_id: str, verb: str, *extra: object) -> FrameBuilder:
-    """``transaction <txKey> <sessionId> <verb> [extra...] <opaque>``."""
-    return lambda o: encode_line("transaction", tx_key, session_id, verb, *extra, o)
+    """``transaction <txKey> <sessionId> <verb> [extra...] <opaque>`` (the line is
+    formatted once; only the opaque is added per request)."""
+    head = " ".join(["transaction", tx_key, session_id, verb, *map(str, extra)]).encode()
+    return lambda o: b"%b %d\r\n" % (head, o)
 
 
 def begin(tx_key: str, session_id: str, timeout: int | None) -> FrameBuilder:

@@ -32,12 +32,12 @@ from typing import TypeVar
 
 from notify.errors import BrokerError, ClientError, ProducerFencedError, ProtocolError
 from notify.protocol import records as rec
-from notify.protocol.frames import encode_mput
 from notify.protocol.identity import NO_INSTANCE, ClaimReply, encode_claim, producer_id
 from notify.protocol.properties import decode_attribute
 from notify.protocol.replies import MultiPutAck
 
 from ._message import build_payload
+from .core import wire
 from .transport import AsyncConnection
 
 T = TypeVar("T")
@@ -178,13 +178,11 @@ async def put_sequenced(
     await identity.ensure(conn, timeout_s)
     body = identity.stamp(payloads, first_seq)
     n = len(payloads)
-    r = await conn.request(lambda o: encode_mput(topic, partition, body, n, o), timeout_s)
-    if r.code != 200:
-        raise broker_error(r.code, r.body)
-    ack = _parsed(MultiPutAck.parse, r.body)
-    if ack.count == n:
-        return ack
-    raise ClientError(f"mput reply acknowledges {ack.count} of {n} messages")
+    r = await conn.request(wire.mput(topic, partition, body, n), timeout_s)
+    ack = wire.mput_ack(r, n)  # (409: ProducerFencedError)
+    if isinstance(ack, ClientError):
+        raise ack
+    return ack
 
 
 def _parsed(parse: Callable[[bytes], T], body: bytes) -> T:

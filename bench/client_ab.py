@@ -89,21 +89,26 @@ print(json.dumps({"n": n, "secs": secs, "cpu": cpu, "failed": failed}))
 """
 
 
-def measure(tree: Path, kind: str, param: object, a: argparse.Namespace) -> dict[str, float]:
-    p = ",".join(map(str, param)) if isinstance(param, tuple) else str(param)
-    args = [str(tree), kind, p, str(a.count), str(a.one), str(a.seconds)]
+def run_child(code: str, args: list[str], timeout_s: float = 900) -> dict[str, float]:
+    """Run ``code`` in a fresh interpreter (``sys.argv[1:]`` = ``args``, the first being the
+    tree it imports the client of); the JSON object its last line of output holds."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, *args],
+        [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         cwd=tempfile.gettempdir(),  # `-m notify` of the broker: the installed (this) tree
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-        timeout=900,
+        timeout=timeout_s,
     )
     if out.returncode != 0:
-        raise RuntimeError(f"{tree} {kind} {p}:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(args)}:\n{out.stderr[-3000:]}")
     r: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return r
+
+
+def measure(tree: Path, kind: str, param: object, a: argparse.Namespace) -> dict[str, float]:
+    p = ",".join(map(str, param)) if isinstance(param, tuple) else str(param)
+    return run_child(CHILD, [str(tree), kind, p, str(a.count), str(a.one), str(a.seconds)])
 
 
 def main() -> None:

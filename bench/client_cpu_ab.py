@@ -18,15 +18,15 @@ the load average is printed anyway.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+
+from bench.client_ab import run_child  # noqa: E402
 
 CHILD = r"""
 import gc, json, sys, tempfile, time
@@ -89,18 +89,7 @@ finally:
 
 
 def measure(tree: Path, n: int) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tree), str(n)],
-        capture_output=True,
-        text=True,
-        cwd=tempfile.gettempdir(),  # `-m notify` of the broker: the installed (this) tree
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-        timeout=600,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{tree}:\n{out.stderr[-3000:]}")
-    r: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
-    return r
+    return run_child(CHILD, [str(tree), str(n)], timeout_s=600)
 
 
 def main() -> None:

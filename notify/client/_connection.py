@@ -214,6 +214,14 @@ class ConnectionPool:
                     self.blocking_declared.pop(c, None)
                     c.close()
 
+    def close_blocking_lane(self, lane: str) -> None:
+        """Close the blocking connections of ``lane`` in every thread (its owner closes)."""
+        with self._blocking_lock:
+            conns = [c for lanes in self._by_thread.values() for c in lanes.pop(lane, {}).values()]
+        for c in conns:
+            self.blocking_declared.pop(c, None)
+            c.close()
+
     def _close_blocking(self) -> None:
         with self._blocking_lock:
             conns = [

@@ -24,15 +24,15 @@ from collections.abc import Mapping, Sequence
 from notify.errors import BrokerError, ClientError, ProtocolError
 from notify.outbox.publisher import Batch, Identity, PublishAck, PublishError
 from notify.protocol import records as rec
-from notify.protocol.frames import Response, encode_line, encode_mput
+from notify.protocol.frames import FrameBuilder, Response
 from notify.protocol.identity import ClaimReply, encode_claim, producer_id
 from notify.protocol.properties import producer_member, with_producer
-from notify.protocol.replies import MultiPutAck
-from notify.transport import BlockingConnection, FrameBuilder
 
-from ._direct import DirectPool
+from ._connection import ConnectionPool, epoch_frame
 from ._loopthread import LoopThread
 from ._routing import Partition, TopicRouter
+from .core import wire
+from .transport import BlockingConnection
 
 #: Broker reply codes a re-sent batch may get past (busy, unavailable, storage trouble).
 RETRIABLE_CODES = frozenset({500, 502, 503, 504})
@@ -73,7 +73,8 @@ class SessionPublisher:
     """:class:`notify.outbox.Publisher` over a session (``session.publisher()``).
 
     The batches go over blocking connections of the calling thread (one per thread and
-    broker, :class:`~notify.client._direct.DirectPool`, with the session's secret, TLS and
+    broker, in this publisher's own lane of the session's
+    :class:`~notify.client._connection.ConnectionPool`, with the session's secret, TLS and
     failover epochs): the batches of one call for one broker leave in one write and their
     replies are read on the same thread, with no hop through the session's event loop.
     Partitions come from the session's router. ``timeout_s``: how long a call waits for
@@ -83,12 +84,14 @@ class SessionPublisher:
         self,
         router: TopicRouter,
         lt: LoopThread,
-        direct: DirectPool,
+        pool: ConnectionPool,
         timeout_s: float,
     ):
         self._router = router
         self._lt = lt
-        self._direct = direct
+        self._pool = pool
+        #: the pool lane of this publisher's connections (closed with it)
+        self._lane = f"publisher-{secrets.token_hex(4)}"
         self.timeout_s = timeout_s
         #: per identity and epoch: the producer id and this publisher's instance token
         self._ids: dict[Identity, tuple[str, str]] = {}
@@ -159,13 +162,13 @@ class SessionPublisher:
         return out
 
     def _claim_on(self, address: str, identity: Identity, pid: str) -> ClaimReply:
-        conn = self._direct.get(address)
+        conn = self._pool.blocking(address, self._lane)
         if conn is None:
             raise PublishError(f"{address}: not reachable just now", retriable=True)
         try:
             (r,) = conn.exchange([self._claim_frame(identity)], self.timeout_s)
         except ClientError as e:
-            self._direct.failed(conn)
+            self._pool.blocking_failed(conn)
             raise PublishError(f"{address}: {e}", retriable=True) from e
         if r.code != 200:
             raise _refusal(address, f"the claim of {pid}", r)
@@ -211,35 +214,33 @@ class SessionPublisher:
         batches: Sequence[Batch],
         identity: Identity,
     ) -> list[PublishAck | PublishError]:
-        pool = self._direct
-        conn = pool.get(address)
+        pool = self._pool
+        conn = pool.blocking(address, self._lane)
         n = len(items)
         if conn is None:
             return [PublishError(f"{address}: not reachable just now", retriable=True)] * n
         pid, _instance = self._id(identity)
         builds: list[FrameBuilder] = []
-        epoch = pool.epoch_of(address) if pool.epoch_of is not None else None
-        declare = epoch is not None and pool.declared.get(conn, 0) < epoch[1]
-        if declare and epoch is not None:
-            group, number = epoch
-            builds.append(lambda o: encode_line("epoch", group, number, o))
+        epoch = pool.owed_epoch(conn)
+        if epoch is not None:
+            builds.append(epoch_frame(*epoch))
         claim = not conn.is_open or self._claimed.get(conn) != (pid, identity.epoch)
         if claim:  # a new socket, or another identity: claimed in the same write
             builds.append(self._claim_frame(identity))
         for i, part, body, count in items:
-            builds.append(functools.partial(_mput, batches[i].topic, part.partition, body, count))
+            builds.append(wire.mput(batches[i].topic, part.partition, body, count))
         try:
             replies = conn.exchange(builds, self.timeout_s)
         except ClientError as e:  # lost, timed out, refused, TLS, authentication
-            pool.failed(conn)
+            pool.blocking_failed(conn)
             self._claimed.pop(conn, None)
             return [PublishError(f"{address}: {e}", retriable=True)] * n
-        if declare and epoch is not None:
+        if epoch is not None:
             first, replies = replies[0], replies[1:]
             if first.code != 200:
-                pool.failed(conn)
+                pool.blocking_failed(conn)
                 return [_refusal(address, "the epoch", first)] * n
-            pool.declared[conn] = epoch[1]
+            pool.blocking_declared[conn] = epoch[1]
         if claim:
             first, replies = replies[0], replies[1:]
             if first.code != 200:
@@ -258,23 +259,14 @@ class SessionPublisher:
             if r.code == 404:
                 self._router.invalidate(b.topic)
             return _refusal(address, f"{count} record(s) for {b.topic} {b.partition}", r)
-        try:
-            ack = MultiPutAck.parse(r.body)
-        except ProtocolError as e:  # an unreadable reply: not known to be stored
-            return PublishError(f"unreadable mput reply: {e}", retriable=True)
-        if ack.count != count:
-            return PublishError(
-                f"mput reply acknowledges {ack.count} of {count} records", retriable=True
-            )
+        ack = wire.mput_ack(r, count)
+        if isinstance(ack, ClientError):  # an unreadable reply: not known to be stored
+            return PublishError(f"unreadable mput reply: {ack}", retriable=True)
         return PublishAck(ack.first_msg_id, ack.first_offset, ack.count)
 
     def close(self) -> None:
         """Close this publisher's connections (not the session)."""
-        self._direct.close()
-
-
-def _mput(topic: str, partition: int, body: bytes, count: int, opaque: int) -> bytes:
-    return encode_mput(topic, partition, body, count, opaque)
+        self._pool.close_blocking_lane(self._lane)
 
 
 def _find(parts: Sequence[Partition], name: str) -> Partition | None:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar, Unpack
 
 from configserver import ConfigServer, ConfigServerError
 from notify.errors import ClientError, ConnectionLostError
@@ -41,7 +41,6 @@ from ._halfmsg import TransactionChecker
 from ._loopthread import LoopThread
 from ._message import Message
 from ._producer import AsyncProducer
-from ._publisher import SessionPublisher
 from ._queue import AsyncQueueConsumer, BatchListener, QueueConsumer, QueueListener
 from ._routing import (
     BrokerDirectory,
@@ -53,6 +52,9 @@ from ._routing import (
 from ._sync_producer import Producer
 from .core.selectors import PartitionSelector
 from .offsets import OffsetStore
+
+if TYPE_CHECKING:
+    from ._publisher import SessionPublisher
 
 log = logging.getLogger("notify.client")
 
@@ -494,9 +496,12 @@ class MessageSessionFactory(Closes):
         """The transactional outbox's publisher over this session: the relay's way to the
         brokers (``outbox.relay(session)`` takes it; see :mod:`notify.outbox`)."""
         self.core._check_open()
+        # the outbox (SQLAlchemy, the database drivers) is loaded only here: brokers (whose
+        # replication uses the client's transport) and plain clients never load it
+        from ._publisher import SessionPublisher
+
         timeout = self.core.config.request_timeout_s
-        direct = DirectPool(self.core.pool.options, timeout, self.core.pool.epoch_of)
-        return SessionPublisher(self.core.router, self._lt, direct, timeout)
+        return SessionPublisher(self.core.router, self._lt, self.core.pool, timeout)
 
     def create_queue_consumer(
         self, topic: str, group: str, credit: int = 100, listener: QueueListener | None = None,

@@ -21,9 +21,9 @@ from notify.client import (
 from notify.errors import BrokerError
 from notify.testing import BrokerProcess
 from tests.client.conftest import kill_when_marked
-from tests.helpers import wait_until
 from tests.client.test_transactions import bodies
 from tests.conftest import BrokerFactory
+from tests.helpers import wait_until
 
 FAST = ClientConfig(
     request_timeout_s=3.0, reconnect_backoff_min_s=0.02, reconnect_backoff_max_s=0.2

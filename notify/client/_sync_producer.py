@@ -174,6 +174,21 @@ class Producer(Closes):
         When none of the producer's messages is in flight the message goes straight over
         a socket of the calling thread (no hop to the loop thread; see ``_direct``)."""
         msg = (topic, data, attribute, key, headers)
+        direct = self._direct
+        if (  # the common case first: _route's direct branch, without its call
+            direct is not None
+            and delay is None
+            and deliver_at is None
+            and not self._in_flight
+            and not self._posted
+            and not self.core.delivery.outstanding
+            and self.current_transaction() is None
+            and (plan := direct.plan(msg)) is not None
+        ):
+            r = direct.send(plan, timeout_s)
+            if r is not None:
+                return self.core.checked(r)
+            return self._queue(msg).result(timeout_s)
         route, via = self._route(msg, delay is not None or deliver_at is not None)
         if route is _DELAYED:
             return self.send_delayed(

@@ -32,8 +32,10 @@ Tree::
         ├── RequestTimeoutError     (retriable)
         ├── BrokerError             a non-200 reply from the broker (carries code)
         ├── ListenerTimeoutError    a consumer listener ran past its timeout
-        └── OffsetStoreError        notify.offsets: unavailable (retriable), table missing,
-                                    conflict (another consumer committed; retriable)
+        ├── OffsetStoreError        notify.offsets: unavailable (retriable), table missing,
+        │                           conflict (another consumer committed; retriable)
+        └── NotifyWarning           (also a UserWarning) issued with :func:`warnings.warn`
+            └── SubscriptionNotStartedWarning   listeners subscribed, never started
 
 Subsystems define their subclasses next to their code (listed above) so that each module
 keeps its own vocabulary; every one of them derives from this root.
@@ -149,3 +151,15 @@ class BrokerError(ClientError):
 class ProducerFencedError(BrokerError):
     """409 ``fenced``: a newer instance holds this idempotent producer's named identity
     (README "Protocol notes"); this instance must stop sending. Never retried."""
+
+
+class NotifyWarning(ClientError, UserWarning):
+    """Base of notify's warnings (issued with :func:`warnings.warn`, so they follow the
+    application's warning filters): a call that will not do what its caller most likely
+    meant, though it is not an error by itself."""
+
+
+class SubscriptionNotStartedWarning(NotifyWarning):
+    """A consumer was closed (or dropped) with topics subscribed with a listener, but
+    ``complete_subscribe()`` (or ``run()``) was never called: nothing was consumed."""
+

@@ -42,6 +42,7 @@ import shutil
 import signal
 import threading
 import uuid
+import warnings
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -60,7 +61,14 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from configserver import ConfigServer, GroupMember, PartitionInfo
 from notify.client.transport import AsyncConnection
-from notify.errors import BrokerError, ClientError, ConnectionLostError, NotifyError, ProtocolError
+from notify.errors import (
+    BrokerError,
+    ClientError,
+    ConnectionLostError,
+    NotifyError,
+    ProtocolError,
+    SubscriptionNotStartedWarning,
+)
 from notify.protocol.frames import Response, encode_get, encode_offset
 from notify.protocol.idgen import split_id
 from notify.protocol.records import (
@@ -277,6 +285,9 @@ class AsyncConsumer:
         self._stop_evt: asyncio.Event | None = None
         self._run_stop: asyncio.Event | None = None
         self._stopping = False
+        #: :meth:`request_stop` was called (a signal, or the application): :meth:`run`
+        #: returns and every ``messages()`` iteration ends (any thread may read it)
+        self.stop_requested = False
         self._started = False
         self._closed = False
         self._commit_lock: asyncio.Lock | None = None
@@ -286,6 +297,11 @@ class AsyncConsumer:
         # configserver (issue #7): group membership drives the assignment when set
         self._cluster = cluster
         self._member: GroupMember | None = None
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` began."""
+        return self._closed
 
     @property
     def member(self) -> GroupMember | None:
@@ -373,26 +389,39 @@ class AsyncConsumer:
         """Iterate the messages of ``topic``; each counts as processed when the next is asked.
 
         Partitions are polled concurrently (see :meth:`fetch`). Ends when the consumer shuts
-        down or, with ``idle_timeout_s``, once that long passed without a message.
+        down, after :meth:`request_stop` or, with ``idle_timeout_s``, once that long passed
+        without a message. What was processed is committed whenever the iteration ends
+        (also by an exception or ``break``). While it runs in the main thread, SIGTERM
+        ends it the same way instead of killing the process, unless the application set
+        a SIGTERM handler of its own.
         """
         loop = asyncio.get_running_loop()
         last = loop.time()
-        while not self._stopping and not self._closed:
-            wait = 0.5
-            if idle_timeout_s is not None:
-                wait = min(wait, idle_timeout_s - (loop.time() - last))
-                if wait <= 0:
-                    return
-            got = await self.next_batch(topic, wait)
-            if got is None:
-                continue
-            cur, out, end = got
-            last = loop.time()
-            for m in out:
-                yield m
-                cur.acked = m.next_offset  # asked for the next one: m is processed
-            cur.acked = end
-            last = loop.time()
+        installed = _add_loop_stop_handler(loop, self.request_stop)
+        try:
+            while not self._stopping and not self._closed and not self.stop_requested:
+                wait = 0.5
+                if idle_timeout_s is not None:
+                    wait = min(wait, idle_timeout_s - (loop.time() - last))
+                    if wait <= 0:
+                        return
+                got = await self.next_batch(topic, wait)
+                if got is None:
+                    continue
+                cur, out, end = got
+                last = loop.time()
+                for m in out:
+                    yield m
+                    cur.acked = m.next_offset  # asked for the next one: m is processed
+                    if self.stop_requested:
+                        break
+                else:
+                    cur.acked = end
+                last = loop.time()
+        finally:
+            if installed:
+                loop.remove_signal_handler(signal.SIGTERM)
+            await self.commit_quietly()
 
     async def next_batch(
         self, topic: str, max_wait_s: float
@@ -749,7 +778,10 @@ class AsyncConsumer:
     # -- blocking run with signal handling
 
     def request_stop(self) -> None:
-        """Make :meth:`run` return (after a clean shutdown); safe from signal handlers."""
+        """Make :meth:`run` return (after a clean shutdown) and end every ``messages()``
+        iteration (each commits what was processed); call it on the consumer's loop
+        (signal handlers installed there do)."""
+        self.stop_requested = True
         self._init_sync_objects()
         assert self._run_stop is not None
         self._run_stop.set()
@@ -813,15 +845,42 @@ class AsyncConsumer:
                 raise
             self._stats.commits += 1
 
+    async def commit_quietly(self) -> None:
+        """:meth:`commit` unless the consumer is closed; a failure is logged (for the ends
+        of iterations, where the application is already leaving)."""
+        if self._closed:
+            return
+        try:
+            await self.commit()
+        except ClientError as e:
+            log.error("offset commit of group %s failed: %s", self.group, e)
+
+    def never_started(self) -> list[str]:
+        """The topics subscribed with a listener while :meth:`complete_subscribe` was never
+        called (nothing of them was consumed)."""
+        if self._started:
+            return []
+        return sorted(t for t, sub in self._subs.items() if sub.listener is not None)
+
     async def recover_now(self) -> int:
         """Run one re-delivery round of the recover store now; returns messages recovered."""
         self._init_sync_objects()
         return await self._recover_round()
 
-    async def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Stop fetching, let running listeners finish (up to ``timeout_s``), commit, close."""
+    async def shutdown(self, timeout_s: float = 5.0, *, warn: bool = True) -> None:
+        """Stop fetching, let running listeners finish (up to ``timeout_s``), commit, close.
+
+        Warns (:class:`~notify.errors.SubscriptionNotStartedWarning`) when topics were
+        subscribed with a listener but never started (``warn=False``: the caller does)."""
         if self._closed:
             return
+        try:
+            await self._shutdown(timeout_s)
+        finally:
+            if warn:
+                warn_never_started([self])
+
+    async def _shutdown(self, timeout_s: float) -> None:
         self._closed = True
         self._init_sync_objects()
         self._stopping = True
@@ -1644,6 +1703,45 @@ def _as_unix_s(ts: float | datetime) -> float:
             raise ClientError("timestamp must be timezone-aware (e.g. UTC)")
         return ts.timestamp()
     return float(ts)
+
+
+def warn_never_started(consumers: Iterable[AsyncConsumer]) -> None:
+    """One :class:`~notify.errors.SubscriptionNotStartedWarning` naming every consumer of
+    ``consumers`` that had listeners subscribed but was never started."""
+    lost = [(c.group, topics) for c in consumers if (topics := c.never_started())]
+    if not lost:
+        return
+    names = "; ".join(f"group {g}: {', '.join(t)}" for g, t in lost)
+    warnings.warn(
+        SubscriptionNotStartedWarning(
+            f"consumer closed without complete_subscribe() (or run()): the listeners of "
+            f"{names} never received anything; call complete_subscribe() after subscribe()"
+        ),
+        stacklevel=3,
+    )
+
+
+def sigterm_is_default() -> bool:
+    """True in the main thread while SIGTERM has its default action (kill the process):
+    then a ``messages()`` iteration may take SIGTERM over to stop cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    except ValueError:  # pragma: no cover - not the main interpreter
+        return False
+
+
+def _add_loop_stop_handler(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> bool:
+    """Make SIGTERM call ``stop`` on ``loop`` (see :func:`sigterm_is_default`); whether a
+    handler was installed (the caller removes it)."""
+    if not sigterm_is_default():
+        return False
+    try:
+        loop.add_signal_handler(signal.SIGTERM, stop)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return False
+    return True
 
 
 def signal_list(signals: Iterable[int] | None) -> list[int]:

@@ -18,6 +18,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -35,6 +36,8 @@ from ._consumer import (
     MessageFilter,
     MessageListener,
     signal_list,
+    sigterm_is_default,
+    warn_never_started,
 )
 from ._facade import Closes
 from ._halfmsg import TransactionChecker
@@ -256,8 +259,15 @@ class AsyncMessageSessionFactory:
         if self._closed:
             return
         self._closed = True
-        for c in self._consumers:
-            await c.shutdown()
+        consumers = [c for c in self._consumers if not c.closed]  # (closed ones warned)
+        for c in consumers:
+            await c.shutdown(warn=False)
+        try:
+            await self._close_rest()
+        finally:
+            warn_never_started(consumers)
+
+    async def _close_rest(self) -> None:
         for q in self._queue_consumers:
             await q.close()
         for p in self._producers:
@@ -275,6 +285,10 @@ class AsyncMessageSessionFactory:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+#: Seconds the commit at the end of a ``messages()`` iteration may take.
+COMMIT_AT_END_TIMEOUT_S: Final = 10.0
 
 
 class Consumer(Closes):
@@ -316,24 +330,52 @@ class Consumer(Closes):
         """Iterate ``topic``; each message counts as processed when the next is asked.
 
         All partitions are polled concurrently; with ``idle_timeout_s`` the iteration ends
-        once that long passed without a message (see :meth:`AsyncConsumer.messages`)."""
+        once that long passed without a message (see :meth:`AsyncConsumer.messages`).
+        It also ends after :meth:`request_stop` and, while iterated in the main thread,
+        on SIGTERM (unless the application set a SIGTERM handler of its own: the default
+        one would kill the process). However it ends (also by Ctrl-C, another exception
+        or ``break``), what was processed is committed::
+
+            for msg in consumer.messages("orders"):   # `systemctl stop`: the loop ends,
+                handle(msg)                           # handled messages are committed
+        """
         core = self.core
         last = time.monotonic()
-        while not core._closed:
-            wait = 0.5
-            if idle_timeout_s is not None:
-                wait = min(wait, idle_timeout_s - (time.monotonic() - last))
-                if wait <= 0:
-                    return
-            got = self._lt.run(core.next_batch(topic, wait))
-            if got is None:
-                continue
-            cur, out, end = got
-            for m in out:
-                yield m
-                cur.acked = m.next_offset  # the next one is asked: m is processed
-            cur.acked = end
-            last = time.monotonic()
+        previous = signal.signal(signal.SIGTERM, self._signalled) if sigterm_is_default() else None
+        try:
+            while not core._closed and not core.stop_requested:
+                wait = 0.5
+                if idle_timeout_s is not None:
+                    wait = min(wait, idle_timeout_s - (time.monotonic() - last))
+                    if wait <= 0:
+                        return
+                got = self._lt.run(core.next_batch(topic, wait))
+                if got is None:
+                    continue
+                cur, out, end = got
+                for m in out:
+                    yield m
+                    cur.acked = m.next_offset  # the next one is asked: m is processed
+                    if core.stop_requested:
+                        break
+                else:
+                    cur.acked = end
+                last = time.monotonic()
+        finally:
+            if previous is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
+            self._commit_at_end()
+
+    def _commit_at_end(self) -> None:
+        """The commit of an iteration's end: never from the loop thread or while the
+        interpreter shuts down (the loop thread may be gone), bounded in time."""
+        lt = self._lt
+        if lt.in_loop_thread or lt.loop.is_closed() or sys.is_finalizing():
+            return
+        try:
+            lt.run(self.core.commit_quietly(), COMMIT_AT_END_TIMEOUT_S)
+        except (ClientError, TimeoutError, concurrent.futures.TimeoutError) as e:
+            log.error("offset commit of group %s at the end of messages(): %s", self.group, e)
 
     def commit(self) -> None:
         """Store offsets of everything handled so far."""
@@ -376,7 +418,9 @@ class Consumer(Closes):
         self._lt.run(call())
 
     def request_stop(self) -> None:
-        """Make :meth:`run` return after a clean shutdown (thread-safe)."""
+        """Make :meth:`run` return after a clean shutdown and end :meth:`messages`
+        iterations (thread-safe; safe in signal handlers)."""
+        self.core.stop_requested = True
         self._lt.loop.call_soon_threadsafe(self.core.request_stop)
 
     def run(self, timeout_s: float | None = None, signals: Iterable[int] | None = None) -> None:

@@ -50,6 +50,7 @@ from collections.abc import (
     Collection,
     Hashable,
     Iterable,
+    Iterator,
     Sequence,
 )
 from dataclasses import asdict, dataclass
@@ -399,29 +400,35 @@ class AsyncConsumer:
         last = loop.time()
         installed = _add_loop_stop_handler(loop, self.request_stop)
         try:
-            while not self._stopping and not self._closed and not self.stop_requested:
-                wait = 0.5
-                if idle_timeout_s is not None:
-                    wait = min(wait, idle_timeout_s - (loop.time() - last))
-                    if wait <= 0:
-                        return
+            while self.iterating:
+                wait = next_wait(idle_timeout_s, loop.time() - last)
+                if wait <= 0:
+                    return
                 got = await self.next_batch(topic, wait)
-                if got is None:
-                    continue
-                cur, out, end = got
-                last = loop.time()
-                for m in out:
-                    yield m
-                    cur.acked = m.next_offset  # asked for the next one: m is processed
-                    if self.stop_requested:
-                        break
-                else:
-                    cur.acked = end
-                last = loop.time()
+                if got is not None:
+                    for m in self.handed_out(got):
+                        yield m
+                    last = loop.time()
         finally:
             if installed:
                 loop.remove_signal_handler(signal.SIGTERM)
             await self.commit_quietly()
+
+    @property
+    def iterating(self) -> bool:
+        """Whether a ``messages()`` iteration goes on (not stopping, closed or asked to)."""
+        return not (self._stopping or self._closed or self.stop_requested)
+
+    def handed_out(self, got: tuple[_Cursor, list[Message], int]) -> Iterator[Message]:
+        """The messages of one :meth:`next_batch`, each counted as processed when the next
+        is asked; ends early after :meth:`request_stop` (the rest comes again)."""
+        cur, out, end = got
+        for m in out:
+            yield m
+            cur.acked = m.next_offset  # asked for the next one: m is processed
+            if self.stop_requested:
+                return
+        cur.acked = end
 
     async def next_batch(
         self, topic: str, max_wait_s: float
@@ -1538,10 +1545,7 @@ class AsyncConsumer:
             await self._sleep(interval)
             if self._stopping:
                 return
-            try:
-                await self.commit()
-            except ClientError as e:
-                log.error("offset commit of group %s failed: %s", self.group, e)
+            await self.commit_quietly()
             n += 1
             if n % refresh_every == 0 and self._cluster is None:
                 await self._refresh_partitions()
@@ -1703,6 +1707,14 @@ def _as_unix_s(ts: float | datetime) -> float:
             raise ClientError("timestamp must be timezone-aware (e.g. UTC)")
         return ts.timestamp()
     return float(ts)
+
+
+def next_wait(idle_timeout_s: float | None, idle_for_s: float) -> float:
+    """How long a ``messages()`` iteration's next fetch may wait (<= 0: its idle timeout
+    passed): at most half a second, to see a stop."""
+    if idle_timeout_s is None:
+        return 0.5
+    return min(0.5, idle_timeout_s - idle_for_s)
 
 
 def warn_never_started(consumers: Iterable[AsyncConsumer]) -> None:

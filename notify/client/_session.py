@@ -35,6 +35,7 @@ from ._consumer import (
     ConsumerStats,
     MessageFilter,
     MessageListener,
+    next_wait,
     signal_list,
     sigterm_is_default,
     warn_never_started,
@@ -343,24 +344,14 @@ class Consumer(Closes):
         last = time.monotonic()
         previous = signal.signal(signal.SIGTERM, self._signalled) if sigterm_is_default() else None
         try:
-            while not core._closed and not core.stop_requested:
-                wait = 0.5
-                if idle_timeout_s is not None:
-                    wait = min(wait, idle_timeout_s - (time.monotonic() - last))
-                    if wait <= 0:
-                        return
+            while core.iterating:
+                wait = next_wait(idle_timeout_s, time.monotonic() - last)
+                if wait <= 0:
+                    return
                 got = self._lt.run(core.next_batch(topic, wait))
-                if got is None:
-                    continue
-                cur, out, end = got
-                for m in out:
-                    yield m
-                    cur.acked = m.next_offset  # the next one is asked: m is processed
-                    if core.stop_requested:
-                        break
-                else:
-                    cur.acked = end
-                last = time.monotonic()
+                if got is not None:
+                    yield from core.handed_out(got)
+                    last = time.monotonic()
         finally:
             if previous is not None and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous)

@@ -1,6 +1,6 @@
 """Consumer control against a real broker: concurrent polling and ``idle_timeout_s`` of
 ``messages()``, ``seek`` (offset, time), ``pause``/``resume``, blocking ``run()`` with a clean
-shutdown on SIGTERM (issue 20)."""
+shutdown on SIGTERM."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Idempotent producer (issue 20): a retried put after a lost acknowledgement is stored once,
+"""Idempotent producer: a retried put after a lost acknowledgement is stored once,
 also across a broker restart (SIGTERM or SIGKILL), against real broker processes."""
 
 from __future__ import annotations

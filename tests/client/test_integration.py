@@ -517,7 +517,7 @@ def test_custom_selector_and_send_async_from_another_loop(broker: BrokerProcess)
 
         assert asyncio.run(other_loop()) == ["0-1"] * 5
         bad = s.create_producer(selector=broken)
-        with pytest.raises(ZeroDivisionError):  # a programming error raises (issue 20)
+        with pytest.raises(ZeroDivisionError):  # a programming error raises
             bad.send("orders", b"x")
 
         def refusing(topic: str, parts: Sequence[Partition], key: Any, data: bytes) -> Partition:

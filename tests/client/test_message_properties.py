@@ -1,4 +1,4 @@
-"""Message key, timestamp and typed headers in MetaQ's attribute block (issue 20)."""
+"""Message key, timestamp and typed headers in MetaQ's attribute block."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Offsets keyed by the brokers' own ids, migration of old files, the explicit default
-data directory (issue 20), against real broker processes."""
+data directory, against real broker processes."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ send ``version`` after ``heartbeat_interval_s`` (30 s) without one, MetaQ's Java
 Roles: ``authenticated`` (may produce and consume), ``admin`` (``reload``, ``promote``,
 ``stats reset``, resolving other connections' transactions) and ``replica`` (a broker of the
 same replication set: reads internal topics, writes to a slave with ``msync``/``sync``); see
-:meth:`BrokerService._auth` for which secret grants which.
+:mod:`notify.broker.handlers.admin` for which secret grants which.
 """
 
 from __future__ import annotations

@@ -13,13 +13,14 @@ broker child process per load, default flush policy, data in a temp directory):
 - ``32 tx clients``: thirty-two connections, each loops BEGIN, one 100 B put,
   COMMIT_ONE_PHASE (one write) and waits for the three replies (``flushTxLogAtCommit=1``).
 
-Each tree's broker runs with that tree's own ``.venv/bin/python -m notify broker start``, so
-the load generator and its cost are the same for every tree. Rounds alternate the trees
-(A B A B ...) so both see the same minutes of a shared machine. Besides the rate, every run
-reports the broker process's CPU time per request (utime + stime from ``/proc/<pid>/stat``
-over the measured window), which holds better than the rate when other work shares the
-cores, and the load average when it started. The table gives, per load and tree, the median
-and the spread (min-max) over the rounds.
+Each tree's broker runs with that tree's own ``.venv/bin/python -m notify broker start`` (a
+tree without one, e.g. from ``git archive``, runs with this interpreter and ``PYTHONPATH``
+set to the tree), so the load generator and its cost are the same for every tree. Rounds
+alternate the trees (A B, then B A) so both see the same minutes of a shared machine.
+Besides the rate, every run reports the broker process's CPU time per request (utime +
+stime from ``/proc/<pid>/stat`` over the measured window), which holds better than the rate
+when other work shares the cores, and the load average when it started. The table gives,
+per load and tree, the median and the spread (min-max) over the rounds.
 """
 
 from __future__ import annotations
@@ -102,9 +103,14 @@ class Broker:
     def start(self) -> None:
         ready = self.workdir / "ready.json"
         log = open(self.workdir / "broker.log", "ab")  # noqa: SIM115 - the child keeps it
+        python = self.tree / ".venv" / "bin" / "python"
+        env = dict(os.environ)
+        if not python.exists():  # a bare tree (git archive): this environment, its code
+            python = Path(sys.executable)
+            env["PYTHONPATH"] = str(self.tree)
         self.proc = subprocess.Popen(
             [
-                str(self.tree / ".venv" / "bin" / "python"),
+                str(python),
                 *(("-m", "cProfile", "-o", str(self.profile)) if self.profile else ()),
                 "-m",
                 "notify",
@@ -121,6 +127,7 @@ class Broker:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=env,
         )
         log.close()
         deadline = time.monotonic() + 60
@@ -455,9 +462,13 @@ def _label(tree: Path) -> str:
             text=True,
             check=True,
         ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        head = "?"
-    return f"{tree.name}@{head}"
+        head, dirty = "?", ""
+    return f"{tree.name}@{head}{'+' if dirty else ''}"
 
 
 def _loadavg() -> str:

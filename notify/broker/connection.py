@@ -153,9 +153,10 @@ class Connection(asyncio.Protocol):
         self._queue_full = False
         self._pump_scheduled = False
         #: inside ``data_received``: a pump asked for runs at its end, in the same loop turn
-        self._receiving = False
+        self.receiving = False
         self._pump_wanted = False
         self._opened_at = 0.0
+        self._time = service.loop.time
         self._last_io = 0.0  # the last byte in either direction (``idleTimeout``)
         self._frame_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -194,17 +195,17 @@ class Connection(asyncio.Protocol):
         parser = self.parser
         reqs = parser.feed(data)
         if reqs:
-            self._receiving = True
+            self.receiving = True
             try:
                 self.service.handle(self, reqs)
             finally:
-                self._receiving = False
-                if self._pump_wanted:  # replies ready now (a lone put): written this turn
+                self.receiving = False
+                if self._pump_wanted:  # replies ready now: written this turn
                     self._pump_wanted = False
                     self.pump()
-        if parser.closed and not self.closing:
-            self.close_after_replies()  # framing lost: nothing more can be understood
-        now = self.service.loop.time()
+            if parser.closed and not self.closing:  # (framing is lost only in a feed that
+                self.close_after_replies()  # returns the fatal error): nothing more can be read
+        now = self._time()
         self._last_io = now
         if parser.in_frame:
             if reqs or self._frame_since is None:  # a new frame started in this chunk
@@ -352,13 +353,15 @@ class Connection(asyncio.Protocol):
 
         Replies produced while a chunk of requests is handled are written when its
         handling ends (one ``write`` for all of them, in the same loop turn); others
-        (a flush or a slave confirming later) at the next loop turn."""
+        (a flush or a slave confirming later) at the next loop turn. A reply slot not
+        filled yet asks for no write: filling it does."""
         self.out.append(item)
         self.queued += 1
-        self.schedule_pump()
+        if type(item) is not PendingReplies or item.done:
+            self.schedule_pump()
 
     def schedule_pump(self) -> None:
-        if self._receiving:
+        if self.receiving:
             self._pump_wanted = True
             return
         if not self._pump_scheduled:
@@ -380,7 +383,7 @@ class Connection(asyncio.Protocol):
             return
         out = self.out
         if out:  # bytes to the client count as activity (the answer to a long poll...)
-            self._last_io = self.service.loop.time()
+            self._last_io = self._time()
         chunks: list[bytes] = []
         while out:
             if self._writing_paused:

@@ -102,6 +102,8 @@ class BrokerContext:
         )
         #: long-poll gets parked per partition (kept by notify.broker.handlers.fetch)
         self.waiting: dict[Partition, list[list[Any]]] = {}
+        #: during a commit round: connections whose replies it made ready (see await_all)
+        self.wake: dict[Connection, None] | None = None
         #: consistent cuts for this broker's slaves (notify.replication.cut)
         self.cuts = CutServer(
             store, loop, config.system.max_long_poll_wait_ms, lambda p: p in self.waiting
@@ -227,17 +229,26 @@ class BrokerContext:
         replicated: asyncio.Future[None] | None,
     ) -> None:
         """Release the replies once the local fsync (if the policy waits for one) and the
-        synchronous slave (if any) have confirmed; fail them if either did not."""
-        futs = [f for f in (flushed, replicated) if f is not None]
-        if not futs:
+        synchronous slave (if any) have confirmed; fail them if either did not.
+
+        Replies that wait for neither are released now: during a commit round (:attr:`wake`
+        set) the connections not being read are written once at the end of the round, in
+        the same loop turn, instead of at the next one."""
+        if flushed is None and replicated is None:
             fenced = self.fence() if self.fence is not None else None
+            wake = self.wake
             for g in groups:
-                stale = fenced or self.stale(g.conn)
-                if stale is None:
-                    g.resolve()
-                else:  # a master replaced meanwhile (automatic failover): not acknowledged
+                conn = g.conn
+                stale = fenced or (self.stale(conn) if conn.client_epoch else None)
+                if stale is not None:  # a master replaced meanwhile: not acknowledged
                     g.fail(503, stale)
+                elif wake is not None and not conn.receiving:
+                    g.done = True
+                    wake[conn] = None
+                else:
+                    g.resolve()
             return
+        futs = [f for f in (flushed, replicated) if f is not None]
         left = [len(futs)]
 
         def one_done(_f: asyncio.Future[Any]) -> None:

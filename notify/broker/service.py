@@ -18,8 +18,8 @@ every verb) plus the dispatch: each chunk of requests a connection read is run t
                                ``promote``
 =============================  ==========================================================
 
-Puts of one chunk are collected per partition and written when a request of another kind
-needs them written first, and at the end of the chunk.
+Puts are collected per partition and written by one commit round per loop turn, for every
+connection read in it (or earlier, when a request of another kind needs them written first).
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class BrokerService(BrokerContext):
 
     def handle(self, conn: Connection, reqs: list[Request | ProtocolError]) -> None:
         """Serve one chunk of requests a connection read, in order."""
-        table = self.verbs(conn)
+        table = self._tables[ADMIN if conn.admin else AUTHENTICATED if conn.authenticated else 0]
         put = self._put
         puts = self.puts
         i = 0
@@ -214,11 +214,10 @@ class BrokerService(BrokerContext):
                 break
             if type(r) is Auth:  # the connection's roles may have changed
                 table = self.verbs(conn)
-        if puts.pending:
-            # written now, not at the next loop turn: a lone put is answered in the turn
-            # that read it when the flush policy needs no fsync first (one chunk's puts
-            # to a partition are still one append)
-            puts.commit()
+        if puts.pending and not puts.scheduled:
+            # with the puts other connections' reads of this loop turn add, in one append
+            # per partition, and answered in this turn when the flush policy needs no fsync
+            puts.commit_soon()
 
     def commit(self) -> None:
         """Write every pending put (one buffer and one write per partition)."""

@@ -423,6 +423,8 @@ def _int(tok: bytes, name: str, opaque: int) -> int:
         raise ProtocolError(
             f"invalid {name} {tok[:40].decode('latin-1')!r}: not an integer", 400, opaque
         ) from None
+    if -2147483648 <= v <= 2147483647:  # fits every wire type
+        return v
     lo, hi = _INT64 if name in _INT64_FIELDS else _INT32
     if not lo <= v <= hi:
         bits = 64 if name in _INT64_FIELDS else 32
@@ -491,13 +493,13 @@ class RequestParser:
 
     __slots__ = (
         "_buf",
-        "_closed",
         "_max_batch",
         "_max_body",
         "_max_header",
         "_need",
         "_skip",
         "bodies_allowed",
+        "closed",
     )
 
     def __init__(
@@ -512,7 +514,8 @@ class RequestParser:
         self._buf = bytearray()  # the start of an incomplete frame
         self._need = 0  # bytes _buf must reach before parsing again can make progress
         self._skip = 0  # body bytes of a rejected request still to discard
-        self._closed = False
+        #: True once framing was lost (a fatal error): no further input is decoded
+        self.closed = False
         self.bodies_allowed = True
 
     def set_limits(self, max_body_bytes: int, max_batch_bytes: int) -> None:
@@ -530,14 +533,9 @@ class RequestParser:
         """True while a frame is incomplete (bytes buffered, or a body still being skipped)."""
         return bool(self._buf) or self._skip > 0
 
-    @property
-    def closed(self) -> bool:
-        """True once framing was lost (a fatal error): no further input is decoded."""
-        return self._closed
-
     def feed(self, data: bytes) -> list[Request | ProtocolError]:
         out: list[Request | ProtocolError] = []
-        if self._closed:
+        if self.closed:
             return out
         if self._skip:
             if len(data) < self._skip:
@@ -566,7 +564,7 @@ class RequestParser:
                             f"header line longer than {max_header} bytes", 400, 0, fatal=True
                         )
                     )
-                    self._closed = True
+                    self.closed = True
                     return out
                 self._need = n - pos + 1
                 break
@@ -589,7 +587,7 @@ class RequestParser:
             except ProtocolError as e:
                 out.append(e.report if isinstance(e, _SkipBody) else e)
                 if e.fatal:
-                    self._closed = True
+                    self.closed = True
                     return out
                 if isinstance(e, _SkipBody):
                     # framing known: drop the body we are told follows
@@ -608,54 +606,102 @@ class RequestParser:
     # -- helpers
 
     def _body_length(self, tokens: list[bytes], cmd: bytes) -> int:
-        opaque = _opaque_of(tokens)
         lengths = _TOKEN_COUNTS[cmd]
-        name = cmd.decode()
-        if len(tokens) < 4:
+        ntok = len(tokens)
+        if lengths[0] <= ntok <= lengths[1]:  # the usual case, checked in fewer steps
+            try:
+                length = int(tokens[3])
+            except ValueError:
+                length = -1
+            if (
+                0 <= length < ABSURD_LENGTH
+                and (self.bodies_allowed or not length)
+                and length <= (self._max_batch if cmd in _BATCH_COMMANDS else self._max_body)
+            ):
+                return length
+        return self._bad_body_length(tokens, cmd, lengths, ntok)
+
+    def _bad_body_length(
+        self, tokens: list[bytes], cmd: bytes, lengths: tuple[int, int], ntok: int
+    ) -> int:
+        """:meth:`_body_length` past its usual case: the length, or the error it makes."""
+        if ntok < 4:
             raise ProtocolError(
-                f"{name}: expected {lengths[0]}-{lengths[1]} tokens, got {len(tokens)}",
+                f"{cmd.decode()}: expected {lengths[0]}-{lengths[1]} tokens, got {ntok}",
                 400,
-                opaque,
+                _opaque_of(tokens),
                 fatal=True,
             )
         try:
             length = int(tokens[3])
         except ValueError:
             raise ProtocolError(
-                f"{name}: body length {tokens[3][:40].decode('latin-1')!r} is not an integer",
+                f"{cmd.decode()}: body length {tokens[3][:40].decode('latin-1')!r} is not an "
+                "integer",
                 400,
-                opaque,
+                _opaque_of(tokens),
                 fatal=True,
             ) from None
         if length < 0 or length >= ABSURD_LENGTH:
-            raise ProtocolError(f"{name}: invalid body length {length}", 400, opaque, fatal=True)
-        if not lengths[0] <= len(tokens) <= lengths[1]:
+            raise ProtocolError(
+                f"{cmd.decode()}: invalid body length {length}", 400, _opaque_of(tokens), fatal=True
+            )
+        if not lengths[0] <= ntok <= lengths[1]:
             raise _SkipBody(
-                f"{name}: expected {lengths[0]}-{lengths[1]} tokens, got {len(tokens)}",
+                f"{cmd.decode()}: expected {lengths[0]}-{lengths[1]} tokens, got {ntok}",
                 400,
-                opaque,
+                _opaque_of(tokens),
                 length,
             )
         if length and not self.bodies_allowed:
             raise _SkipBody(
-                f"{name}: authentication required: send auth first (body skipped)",
+                f"{cmd.decode()}: authentication required: send auth first (body skipped)",
                 403,
-                opaque,
+                _opaque_of(tokens),
                 length,
             )
-        limit = self._max_batch if cmd in _BATCH_COMMANDS else self._max_body
-        if length > limit:
+        if length > (self._max_batch if cmd in _BATCH_COMMANDS else self._max_body):
+            limit = self._max_batch if cmd in _BATCH_COMMANDS else self._max_body
             setting = "maxBatchSize" if cmd in _BATCH_COMMANDS else "maxMessageSize"
             raise _SkipBody(
-                f"{name}: message of {length} bytes exceeds the maximum of {limit} ({setting})",
+                f"{cmd.decode()}: message of {length} bytes exceeds the maximum of {limit} "
+                f"({setting})",
                 400,
-                opaque,
+                _opaque_of(tokens),
                 length,
                 too_large=True,
             )
         return length
 
     def _decode_body_command(self, cmd: bytes, t: list[bytes], body: bytes) -> Request:
+        if cmd == b"put" and len(t) == 7:  # MetaQ's put with a checksum (or a txKey)
+            slot = t[5]
+            try:
+                opaque = int(t[6])
+                partition = int(t[2])
+                flag = int(t[4])
+                topic = t[1].decode("utf-8")
+                if slot[:1].isdigit() or slot[:1] == b"-":
+                    checksum = int(slot)
+                    tx_key: str | None = None
+                else:
+                    checksum = -1
+                    tx_key = slot.decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                pass  # the general path below says what is wrong
+            else:
+                if (
+                    -2147483648 <= opaque <= 2147483647
+                    and -2147483648 <= partition <= 2147483647
+                    and -2147483648 <= flag <= 2147483647
+                    and -2147483648 <= checksum <= 2147483647
+                ):
+                    if tx_key == "null":
+                        tx_key = None
+                    return Put(topic, partition, flag, checksum, tx_key, opaque, body)
+        return self._decode_body_general(cmd, t, body)
+
+    def _decode_body_general(self, cmd: bytes, t: list[bytes], body: bytes) -> Request:
         opaque = _int(t[-1], "opaque", 0)
         topic = _text(t[1], "topic", opaque)
         if cmd == b"qack":
@@ -725,9 +771,8 @@ class RequestParser:
     def _decode_line(self, cmd: bytes, t: list[bytes]) -> Request:
         n = len(t)
         if cmd == b"get":
-            opaque = _opaque_of(t)
-            if n not in (7, 8):
-                raise ProtocolError(f"get: expected 7 tokens, got {n}", 400, opaque)
+            if n != 7 and n != 8:
+                raise ProtocolError(f"get: expected 7 tokens, got {n}", 400, _opaque_of(t))
             opaque = _int(t[-1], "opaque", 0)
             return Get(
                 _text(t[1], "topic", opaque),
@@ -739,9 +784,8 @@ class RequestParser:
                 _int(t[6], "maxWaitMs", opaque) if n == 8 else 0,
             )
         if cmd == b"offset":
-            opaque = _opaque_of(t)
             if n != 6:
-                raise ProtocolError(f"offset: expected 6 tokens, got {n}", 400, opaque)
+                raise ProtocolError(f"offset: expected 6 tokens, got {n}", 400, _opaque_of(t))
             opaque = _int(t[5], "opaque", 0)
             return Offset(
                 _text(t[1], "topic", opaque),
@@ -812,9 +856,30 @@ class RequestParser:
 
     def _decode_transaction(self, t: list[bytes]) -> Transaction:
         n = len(t)
-        opaque = _opaque_of(t)
+        if n == 5 or n == 6:  # the usual forms, checked in fewer steps
+            try:
+                opaque = int(t[-1])
+                key = t[1].decode("utf-8")
+                session = t[2].decode("utf-8")
+                ttype = t[3].decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                pass  # the general path below says what is wrong
+            else:
+                if -2147483648 <= opaque <= 2147483647 and ttype in TX_TYPES:
+                    tx_key = None if key == "null" else key
+                    if n == 5:
+                        return Transaction(tx_key, session, ttype, None, None, opaque)
+                    slot = t[4]
+                    if ttype == "BEGIN" and slot.isdigit() and not key.startswith("XID:"):
+                        timeout = int(slot)
+                        if timeout <= 2147483647:
+                            return Transaction(tx_key, session, ttype, timeout, None, opaque)
+        return self._decode_transaction_general(t)
+
+    def _decode_transaction_general(self, t: list[bytes]) -> Transaction:
+        n = len(t)
         if not 5 <= n <= 7:
-            raise ProtocolError(f"transaction: expected 5-7 tokens, got {n}", 400, opaque)
+            raise ProtocolError(f"transaction: expected 5-7 tokens, got {n}", 400, _opaque_of(t))
         opaque = _int(t[-1], "opaque", 0)
         key = _text(t[1], "txKey", opaque)
         session = _text(t[2], "sessionId", opaque)

@@ -1,12 +1,15 @@
 """``put``, ``mput`` and delayed ``put``: checks, the per-partition batches and their commit.
 
-Puts are not written one by one. Every put accepted while requests are handled, from every
-connection, is collected per partition (:class:`_Batch`); :meth:`PutVerbs.commit` then
-encodes each partition's records into one buffer, writes it with one ``pwrite`` and hands
-the flush policy its chance to make the replies wait for an fsync (group commit). Message
-ids are allocated in blocks. An ``mput`` (a batch of records in their on-disk layout,
-checked in the compiled hot path) is appended at once, as is a delayed put (an envelope in
-``__delay``).
+Puts are not written one by one. Every put accepted during one turn of the event loop, from
+every connection, is collected per partition (:class:`_Batch`); one commit round, run once
+the turn's reads are handled (:meth:`PutVerbs.commit_soon`), then encodes each partition's
+records into one buffer, writes it with one ``pwrite``, hands the flush policy its chance to
+make the replies wait for an fsync (group commit) and writes the replies that need no wait,
+one write per connection, in the same turn. Ten producers each waiting for its ack cost one
+append per partition for all of them, not one each. A request of another kind commits what
+is pending first (a get after a put sees it). Message ids are allocated in blocks. An
+``mput`` (a batch of records in their on-disk layout, checked in the compiled hot path) is
+appended at once, as is a delayed put (an envelope in ``__delay``).
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ class PutVerbs:
         self.producer = producer
         #: puts accepted and not yet written, per partition
         self.pending: dict[Partition, _Batch] = {}
+        #: a commit round is scheduled for this loop turn
+        self.scheduled = False
         self._checked_flags = 0  # OR of the flags of the records check_records validated
         #: and their producer members (hotpath.check_batch: verdict, id span, sequences)
         self._checked_producer: list[int] = [0, -1, -1, -1, -1]
@@ -122,7 +127,9 @@ class PutVerbs:
             return ctx.error(
                 conn, 400, r.opaque, f"checksum mismatch: sent {r.checksum}, body has {crc}"
             )
-        if ctx.writes_refused(conn):
+        if (
+            ctx.role != "master" or ctx.fence is not None or ctx.sync_master is not None
+        ) and ctx.writes_refused(conn):
             ctx.stats.put_failed += 1
             return ctx.refuse_write(conn, r.opaque)
         idem = record_producer(r.flag, body) if r.flag & FLAG_PROPERTIES else None
@@ -339,6 +346,26 @@ class PutVerbs:
         )
 
     # ------------------------------------------------------------------ commit
+
+    def commit_soon(self) -> None:
+        """Run a commit round once the reads of this loop turn are handled."""
+        if not self.scheduled:
+            self.scheduled = True
+            self.ctx.loop.call_soon(self._commit_round)
+
+    def _commit_round(self) -> None:
+        """Commit what is pending and write the replies that became ready, one write per
+        connection (a reply to a connection being read waits for the end of that read)."""
+        self.scheduled = False
+        ctx = self.ctx
+        wake: dict[Connection, None] = {}
+        ctx.wake = wake
+        try:
+            self.commit()
+        finally:
+            ctx.wake = None
+        for conn in wake:
+            conn.pump()
 
     def commit(self) -> None:
         """Write every pending batch: one buffer and one write per partition."""

@@ -25,7 +25,7 @@ import struct
 import zlib
 from collections.abc import Iterable
 from enum import IntEnum, StrEnum
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from notify.errors import TxLogError
 
@@ -108,6 +108,10 @@ class DecodeResult(NamedTuple):
     error: CorruptReason | None
 
 
+#: CRC32 of each record type's byte: where a frame's checksum starts
+_TYPE_CRC: Final = tuple(zlib.crc32(bytes((t,))) for t in range(256))
+
+
 def _check(rtype: int, body: bytes, max_record_bytes: int) -> None:
     if not 1 <= rtype <= _MAX_TYPE:
         raise TxLogError(f"record type must be in 1..255, got {rtype}")
@@ -123,9 +127,9 @@ def encode(
     Raises :class:`~notify.errors.TxLogError` when ``rtype`` is outside 1..255 or the body is
     larger than ``max_record_bytes``.
     """
-    _check(rtype, body, max_record_bytes)
-    tb = bytes((rtype,))
-    crc = zlib.crc32(body, zlib.crc32(tb))
+    if not 1 <= rtype <= _MAX_TYPE or len(body) > max_record_bytes:
+        _check(rtype, body, max_record_bytes)  # raises, saying which
+    crc = zlib.crc32(body, _TYPE_CRC[rtype])
     return _HDR_TYPE.pack(len(body) + 1, crc, rtype) + body
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -172,10 +173,11 @@ class TransactionManager:
         held: list[bytes] = []  # (coalesce) replies of ``held_by`` for the next Defer
         held_by: Connection | None = None
         while out:
-            batch = out[:]
+            batch: list[Any] = out[:]  # (dispatched on the exact type below)
             out.clear()
             for eff in batch:
-                if isinstance(eff, Reply):
+                kind = type(eff)
+                if kind is Reply:
                     conn: Connection = eff.owner
                     if conn.closed:
                         continue
@@ -186,47 +188,56 @@ class TransactionManager:
                     else:
                         conn.send(frame)
                     continue
-                if held and not (isinstance(eff, Defer) and eff.ticket.owner is held_by):
+                if kind is Defer:
+                    tk = eff.ticket
+                    slot = PendingReplies(tk.owner, 0)
+                    slot.items.append([tk.opaque])
+                    if held:  # written before the deferred reply, when it is set
+                        if tk.owner is held_by:
+                            slot.body = b"".join(held)
+                            held = []
+                        else:
+                            self._release(held_by, held)  # anything else keeps its order
+                    coalesce = False
+                    tk.slot = slot
+                    if not tk.owner.closed:
+                        tk.owner.send(slot)
+                    continue
+                if held:
                     self._release(held_by, held)  # anything else keeps its order
                 coalesce = False
-                if isinstance(eff, Defer):
-                    slot = PendingReplies(eff.ticket.owner, 0)
-                    slot.items.append([eff.ticket.opaque])
-                    if held:  # written before the deferred reply, when it is set
-                        slot.body = b"".join(held)
-                        held = []
-                    eff.ticket.slot = slot
-                    if not eff.ticket.owner.closed:
-                        eff.ticket.owner.send(slot)
-                elif isinstance(eff, Complete):
+                if kind is Complete:
                     tk = eff.ticket
-                    fenced = self._fenced() if tk.code == 200 else None
+                    fence = self.fence
+                    fenced = fence() if fence is not None and tk.code == 200 else None
                     if fenced is not None:  # replaced after the step: outcome unknown here
                         tk.set(500, encode_xa_failure(XAER_RMFAIL, f"not acknowledged: {fenced}"))
-                    prefix = tk.slot.body or b""  # the coalesced replies before it
-                    tk.slot.body = prefix + encode_result(tk.code, tk.opaque, tk.body)
-                    tk.slot.resolve()
-                elif isinstance(eff, Force) and eff.lazy:
-                    # an answered half-message commit: the next force covers it (e.g. the
-                    # next PREPARE's), or this one after halfCommitForceDelay;
-                    # nobody waits meanwhile
-                    if not self._lazy_armed:
-                        self._lazy_armed = True
-                        self.loop.call_later(self.lazy_force_s, self._lazy_force)
-                elif isinstance(eff, Force):
-                    if self._force_upto is None:
+                    slot = tk.slot
+                    reply = encode_result(tk.code, tk.opaque, tk.body)
+                    slot.body = slot.body + reply if slot.body else reply  # after coalesced ones
+                    slot.resolve()
+                elif kind is Applied:
+                    self.on_applied(eff)
+                elif kind is Force:
+                    if eff.lazy:
+                        # an answered half-message commit: the next force covers it (e.g. the
+                        # next PREPARE's), or this one after halfCommitForceDelay;
+                        # nobody waits meanwhile
+                        if not self._lazy_armed:
+                            self._lazy_armed = True
+                            self.loop.call_later(self.lazy_force_s, self._lazy_force)
+                    elif self._force_upto is None:
                         self._force_upto = eff.pos
                         self.loop.call_soon(self._force_round)
                     elif eff.pos > self._force_upto:
                         self._force_upto = eff.pos
-                elif isinstance(eff, SendCheck):
-                    c: Connection = eff.owner
-                    if not c.closing:
-                        c.send(
+                else:
+                    assert kind is SendCheck
+                    owner: Connection = eff.owner
+                    if not owner.closing:
+                        owner.send(
                             encode_check(eff.key, eff.topic, eff.partition, eff.records, eff.opaque)
                         )
-                else:
-                    self.on_applied(eff)
         if held:
             self._release(held_by, held)
 

@@ -46,7 +46,7 @@ class PartitionLookup(Protocol):
     def get(self, topic: str, partition: int) -> Partition | None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Share:
     """One partition's part of an intent: whole records in the partition layout."""
 
@@ -132,11 +132,25 @@ class Applier:
         shares went (a done record's placements), so a share that ends at or before its
         partition's first offset was applied and its segment deleted since (retention, or
         ``__delay`` past its watermark): it counts as present, never appended again."""
+        return self._apply_parts(
+            self._resolve(shares, on_missing), hints, verify, what, between, exact
+        )
+
+    def _apply_parts(
+        self,
+        parts: list[tuple[Share, Partition]],
+        hints: Mapping[tuple[str, int], int],
+        verify: bool,
+        what: str,
+        between: str = "mid_apply",
+        exact: bool = False,
+    ) -> list[Placement]:
+        """:meth:`apply` of shares whose partitions were looked up."""
         placements: list[Placement] = []
         done: list[tuple[Partition, int]] = []
         appended: list[tuple[Partition, int, bytes, int]] = []
         first = True
-        for sh, part in self._resolve(shares, on_missing):
+        for sh, part in parts:
             data = sh.data
             start = -1
             if verify:
@@ -187,10 +201,13 @@ class Applier:
         transaction applied earlier, which in turn precedes it in a group-commit partition:
         each would wait for the other."""
         parts = self._resolve(shares, on_missing)
-        if all(part.settled for _sh, part in parts):
-            return Joint(
-                self.apply(shares, hints, verify=verify, what=what, on_missing=None), None
-            )
+        for _sh, part in parts:
+            if not part.settled:
+                break
+        else:
+            if not verify:
+                return Joint(self._append_all(parts, what), None)
+            return Joint(self._apply_parts(parts, hints, verify, what), None)
         gate = Gate(what, self.placed)
         now: list[tuple[Share, Partition, bytes]] = []
         placements: list[Placement] = []
@@ -222,6 +239,19 @@ class Applier:
                 raise StoreError(f"{what}: nothing to place before its deferred shares")
             return Joint(placements, None)
         return Joint(placements, gate)
+
+    def _append_all(self, parts: list[tuple[Share, Partition]], what: str) -> list[Placement]:
+        """Append every share as it is (nothing to verify), all or nothing; placements."""
+        placements: list[Placement] = []
+        done: list[tuple[Partition, int]] = []
+        for sh, part in parts:
+            if done:
+                self.crashpoint("mid_apply")
+            off = self._append(sh, part, sh.data, None, done, what)
+            placements.append(Placement(sh.topic, sh.partition, off, sh.count, len(sh.data)))
+        for (sh, part), pl in zip(parts, placements, strict=True):
+            self.placed(part, pl.offset, sh.data, sh.count)
+        return placements
 
     def _resolve(
         self, shares: Sequence[Share], on_missing: Callable[[Share], None] | None

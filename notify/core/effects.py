@@ -47,7 +47,7 @@ class Ticket:
         self.done = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reply:
     owner: Any
     opaque: int
@@ -55,17 +55,17 @@ class Reply:
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Defer:
     ticket: Ticket
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Complete:
     ticket: Ticket
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Force:
     pos: Position
     #: nobody waits for it (an answered half-message commit): the shell may let the next
@@ -73,7 +73,7 @@ class Force:
     lazy: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendCheck:
     owner: Any
     key: str
@@ -83,7 +83,7 @@ class SendCheck:
     opaque: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Placement:
     """Where one partition's share of an intent went."""
 
@@ -98,7 +98,7 @@ class Placement:
         return self.offset + self.nbytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Applied:
     """A transaction's messages reached their partitions; ``delayed`` holds ``(offset,
     bytes)`` of what went to the internal delay partition (it must be indexed)."""

@@ -79,6 +79,8 @@ from txlog import Position
 
 log = logging.getLogger("notify.tx")
 
+#: the hints of an apply that verifies nothing (it never reads them)
+_NO_HINTS: Final[dict[tuple[str, int], int]] = {}
 #: how long an unanswered check-back counts as in flight before it may be asked again
 CHECK_TIMEOUT_S: Final = 5.0
 #: how long a timed-out transaction is remembered so its owner gets XA_RBTIMEOUT
@@ -315,7 +317,8 @@ class TxEngine:
             tx.state = next_state(tx.state, ev)
         except TransactionError as e:
             raise TxFailure(XAER_PROTO, f"{tx.key}: {e}") from None
-        self._untime(tx)
+        if tx.timer_live:
+            self._untime(tx)
 
     def _untime(self, tx: BrokerTx) -> None:
         """Its heap entry goes dead once no deadline applies (the entry is dropped lazily)."""
@@ -496,44 +499,42 @@ class TxEngine:
             key = validate_key(key)
         except TransactionError:
             return False
-        if is_xa(key) or key in self.txs or len(self._timers) >= self.limits.capacity:
+        limits = self.limits
+        if key in self.txs or is_xa(key) or len(self._timers) >= limits.capacity:
             return False
         count = 0
         nbytes = 0
         for p in puts:
-            count += p.count or 1
-            nbytes += len(p.data) + (records.HEADER_SIZE if not p.count else 0)
-        if nbytes > self.limits.max_tx_size or (
-            commit.expect_messages is not None and commit.expect_messages != count
-        ):
+            if p.count:
+                count += p.count
+                nbytes += len(p.data)
+            else:
+                count += 1
+                nbytes += len(p.data) + records.HEADER_SIZE
+        expect = commit.expect_messages
+        if nbytes > limits.max_tx_size or (expect is not None and expect != count):
             return False
-        cap_s = self.limits.max_timeout_s
+        cap_s = limits.max_timeout_s
         timeout = cap_s if not begin.timeout or begin.timeout <= 0 else min(begin.timeout, cap_s)
         now_ms = self._now_ms()
         tx = BrokerTx(
-            key=key,
-            xa=False,
-            owner=owner,
-            state=TxState.NEW,
-            timeout_s=timeout,
-            deadline=self.clock.monotonic() + timeout,
-            created_ms=now_ms,
+            key, False, owner, TxState.NEW, timeout, self.clock.monotonic() + timeout, now_ms
         )
         self._to(tx, TxEvent.BEGIN)
         acks: list[Reply] = [Reply(owner, begin.opaque, 200, b"")]
         frames: list[tuple[int, bytes]] = []
         batches = tx.batches
         hints: list[tuple[str, int, int]] = []
-        seen: set[tuple[str, int]] = set()
         store = self.store
+        ids = self.ids
         for p in puts:
             if p.count:
-                first = self.ids.next_block(p.count)
+                first = ids.next_block(p.count)
                 records.stamp_ids(p.data, first)  # type: ignore[arg-type]
                 am = lr.AppendMsg(key, p.topic, p.partition, p.count, bytes(p.data))
                 ack = MultiPutAck(first, p.partition, -1, p.count).encode()
             else:
-                msg_id = self.ids.next()
+                msg_id = ids.next_block(1)
                 rec = records.encode(msg_id, p.flag, cast(bytes, p.data), p.crc)
                 am = lr.AppendMsg(key, p.topic, p.partition, 1, rec)
                 ack = PutAck(msg_id, p.partition, -1).encode()
@@ -542,16 +543,19 @@ class TxEngine:
             tx.nbytes += len(am.records)
             frames.append((lr.APPEND_MSG, am.encode()))
             acks.append(Reply(owner, p.opaque, 200, ack))
-            k = (p.topic, p.partition)
-            if k not in seen:
-                seen.add(k)
+            for h in hints:  # one per partition, in the order partitions first appear
+                if h[1] == p.partition and h[0] == p.topic:
+                    break
+            else:
                 part = store.get(p.topic, p.partition)
                 hints.append((p.topic, p.partition, part.end if part is not None else 0))
-        frames.append((lr.COMMIT, lr.Commit(key, now_ms, tuple(hints)).encode()))
+        tx.hints = hints_t = tuple(hints)
+        frames.append((lr.COMMIT, lr.Commit(key, now_ms, hints_t).encode()))
         backlog = self._backlog
         try:
             positions = self.log.append_many(backlog + frames if backlog else frames)
         except TxLogError:
+            tx.hints = ()
             return False  # nothing written: the one-by-one path reports the failure
         if backlog:
             self._backlog = []
@@ -561,7 +565,6 @@ class TxEngine:
         self.out.extend(acks)
         self.crashpoint("after_append_msg")  # (the COMMIT is in the same write)
         self._to(tx, TxEvent.COMMIT_ONE_PHASE)  # -> COMMITTING
-        tx.hints = tuple(hints)
         pos = positions[-1]
         self._step(owner, commit.opaque, lambda: self._committed(tx, pos))
         return True
@@ -945,8 +948,15 @@ class TxEngine:
         shares deferred to the gate's opening are placed later). None when a partition
         refused (the apply is retried; nothing of it is visible). Recovery applies without
         a gate: nobody reads meanwhile, and it ends with every touched partition synced."""
-        shares = group_shares((b.topic, b.partition, b.records, b.count) for b in tx.batches)
-        hints = {(t, p): h for t, p, h in tx.hints}
+        batches = tx.batches
+        if len(batches) == 1:
+            b = batches[0]
+            shares = [Share(b.topic, b.partition, b.records, b.count)]
+        else:
+            shares = group_shares((b.topic, b.partition, b.records, b.count) for b in batches)
+        verify = recovering or tx.apply_error is not None
+        # where each partition ended at the decision: read only to verify what is there
+        hints = {(t, p): h for t, p, h in tx.hints} if verify else _NO_HINTS
 
         def missing(sh: Share) -> None:
             log.error(
@@ -973,7 +983,7 @@ class TxEngine:
                 )
             else:
                 joint = self.applier.apply_joint(
-                    shares, hints, verify=tx.apply_error is not None, what=what, on_missing=missing
+                    shares, hints, verify=verify, what=what, on_missing=missing
                 )
         except NotifyError as e:
             if tx.apply_error is None:
@@ -1018,7 +1028,7 @@ class TxEngine:
     ) -> None:
         """Every share of ``tx`` is placed: log APPLIED, finish its state, tell the shell."""
         applied = lr.Applied(
-            tx.key, tuple((p.topic, p.partition, p.offset, p.count, p.nbytes) for p in placements)
+            tx.key, tuple([(p.topic, p.partition, p.offset, p.count, p.nbytes) for p in placements])
         ).encode()
         if recovering:
             # a re-apply may land below the COMMIT's hint (the partition's tail was lost):
@@ -1036,12 +1046,15 @@ class TxEngine:
         if tx.first_pos is not None:
             self._unflushed.append((tx.first_pos, placements))
         delay_topic = self.limits.delay_topic
-        data_of = {(sh.topic, sh.partition): sh.data for sh in shares if sh.topic == delay_topic}
-        delayed = tuple(
-            (p.offset, data_of[(p.topic, p.partition)])
-            for p in placements
-            if p.topic == delay_topic
-        )
+        delayed: tuple[tuple[int, bytes], ...] = ()
+        for p in placements:
+            if p.topic == delay_topic:
+                data_of = {(sh.topic, sh.partition): sh.data for sh in shares}
+                delayed = tuple(
+                    [(q.offset, data_of[(q.topic, q.partition)])
+                     for q in placements if q.topic == delay_topic]
+                )
+                break
         self.out.append(Applied(tx.key, placements, delayed))
         self._forget_finished(tx)
 

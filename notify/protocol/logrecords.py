@@ -92,7 +92,7 @@ def key_of(body: bytes) -> str:
     return _Reader(body).s()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendMsg:
     key: str
     topic: str
@@ -118,7 +118,7 @@ class AppendMsg:
         return cls(key, topic, part, count, r.rest())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prepare:
     key: str
     prepared_at_ms: int
@@ -136,7 +136,7 @@ class Prepare:
         return cls(key, at, timeout, r.s())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Commit:
     key: str
     decided_at_ms: int
@@ -162,7 +162,7 @@ class Commit:
         return cls(key, at, tuple(hints))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Applied:
     key: str
     placements: tuple[tuple[str, int, int, int, int], ...]  # topic, partition, offset, n, bytes
@@ -186,7 +186,7 @@ class Applied:
         return cls(key, tuple(out))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Rollback:
     key: str
     reason: str
@@ -200,7 +200,7 @@ class Rollback:
         return cls(r.s(), r.s())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Heuristic:
     key: str
     commit: bool
@@ -217,7 +217,7 @@ class Heuristic:
         return cls(key, outcome == 1, r.s())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Forget:
     key: str
 

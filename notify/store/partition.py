@@ -439,7 +439,8 @@ class Partition:
     def settled(self) -> bool:
         """Whether an append now would be shown at once: the partition shows all it holds
         (nothing waits for an fsync, a confirmation, a gate or a cut)."""
-        return self.visible_end == self.end and self._limit >= self.end
+        end = self.segments[-1].end
+        return self.visible_end == end and self._limit >= end
 
     def begin_sync(self) -> None:
         """An fsync of this partition starts now (its target is the end now)."""

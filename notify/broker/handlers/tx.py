@@ -67,7 +67,11 @@ class TxVerbs:
         begin = reqs[at]
         assert isinstance(begin, Transaction)
         key = begin.tx_key
-        if txm is None or key is None or ctx.writes_refused(conn):
+        if txm is None or key is None:
+            return 0
+        if (
+            ctx.role != "master" or ctx.fence is not None or ctx.sync_master is not None
+        ) and ctx.writes_refused(conn):
             return 0
         puts: list[TxPut] = []
         nput = nmput = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections.abc import Iterator
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 import pytest
 
@@ -86,7 +86,7 @@ def _talk(
     its decoded replies."""
     conn = Connection(_service(b))
     t = _Transport()
-    conn.connection_made(t)  # type: ignore[arg-type]
+    conn.connection_made(cast(Any, t))
     for c in chunks:
         conn.data_received(c)
     loop.run_until_complete(asyncio.sleep(0.05))

@@ -770,6 +770,8 @@ class RequestParser:
 
     def _decode_line(self, cmd: bytes, t: list[bytes]) -> Request:
         n = len(t)
+        if cmd == b"transaction":  # the most frequent line command with get
+            return self._decode_transaction(t)
         if cmd == b"get":
             if n != 7 and n != 8:
                 raise ProtocolError(f"get: expected 7 tokens, got {n}", 400, _opaque_of(t))
@@ -814,8 +816,6 @@ class RequestParser:
             raise ProtocolError(f"version: expected 1-2 tokens, got {n}", 400, _opaque_of(t))
         if cmd == b"quit":
             return Quit(_opaque_of(t) if n > 1 else 0)
-        if cmd == b"transaction":
-            return self._decode_transaction(t)
         if cmd == b"auth":
             if n not in (3, 4, 5):
                 raise ProtocolError(f"auth: expected 3-5 tokens, got {n}", 400, _opaque_of(t))

@@ -53,6 +53,8 @@ def test_forged_msync_and_sync_are_refused(tmp_path: Path) -> None:
                 r = c.put("rep", 0, b"real-%02d" % i, opaque=i)
                 assert r.code == 200, r
                 acked.append(b"real-%02d" % i)
+        # the slave shows what it holds once the master's next consistent cut reaches it
+        _wait(lambda: _end(slave.addr) == _end(master.addr))
         end = _end(slave.addr)
         forged = records.encode(4242, 0, b"FORGED")
         with WireClient(slave.addr) as evil:
@@ -132,6 +134,8 @@ def test_without_any_secret_nobody_holds_the_replica_role(tmp_path: Path) -> Non
         with WireClient(master.addr) as c:
             assert c.put("rep", 0, b"real", opaque=1).code == 200
         _wait(lambda: _end(slave.addr) == _end(master.addr) > 0)
+        # the slave shows what it holds once the master's next consistent cut reaches it
+        _wait(lambda: _end(slave.addr) == _end(master.addr))
         end = _end(slave.addr)
         forged = records.encode(4242, 0, b"FORGED")
         for target in (slave.addr, plain.addr):

@@ -17,6 +17,7 @@ import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Final
 
@@ -291,8 +292,180 @@ class TopicConfig:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """TLS on the wire and HTTP ports (``tls*`` keys of ``[system]``)."""
+
+    cert_file: Path | None = setting(
+        "tlsCertFile", None, "PEM certificate chain: TLS (1.2+) on the wire **and** HTTP "
+        "ports (with `tlsKeyFile`).", group=G_SECURITY, conv=Path)
+    key_file: Path | None = setting("tlsKeyFile", None, "PEM private key of "
+                                        "`tlsCertFile`.", group=G_SECURITY, conv=Path)
+    ca_file: Path | None = setting("tlsCaFile", None, "PEM CA bundle client "
+                                       "certificates must chain to (with "
+                                       "`tlsClientAuth`).", group=G_SECURITY, conv=Path)
+    client_auth: bool = setting("tlsClientAuth", False, "Mutual TLS: clients must "
+                                    "present a certificate chaining to `tlsCaFile`.",
+                                    group=G_SECURITY, conv=_bool)
+    handshake_timeout_ms: int = setting(
+        "tlsHandshakeTimeout", 5_000, "Time a client may take to complete its TLS handshake "
+        "on the wire or HTTP port (a socket in its handshake holds a connection slot until "
+        "then).", group=G_SECURITY, bounds=(100, 600_000), unit="ms")
+    max_hello_size: int = setting(
+        "tlsMaxHelloSize", 64 * KIB, "Bytes a client may send before the broker has taken "
+        "its socket into TLS (its ClientHello); more and the socket is dropped.",
+        group=G_SECURITY, bounds=(4 * KIB, 16 * MIB), unit="bytes")
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """The HTTP port's limits (``http*`` keys of ``[system]``)."""
+
+    allowed_hosts: tuple[str, ...] = setting(
+        "httpAllowedHosts", (), "Extra names the HTTP `Host` header may carry "
+        "(comma-separated; `*` = any) besides `hostName`, `localhost` and IP literals.",
+        group=G_HTTP, conv=_names)
+    max_connections: int = setting("httpMaxConnections", 256, "Open HTTP connections "
+                                        "(503 and close beyond).", group=G_HTTP,
+                                        bounds=(1, 100_000))
+    keepalive_timeout_ms: int = setting(
+        "httpKeepaliveTimeout", 15_000, "How long an HTTP connection may sit idle or spend "
+        "sending its headers.", group=G_HTTP, bounds=(100, _DAY_MS), unit="ms")
+    body_timeout_ms: int = setting(
+        "httpBodyTimeout", 30_000, "Time to send a request body (then 408 and close).",
+        group=G_HTTP, bounds=(100, _DAY_MS), unit="ms")
+    max_body_size: int = setting(
+        "httpMaxBodySize", 32 * MIB, "Largest JSON request body on the HTTP port (413 and "
+        "close beyond, chunked included; MetaQ's `/put` takes `maxMessageSize`).",
+        group=G_HTTP, bounds=(KIB, GIB), unit="bytes")
+    max_fetch_size: int = setting(
+        "httpMaxFetchSize", 16 * MIB, "REST fetch: largest `maxSize` (400 beyond).",
+        group=G_HTTP, bounds=(KIB, 256 * MIB), unit="bytes")
+    max_fetch_messages: int = setting(
+        "httpMaxFetchMessages", 10_000, "REST fetch: largest `limit` (400 beyond).",
+        group=G_HTTP, bounds=(1, 1_000_000))
+    max_produce_messages: int = setting(
+        "httpMaxProduceMessages", 1000, "REST produce: messages per request (400 beyond, "
+        "nothing written).", group=G_HTTP, bounds=(1, 1_000_000))
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """Queue groups (``queue*`` keys of ``[system]``)."""
+
+    lock_timeout_ms: int = setting(
+        "queueLockTimeout", 30_000, "How long a pushed queue message stays acquired without "
+        "`ack` or `renew` before it is redelivered.", group=G_QUEUES, bounds=(100, _DAY_MS),
+        unit="ms")
+    max_deliveries: int = setting(
+        "queueMaxDeliveries", 5, "Deliveries after which a returned queue message goes to "
+        "the dead-letter queue.", group=G_QUEUES, bounds=(1, 1000))
+    max_in_flight: int = setting(
+        "queueMaxInFlight", 10_000, "Messages one queue group tracks between its low-water "
+        "offsets and read frontiers (a memory bound: reading pauses when full).",
+        group=G_QUEUES, bounds=(1, 1_000_000))
+    max_credit: int = setting(
+        "queueMaxCredit", 1000, "Largest credit granted to one queue consumer (larger asks "
+        "are clamped).", group=G_QUEUES, bounds=(1, 100_000))
+    max_groups: int = setting(
+        "queueMaxGroups", 256, "Queue groups per broker; at the cap the longest unused group "
+        "that holds nothing makes room, else 503.", group=G_QUEUES, bounds=(1, 100_000))
+    max_groups_per_connection: int = setting(
+        "queueMaxGroupsPerConnection", 16, "Groups one connection may have created that "
+        "still exist (503 beyond).", group=G_QUEUES, bounds=(1, 100_000))
+    group_expiry_ms: int = setting(
+        "queueGroupExpiry", 86_400_000, "A group with no consumer that holds nothing (every "
+        "message of its topic finished, no dead letter) is deleted after this; 0 = never.",
+        group=G_QUEUES, bounds=(0, 365 * _DAY_MS), unit="ms")
+    max_dead_letters: int = setting(
+        "queueMaxDeadLetters", 10_000, "Dead-letter entries kept per queue group (the oldest "
+        "are dropped and counted).", group=G_QUEUES, bounds=(0, 1_000_000))
+    max_release_delay_ms: int = setting(
+        "queueMaxReleaseDelay", 3_600_000, "Longest delay a `release` may ask for before "
+        "redelivery.", group=G_QUEUES, bounds=(0, 30 * _DAY_MS), unit="ms")
+    checkpoint_interval_ms: int = setting(
+        "queueCheckpointInterval", 10_000, "Time between checkpoints of the queue log (when "
+        "something changed).", group=G_QUEUES, bounds=(100, _DAY_MS), unit="ms")
+    retention_hold_bytes: int = setting(
+        "queueRetentionHoldBytes", 1 << 30, "Expired bytes per partition that retention "
+        "keeps for queue groups that have not finished them (0 = not held); beyond it they "
+        "are skipped or dead-lettered, and counted.", group=G_QUEUES, bounds=(0, 1 << 50),
+        unit="bytes")
+
+
+@dataclass(frozen=True)
+class DelayConfig:
+    """Delayed messages (``maxDelay`` and ``delay*`` keys of ``[system]``)."""
+
+    max_delay_ms: int = setting(
+        "maxDelay", 90 * 24 * 3600 * 1000, "How far ahead a delayed message's `deliverAt` "
+        "may be (400 beyond); a past or zero `deliverAt` is due now.", group=G_DELAY,
+        bounds=(1, 10 * 365 * _DAY_MS), unit="ms")
+    checkpoint_interval_ms: int = setting(
+        "delayCheckpointInterval", 10_000, "Time between checkpoints of the delay queue's "
+        "log; each first compacts the oldest `__delay` segment if it is mostly delivered.",
+        group=G_DELAY, bounds=(100, _DAY_MS), unit="ms")
+    max_delivered: int = setting(
+        "delayMaxDelivered", 65_536, "Delivered `__delay` offsets kept above the watermark "
+        "(8 bytes each in the checkpoint); beyond, the oldest pending messages are re-put at "
+        "the end of `__delay` so the watermark passes them.", group=G_DELAY,
+        bounds=(2, 10_000_000))
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """Replication to a synchronous slave and its secret (``syncSlave*``, ``replicationSecret``)."""
+
+    sync_slave: str = setting("syncSlave", "", "`host:port` of a synchronous slave: "
+                              "producers are acknowledged once it has their messages.",
+                              group=G_REPL, conv=_str)
+    sync_slave_timeout_ms: int = setting(
+        "syncSlaveTimeout", 3000, "How long the master waits for the synchronous slave's "
+        "answer.", group=G_REPL, bounds=(1, 600_000), unit="ms")
+    sync_slave_failure_policy: str = setting(
+        "syncSlaveFailurePolicy", "refuse", "When the synchronous slave does not answer: "
+        "`refuse` fails the put (503) and takes it back; `async` goes on and flags the "
+        "master `degraded`.", group=G_REPL, conv=_str, choices=("refuse", "async"))
+    sync_slave_max_failures: int = setting(
+        "syncSlaveMaxFailures", 3, "Failures in a row after which the policy applies to "
+        "every put until the slave is back in sync.", group=G_REPL, bounds=(1, 1_000_000))
+    secret: str = setting(
+        "replicationSecret", "", "Shared by master and slaves; **required** with `[slave]` "
+        "or `syncSlave` (the broker refuses to start without it). Replication links open "
+        "with `auth <replicationSecret> <brokerId>`; a slave accepts `msync`/`sync` only "
+        "from such a link, and internal topics are served only to replicas.",
+        group=G_SECURITY, conv=_secret)
+
+
+@dataclass(frozen=True)
+class FailoverConfig:
+    """Automatic failover in ZooKeeper mode (``autoFailover``, ``failover*``)."""
+
+    enabled: bool = setting(
+        "autoFailover", False, "ZooKeeper mode only (needs `zk.zkEnable=true`, "
+        "`replicationSecret` and a fixed `serverPort`): the brokers of this `brokerId` elect "
+        "their master and fence the old one; a `[slave]` broker's `syncSlave` is the "
+        "synchronous slave it pushes to once elected.", group=G_REPL, conv=_bool)
+    require_in_sync: bool = setting(
+        "failoverRequireInSync", True, "Only an in-sync slave (every partition within "
+        "`failoverMaxLagBytes` of the master's last reported end) may be elected; false = "
+        "any slave. Of several eligible slaves the one holding the most data leads.",
+        group=G_REPL, conv=_bool)
+    max_lag_bytes: int = setting(
+        "failoverMaxLagBytes", 0, "How far behind a slave may be and still count as in sync.",
+        group=G_REPL, bounds=(0, 1 << 40), unit="bytes")
+    slave_id: int = setting(
+        "failoverSlaveId", 0, "The member id of a configured master when it rejoins its "
+        "group as a slave; slaves use their `slaveId`.", group=G_REPL, bounds=(0, 1023))
+
+
+@dataclass(frozen=True)
 class SystemConfig:
-    """``[system]``. Names follow MetaQ; units are in the attribute names."""
+    """``[system]``. Names follow MetaQ; units are in the attribute names.
+
+    The keys of one subject are grouped in typed sections (``tls``, ``http``, ``queues``,
+    ``delay``, ``replication``, ``failover``): still keys of ``[system]`` in ``server.ini``
+    (``tlsCertFile`` is ``system.tls.cert_file``), declared with :func:`setting` in their
+    section's class."""
 
     broker_id: int = setting("brokerId", 0, "Part of every message id; brokers of one "
                              "replication group share it.", group=G_SERVER,
@@ -419,48 +592,9 @@ class SystemConfig:
     tx_check_back_concurrency: int = setting(
         "txCheckBackConcurrency", 16, "Check-backs in flight at once.", group=G_TX,
         bounds=(1, 10_000))
-    sync_slave: str = setting("syncSlave", "", "`host:port` of a synchronous slave: "
-                              "producers are acknowledged once it has their messages.",
-                              group=G_REPL, conv=_str)
-    sync_slave_timeout_ms: int = setting(
-        "syncSlaveTimeout", 3000, "How long the master waits for the synchronous slave's "
-        "answer.", group=G_REPL, bounds=(1, 600_000), unit="ms")
-    sync_slave_failure_policy: str = setting(
-        "syncSlaveFailurePolicy", "refuse", "When the synchronous slave does not answer: "
-        "`refuse` fails the put (503) and takes it back; `async` goes on and flags the "
-        "master `degraded`.", group=G_REPL, conv=_str, choices=("refuse", "async"))
-    sync_slave_max_failures: int = setting(
-        "syncSlaveMaxFailures", 3, "Failures in a row after which the policy applies to "
-        "every put until the slave is back in sync.", group=G_REPL, bounds=(1, 1_000_000))
-    auto_failover: bool = setting(
-        "autoFailover", False, "ZooKeeper mode only (needs `zk.zkEnable=true`, "
-        "`replicationSecret` and a fixed `serverPort`): the brokers of this `brokerId` elect "
-        "their master and fence the old one; a `[slave]` broker's `syncSlave` is the "
-        "synchronous slave it pushes to once elected.", group=G_REPL, conv=_bool)
-    failover_require_in_sync: bool = setting(
-        "failoverRequireInSync", True, "Only an in-sync slave (every partition within "
-        "`failoverMaxLagBytes` of the master's last reported end) may be elected; false = "
-        "any slave. Of several eligible slaves the one holding the most data leads.",
-        group=G_REPL, conv=_bool)
-    failover_max_lag_bytes: int = setting(
-        "failoverMaxLagBytes", 0, "How far behind a slave may be and still count as in sync.",
-        group=G_REPL, bounds=(0, 1 << 40), unit="bytes")
-    failover_slave_id: int = setting(
-        "failoverSlaveId", 0, "The member id of a configured master when it rejoins its "
-        "group as a slave; slaves use their `slaveId`.", group=G_REPL, bounds=(0, 1023))
-    http_allowed_hosts: tuple[str, ...] = setting(
-        "httpAllowedHosts", (), "Extra names the HTTP `Host` header may carry "
-        "(comma-separated; `*` = any) besides `hostName`, `localhost` and IP literals.",
-        group=G_HTTP, conv=_names)
-    http_max_connections: int = setting("httpMaxConnections", 256, "Open HTTP connections "
-                                        "(503 and close beyond).", group=G_HTTP,
-                                        bounds=(1, 100_000))
-    http_keepalive_timeout_ms: int = setting(
-        "httpKeepaliveTimeout", 15_000, "How long an HTTP connection may sit idle or spend "
-        "sending its headers.", group=G_HTTP, bounds=(100, _DAY_MS), unit="ms")
-    http_body_timeout_ms: int = setting(
-        "httpBodyTimeout", 30_000, "Time to send a request body (then 408 and close).",
-        group=G_HTTP, bounds=(100, _DAY_MS), unit="ms")
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    failover: FailoverConfig = field(default_factory=FailoverConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     max_partitions_per_topic: int = setting(
         "maxPartitionsPerTopic", 1024, "Cap of `numPartitions` (ini and REST).",
         group=G_LIMITS, bounds=(1, 65536))
@@ -502,12 +636,6 @@ class SystemConfig:
     auth_failure_log_interval_ms: int = setting(
         "authFailureLogInterval", 10_000, "Time between two aggregated \"authentication "
         "failed\" log lines.", group=G_SECURITY, bounds=(100, _DAY_MS), unit="ms")
-    replication_secret: str = setting(
-        "replicationSecret", "", "Shared by master and slaves; **required** with `[slave]` "
-        "or `syncSlave` (the broker refuses to start without it). Replication links open "
-        "with `auth <replicationSecret> <brokerId>`; a slave accepts `msync`/`sync` only "
-        "from such a link, and internal topics are served only to replicas.",
-        group=G_SECURITY, conv=_secret)
     max_batch_size: int = setting(
         "maxBatchSize", 16 * MIB, "Largest `mput`/`msync` body (refused from its header, "
         "skipped unbuffered); at least `maxMessageSize`.", group=G_LIMITS,
@@ -533,38 +661,8 @@ class SystemConfig:
     max_queued_replies: int = setting(
         "maxQueuedReplies", 65_536, "Replies queued per connection before the broker stops "
         "reading it (it resumes at half).", group=G_LIMITS, bounds=(16, 10_000_000))
-    max_delay_ms: int = setting(
-        "maxDelay", 90 * 24 * 3600 * 1000, "How far ahead a delayed message's `deliverAt` "
-        "may be (400 beyond); a past or zero `deliverAt` is due now.", group=G_DELAY,
-        bounds=(1, 10 * 365 * _DAY_MS), unit="ms")
-    delay_checkpoint_interval_ms: int = setting(
-        "delayCheckpointInterval", 10_000, "Time between checkpoints of the delay queue's "
-        "log; each first compacts the oldest `__delay` segment if it is mostly delivered.",
-        group=G_DELAY, bounds=(100, _DAY_MS), unit="ms")
-    delay_max_delivered: int = setting(
-        "delayMaxDelivered", 65_536, "Delivered `__delay` offsets kept above the watermark "
-        "(8 bytes each in the checkpoint); beyond, the oldest pending messages are re-put at "
-        "the end of `__delay` so the watermark passes them.", group=G_DELAY,
-        bounds=(2, 10_000_000))
-    tls_cert_file: Path | None = setting(
-        "tlsCertFile", None, "PEM certificate chain: TLS (1.2+) on the wire **and** HTTP "
-        "ports (with `tlsKeyFile`).", group=G_SECURITY, conv=Path)
-    tls_key_file: Path | None = setting("tlsKeyFile", None, "PEM private key of "
-                                        "`tlsCertFile`.", group=G_SECURITY, conv=Path)
-    tls_ca_file: Path | None = setting("tlsCaFile", None, "PEM CA bundle client "
-                                       "certificates must chain to (with "
-                                       "`tlsClientAuth`).", group=G_SECURITY, conv=Path)
-    tls_client_auth: bool = setting("tlsClientAuth", False, "Mutual TLS: clients must "
-                                    "present a certificate chaining to `tlsCaFile`.",
-                                    group=G_SECURITY, conv=_bool)
-    tls_handshake_timeout_ms: int = setting(
-        "tlsHandshakeTimeout", 5_000, "Time a client may take to complete its TLS handshake "
-        "on the wire or HTTP port (a socket in its handshake holds a connection slot until "
-        "then).", group=G_SECURITY, bounds=(100, 600_000), unit="ms")
-    tls_max_hello_size: int = setting(
-        "tlsMaxHelloSize", 64 * KIB, "Bytes a client may send before the broker has taken "
-        "its socket into TLS (its ClientHello); more and the socket is dropped.",
-        group=G_SECURITY, bounds=(4 * KIB, 16 * MIB), unit="bytes")
+    delay: DelayConfig = field(default_factory=DelayConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     max_header_size: int = setting(
         "maxHeaderSize", 4 * KIB, "Longest wire request header line (CRLF excluded): a line "
         "past it is a fatal framing error (400, closed).", group=G_LIMITS,
@@ -577,58 +675,7 @@ class SystemConfig:
         "maxLongPollWait", 60_000, "Longest a long-polling `get` is held (wire: capped; "
         "MetaQ HTTP `/get?maxWait=`: 400 beyond).", group=G_LIMITS, bounds=(0, 3_600_000),
         unit="ms")
-    http_max_body_size: int = setting(
-        "httpMaxBodySize", 32 * MIB, "Largest JSON request body on the HTTP port (413 and "
-        "close beyond, chunked included; MetaQ's `/put` takes `maxMessageSize`).",
-        group=G_HTTP, bounds=(KIB, GIB), unit="bytes")
-    http_max_fetch_size: int = setting(
-        "httpMaxFetchSize", 16 * MIB, "REST fetch: largest `maxSize` (400 beyond).",
-        group=G_HTTP, bounds=(KIB, 256 * MIB), unit="bytes")
-    http_max_fetch_messages: int = setting(
-        "httpMaxFetchMessages", 10_000, "REST fetch: largest `limit` (400 beyond).",
-        group=G_HTTP, bounds=(1, 1_000_000))
-    http_max_produce_messages: int = setting(
-        "httpMaxProduceMessages", 1000, "REST produce: messages per request (400 beyond, "
-        "nothing written).", group=G_HTTP, bounds=(1, 1_000_000))
-    queue_lock_timeout_ms: int = setting(
-        "queueLockTimeout", 30_000, "How long a pushed queue message stays acquired without "
-        "`ack` or `renew` before it is redelivered.", group=G_QUEUES, bounds=(100, _DAY_MS),
-        unit="ms")
-    queue_max_deliveries: int = setting(
-        "queueMaxDeliveries", 5, "Deliveries after which a returned queue message goes to "
-        "the dead-letter queue.", group=G_QUEUES, bounds=(1, 1000))
-    queue_max_in_flight: int = setting(
-        "queueMaxInFlight", 10_000, "Messages one queue group tracks between its low-water "
-        "offsets and read frontiers (a memory bound: reading pauses when full).",
-        group=G_QUEUES, bounds=(1, 1_000_000))
-    queue_max_credit: int = setting(
-        "queueMaxCredit", 1000, "Largest credit granted to one queue consumer (larger asks "
-        "are clamped).", group=G_QUEUES, bounds=(1, 100_000))
-    queue_max_groups: int = setting(
-        "queueMaxGroups", 256, "Queue groups per broker; at the cap the longest unused group "
-        "that holds nothing makes room, else 503.", group=G_QUEUES, bounds=(1, 100_000))
-    queue_max_groups_per_connection: int = setting(
-        "queueMaxGroupsPerConnection", 16, "Groups one connection may have created that "
-        "still exist (503 beyond).", group=G_QUEUES, bounds=(1, 100_000))
-    queue_group_expiry_ms: int = setting(
-        "queueGroupExpiry", 86_400_000, "A group with no consumer that holds nothing (every "
-        "message of its topic finished, no dead letter) is deleted after this; 0 = never.",
-        group=G_QUEUES, bounds=(0, 365 * _DAY_MS), unit="ms")
-    queue_max_dead_letters: int = setting(
-        "queueMaxDeadLetters", 10_000, "Dead-letter entries kept per queue group (the oldest "
-        "are dropped and counted).", group=G_QUEUES, bounds=(0, 1_000_000))
-    queue_max_release_delay_ms: int = setting(
-        "queueMaxReleaseDelay", 3_600_000, "Longest delay a `release` may ask for before "
-        "redelivery.", group=G_QUEUES, bounds=(0, 30 * _DAY_MS), unit="ms")
-    queue_checkpoint_interval_ms: int = setting(
-        "queueCheckpointInterval", 10_000, "Time between checkpoints of the queue log (when "
-        "something changed).", group=G_QUEUES, bounds=(100, _DAY_MS), unit="ms")
-    queue_retention_hold_bytes: int = setting(
-        "queueRetentionHoldBytes", 1 << 30, "Expired bytes per partition that retention "
-        "keeps for queue groups that have not finished them (0 = not held); beyond it they "
-        "are skipped or dead-lettered, and counted.", group=G_QUEUES, bounds=(0, 1 << 50),
-        unit="bytes")
-
+    queues: QueueConfig = field(default_factory=QueueConfig)
     @property
     def tx_log_path(self) -> Path:
         return (self.data_log_path or self.data_path) / "transactions"
@@ -731,8 +778,27 @@ SECTIONS: Final[dict[str, type]] = {
 }
 
 
+#: ``[system]``'s typed sections: attribute of SystemConfig -> its class
+SYSTEM_SECTIONS: Final[dict[str, type]] = {
+    "tls": TlsConfig,
+    "http": HttpConfig,
+    "queues": QueueConfig,
+    "delay": DelayConfig,
+    "replication": ReplicationConfig,
+    "failover": FailoverConfig,
+}
+
+
 def _metas(cls: type) -> list[tuple[str, _Meta]]:
-    return [(f.name, f.metadata[_META]) for f in fields(cls) if _META in f.metadata]
+    """(attribute, setting) of every key of ``cls`` in declaration order; a typed section's
+    keys in its place, their attribute dotted (``tls.cert_file``)."""
+    out: list[tuple[str, _Meta]] = []
+    for f in fields(cls):
+        if _META in f.metadata:
+            out.append((f.name, f.metadata[_META]))
+        elif cls is SystemConfig and f.name in SYSTEM_SECTIONS:
+            out += [(f"{f.name}.{a}", m) for a, m in _metas(SYSTEM_SECTIONS[f.name])]
+    return out
 
 
 def _table(cls: type) -> dict[str, tuple[str, _Conv]]:
@@ -740,16 +806,38 @@ def _table(cls: type) -> dict[str, tuple[str, _Conv]]:
     return {m.key: (attr, m.conv) for attr, m in _metas(cls)}
 
 
+def _default(cls: type, attr: str) -> Any:
+    """The default of ``attr`` (dotted for a typed section's key) of config class ``cls``."""
+    if "." in attr:
+        section, attr = attr.split(".", 1)
+        return _default(SYSTEM_SECTIONS[section], attr)
+    f = next(f for f in fields(cls) if f.name == attr)
+    return f.default_factory() if callable(f.default_factory) else f.default
+
+
+def _build_system(kw: dict[str, Any]) -> SystemConfig:
+    """SystemConfig from converted ``[system]`` values, dotted attributes into sections."""
+    top: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {}
+    for attr, value in kw.items():
+        section, _, name = attr.partition(".")
+        if name:
+            parts.setdefault(section, {})[name] = value
+        else:
+            top[attr] = value
+    for section, values in parts.items():
+        top[section] = SYSTEM_SECTIONS[section](**values)
+    return SystemConfig(**top)
+
+
 def settings() -> tuple[Setting, ...]:
     """Every ``server.ini`` key of every section, in declaration order: the one list the
     configuration reference is generated from."""
     out: list[Setting] = []
+    system = _metas(SystemConfig)
     for section, cls in SECTIONS.items():
-        defaults = {f.name: f for f in fields(cls)}
-        system = _metas(SystemConfig)
         for attr, m in _metas(cls):
-            f = defaults[attr]
-            default = f.default_factory() if callable(f.default_factory) else f.default
+            default = _default(cls, attr)
             doc = m.doc
             if m.inherited:
                 doc = next(s.doc for a, s in system if s.key == m.key)
@@ -792,7 +880,7 @@ def _convert(
 def _check_ranges(section: str, obj: object) -> None:
     """Every numeric key within its range, every choice among its choices, key named."""
     for attr, m in _metas(type(obj)):
-        value = getattr(obj, attr)
+        value = attrgetter(attr)(obj)
         if m.range is not None:
             lo, hi = m.range
             if not lo <= value <= hi:
@@ -819,8 +907,8 @@ def _check_system(s: SystemConfig) -> None:
         "adminSecret",
         "must differ from authSecret (else anyone who may publish may also administer)",
     )
-    need(s.sync_slave_timeout_ms >= 1, "syncSlaveTimeout", "must be >= 1")
-    need(s.sync_slave_max_failures >= 1, "syncSlaveMaxFailures", "must be >= 1")
+    need(s.replication.sync_slave_timeout_ms >= 1, "syncSlaveTimeout", "must be >= 1")
+    need(s.replication.sync_slave_max_failures >= 1, "syncSlaveMaxFailures", "must be >= 1")
     need(s.max_tx_timeout_timer_capacity >= 1, "maxTxTimeoutTimerCapacity", "must be >= 1")
     need(s.max_batch_size >= s.max_message_size, "maxBatchSize", "must be >= maxMessageSize")
     need(s.max_batch_size < 1 << 31, "maxBatchSize", "must be < 2 GiB")
@@ -829,18 +917,19 @@ def _check_system(s: SystemConfig) -> None:
     need(s.idle_timeout_ms >= 0, "idleTimeout", "must be >= 0 (0 = no limit)")
     need(s.max_parked_gets >= 1, "maxParkedGets", "must be >= 1")
     need(s.max_queued_replies >= 16, "maxQueuedReplies", "must be >= 16")
-    need(s.max_delay_ms >= 1, "maxDelay", "must be >= 1")
+    need(s.delay.max_delay_ms >= 1, "maxDelay", "must be >= 1")
+    tls = s.tls
     need(
-        (s.tls_cert_file is None) == (s.tls_key_file is None),
+        (tls.cert_file is None) == (tls.key_file is None),
         "tlsCertFile",
         "tlsCertFile and tlsKeyFile go together",
     )
     need(
-        not s.tls_client_auth or (s.tls_ca_file is not None and s.tls_cert_file is not None),
+        not tls.client_auth or (tls.ca_file is not None and tls.cert_file is not None),
         "tlsClientAuth",
         "needs tlsCaFile (the CA client certificates must chain to) and tlsCertFile/tlsKeyFile",
     )
-    secrets = [x for x in (s.auth_secret, s.admin_secret, s.replication_secret) if x]
+    secrets = [x for x in (s.auth_secret, s.admin_secret, s.replication.secret) if x]
     need(
         len(secrets) == len(set(secrets)),
         "adminSecret",
@@ -928,14 +1017,18 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
                 f"{where}: unknown section [{name}] "
                 "(expected [system], [zookeeper], [slave], [topic=NAME], [producerGroup=NAME])"
             )
-    system = SystemConfig(**sys_kw)
+    system = _build_system(sys_kw)
+    tls = system.tls
     system = replace(
         system,
         data_path=resolve(system.data_path) or system.data_path,
         data_log_path=resolve(system.data_log_path),
-        tls_cert_file=resolve(system.tls_cert_file),
-        tls_key_file=resolve(system.tls_key_file),
-        tls_ca_file=resolve(system.tls_ca_file),
+        tls=replace(
+            tls,
+            cert_file=resolve(tls.cert_file),
+            key_file=resolve(tls.key_file),
+            ca_file=resolve(tls.ca_file),
+        ),
     )
     _check_system(system)
     zookeeper = ZookeeperConfig(**zk_kw)
@@ -952,18 +1045,18 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
     slave = SlaveConfig(**slave_kw) if slave_kw is not None else None
     if slave is not None:
         _check_ranges("slave", slave)
-    if (slave is not None or system.sync_slave) and not system.replication_secret:
+    if (slave is not None or system.replication.sync_slave) and not system.replication.secret:
         # without it anyone could write into a slave: replication always authenticates
         raise ConfigError(
             f"[system] replicationSecret: required by {'[slave]' if slave else 'syncSlave'} "
             "(master and slaves share it; replication links authenticate with it)"
         )
-    if system.auto_failover and not (zookeeper.zk_enable and system.replication_secret):
+    if system.failover.enabled and not (zookeeper.zk_enable and system.replication.secret):
         raise ConfigError(
             "[system] autoFailover: needs [zookeeper] zk.zkEnable=true (the election and the "
             "epoch live in ZooKeeper) and replicationSecret"
         )
-    if system.auto_failover and not system.server_port:
+    if system.failover.enabled and not system.server_port:
         raise ConfigError("[system] autoFailover: needs a fixed serverPort (not 0)")
     return ServerConfig(system, zookeeper, topics, slave, source, text, groups)
 
@@ -983,14 +1076,23 @@ def default_topic(system: SystemConfig, name: str) -> TopicConfig:
     return TopicConfig(name=name, **{a: getattr(system, a) for a in _INHERITED})
 
 
+def system_values(system: SystemConfig) -> list[tuple[str, str, object]]:
+    """(attribute, ini key, value) of every ``[system]`` key, a typed section's attribute
+    dotted (``tls.cert_file``); secrets (:data:`SECRET_KEYS`) set are shown as ``***``."""
+    out: list[tuple[str, str, object]] = []
+    for attr, m in _metas(SystemConfig):
+        value = attrgetter(attr)(system)
+        if m.key in SECRET_KEYS and value:
+            value = "***"
+        out.append((attr, m.key, value))
+    return out
+
+
 def describe(config: ServerConfig) -> list[tuple[str, object]]:
     """Flattened ``key value`` pairs (for ``stats config``)."""
-    out: list[tuple[str, object]] = []
-    for f in fields(config.system):
-        value = getattr(config.system, f.name)
-        if f.name.endswith("_secret") and value:
-            value = "***"
-        out.append((f"system.{f.name}", value))
+    out: list[tuple[str, object]] = [
+        (f"system.{attr}", value) for attr, _key, value in system_values(config.system)
+    ]
     for f in fields(config.zookeeper):
         out.append((f"zookeeper.{f.name}", getattr(config.zookeeper, f.name)))
     for t in config.topics.values():

@@ -23,6 +23,7 @@ import socket
 import ssl
 import time
 from dataclasses import replace
+from operator import attrgetter
 from typing import TYPE_CHECKING, Final
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -160,7 +161,7 @@ class Broker:
             scanned,
             sum(r.truncated_bytes for r in reports),
         )
-        if self.config.system.auto_failover:  # master or slave: decided by the election
+        if self.config.system.failover.enabled:  # master or slave: decided by the election
             self.failover = FailoverAgent(self.config, self.store)
             self.config = await self.failover.join()
         store = self.store
@@ -227,8 +228,8 @@ class Broker:
         def with_tls() -> asyncio.Protocol:  # the handshake counts toward maxConnections
             assert tls is not None
             sysc = self.config.system
-            handshake_s = sysc.tls_handshake_timeout_ms / 1000.0
-            return TlsAccept(service, tls, plain, handshake_s, sysc.tls_max_hello_size)
+            handshake_s = sysc.tls.handshake_timeout_ms / 1000.0
+            return TlsAccept(service, tls, plain, handshake_s, sysc.tls.max_hello_size)
 
         wire, self._wire_sock = self._wire_sock, None  # the server's now
         assert wire is not None
@@ -446,12 +447,12 @@ class Broker:
             "data_path",
             "broker_id",
             "max_segment_size",
-            "tls_cert_file",
-            "tls_key_file",
-            "tls_ca_file",
-            "tls_client_auth",
+            "tls.cert_file",
+            "tls.key_file",
+            "tls.ca_file",
+            "tls.client_auth",
         ):
-            if getattr(new.system, f) != getattr(old_sys, f):
+            if attrgetter(f)(new.system) != attrgetter(f)(old_sys):
                 restart.append(f)
         self._check_fd_budget(new)
         for name, tc in new.topics.items():
@@ -504,27 +505,27 @@ class Broker:
             service.role = "slave"
             service.master_address = self.config.slave.master_address
             # links authenticate with replicationSecret and this broker id (= the master's)
-            self.slave = SlaveReplicator(self, self.config.slave, sysc.replication_secret)
+            self.slave = SlaveReplicator(self, self.config.slave, sysc.replication.secret)
             self.slave.cuts.capping = self._capped
             service.on_promote = self.promote
             service.replication_stats = self.slave.stats_items
             self.slave.start()
             log.info("slave %d of %s", self.config.slave.slave_id, service.master_address)
-        elif sysc.sync_slave:
+        elif sysc.replication.sync_slave:
             self._start_sync_master()
 
     def _start_sync_master(self) -> None:
         service = self.service
         assert service is not None
         sysc = self.config.system
-        if sysc.sync_slave:
+        if sysc.replication.sync_slave:
             service.sync_master = SyncMaster(
                 service,
-                sysc.sync_slave,
-                sysc.sync_slave_timeout_ms,
-                sysc.sync_slave_failure_policy,
-                sysc.sync_slave_max_failures,
-                sysc.replication_secret,
+                sysc.replication.sync_slave,
+                sysc.replication.sync_slave_timeout_ms,
+                sysc.replication.sync_slave_failure_policy,
+                sysc.replication.sync_slave_max_failures,
+                sysc.replication.secret,
                 sysc.broker_id,
             )
             service.sync_master.on_dropped = service.taken_back
@@ -578,7 +579,7 @@ class Broker:
     def _failover_eligible(self) -> bool:
         if self.slave is None:
             return False
-        if self._promote_override or not self.config.system.failover_require_in_sync:
+        if self._promote_override or not self.config.system.failover.require_in_sync:
             return True
         return self.slave.in_sync
 
@@ -706,7 +707,7 @@ class Broker:
             queues = self.service.queues
             if queues is not None and cut > part.min_offset:  # README "Queues": retention
                 floor = queues.retention_floor(topic, part.index)
-                hold = self.config.system.queue_retention_hold_bytes
+                hold = self.config.system.queues.retention_hold_bytes
                 held = hold_for_queues(part, cut, floor, hold)
                 if held < cut:
                     log.debug("retention %s-%d: expired data kept for queue groups from %d",
@@ -738,18 +739,18 @@ def server_tls_context(sysc: SystemConfig) -> ssl.SSLContext | None:
 
     TLS 1.2 or later with the ``ssl`` module's secure defaults; with ``tlsClientAuth`` a
     client must present a certificate that chains to ``tlsCaFile`` (mutual TLS)."""
-    if sysc.tls_cert_file is None or sysc.tls_key_file is None:
+    if sysc.tls.cert_file is None or sysc.tls.key_file is None:
         return None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        ctx.load_cert_chain(str(sysc.tls_cert_file), str(sysc.tls_key_file))
-        if sysc.tls_ca_file is not None:
-            ctx.load_verify_locations(cafile=str(sysc.tls_ca_file))
+        ctx.load_cert_chain(str(sysc.tls.cert_file), str(sysc.tls.key_file))
+        if sysc.tls.ca_file is not None:
+            ctx.load_verify_locations(cafile=str(sysc.tls.ca_file))
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(
             f"[system] tlsCertFile/tlsKeyFile/tlsCaFile: cannot load "
-            f"{sysc.tls_cert_file}, {sysc.tls_key_file}: {e}"
+            f"{sysc.tls.cert_file}, {sysc.tls.key_file}: {e}"
         ) from e
-    ctx.verify_mode = ssl.CERT_REQUIRED if sysc.tls_client_auth else ssl.CERT_NONE
+    ctx.verify_mode = ssl.CERT_REQUIRED if sysc.tls.client_auth else ssl.CERT_NONE
     return ctx

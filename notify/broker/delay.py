@@ -379,7 +379,7 @@ class DelayQueue:
                             await asyncio.wait({shipped})
                     finally:  # even when cancelled: the MOVE is logged, apply it now
                         self._finish_move(prepared)
-                interval = self.sysc.delay_checkpoint_interval_ms / 1000.0
+                interval = self.sysc.delay.checkpoint_interval_ms / 1000.0
                 if self.clock.monotonic() - self._last_checkpoint >= interval:
                     self.compact()
                     self.trim_delivered()
@@ -590,7 +590,7 @@ class DelayQueue:
         many were re-put."""
         part = self.part
         assert part is not None
-        limit = self.sysc.delay_max_delivered
+        limit = self.sysc.delay.max_delivered
         if self.replica or self._reput_retry is not None or len(self.delivered) <= limit:
             return 0
         low = min((min(a[0::2]) for a in self.buckets.values() if len(a)), default=part.end)

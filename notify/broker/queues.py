@@ -115,12 +115,12 @@ GROUP_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 def limits_of(sysc: SystemConfig) -> QueueLimits:
     """The queue settings of ``[system]``."""
     return QueueLimits(
-        lock_ms=sysc.queue_lock_timeout_ms,
-        max_deliveries=sysc.queue_max_deliveries,
-        max_in_flight=sysc.queue_max_in_flight,
-        max_credit=sysc.queue_max_credit,
-        max_dead_letters=sysc.queue_max_dead_letters,
-        max_release_delay_ms=sysc.queue_max_release_delay_ms,
+        lock_ms=sysc.queues.lock_timeout_ms,
+        max_deliveries=sysc.queues.max_deliveries,
+        max_in_flight=sysc.queues.max_in_flight,
+        max_credit=sysc.queues.max_credit,
+        max_dead_letters=sysc.queues.max_dead_letters,
+        max_release_delay_ms=sysc.queues.max_release_delay_ms,
     )
 
 
@@ -351,7 +351,7 @@ class QueueManager:
 
     def _arm_checkpoint(self) -> None:
         self._ckpt_timer = self.loop.call_later(
-            self.config.system.queue_checkpoint_interval_ms / 1000.0, self._checkpoint_due
+            self.config.system.queues.checkpoint_interval_ms / 1000.0, self._checkpoint_due
         )
 
     def _checkpoint_due(self) -> None:
@@ -573,20 +573,20 @@ class QueueManager:
         if g is None:
             sysc = self.config.system
             mine = self.created_by.get(conn)
-            if mine is not None and len(mine) >= sysc.queue_max_groups_per_connection:
+            if mine is not None and len(mine) >= sysc.queues.max_groups_per_connection:
                 return _send(
                     conn,
                     503,
                     r.opaque,
                     f"this connection created {len(mine)} queue groups that still exist "
-                    f"(queueMaxGroupsPerConnection={sysc.queue_max_groups_per_connection})",
+                    f"(queueMaxGroupsPerConnection={sysc.queues.max_groups_per_connection})",
                 )
-            if len(self.groups) >= sysc.queue_max_groups and not self._make_room():
+            if len(self.groups) >= sysc.queues.max_groups and not self._make_room():
                 return _send(
                     conn,
                     503,
                     r.opaque,
-                    f"too many queue groups (queueMaxGroups={sysc.queue_max_groups}), each "
+                    f"too many queue groups (queueMaxGroups={sysc.queues.max_groups}), each "
                     "with a consumer or messages pending: an admin may delete some",
                 )
             g = self._new_group(r.topic, r.group)
@@ -922,7 +922,7 @@ class QueueManager:
     def _expire_groups(self) -> None:
         """Delete the groups that had no consumer for ``queueGroupExpiry`` and hold
         nothing (run with the checkpoint timer)."""
-        ttl = self.config.system.queue_group_expiry_ms / 1000.0
+        ttl = self.config.system.queues.group_expiry_ms / 1000.0
         if not ttl or self.replica or self._log is None:
             return
         if self.fence is not None and self.fence(None) is not None:

@@ -274,7 +274,7 @@ class BrokerService(BrokerContext):
         now = self.loop.time()
         if now - self._fd_budget_at >= 1.0:
             sysc = self.config.system
-            http = sysc.http_max_connections if sysc.dashboard_http_port else 0
+            http = sysc.http.max_connections if sysc.dashboard_http_port else 0
             self._fd_budget = connection_budget(sysc.fd_reserve, http, n)
             self._fd_budget_at = now
         return n < self._fd_budget

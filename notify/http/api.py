@@ -78,7 +78,7 @@ def _server(request: web.Request) -> HttpServer:
 
 
 async def _json_body(request: web.Request) -> Any:
-    limit = _server(request).broker.config.system.http_max_body_size
+    limit = _server(request).broker.config.system.http.max_body_size
     raw = await read_body(request, limit, "JSON body (httpMaxBodySize)")
     if not raw.strip():
         raise bad_request("expected a JSON body")
@@ -198,7 +198,7 @@ async def produce(request: web.Request) -> web.Response:
         msgs = [data]
     else:
         raise bad_request("expected a message object, a list of them or {'messages': [...]}")
-    most = service.config.system.http_max_produce_messages
+    most = service.config.system.http.max_produce_messages
     if not 1 <= len(msgs) <= most:
         raise bad_request(f"between 1 and {most} messages per request (httpMaxProduceMessages)")
     nparts = len(service.store.topic_partitions(topic))
@@ -268,9 +268,9 @@ async def fetch(request: web.Request) -> web.Response:
     q = request.query
     offset = int_param(q, "offset", part.min_offset)
     sysc = service.config.system
-    cap = sysc.http_max_fetch_size
+    cap = sysc.http.max_fetch_size
     max_bytes = int_param(q, "maxSize", min(DEFAULT_FETCH_BYTES, cap), 1, cap)
-    most = sysc.http_max_fetch_messages
+    most = sysc.http.max_fetch_messages
     limit = int_param(q, "limit", min(DEFAULT_FETCH_LIMIT, most), 1, most)
     try:
         sl = part.slice(offset, max_bytes, max(max_bytes, service.max_message + 20))

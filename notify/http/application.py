@@ -22,7 +22,7 @@ def build_app(server: HttpServer) -> web.Application:
     the REST face and ``/metrics``."""
     app = web.Application(
         middlewares=[errors_and_auth],
-        client_max_size=server.broker.config.system.http_max_body_size,
+        client_max_size=server.broker.config.system.http.max_body_size,
     )
     app[SERVER] = server
 

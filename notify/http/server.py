@@ -169,12 +169,12 @@ class HttpServer:
         self._sampler: asyncio.Task[None] | None = None
         self._assets: dict[str, bytes] = {}
         sysc = broker.config.system
-        self.max_connections = sysc.http_max_connections
-        self.body_timeout_s = sysc.http_body_timeout_ms / 1000.0
-        self.handshake_timeout_s = sysc.tls_handshake_timeout_ms / 1000.0
-        self.max_hello = sysc.tls_max_hello_size
+        self.max_connections = sysc.http.max_connections
+        self.body_timeout_s = sysc.http.body_timeout_ms / 1000.0
+        self.handshake_timeout_s = sysc.tls.handshake_timeout_ms / 1000.0
+        self.max_hello = sysc.tls.max_hello_size
         self.allowed_hosts = frozenset(
-            {"localhost", sysc.host_name.lower(), *sysc.http_allowed_hosts}
+            {"localhost", sysc.host_name.lower(), *sysc.http.allowed_hosts}
         )
         self.connections_refused = 0
         #: serialises topic creation (each rewrites server.ini)
@@ -202,7 +202,7 @@ class HttpServer:
             handle_signals=False,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             # closes a connection idle (or still sending its headers) for this long
-            keepalive_timeout=self.broker.config.system.http_keepalive_timeout_ms / 1000.0,
+            keepalive_timeout=self.broker.config.system.http.keepalive_timeout_ms / 1000.0,
             lingering_time=0,
         )
         await runner.setup()
@@ -410,7 +410,7 @@ async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamR
                 raise
             text = e.text or e.reason
             if e.status == 413 and text.startswith("Maximum request body size"):
-                limit = server.broker.config.system.http_max_body_size
+                limit = server.broker.config.system.http.max_body_size
                 text = f"request body too large (limit {limit} bytes, httpMaxBodySize)"
             resp = error_response(request, e.status, text)
     if _body_unread(request):

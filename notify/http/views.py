@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from notify.config import DeletePolicy, TopicConfig
+from notify.config import DeletePolicy, TopicConfig, system_values
 from notify.core.states import TxState
 from notify.errors import StoreError
 from notify.protocol import records
@@ -189,12 +189,10 @@ def transactions_view(service: BrokerService) -> list[JSON]:
 
 def config_view(broker: BrokerHost) -> JSON:
     cfg = broker.config
-    system = {}
-    for f in fields(cfg.system):
-        value = getattr(cfg.system, f.name)
-        if f.name.endswith("_secret"):
-            value = "***" if value else ""
-        system[f.name] = _jsonable(value)
+    system: dict[str, Any] = {}
+    for attr, _key, value in system_values(cfg.system):
+        section, _, name = attr.rpartition(".")  # a typed section's keys: one object
+        (system.setdefault(section, {}) if section else system)[name] = _jsonable(value)
     return {
         "source": str(cfg.source) if cfg.source else None,
         "system": system,

@@ -91,7 +91,7 @@ class FailoverAgent:
         sysc, zk = config.system, config.zookeeper
         self.config = config
         self.store = store
-        self.member = config.slave.slave_id if config.slave is not None else sysc.failover_slave_id
+        self.member = config.slave.slave_id if config.slave is not None else sysc.failover.slave_id
         self.address = f"{sysc.host_name}:{sysc.server_port}"
         root = "/" + zk.zk_root.strip().strip("/") if zk.zk_root.strip("/ ") else ""
         self.base = f"{root}/failover/{sysc.broker_id}"

@@ -254,7 +254,7 @@ class SlaveReplicator:
         master last reported (a synchronous slave is, pushes arrive before the ack)."""
         if not (self._ends_known and self._redo_ok):
             return False
-        bound = self.broker.config.system.failover_max_lag_bytes
+        bound = self.broker.config.system.failover.max_lag_bytes
         for (topic, idx), st in self.state.items():
             part = self.broker.store.get(topic, idx)
             if part is None or st.master_end < 0 or st.master_end - part.end > bound:

@@ -83,5 +83,5 @@ def test_auto_failover_needs_zookeeper_a_secret_and_a_fixed_port() -> None:
     with pytest.raises(ConfigError, match="serverPort"):
         parse_config("[system]\nautoFailover=true\nreplicationSecret=r\nserverPort=0\n" + zk)
     cfg = parse_config("[system]\nautoFailover=true\nreplicationSecret=r\n" + zk)
-    assert cfg.system.auto_failover and cfg.system.failover_require_in_sync
-    assert cfg.system.failover_max_lag_bytes == 0 and cfg.system.failover_slave_id == 0
+    assert cfg.system.failover.enabled and cfg.system.failover.require_in_sync
+    assert cfg.system.failover.max_lag_bytes == 0 and cfg.system.failover.slave_id == 0

@@ -292,4 +292,4 @@ def test_tls_hello_past_max_hello_size_is_dropped(pki: dict[str, Path]) -> None:
     hello = _big_client_hello(28)
     assert 5000 < len(hello) < 16000, len(hello)
     assert _server_answer(pki, hello, 4096) == b""
-    assert _server_answer(pki, hello, SystemConfig().tls_max_hello_size).startswith(b"\x16\x03")
+    assert _server_answer(pki, hello, SystemConfig().tls.max_hello_size).startswith(b"\x16\x03")

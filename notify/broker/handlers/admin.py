@@ -56,7 +56,7 @@ class AdminVerbs:
         """``auth <secret> [<brokerId> [<epoch>]]``: the secret selects the role."""
         ctx = self.ctx
         sysc = ctx.config.system
-        if not (sysc.auth_secret or sysc.admin_secret or sysc.replication_secret):
+        if not (sysc.auth_secret or sysc.admin_secret or sysc.replication.secret):
             conn.grant(True, True, False)
             return conn.send(encode_result(200, r.opaque, b"authentication not required"))
         given = r.secret.encode()
@@ -71,7 +71,7 @@ class AdminVerbs:
             admin = conn.admin or not sysc.admin_secret
             conn.grant(True, admin, conn.replica)
             return conn.send(encode_result(200, r.opaque, b"ok role=admin" if admin else b"ok"))
-        if match(sysc.replication_secret):
+        if match(sysc.replication.secret):
             return self._replica_auth(conn, r)
         record_auth_failure(conn.peer)  # counted in /metrics; rate-limited log lines
         conn.send(encode_result(403, r.opaque, b"authentication failed"))

@@ -311,7 +311,7 @@ class PutVerbs:
         # deliverAt in the past (or 0) is due now: it neither skews the lateness figures nor
         # sits in the index; beyond maxDelay it is refused (it would pin __delay segments)
         now_ms = int(time.time() * 1000)
-        max_delay = ctx.config.system.max_delay_ms
+        max_delay = ctx.config.system.delay.max_delay_ms
         if r.deliver_at_ms > now_ms + max_delay:
             return ctx.error(
                 conn,

@@ -31,8 +31,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from configserver import BrokerRegistrar, resolve_master
 from notify.broker import authlog
 from notify.broker.connection import Connection
-from notify.broker.delay import DELAY_TOPIC, DelayQueue, delay_topic_config
+from notify.broker.delay import DelayQueue, delay_topic_config
 from notify.broker.queues import QueueManager
+from notify.broker.retention import apply_retention
 from notify.broker.service import BrokerService
 from notify.broker.startup import DirectoryLocks, holder_info, listen, locked_directories
 from notify.broker.tlsaccept import TlsAccept
@@ -49,15 +50,7 @@ from notify.replication.sync_master import SyncMaster
 from notify.runtime import SYSTEM_CLOCK
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
-from notify.store.retention import (
-    LIVE_CONSUMER_S,
-    RetentionResult,
-    hold_for_queues,
-    plan_cut,
-    quartz_trigger,
-    remove_before,
-    zip_segments,
-)
+from notify.store.retention import RetentionResult, quartz_trigger
 
 if TYPE_CHECKING:
     from notify.http.server import HttpServer
@@ -410,25 +403,6 @@ class Broker:
         except NotifyError as e:
             log.error("config reload failed, keeping the running config: %s", e)
 
-    def _check_fd_budget(self, new: ServerConfig) -> None:
-        """Refuse a reload whose new disk partitions need more file descriptors than the
-        process can spare (each keeps its active segment open): opening them would fail
-        half-way and leave the broker without descriptors for connections and its logs."""
-        need = 0
-        for name, tc in new.topics.items():
-            if tc.store == "memory":
-                continue
-            old = self.config.topics.get(name)
-            need += tc.num_partitions - (old.num_partitions if old is not None else 0)
-        if need <= 0:
-            return
-        spare, how = spare_fds(new.system.fd_reserve)
-        if need > spare:
-            raise ConfigError(
-                f"the new partitions need {need} file descriptors and this broker can spare "
-                f"{max(spare, 0)} ({how})"
-            )
-
     def reload(self, new: ServerConfig | None = None) -> str:
         """Re-read server.ini (or apply ``new``, already parsed from it); open new topics and
         partitions; apply per-topic settings. Unchanged topics cost nothing."""
@@ -454,7 +428,7 @@ class Broker:
         ):
             if attrgetter(f)(new.system) != attrgetter(f)(old_sys):
                 restart.append(f)
-        self._check_fd_budget(new)
+        check_fd_budget(self.config, new)
         for name, tc in new.topics.items():
             old = self.config.topics.get(name)
             if old is None:
@@ -512,42 +486,7 @@ class Broker:
             self.slave.start()
             log.info("slave %d of %s", self.config.slave.slave_id, service.master_address)
         elif sysc.replication.sync_slave:
-            self._start_sync_master()
-
-    def _start_sync_master(self) -> None:
-        service = self.service
-        assert service is not None
-        sysc = self.config.system
-        if sysc.replication.sync_slave:
-            service.sync_master = SyncMaster(
-                service,
-                sysc.replication.sync_slave,
-                sysc.replication.sync_slave_timeout_ms,
-                sysc.replication.sync_slave_failure_policy,
-                sysc.replication.sync_slave_max_failures,
-                sysc.replication.secret,
-                sysc.broker_id,
-            )
-            service.sync_master.on_dropped = service.taken_back
-            service.sync_master.start()
-            sm, tm = service.sync_master, service.transactions
-            if tm is not None:  # the redo log follows the partitions to the slave
-                tm.log.on_write = lambda pos, frames: tm.ship(sm.replicate_redo(pos, frames))
-                # and so do the shares of commits and delay moves, in append order (the
-                # slave's next batch would find it behind them)
-                tm.applier.on_covered = lambda part, base, data, count: _consume(
-                    sm.replicate(part, base, data, count)
-                )
-            dq = self.delay
-            if dq is not None:  # and the delay queue's log (a move waits for the slave)
-                dq.log.on_write = lambda pos, frames: dq.ship(
-                    sm.replicate_log(DELAYLOG_STREAM, pos, frames)
-                )
-            qm = service.queues
-            if qm is not None and qm.log is not None:  # acknowledgements wait for the slave
-                qm.log.on_write = lambda pos, frames: qm.ship(
-                    sm.replicate_log(QUEUELOG_STREAM, pos, frames)
-                )
+            start_sync_master(self.service, self.config.system, self.delay)
 
     def _start_failover(self) -> None:
         """Wire the election's agent to this broker (README "Replication and failover")."""
@@ -642,7 +581,7 @@ class Broker:
         if self.registrar is not None:
             asyncio.get_running_loop().create_task(self.registrar.set_slave_id(None))
         if self.service.sync_master is None:
-            self._start_sync_master()
+            start_sync_master(self.service, self.config.system, self.delay)
         if self.service.sync_master is not None:
             self.service.sync_master.epoch = epoch
 
@@ -694,38 +633,68 @@ class Broker:
 
     async def run_retention(self, topic: str) -> list[RetentionResult]:
         """Apply the topic's deletePolicy now (also run by its deleteWhen schedule)."""
-        tc = self.store.topics.get(topic)
-        if tc is None or self.service is None or tc.store == "memory" or topic == DELAY_TOPIC:
-            return []  # __delay: the delay queue deletes what it has delivered
-        loop = asyncio.get_running_loop()
-        out = []
-        now = time.monotonic()
-        for part in self.store.topic_partitions(topic):
-            seen = self.service.consumer_positions.get((topic, part.index), {})
-            live = [off for off, t in seen.values() if now - t < LIVE_CONSUMER_S]
-            cut, kept = plan_cut(part, tc.delete_policy, live, tc.retention_ignores_consumers)
-            queues = self.service.queues
-            if queues is not None and cut > part.min_offset:  # README "Queues": retention
-                floor = queues.retention_floor(topic, part.index)
-                hold = self.config.system.queues.retention_hold_bytes
-                held = hold_for_queues(part, cut, floor, hold)
-                if held < cut:
-                    log.debug("retention %s-%d: expired data kept for queue groups from %d",
-                             topic, part.index, held)
-                cut = held
-            if cut <= part.min_offset:
-                if kept:
-                    log.info(
-                        "retention %s-%d: expired data kept for a live consumer", topic, part.index
-                    )
-                continue
-            if tc.delete_policy.action == "archive" and tc.delete_policy.compress:
-                paths = [s.path for s in part.segments[:-1] if s.end <= cut]
-                await loop.run_in_executor(None, zip_segments, paths)
-            out.append(remove_before(part, cut, tc.delete_policy, kept))
-            if self.service.queues is not None:
-                self.service.queues.retention_cut(topic, part.index, part.min_offset)
-        return out
+        if self.service is None:
+            return []
+        return await apply_retention(self.store, self.service, self.config.system, topic)
+
+
+def check_fd_budget(old: ServerConfig, new: ServerConfig) -> None:
+    """Refuse a reload whose new disk partitions need more file descriptors than the
+    process can spare (each keeps its active segment open): opening them would fail
+    half-way and leave the broker without descriptors for connections and its logs."""
+    need = 0
+    for name, tc in new.topics.items():
+        if tc.store == "memory":
+            continue
+        before = old.topics.get(name)
+        need += tc.num_partitions - (before.num_partitions if before is not None else 0)
+    if need <= 0:
+        return
+    spare, how = spare_fds(new.system.fd_reserve)
+    if need > spare:
+        raise ConfigError(
+            f"the new partitions need {need} file descriptors and this broker can spare "
+            f"{max(spare, 0)} ({how})"
+        )
+
+
+def start_sync_master(
+    service: BrokerService | None, sysc: SystemConfig, delay: DelayQueue | None
+) -> None:
+    """With ``syncSlave``: push to the synchronous slave, the partitions' appends and the
+    redo, delay-queue and queue logs alike (each acknowledgement waits for the slave)."""
+    assert service is not None
+    rep = sysc.replication
+    if not rep.sync_slave:
+        return
+    service.sync_master = sm = SyncMaster(
+        service,
+        rep.sync_slave,
+        rep.sync_slave_timeout_ms,
+        rep.sync_slave_failure_policy,
+        rep.sync_slave_max_failures,
+        rep.secret,
+        sysc.broker_id,
+    )
+    sm.on_dropped = service.taken_back
+    sm.start()
+    tm = service.transactions
+    if tm is not None:  # the redo log follows the partitions to the slave
+        tm.log.on_write = lambda pos, frames: tm.ship(sm.replicate_redo(pos, frames))
+        # and so do the shares of commits and delay moves, in append order (the
+        # slave's next batch would find it behind them)
+        tm.applier.on_covered = lambda part, base, data, count: _consume(
+            sm.replicate(part, base, data, count)
+        )
+    if delay is not None:  # and the delay queue's log (a move waits for the slave)
+        delay.log.on_write = lambda pos, frames: delay.ship(
+            sm.replicate_log(DELAYLOG_STREAM, pos, frames)
+        )
+    qm = service.queues
+    if qm is not None and qm.log is not None:  # acknowledgements wait for the slave
+        qm.log.on_write = lambda pos, frames: qm.ship(
+            sm.replicate_log(QUEUELOG_STREAM, pos, frames)
+        )
 
 
 def _consume(fut: asyncio.Future[None] | None) -> None:

@@ -276,8 +276,11 @@ def _unreachable(e: Entry) -> None:
     raise QueueError(f"message {e.partition}:{e.offset} appended to no run")
 
 
-class QueueGroup:
-    """The delivery state of one queue group over the partitions of its topic."""
+class GroupState:
+    """A queue group's state and its compact form: partitions, tracked messages, dead
+    letters, consumers' holdings, and what a checkpoint stores and recovery restores
+    (:meth:`compact`, :meth:`restore`, :meth:`note_finished`, ...). :class:`QueueGroup`
+    adds delivery, locks and acknowledgements on top of it."""
 
     def __init__(
         self, topic: str, group: str, limits: QueueLimits, clock: Clock | None = None
@@ -309,8 +312,6 @@ class QueueGroup:
         self._floors: dict[int, int] = {}
         self.retention_dropped = 0  # tracked messages whose record retention deleted
         self.retention_skipped_bytes = 0  # unread bytes retention deleted
-
-    # ------------------------------------------------------------------ partitions
 
     def add_partition(self, partition: int, start: int) -> None:
         """Track ``partition`` from offset ``start`` (a new group or a new partition)."""
@@ -356,6 +357,190 @@ class QueueGroup:
     def free_credit(self) -> int:
         """Deliveries the live consumers could take now."""
         return sum(max(0, c.credit - c.held) for c in self.consumers.values())
+
+    def _add_dead(self, d: DeadLetter) -> None:
+        self.dead[(d.partition, d.offset)] = d
+        self.dead.move_to_end((d.partition, d.offset))
+        while len(self.dead) > self.limits.max_dead_letters:
+            self.dead.popitem(last=False)
+            self.dead_dropped += 1
+
+    def _advance(self, ps: PartState) -> None:
+        """Drop finished messages at the low-water offset (the window shrinks)."""
+        entries = ps.entries
+        gone = []
+        for off, e in entries.items():  # one pass, deletions after it
+            if e.state not in FINISHED:
+                break
+            gone.append(off)
+        for off in gone:
+            del entries[off]
+        self.tracked -= len(gone)
+        if not entries:
+            self._skip_finished(ps)
+
+    def _entry(self, partition: int, offset: int) -> Entry | None:
+        ps = self.parts.get(partition)
+        if ps is None:
+            return None
+        return ps.entries.get(offset) or ps.replayed.get(offset)
+
+    def replay(self, partition: int, offset: int) -> bool:
+        """Move a dead letter back to available (an admin's replay); False if unknown."""
+        d = self.dead.pop((partition, offset), None)
+        if d is None:
+            return False
+        ps = self.parts.get(partition)
+        if ps is None:
+            return False
+        e = ps.entries.get(offset)
+        if e is None and offset >= ps.frontier:  # recovered, not read again yet
+            ps.skip.pop(offset, None)
+            ps.counts.pop(offset, None)
+            return True
+        if e is None:
+            e = Entry(partition, offset, d.length, d.reason, 0)
+            ps.replayed[offset] = e
+            self.tracked += 1
+        e.state = next_state(e.state, E.REPLAY)
+        e.count = 0
+        self.available.append(e)
+        return True
+
+    def note_finished(
+        self, partition: int, offset: int, next_offset: int, state: MsgState, count: int,
+        at_ms: int,
+    ) -> None:
+        """Recovery: a logged finished message, or for an accepted range (ACKED record)
+        every message whose record starts in ``[offset, next_offset)`` (idempotent; below the
+        low-water offset it changes nothing but the dead-letter queue)."""
+        key = (partition, offset)
+        if state is S.ACKNOWLEDGED:
+            self.dead.pop(key, None)
+        else:
+            self._add_dead(DeadLetter(partition, offset, next_offset - offset, count, state,
+                                      at_ms))
+        ps = self.parts.get(partition)
+        if ps is None:
+            return
+        ps.counts.pop(offset, None)
+        if ps.replayed:  # a range (ACKED records) may hold several replayed messages
+            for o in [o for o in ps.replayed if offset <= o < next_offset]:
+                ps.replayed.pop(o).state = state
+                self.tracked -= 1
+        if offset < ps.frontier < next_offset:  # a range reaching over the frontier
+            offset = ps.frontier
+        if offset >= ps.frontier:
+            ps.skip[offset] = (next_offset, state, count)
+            self._skip_finished(ps)
+
+    def restore_replayed(self, partition: int, offset: int, length: int) -> None:
+        """Recovery: a dead letter an admin replayed is available again."""
+        self.dead.pop((partition, offset), None)
+        ps = self.parts.get(partition)
+        if ps is None:
+            return
+        if offset >= ps.frontier:
+            ps.skip.pop(offset, None)  # read and delivered again
+            ps.counts.pop(offset, None)  # from delivery count 0
+            return
+        if offset in ps.replayed:
+            return
+        e = Entry(partition, offset, length, S.AVAILABLE, 0)
+        ps.replayed[offset] = e
+        self.tracked += 1
+        self.available.append(e)
+
+    def restore_count(self, partition: int, offset: int, count: int) -> None:
+        """Recovery: message ``(partition, offset)`` was delivered ``count`` times (a logged
+        delivery). Finished messages ignore it; the count of a message not read yet waits
+        for the read (:meth:`add_records`)."""
+        ps = self.parts.get(partition)
+        if ps is None:
+            return
+        e = ps.replayed.get(offset) or ps.entries.get(offset)
+        if e is not None:
+            if e.state not in FINISHED:
+                e.count = max(e.count, count)
+        elif offset >= ps.frontier and offset not in ps.skip:
+            ps.counts[offset] = max(ps.counts.get(offset, 0), count)
+
+    def delivery_counts(self) -> list[tuple[int, int, int]]:
+        """``(partition, offset, count)`` of unfinished messages delivered at least once
+        (what a checkpoint keeps so that counts survive a restart)."""
+        out = []
+        for p, ps in self.parts.items():
+            for e in (*ps.entries.values(), *ps.replayed.values()):
+                if e.count and e.state not in FINISHED:
+                    out.append((p, e.offset, e.count))
+            out += [(p, o, c) for o, c in ps.counts.items()]
+        return out
+
+    def replayed_entries(self) -> list[tuple[int, int, int]]:
+        """Replayed dead letters below the low-water offsets not finished yet."""
+        return [
+            (p, e.offset, e.length)
+            for p, ps in self.parts.items()
+            for e in ps.replayed.values()
+        ]
+
+    def compact(self) -> dict[int, tuple[int, list[tuple[int, int, MsgState, int]]]]:
+        """Per partition: (low-water offset, finished messages above it: ``(offset, next,
+        state, count)``, accepted ones in a row as one range up to ``next``)."""
+        out = {}
+        ack = S.ACKNOWLEDGED
+        for p, ps in self.parts.items():
+            fin: list[tuple[int, int, MsgState, int]] = []
+            for e in ps.entries.values():
+                if e.state not in FINISHED:
+                    continue
+                if e.state is ack and fin and fin[-1][2] is ack and fin[-1][1] == e.offset:
+                    fin[-1] = (fin[-1][0], e.next_offset, ack, 0)  # accepted in a row: a range
+                else:
+                    fin.append((e.offset, e.next_offset, e.state, e.count))
+            fin += [(o, v[0], v[1], v[2]) for o, v in ps.skip.items()]
+            out[p] = (ps.low_water, fin)
+        return out
+
+    def holds_nothing(self, ends: dict[int, int]) -> bool:
+        """True when deleting the group loses nothing: no consumer, no dead letter, nothing
+        tracked (acquired, available, delayed or finished above a low-water offset), and
+        every partition read and finished up to ``ends[partition]`` (the store's visible
+        end): its consumers have nothing pending. A group behind its topic's end holds
+        those messages for its consumers, however long they are away."""
+        if self.consumers or self.dead or self.tracked or self.available or self._delayed:
+            return False
+        for p, ps in self.parts.items():
+            if ps.entries or ps.skip or ps.replayed or ps.frontier < ends.get(p, 0):
+                return False
+        return all(p in self.parts or not end for p, end in ends.items())
+
+    def held_by(self, cid: int) -> int:
+        c = self.consumers.get(cid)
+        return c.held if c is not None else 0
+
+    def counts(self) -> dict[str, int]:
+        """Figures for ``stats``."""
+        acquired = sum(c.held for c in self.consumers.values())
+        return {
+            "consumers": len(self.consumers),
+            "tracked": self.tracked,
+            "available": len(self.available),
+            "acquired": acquired,
+            "dead_letters": len(self.dead),
+            "dead_dropped": self.dead_dropped,
+            "delivered": self.delivered,
+            "redelivered": self.redelivered,
+            "refused_acks": self.refused_acks,
+            "retention_dropped": self.retention_dropped,
+            "retention_skipped_bytes": self.retention_skipped_bytes,
+        }
+
+
+class QueueGroup(GroupState):
+    """The delivery state of one queue group over the partitions of its topic."""
+
+    # ------------------------------------------------------------------ reading partitions
 
     def wants_records(self) -> bool:
         """True when reading more of the store would let a delivery happen."""
@@ -689,33 +874,6 @@ class QueueGroup:
             self._advance(ps)
         return f
 
-    def _add_dead(self, d: DeadLetter) -> None:
-        self.dead[(d.partition, d.offset)] = d
-        self.dead.move_to_end((d.partition, d.offset))
-        while len(self.dead) > self.limits.max_dead_letters:
-            self.dead.popitem(last=False)
-            self.dead_dropped += 1
-
-    def _advance(self, ps: PartState) -> None:
-        """Drop finished messages at the low-water offset (the window shrinks)."""
-        entries = ps.entries
-        gone = []
-        for off, e in entries.items():  # one pass, deletions after it
-            if e.state not in FINISHED:
-                break
-            gone.append(off)
-        for off in gone:
-            del entries[off]
-        self.tracked -= len(gone)
-        if not entries:
-            self._skip_finished(ps)
-
-    def _entry(self, partition: int, offset: int) -> Entry | None:
-        ps = self.parts.get(partition)
-        if ps is None:
-            return None
-        return ps.entries.get(offset) or ps.replayed.get(offset)
-
     # ------------------------------------------------------------------ acknowledgements
 
     def ack(
@@ -895,161 +1053,6 @@ class QueueGroup:
     def _refuse(self, why: str) -> AckResult:
         self.refused_acks += 1
         return AckResult(False, why)
-
-    # ------------------------------------------------------------------ dead letters
-
-    def replay(self, partition: int, offset: int) -> bool:
-        """Move a dead letter back to available (an admin's replay); False if unknown."""
-        d = self.dead.pop((partition, offset), None)
-        if d is None:
-            return False
-        ps = self.parts.get(partition)
-        if ps is None:
-            return False
-        e = ps.entries.get(offset)
-        if e is None and offset >= ps.frontier:  # recovered, not read again yet
-            ps.skip.pop(offset, None)
-            ps.counts.pop(offset, None)
-            return True
-        if e is None:
-            e = Entry(partition, offset, d.length, d.reason, 0)
-            ps.replayed[offset] = e
-            self.tracked += 1
-        e.state = next_state(e.state, E.REPLAY)
-        e.count = 0
-        self.available.append(e)
-        return True
-
-    # ------------------------------------------------------------------ compact form
-
-    def note_finished(
-        self, partition: int, offset: int, next_offset: int, state: MsgState, count: int,
-        at_ms: int,
-    ) -> None:
-        """Recovery: a logged finished message, or for an accepted range (ACKED record)
-        every message whose record starts in ``[offset, next_offset)`` (idempotent; below the
-        low-water offset it changes nothing but the dead-letter queue)."""
-        key = (partition, offset)
-        if state is S.ACKNOWLEDGED:
-            self.dead.pop(key, None)
-        else:
-            self._add_dead(DeadLetter(partition, offset, next_offset - offset, count, state,
-                                      at_ms))
-        ps = self.parts.get(partition)
-        if ps is None:
-            return
-        ps.counts.pop(offset, None)
-        if ps.replayed:  # a range (ACKED records) may hold several replayed messages
-            for o in [o for o in ps.replayed if offset <= o < next_offset]:
-                ps.replayed.pop(o).state = state
-                self.tracked -= 1
-        if offset < ps.frontier < next_offset:  # a range reaching over the frontier
-            offset = ps.frontier
-        if offset >= ps.frontier:
-            ps.skip[offset] = (next_offset, state, count)
-            self._skip_finished(ps)
-
-    def restore_replayed(self, partition: int, offset: int, length: int) -> None:
-        """Recovery: a dead letter an admin replayed is available again."""
-        self.dead.pop((partition, offset), None)
-        ps = self.parts.get(partition)
-        if ps is None:
-            return
-        if offset >= ps.frontier:
-            ps.skip.pop(offset, None)  # read and delivered again
-            ps.counts.pop(offset, None)  # from delivery count 0
-            return
-        if offset in ps.replayed:
-            return
-        e = Entry(partition, offset, length, S.AVAILABLE, 0)
-        ps.replayed[offset] = e
-        self.tracked += 1
-        self.available.append(e)
-
-    def restore_count(self, partition: int, offset: int, count: int) -> None:
-        """Recovery: message ``(partition, offset)`` was delivered ``count`` times (a logged
-        delivery). Finished messages ignore it; the count of a message not read yet waits
-        for the read (:meth:`add_records`)."""
-        ps = self.parts.get(partition)
-        if ps is None:
-            return
-        e = ps.replayed.get(offset) or ps.entries.get(offset)
-        if e is not None:
-            if e.state not in FINISHED:
-                e.count = max(e.count, count)
-        elif offset >= ps.frontier and offset not in ps.skip:
-            ps.counts[offset] = max(ps.counts.get(offset, 0), count)
-
-    def delivery_counts(self) -> list[tuple[int, int, int]]:
-        """``(partition, offset, count)`` of unfinished messages delivered at least once
-        (what a checkpoint keeps so that counts survive a restart)."""
-        out = []
-        for p, ps in self.parts.items():
-            for e in (*ps.entries.values(), *ps.replayed.values()):
-                if e.count and e.state not in FINISHED:
-                    out.append((p, e.offset, e.count))
-            out += [(p, o, c) for o, c in ps.counts.items()]
-        return out
-
-    def replayed_entries(self) -> list[tuple[int, int, int]]:
-        """Replayed dead letters below the low-water offsets not finished yet."""
-        return [
-            (p, e.offset, e.length)
-            for p, ps in self.parts.items()
-            for e in ps.replayed.values()
-        ]
-
-    def compact(self) -> dict[int, tuple[int, list[tuple[int, int, MsgState, int]]]]:
-        """Per partition: (low-water offset, finished messages above it: ``(offset, next,
-        state, count)``, accepted ones in a row as one range up to ``next``)."""
-        out = {}
-        ack = S.ACKNOWLEDGED
-        for p, ps in self.parts.items():
-            fin: list[tuple[int, int, MsgState, int]] = []
-            for e in ps.entries.values():
-                if e.state not in FINISHED:
-                    continue
-                if e.state is ack and fin and fin[-1][2] is ack and fin[-1][1] == e.offset:
-                    fin[-1] = (fin[-1][0], e.next_offset, ack, 0)  # accepted in a row: a range
-                else:
-                    fin.append((e.offset, e.next_offset, e.state, e.count))
-            fin += [(o, v[0], v[1], v[2]) for o, v in ps.skip.items()]
-            out[p] = (ps.low_water, fin)
-        return out
-
-    def holds_nothing(self, ends: dict[int, int]) -> bool:
-        """True when deleting the group loses nothing: no consumer, no dead letter, nothing
-        tracked (acquired, available, delayed or finished above a low-water offset), and
-        every partition read and finished up to ``ends[partition]`` (the store's visible
-        end): its consumers have nothing pending. A group behind its topic's end holds
-        those messages for its consumers, however long they are away."""
-        if self.consumers or self.dead or self.tracked or self.available or self._delayed:
-            return False
-        for p, ps in self.parts.items():
-            if ps.entries or ps.skip or ps.replayed or ps.frontier < ends.get(p, 0):
-                return False
-        return all(p in self.parts or not end for p, end in ends.items())
-
-    def held_by(self, cid: int) -> int:
-        c = self.consumers.get(cid)
-        return c.held if c is not None else 0
-
-    def counts(self) -> dict[str, int]:
-        """Figures for ``stats``."""
-        acquired = sum(c.held for c in self.consumers.values())
-        return {
-            "consumers": len(self.consumers),
-            "tracked": self.tracked,
-            "available": len(self.available),
-            "acquired": acquired,
-            "dead_letters": len(self.dead),
-            "dead_dropped": self.dead_dropped,
-            "delivered": self.delivered,
-            "redelivered": self.redelivered,
-            "refused_acks": self.refused_acks,
-            "retention_dropped": self.retention_dropped,
-            "retention_skipped_bytes": self.retention_skipped_bytes,
-        }
 
 
 def _extend_run(acked: list[list[int]], p: int, start: int, end: int) -> None:

@@ -7,12 +7,13 @@ Registered on the main group by :func:`register` (called at the end of :mod:`not
     notify dlq show --data-dir DIR [--group G] | replay --data-dir DIR [--group G] [--id ID ...]
     notify retention run TOPIC
 
-Broker commands talk to the broker's HTTP admin API (``-H/--http``, default
-``http://127.0.0.1:8120``, env ``NOTIFY_HTTP``; ``--secret`` / ``NOTIFY_SECRET`` when the broker
-sets ``authSecret``; ``--tls-ca-file`` etc. for an ``https://`` address, see
-:mod:`notify.cli_options`); ``tx commit|rollback --server host:port`` uses the wire ``transaction``
-command instead. ``dlq`` works on a consumer's local recover store (its ``data_dir``), not on
-the broker. Tables for people by default, ``--json`` for scripts.
+Broker commands name the broker with ``-s/--server`` like every command (its wire address,
+default ``127.0.0.1:8123``, env ``NOTIFY_SERVER``; the HTTP port is asked from it, or give the
+HTTP URL itself; ``--secret`` / ``NOTIFY_SECRET`` when the broker sets ``authSecret``;
+``--tls-ca-file`` etc., see :mod:`notify.cli_options`). ``topics``, ``tx list`` and
+``retention`` call the HTTP admin API; ``tx commit|rollback`` use the wire ``transaction``
+command (or the HTTP API when ``-s`` is a URL). ``dlq`` is in :mod:`notify.cli_dlq`.
+Tables for people by default, ``--json`` for scripts.
 
 Exit codes: 0 ok, 1 runtime failure (broker unreachable, error reply), 2 usage error.
 """
@@ -35,7 +36,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from notify.admin import request
-from notify.cli_options import Security, http_option, security_options
+from notify.cli_options import BrokerAddress, Security, broker_option, security_options
 from notify.cli_tables import new_table, print_table
 from notify.client import list_dead_letters, replay_dead_letters
 from notify.config import TOPIC_KEYS, validate_topic
@@ -115,12 +116,17 @@ class AdminClient:
             raise AdminError(f"{self.base}{path}: the reply is not JSON") from None
 
 
+def _client(broker: BrokerAddress, security: Security) -> AdminClient:
+    """The HTTP admin client of the broker named by ``-s`` (raises ``NotifyError``)."""
+    return AdminClient(broker.http_base(security), security)
+
+
 def _http_options(f: F) -> F:
     f = click.option(
         "--json", "as_json", is_flag=True, help="machine-readable output (JSON on stdout)"
     )(f)
     f = security_options(f)
-    return http_option(f)
+    return broker_option(f)
 
 
 def _run(action: Callable[[], None]) -> None:
@@ -177,11 +183,11 @@ def topics() -> None:
 
 @topics.command("list")
 @_http_options
-def topics_list(http_url: str, security: Security, as_json: bool) -> None:
+def topics_list(broker: BrokerAddress, security: Security, as_json: bool) -> None:
     """Topics with partitions, sizes and offsets."""
 
     def action() -> None:
-        data = AdminClient(http_url, security).call("GET", "/api/topics")["topics"]
+        data = _client(broker, security).call("GET", "/api/topics")["topics"]
         if as_json:
             return _emit_json(data)
         table = _table(
@@ -221,12 +227,12 @@ def topics_list(http_url: str, security: Security, as_json: bool) -> None:
 @topics.command("describe")
 @click.argument("topic")
 @_http_options
-def topics_describe(topic: str, http_url: str, security: Security, as_json: bool) -> None:
+def topics_describe(topic: str, broker: BrokerAddress, security: Security, as_json: bool) -> None:
     """One topic: its partitions' offsets and the consumer groups' lag."""
     _check_topic(topic)
 
     def action() -> None:
-        client = AdminClient(http_url, security)
+        client = _client(broker, security)
         t = client.call("GET", f"/api/topics/{_quote(topic)}")
         groups = [g for g in client.call("GET", "/api/groups")["groups"] if g["topic"] == topic]
         if as_json:
@@ -323,7 +329,7 @@ def topics_create(
     topic: str,
     partitions: int | None,
     settings: tuple[str, ...],
-    http_url: str,
+    broker: BrokerAddress,
     security: Security,
     as_json: bool,
 ) -> None:
@@ -335,7 +341,7 @@ def topics_create(
         body["numPartitions"] = partitions
 
     def action() -> None:
-        reply = AdminClient(http_url, security).call("POST", "/api/topics", body)
+        reply = _client(broker, security).call("POST", "/api/topics", body)
         if as_json:
             return _emit_json(reply)
         t = reply["topic"]
@@ -355,12 +361,12 @@ def tx() -> None:
 @tx.command("list")
 @click.option("--in-doubt", is_flag=True, help="only prepared transactions awaiting a decision")
 @_http_options
-def tx_list(in_doubt: bool, http_url: str, security: Security, as_json: bool) -> None:
+def tx_list(in_doubt: bool, broker: BrokerAddress, security: Security, as_json: bool) -> None:
     """Transactions in flight and in doubt."""
 
     def action() -> None:
         path = "/api/transactions" + ("?in_doubt=1" if in_doubt else "")
-        txs = AdminClient(http_url, security).call("GET", path)["transactions"]
+        txs = _client(broker, security).call("GET", path)["transactions"]
         if as_json:
             return _emit_json(txs)
         if not txs:
@@ -398,7 +404,7 @@ def tx_list(in_doubt: bool, http_url: str, security: Security, as_json: bool) ->
 
 
 def _resolve(
-    key: str, commit: bool, server: str | None, http_url: str, security: Security, as_json: bool
+    key: str, commit: bool, broker: BrokerAddress, security: Security, as_json: bool
 ) -> None:
     try:
         validate_key(key)
@@ -407,11 +413,11 @@ def _resolve(
     verb = "commit" if commit else "rollback"
 
     def action() -> None:
-        if server is not None:
+        if not broker.is_url:  # the wire transaction command: no HTTP port needed
             ttype = "COMMIT_TWO_PHASE" if commit else "ROLLBACK"
             try:
                 reply = request(
-                    server,
+                    broker.server,
                     lambda o: encode_line("transaction", key, ADMIN_SESSION, ttype, o),
                     security.transport(),
                 )
@@ -423,7 +429,7 @@ def _resolve(
                 "detail": reply.body.decode("utf-8", "replace"),
             }
         else:
-            result = AdminClient(http_url, security).call(
+            result = AdminClient(broker.server, security).call(
                 "POST", f"/api/transactions/{_quote(key)}/{verb}"
             )
         if as_json:
@@ -433,35 +439,24 @@ def _resolve(
     _run(action)
 
 
-_SERVER_OPTION = click.option(
-    "-s",
-    "--server",
-    default=None,
-    help="resolve over the wire (host:port) with the transaction command instead of HTTP "
-    "(given explicitly: NOTIFY_SERVER does not switch it)",
-)
-
-
 @tx.command("commit")
 @click.argument("key")
-@_SERVER_OPTION
 @_http_options
 def tx_commit(
-    key: str, server: str | None, http_url: str, security: Security, as_json: bool
+    key: str, broker: BrokerAddress, security: Security, as_json: bool
 ) -> None:
     """Commit an in-doubt (PREPARED) transaction: its messages become visible."""
-    _resolve(key, True, server, http_url, security, as_json)
+    _resolve(key, True, broker, security, as_json)
 
 
 @tx.command("rollback")
 @click.argument("key")
-@_SERVER_OPTION
 @_http_options
 def tx_rollback(
-    key: str, server: str | None, http_url: str, security: Security, as_json: bool
+    key: str, broker: BrokerAddress, security: Security, as_json: bool
 ) -> None:
     """Roll back an in-doubt (PREPARED) transaction: its messages are dropped."""
-    _resolve(key, False, server, http_url, security, as_json)
+    _resolve(key, False, broker, security, as_json)
 
 
 # ---------------------------------------------------------------------- dead letters
@@ -624,13 +619,13 @@ def retention() -> None:
 @retention.command("run")
 @click.argument("topic")
 @_http_options
-def retention_run(topic: str, http_url: str, security: Security, as_json: bool) -> None:
+def retention_run(topic: str, broker: BrokerAddress, security: Security, as_json: bool) -> None:
     """Apply TOPIC's deletePolicy now instead of waiting for its deleteWhen schedule."""
     _check_topic(topic)
 
     def action() -> None:
         path = f"/api/topics/{_quote(topic)}/retention"
-        reply = AdminClient(http_url, security).call("POST", path)
+        reply = _client(broker, security).call("POST", path)
         if as_json:
             return _emit_json(reply)
         results = reply["results"]

@@ -1,9 +1,14 @@
 """Options shared by every ``notify`` command that talks to a broker: its address and the
-shared secret and TLS. The address has one form per port, each with its environment
-variable: :func:`server_option` (``-s/--server host:port``, ``NOTIFY_SERVER``, the wire port)
-and :func:`http_option` (``-H/--http URL``, ``NOTIFY_HTTP``, the HTTP port). One decorator,
-:func:`security_options`, adds the others and hands the command a single
-``security: Security`` argument::
+shared secret and TLS.
+
+The broker's address is one option in every command: ``-s/--server`` (env ``NOTIFY_SERVER``,
+default ``127.0.0.1:8123``), the broker's wire address ``host:port`` (``serverPort``).
+Commands that call the HTTP admin API (:func:`broker_option`: ``topics``, ``tx``,
+``retention``) take the same address and ask the broker over the wire for its HTTP port
+(``stats config``: ``dashboardHttpPort``), or take its HTTP URL directly
+(``-s http://host:8120``). The older ``-H/--http URL`` (env ``NOTIFY_HTTP``) of those commands
+is still accepted, hidden and deprecated. One decorator, :func:`security_options`, adds the
+others and hands the command a single ``security: Security`` argument::
 
     --secret TEXT        the brokers' authSecret        [env var: NOTIFY_SECRET]
     --tls                use TLS (implied by --tls-ca-file / --tls-cert-file)
@@ -15,6 +20,7 @@ and :func:`http_option` (``-H/--http URL``, ``NOTIFY_HTTP``, the HTTP port). One
 
 from __future__ import annotations
 
+import configparser
 import functools
 import ssl
 from collections.abc import Callable
@@ -23,7 +29,10 @@ from typing import Any, Final, TypeVar
 
 import click
 
+from notify.admin import request
 from notify.client.transport import SECRET_ENV, TransportOptions, tls_context
+from notify.errors import NotifyError
+from notify.protocol.frames import encode_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,9 +76,8 @@ _PATH = click.Path(exists=True, dir_okay=False)
 #: The broker's wire address (``serverPort``) for every command that talks the protocol.
 SERVER_ENV: Final = "NOTIFY_SERVER"
 DEFAULT_SERVER: Final = "127.0.0.1:8123"
-#: The broker's HTTP address (``dashboardHttpPort``) for the admin commands.
+#: Deprecated: the broker's HTTP address (``dashboardHttpPort``) for the admin commands.
 HTTP_ENV: Final = "NOTIFY_HTTP"
-DEFAULT_HTTP: Final = "http://127.0.0.1:8120"
 
 
 def server_option(f: F) -> F:
@@ -81,24 +89,96 @@ def server_option(f: F) -> F:
         show_envvar=True,
         default=DEFAULT_SERVER,
         show_default=True,
-        help="the broker's wire address host:port (serverPort)",
+        help=SERVER_HELP,
     )
     return opt(f)
 
 
-def http_option(f: F) -> F:
-    """``-H/--http URL``, env ``NOTIFY_HTTP``: the broker's HTTP port."""
-    opt = click.option(
+SERVER_HELP: Final = "the broker's wire address host:port (serverPort)"
+
+
+class BrokerAddress:
+    """The broker named by ``-s/--server`` for a command that calls the HTTP admin API.
+
+    ``server`` is a wire address ``host:port`` (the HTTP port is asked from the broker, see
+    :meth:`http_base`) or an HTTP URL (``http://`` or ``https://``, used as it is)."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+
+    @property
+    def is_url(self) -> bool:
+        return "://" in self.server
+
+    def http_base(self, security: Security) -> str:
+        """The broker's HTTP base URL; raises :class:`~notify.errors.NotifyError` when the
+        broker cannot be asked or has no HTTP port."""
+        if self.is_url:
+            return self.server
+        reply = request(
+            self.server, lambda o: encode_line("stats", "config", o), security.transport()
+        )
+        port = http_port_of(reply.body.decode("utf-8", "replace"))
+        if not port:
+            raise NotifyError(
+                f"the broker at {self.server} has no HTTP port (dashboardHttpPort=0)"
+            )
+        host = self.server.rpartition(":")[0] or "127.0.0.1"
+        return f"{'https' if security.uses_tls else 'http'}://{host}:{port}"
+
+
+def http_port_of(ini_text: str) -> int:
+    """``dashboardHttpPort`` of a ``server.ini`` text (its default 8120 when not set)."""
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    try:
+        parser.read_string(ini_text)
+        value = parser.get("system", "dashboardHttpPort", fallback="8120")
+        return int(value.strip())
+    except (configparser.Error, ValueError):
+        raise NotifyError("cannot read dashboardHttpPort from the broker's config") from None
+
+
+def deprecated(old: str, new: str) -> None:
+    """Say on stderr that ``old`` is a deprecated spelling of ``new`` (it still works)."""
+    click.echo(f"notify: {old} is deprecated, use {new}", err=True)
+
+
+def broker_option(f: F) -> F:
+    """``-s/--server`` (env ``NOTIFY_SERVER``) for a command of the HTTP admin API: the
+    command gets ``broker: BrokerAddress``. The hidden, deprecated ``-H/--http URL`` (env
+    ``NOTIFY_HTTP``) still works: an explicit ``-s`` wins over it, it wins over
+    ``NOTIFY_SERVER``; ``-H`` says on stderr that it is deprecated."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, server: str | None, http_url: str | None, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        explicit = ctx.get_parameter_source("server") == click.core.ParameterSource.COMMANDLINE
+        if http_url and not explicit:
+            if ctx.get_parameter_source("http_url") == click.core.ParameterSource.COMMANDLINE:
+                deprecated("-H/--http", "-s/--server")
+            server = http_url
+        return f(*args, broker=BrokerAddress(server or DEFAULT_SERVER), **kwargs)
+
+    out: Any = click.option(
         "-H",
         "--http",
         "http_url",
         envvar=HTTP_ENV,
+        default=None,
+        hidden=True,
+        help="deprecated: use -s/--server",
+    )(wrapper)
+    out = click.option(
+        "-s",
+        "--server",
+        envvar=SERVER_ENV,
         show_envvar=True,
-        default=DEFAULT_HTTP,
-        show_default=True,
-        help="the broker's HTTP address (dashboardHttpPort)",
-    )
-    return opt(f)
+        default=None,
+        help="the broker: its wire address host:port (serverPort; the HTTP port is asked "
+        "from it) or its HTTP URL  [default: 127.0.0.1:8123]",
+    )(out)
+    return out  # type: ignore[no-any-return]
 
 
 def security_options(f: F) -> F:

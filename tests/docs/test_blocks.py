@@ -203,7 +203,6 @@ class PageEnv:
         env.update(self.db.env)
         env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
         env["NOTIFY_SERVER"] = self.broker.addr
-        env["NOTIFY_HTTP"] = self.broker.http_url
         env["NOTIFY_CLIENT_DIR"] = str(work / "client-state")
         return env
 

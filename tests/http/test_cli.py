@@ -23,20 +23,20 @@ def run(*args: str, env: dict[str, str] | None = None) -> Result:
 
 def test_topics_list_describe_create(http_broker_factory: Callable[..., BrokerProcess]) -> None:
     b = http_broker_factory({"alpha": 2, "beta": {"numPartitions": 1, "unflushThreshold": 0}})
-    url = b.http_url
+    url, addr = b.http_url, b.addr
     Http(url).post("/api/topics/alpha/messages", json_body=[{"text": "hello"}] * 3)
-    r = run("topics", "list", "--http", url)
+    r = run("topics", "list", "-s", addr)
     assert r.exit_code == 0, r.output
     assert "alpha" in r.output and "beta" in r.output and "group-commit" in r.output
-    r = run("topics", "list", "--http", url, "--json")
+    r = run("topics", "list", "-s", addr, "--json")
     data = json.loads(r.output)
     assert {t["name"]: t["put_messages"] for t in data if not t["internal"]} == {
         "alpha": 3,
         "beta": 0,
     }
-    r = run("topics", "describe", "alpha", "--http", url)
+    r = run("topics", "describe", "alpha", "-s", addr)
     assert r.exit_code == 0 and "partitions" in r.output and "min offset" in r.output
-    r = run("topics", "describe", "alpha", "--http", url, "--json")
+    r = run("topics", "describe", "alpha", "-s", addr, "--json")
     assert json.loads(r.output)["num_partitions"] == 2
     # create, through the environment variable for the address
     r = run(
@@ -53,18 +53,20 @@ def test_topics_list_describe_create(http_broker_factory: Callable[..., BrokerPr
     assert "created topic gamma with 3 partition(s)" in r.output
     assert Http(url).get("/api/topics/gamma").json()["config"]["unflush_threshold"] == 0
     # runtime failures: 1; usage errors: 2
-    r = run("topics", "create", "gamma", "--http", url)
+    r = run("topics", "create", "gamma", "-s", addr)
     assert r.exit_code == 1 and "already exists" in r.output
-    r = run("topics", "describe", "nosuch", "--http", url)
+    r = run("topics", "describe", "nosuch", "-s", addr)
     assert r.exit_code == 1 and "404" in r.output
-    r = run("topics", "create", "bad/name", "--http", url)
+    r = run("topics", "create", "bad/name", "-s", addr)
     assert r.exit_code == 2 and "invalid topic name" in r.output
-    r = run("topics", "create", "ok", "--set", "bogus=1", "--http", url)
+    r = run("topics", "create", "ok", "--set", "bogus=1", "-s", addr)
     assert r.exit_code == 2 and "unknown topic key" in r.output
-    r = run("topics", "create", "ok", "-p", "0", "--http", url)
+    r = run("topics", "create", "ok", "-p", "0", "-s", addr)
     assert r.exit_code == 2
-    r = run("topics", "list", "--http", f"http://127.0.0.1:{free_port()}")
+    r = run("topics", "list", "-s", f"http://127.0.0.1:{free_port()}")
     assert r.exit_code == 1 and "cannot reach" in r.output
+    r = run("topics", "list", "-s", f"127.0.0.1:{free_port()}")  # asking for the HTTP port
+    assert r.exit_code == 1 and "notify:" in r.output
 
 
 def test_tx_list_commit_rollback(http_broker_factory: Callable[..., BrokerProcess]) -> None:
@@ -146,14 +148,14 @@ def test_retention_run(http_broker_factory: Callable[..., BrokerProcess]) -> Non
     for _ in range(3):
         h.post("/api/topics/logs/messages", json_body=[{"text": "y" * 1000}] * 4)
     time.sleep(1.2)
-    r = run("retention", "run", "logs", "--http", b.http_url)
+    r = run("retention", "run", "logs", "-s", b.addr)
     assert r.exit_code == 0, r.output
     assert "logs-0: deleted 0000000000000000" in r.output and "segment(s) removed" in r.output
-    r = run("retention", "run", "keep", "--http", b.http_url, "--json")
+    r = run("retention", "run", "keep", "-s", b.addr, "--json")
     assert json.loads(r.output) == {"topic": "keep", "results": []}
-    r = run("retention", "run", "nosuch", "--http", b.http_url)
+    r = run("retention", "run", "nosuch", "-s", b.addr)
     assert r.exit_code == 1
-    assert run("retention", "run", "..", "--http", b.http_url).exit_code == 2
+    assert run("retention", "run", "..", "-s", b.addr).exit_code == 2
 
 
 def test_tables_keep_keys_whole_at_80_columns(
@@ -215,7 +217,7 @@ def test_lag_in_messages_and_live_within_session_timeout(
     time.sleep(2.0)
     (row,) = [g for g in http.get("/api/groups").json()["groups"] if g["group"] == "billing"]
     assert row["live"] is False
-    assert "(gone)" in run("topics", "describe", "t", "--http", b.http_url).output
+    assert "(gone)" in run("topics", "describe", "t", "-s", b.addr).output
 
 
 def test_stats_json_and_addresses_from_the_environment(
@@ -235,7 +237,31 @@ def test_stats_json_and_addresses_from_the_environment(
     # one way per port, each with its environment variable, shown in --help
     assert "NOTIFY_SERVER" in run("stats", "--help").output
     assert "NOTIFY_SERVER" in run("config", "reload", "--help").output
-    assert "NOTIFY_HTTP" in run("topics", "list", "--help").output
-    assert "NOTIFY_HTTP" in run("tx", "list", "--help").output
+    assert "NOTIFY_SERVER" in run("topics", "list", "--help").output
+    assert "NOTIFY_SERVER" in run("tx", "list", "--help").output
+    assert "--http" not in run("topics", "list", "--help").output  # the deprecated alias
     r = run("topics", "list", "--json", env={"NOTIFY_HTTP": b.http_url})
     assert r.exit_code == 0 and "t" in {t["name"] for t in json.loads(r.output)}
+
+
+def test_one_address_option_for_every_command(
+    http_broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """``-s/--server`` names the broker in every command that talks to one; the HTTP admin
+    commands ask the broker for its HTTP port, or take the URL; ``-H`` still works."""
+    b = http_broker_factory({"t": 1})
+    for args in (("topics", "list"), ("tx", "list"), ("stats",), ("topics", "describe", "t")):
+        r = run(*args, "-s", b.addr)
+        assert r.exit_code == 0, (args, r.output)
+    assert "t" in {t["name"] for t in json.loads(run("topics", "list", "--json",
+                                                     env={"NOTIFY_SERVER": b.addr}).output)}
+    assert run("topics", "list", "--server", b.http_url).exit_code == 0
+    r = run("topics", "list", "-H", b.http_url)  # the old spelling: works, and says so
+    assert r.exit_code == 0 and "-H/--http is deprecated, use -s/--server" in r.output
+    r = run("topics", "list", "-s", b.addr, "-H", "http://127.0.0.1:1")  # explicit -s wins
+    assert r.exit_code == 0, r.output
+    # every command's help shows the one option (the docs' CLI reference is made from it)
+    for args in (("topics", "create"), ("tx", "commit"), ("retention", "run"), ("stats",),
+                 ("config", "reload"), ("queue", "delete"), ("outbox", "relay")):
+        out = run(*args, "--help").output
+        assert "-s, --server" in out and "-H," not in out, args

@@ -108,13 +108,17 @@ def stats(item: str, server: str, as_json: bool, security: Security) -> None:
         body = request(server, lambda o: encode_line(*tokens, o), security.transport()).body
     except NotifyError as e:
         fail(str(e))
+    pairs = parse_stats(body)
     if as_json:  # numbers, booleans, and k=v fields as objects
         click.echo(json.dumps(parse_stats_json(body), indent=2))
-        return
-    pairs = parse_stats(body)
-    table = Table(title=f"stats {item}".strip())
-    table.add_column("key")
-    table.add_column("value")
-    for k, v in pairs:
-        table.add_row(k, v)
-    Console().print(table)
+    else:
+        table = Table(title=f"stats {item}".strip())
+        table.add_column("key")
+        table.add_column("value")
+        for k, v in pairs:
+            table.add_row(k, v)
+        Console().print(table)
+    code = dict(pairs).get("resultCode", "0")
+    if code != "0":  # MetaQ answers an unknown item as a topic: 200 with resultCode 1
+        fail(f"stats {item}: no such topic or item (resultCode {code}); "
+             "notify stats help lists the items")

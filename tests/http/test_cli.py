@@ -265,3 +265,17 @@ def test_one_address_option_for_every_command(
                  ("config", "reload"), ("queue", "delete"), ("outbox", "relay")):
         out = run(*args, "--help").output
         assert "-s, --server" in out and "-H," not in out, args
+
+
+def test_commands_exit_non_zero_on_an_error_answer(
+    http_broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """MetaQ answers ``stats <unknown>`` with 200 and ``resultCode 1``: the CLI says so and
+    exits 1, in both output forms; a known topic exits 0."""
+    b = http_broker_factory({"t": 1})
+    r = run("stats", "nosuch", "-s", b.addr)
+    assert r.exit_code == 1 and "no such topic" in r.output, r.output
+    r = run("stats", "nosuch", "-s", b.addr, "--json")
+    assert r.exit_code == 1 and '"resultCode": 1' in r.output
+    assert run("stats", "t", "-s", b.addr).exit_code == 0
+    assert run("stats", "help", "-s", b.addr).exit_code == 0

@@ -12,6 +12,7 @@ ini file, so ``conf/server.ini`` with ``dataPath=../data`` keeps data inside the
 from __future__ import annotations
 
 import configparser
+import difflib
 import functools
 import re
 import zlib
@@ -867,14 +868,51 @@ def _convert(
     out: dict[str, Any] = {}
     for key, raw in items.items():
         if key not in table:
-            known = ", ".join(sorted(table))
-            raise ConfigError(f"[{section}]: unknown key {key!r} (known keys: {known})")
+            raise ConfigError(f"[{section}] {key}: unknown key {key!r}{_nearest(key, table)}")
         attr, conv = table[key]
         try:
             out[attr] = conv(raw)
         except (ValueError, TypeError) as e:
             raise ConfigError(f"[{section}] {key}: invalid value {raw.strip()!r}: {e}") from None
     return out
+
+
+def _nearest(key: str, known: dict[str, Any]) -> str:
+    """``; did you mean 'x'?`` for the known key closest to ``key`` (case ignored)."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(key.lower(), by_lower, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {by_lower[close[0]]!r}?"
+    return " (no known key is close; the configuration reference lists them all)"
+
+
+#: ``[section] key:`` at the start of a ConfigError message (``key`` optional).
+_ERROR_AT: Final = re.compile(r"\[([^\]\r\n]+)\](?: ([\w.]+))?[: ]")
+
+
+def _line_of(text: str, section: str, key: str | None) -> int | None:
+    """The 1-based line of ``key`` in ``[section]`` of ``text`` (of the section header when
+    ``key`` is None or not written there), None when the section is not in the text."""
+    current, header = None, None
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            current = stripped[1 : stripped.find("]")].strip() if "]" in stripped else None
+            if current == section and header is None:
+                header = n
+        elif current == section and key and re.match(rf"{re.escape(key)}\s*[=:]", stripped):
+            return n
+    return header
+
+
+def _located(e: ConfigError, text: str, where: str) -> ConfigError:
+    """``e`` with the file and line it is about in front (``path:LINE: [section] key: ...``)."""
+    msg = str(e)
+    if msg.startswith(where):
+        return e
+    m = _ERROR_AT.match(msg)
+    line = _line_of(text, m.group(1), m.group(2)) if m else None
+    return ConfigError(f"{where}:{line}: {msg}" if line else f"{where}: {msg}")
 
 
 def _check_ranges(section: str, obj: object) -> None:
@@ -959,7 +997,16 @@ def _check_topic(t: TopicConfig, max_partitions: int = 65536) -> None:
 
 
 def parse_config(text: str, source: Path | None = None) -> ServerConfig:
-    """Parse the text of a ``server.ini``; raise ConfigError naming the offending key."""
+    """Parse the text of a ``server.ini``; raise ConfigError naming the file, the line and
+    the offending key (with the nearest known key when it is unknown)."""
+    where = str(source) if source else "<config>"
+    try:
+        return _parse_config(text, source)
+    except ConfigError as e:
+        raise _located(e, text, where) from None
+
+
+def _parse_config(text: str, source: Path | None) -> ServerConfig:
     cp = configparser.ConfigParser(
         interpolation=None, comment_prefixes=(";", "#"), inline_comment_prefixes=None, strict=True
     )
@@ -1013,9 +1060,11 @@ def parse_config(text: str, source: Path | None = None) -> ServerConfig:
                 raise ConfigError(f"[{name}] secret: required (the section exists to set it)")
             groups[group] = secret
         else:
+            close = difflib.get_close_matches(name, ("system", "zookeeper", "slave"), n=1)
             raise ConfigError(
-                f"{where}: unknown section [{name}] "
-                "(expected [system], [zookeeper], [slave], [topic=NAME], [producerGroup=NAME])"
+                f"[{name}]: unknown section"
+                + (f"; did you mean [{close[0]}]?" if close else "")
+                + " (expected [system], [zookeeper], [slave], [topic=NAME], [producerGroup=NAME])"
             )
     system = _build_system(sys_kw)
     tls = system.tls

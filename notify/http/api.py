@@ -63,6 +63,7 @@ from notify.protocol import records
 from notify.protocol.frames import Put, Response, Transaction
 from notify.protocol.keys import validate_key
 from notify.protocol.replies import PutAck, XAFailure
+from notify.version import __version__
 
 log = logging.getLogger("notify.http")
 
@@ -143,6 +144,25 @@ async def get_config(request: web.Request) -> web.Response:
 
 async def get_openapi(request: web.Request) -> web.Response:
     return json_response(openapi.document())
+
+
+async def api_index(request: web.Request) -> web.Response:
+    """``GET /api``: what the REST face offers (each route with its summary) and where the
+    full OpenAPI document is."""
+    paths = openapi.document()["paths"]
+    endpoints = [
+        {
+            "method": method,
+            "path": path,
+            "summary": paths.get(path, {}).get(method.lower(), {}).get("summary", ""),
+            "admin": handler in ADMIN_HANDLERS,
+        }
+        for method, path, handler in routes()
+    ]
+    return json_response(
+        {"service": "notify", "version": __version__, "openapi": "/api/openapi.json",
+         "endpoints": endpoints}
+    )
 
 
 # ---------------------------------------------------------------------- produce / fetch
@@ -416,8 +436,9 @@ async def create_topic(request: web.Request) -> web.Response:
 async def reload_config(request: web.Request) -> web.Response:
     try:
         summary = _server(request).broker.reload()
-    except NotifyError as e:
-        return json_response({"error": f"reload failed, config unchanged: {e}"}, 500)
+    except NotifyError as e:  # a rejected file (ConfigError) is the client's to fix: 422
+        status = 422 if isinstance(e, ConfigError) else 500
+        return json_response({"error": f"reload failed, config unchanged: {e}"}, status)
     return json_response({"summary": summary})
 
 
@@ -604,6 +625,7 @@ async def delete_queue_group(request: web.Request) -> web.Response:
 def routes() -> list[tuple[str, str, Any]]:
     """``(method, path, handler)`` of the REST face (the OpenAPI test checks them)."""
     return [
+        ("GET", "/api", api_index),
         ("GET", "/api/overview", get_overview),
         ("GET", "/api/topics", list_topics),
         ("POST", "/api/topics", create_topic),

@@ -360,6 +360,13 @@ def _paths() -> JSON:
         },
     }
     return {
+        "/api": {
+            "get": {
+                "summary": "This index: every route with its summary, and this document's path",
+                "operationId": "index",
+                "responses": {"200": {"description": "Index of the REST API"}},
+            }
+        },
         "/api/overview": {
             "get": {
                 "summary": "Everything the dashboard shows (system, rates, topics, groups, "
@@ -624,6 +631,10 @@ def _paths() -> JSON:
                     "200": _json(
                         {"type": "object", "properties": {"summary": {"type": "string"}}},
                         "Reloaded",
+                    ),
+                    "422": _error(
+                        "server.ini rejected (the error names the file, line and key); "
+                        "the running config is unchanged"
                     ),
                     "500": _error("Reload failed; the running config is unchanged"),
                 },

@@ -243,7 +243,8 @@ def test_reload_adds_topic_without_restart(broker: BrokerProcess) -> None:
         # a bad edit is refused with the key named; the running config stays
         broker.config_path.write_text(broker.config_path.read_text() + "bogusKey=1\n")
         bad = c.call(b"reload 6\r\n")
-        assert bad.code == 500 and b"bogusKey" in bad.body
+        assert bad.code == 400 and b"bogusKey" in bad.body
+        assert f"{broker.config_path.resolve()}:".encode() in bad.body  # file and line
         assert c.put("fresh", 1, b"y").code == 200
 
 

@@ -8,6 +8,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from click.testing import CliRunner
+
+from notify.cli import main
 from notify.config import load_config
 from notify.http import api
 from notify.testing import BrokerProcess
@@ -198,6 +201,20 @@ def test_config_and_reload(http: Http) -> None:
     assert r.status == 200 and "added topics: -" in r.json()["summary"]
 
 
+def test_rejected_reload_is_422_with_the_reason(
+    http_broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    b = http_broker_factory({"t": 1}, authSecret="")
+    b.config_path.write_text(b.config_path.read_text() + "unflushTreshold=0\n")
+    r = Http(b.http_url).post("/api/config/reload")
+    assert r.status == 422, r.text
+    error = r.json()["error"]
+    assert "config unchanged" in error and "did you mean 'unflushThreshold'?" in error
+    assert f"{b.config_path.resolve()}:" in error
+    cli = CliRunner().invoke(main, ["config", "reload", "-s", b.addr])
+    assert cli.exit_code == 1 and "400" in cli.output and "unflushTreshold" in cli.output
+
+
 def test_create_topic_and_reload(http_broker_factory: Callable[..., BrokerProcess]) -> None:
     b = http_broker_factory({"test": 1}, authSecret="")
     h = Http(b.http_url)
@@ -274,6 +291,17 @@ def test_openapi_describes_every_route(http: Http) -> None:
             if method in item:
                 assert item[method]["responses"], (path, method)
                 assert item[method]["operationId"]
+
+
+def test_api_answers_an_index(http: Http) -> None:
+    r = http.get("/api")
+    assert r.status == 200, r.text
+    index = r.json()
+    assert index["openapi"] == "/api/openapi.json"
+    listed = {(e["method"], e["path"]) for e in index["endpoints"]}
+    assert listed == {(m, p) for m, p, _h in api.routes()}
+    assert all(e["summary"] for e in index["endpoints"])
+    assert {e["path"] for e in index["endpoints"] if e["admin"]} >= {"/api/config/reload"}
 
 
 def test_unknown_paths_and_methods(http: Http) -> None:

@@ -19,7 +19,7 @@ from notify.broker.authlog import record_auth_failure
 from notify.broker.connection import Connection
 from notify.broker.context import BrokerContext
 from notify.config import served_config
-from notify.errors import NotifyError
+from notify.errors import ConfigError, NotifyError
 from notify.protocol.frames import (
     Auth,
     Promote,
@@ -122,8 +122,9 @@ class AdminVerbs:
             return ctx.error(conn, 500, r.opaque, "reload is not available")
         try:
             summary = ctx.reload()
-        except NotifyError as e:
-            return ctx.error(conn, 500, r.opaque, f"reload failed, config unchanged: {e}")
+        except NotifyError as e:  # a rejected server.ini (ConfigError): 400, the reason
+            code = 400 if isinstance(e, ConfigError) else 500
+            return ctx.error(conn, code, r.opaque, f"reload failed, config unchanged: {e}")
         conn.send(encode_result(200, r.opaque, summary.encode()))
 
     def reload_denied(self, conn: Connection, r: Reload) -> None:

@@ -33,7 +33,7 @@ LAZY_COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "db": ("notify.cli_db", "db"),
     "demo": ("notify.cli_demo", "demo"),
     "docs": ("notify.cli_docs", "docs"),
-    "dlq": ("notify.cli_admin", "dlq"),
+    "dlq": ("notify.cli_dlq", "dlq"),
     "offsets": ("notify.cli_db", "offsets"),
     "outbox": ("notify.cli_outbox", "outbox"),
     "queue": ("notify.cli_queue", "queue"),

@@ -1,10 +1,9 @@
-"""Admin commands of the ``notify`` CLI: topics, in-doubt transactions, dead letters, retention.
+"""Admin commands of the ``notify`` CLI: topics, in-doubt transactions, retention.
 
 Registered on the main group by :func:`register` (called at the end of :mod:`notify.cli`)::
 
     notify topics list | describe NAME | create NAME [-p N] [--set key=value ...]
     notify tx list [--in-doubt] | commit KEY | rollback KEY
-    notify dlq show --data-dir DIR [--group G] | replay --data-dir DIR [--group G] [--id ID ...]
     notify retention run TOPIC
 
 Broker commands name the broker with ``-s/--server`` like every command (its wire address,
@@ -20,25 +19,20 @@ Exit codes: 0 ok, 1 runtime failure (broker unreachable, error reply), 2 usage e
 
 from __future__ import annotations
 
-import base64
 import json
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Final, NoReturn, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from notify.admin import request
 from notify.cli_options import BrokerAddress, Security, broker_option, security_options
 from notify.cli_tables import new_table, print_table
-from notify.client import list_dead_letters, replay_dead_letters
 from notify.config import TOPIC_KEYS, validate_topic
 from notify.errors import InvalidTopicError, NotifyError, TransactionError
 from notify.protocol.frames import encode_line
@@ -459,155 +453,6 @@ def tx_rollback(
     _resolve(key, False, broker, security, as_json)
 
 
-# ---------------------------------------------------------------------- dead letters
-
-
-_DATA_DIR = click.option(
-    "-d",
-    "--data-dir",
-    "--dir",
-    "data_dir",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="the consumer's data_dir (holds recover/<group>/dead/); --dir is an alias",
-)
-_GROUP = click.option("-g", "--group", default=None, help="one consumer group (default: all)")
-
-
-@click.group()
-def dlq() -> None:
-    """Dead letters of a consumer: messages its listener kept failing on."""
-
-
-def _preview(data: bytes, width: int = 24) -> str:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return f"<{len(data)} bytes binary>"
-    text = text.replace("\n", "\\n")
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-@dlq.command("show")
-@_DATA_DIR
-@_GROUP
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output (JSON on stdout)")
-def dlq_show(data_dir: Path, group: str | None, as_json: bool) -> None:
-    """List dead letters."""
-    def action() -> None:
-        letters = list_dead_letters(data_dir, group)
-        if as_json:
-            out = []
-            for m in letters:
-                data = m.data
-                try:
-                    text: str | None = data.decode("utf-8")
-                except UnicodeDecodeError:
-                    text = None
-                out.append(
-                    {
-                        "id": m.id,
-                        "group": m.group,
-                        "topic": m.topic,
-                        "partition": m.partition,
-                        "offset": m.offset,
-                        "msg_id": str(m.msg_id),
-                        "attempts": m.attempts,
-                        "first_failed_at": m.first_failed_at,
-                        "last_failed_at": m.last_failed_at,
-                        "last_error": m.last_error,
-                        "attribute": m.attribute,
-                        "base64": base64.b64encode(data).decode(),
-                        "text": text,
-                    }
-                )
-            return _emit_json(out)
-        if not letters:
-            click.echo(f"no dead letters under {data_dir}")
-            return
-        table = _table(
-            f"dead letters ({len(letters)})",
-            [
-                ("id", "left"),
-                ("group", "left"),
-                ("tries", "right"),
-                ("last failed", "left"),
-                ("error", "left"),
-                ("message", "left"),
-            ],
-            keep_whole=0,
-        )
-        for m in letters:
-            table.add_row(
-                m.id,
-                m.group,
-                str(m.attempts),
-                time.strftime("%m-%d %H:%M:%S", time.localtime(m.last_failed_at)),
-                m.last_error.splitlines()[0][:60] if m.last_error else "",
-                _preview(m.data),
-            )
-        print_table(table, [m.id for m in letters], "ids", _console())
-
-    _run(action)
-
-
-@dlq.command("replay")
-@_DATA_DIR
-@_GROUP
-@click.option("--id", "ids", multiple=True, help="only this dead letter (repeatable)")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output (JSON on stdout)")
-def dlq_replay(data_dir: Path, group: str | None, ids: tuple[str, ...], as_json: bool) -> None:
-    """Hand dead letters back for re-delivery to their group's listener (the running or next
-    consumer of the group re-delivers them on its next recover round)."""
-    def action() -> None:
-        letters = list_dead_letters(data_dir, group)
-        if ids:
-            missing = sorted(set(ids) - {m.id for m in letters})
-            if missing:
-                raise AdminError(f"no dead letter with id {', '.join(missing)}")
-            letters = [m for m in letters if m.id in set(ids)]
-        by_group: dict[str, list[str]] = {}
-        for m in letters:
-            by_group.setdefault(m.group, []).append(m.id)
-        total = len(letters)
-        done = 0
-        if total and not as_json:
-            with Progress(
-                TextColumn("replaying dead letters"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                console=_stderr_console(),
-                transient=False,
-            ) as progress:
-                task = progress.add_task("replay", total=total)
-                for g, batch in _batches(by_group, total):
-                    done += replay_dead_letters(data_dir, g, batch)
-                    progress.update(task, completed=done)
-        else:
-            for g, batch in _batches(by_group, total):
-                done += replay_dead_letters(data_dir, g, batch)
-        if as_json:
-            return _emit_json({"replayed": done})
-        click.echo(f"replayed {done} dead letter(s)" if done else "no dead letters to replay")
-
-    _run(action)
-
-
-def _stderr_console() -> Any:
-    return Console(stderr=True)
-
-
-def _batches(by_group: dict[str, list[str]], total: int) -> list[tuple[str, list[str]]]:
-    """Id batches per group: about 50 progress steps in all (each replay call rescans the
-    group's dead letters, so one call per message would be quadratic)."""
-    size = max(1, total // 50)
-    out: list[tuple[str, list[str]]] = []
-    for g, group_ids in by_group.items():
-        for i in range(0, len(group_ids), size):
-            out.append((g, group_ids[i : i + size]))
-    return out
-
-
 # ---------------------------------------------------------------------- retention
 
 
@@ -647,5 +492,5 @@ def retention_run(topic: str, broker: BrokerAddress, security: Security, as_json
 
 def register(main: click.Group) -> None:
     """Add the admin command groups to the ``notify`` CLI."""
-    for group in (topics, tx, dlq, retention):
+    for group in (topics, tx, retention):
         main.add_command(group)

@@ -72,7 +72,8 @@ def test_cli_page_covers_every_command() -> None:
     ctx = click.Context(cli_main, info_name="notify")
     for name in cli_main.list_commands(ctx):
         assert f"## `notify {name}`" in page or f"### `notify {name}`" in page, name
-    assert "`notify queue dlq replay`" in page and "NOTIFY_SERVER" in page
+    assert "`notify dlq replay`" in page and "NOTIFY_SERVER" in page
+    assert "`notify queue dlq" not in page and "--http" not in page  # deprecated, hidden
 
 
 def test_rst_habits_become_markdown() -> None:

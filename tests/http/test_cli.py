@@ -136,7 +136,33 @@ def test_dlq_show_and_replay(tmp_path: Path) -> None:
     assert r.exit_code == 0 and "no dead letters to replay" in r.output
     r = run("dlq", "show", "-d", str(tmp_path / "empty"))
     assert r.exit_code == 0 and "no dead letters" in r.output
-    assert run("dlq", "show").exit_code == 2  # --data-dir is required
+
+
+def test_one_dead_letter_family(tmp_path: Path) -> None:
+    """``notify dlq list|replay`` serves both places dead letters are kept: ``--local`` (or
+    ``-d``) for a consumer's recover store, defaulting to the consumers' own data_dir, and
+    TOPIC GROUP for a queue group's on the broker; mixing or omitting them is a usage error."""
+    home = tmp_path / "state"
+    _dead_letter(RecoverStore(home, "billing"), 5, b"lost-order")
+    env = {"NOTIFY_CLIENT_DIR": str(home)}
+    r = run("dlq", "list", "--local", "--json", env=env)  # no --data-dir: the consumers' default
+    assert r.exit_code == 0, r.output
+    (letter,) = json.loads(r.output)
+    assert letter["text"] == "lost-order" and letter["group"] == "billing"
+    assert "lost-order" in run("dlq", "list", "-d", str(home)).output  # -d implies --local
+    assert "lost-order" in run("dlq", "show", env=env).output  # the old spelling, hidden
+    r = run("dlq", "list")
+    assert r.exit_code == 2 and "TOPIC GROUP" in r.output and "--local" in r.output
+    assert run("dlq", "list", "t", "g", "--local").exit_code == 2
+    assert run("dlq", "replay", "--local", "-m", "0:1", env=env).exit_code == 2
+    assert run("dlq", "replay", "t", "g", "--id", "x").exit_code == 2
+    r = run("dlq", "replay", "--local", "--id", letter["id"], "--json", env=env)
+    assert r.exit_code == 0 and json.loads(r.output) == {"replayed": 1}
+    assert [m.id for m in list_pending_recovery(home, "billing")] == [letter["id"]]
+    # help: one family, the old ones hidden
+    assert "dlq" in run("--help").output
+    assert "dlq" not in run("queue", "--help").output
+    assert "show" not in run("dlq", "--help").output
 
 
 def test_retention_run(http_broker_factory: Callable[..., BrokerProcess]) -> None:

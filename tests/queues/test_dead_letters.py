@@ -116,10 +116,10 @@ def test_dead_letters_wire_cli_and_rest_with_roles(tmp_path: Path) -> None:
         assert listed["total"] == 3
         assert sorted((d["partition"], d["offset"]) for d in listed["dead_letters"]) == \
             rejected[1:]
-        out = runner.invoke(main, ["queue", "dlq", "list", "work", "g", *base, "--secret", ADMIN])
+        out = runner.invoke(main, ["dlq", "list", "work", "g", *base, "--secret", ADMIN])
         assert out.exit_code == 0 and "3 dead letter(s)" in out.output, out.output
         two = rejected[1]
-        out = runner.invoke(main, ["queue", "dlq", "replay", "work", "g", *base, "--secret",
+        out = runner.invoke(main, ["dlq", "replay", "work", "g", *base, "--secret",
                                    ADMIN, "-m", f"{two[0]}:{two[1]}"])
         assert out.exit_code == 0 and "replayed 1" in out.output, out.output
         (m,) = _pushes(cons, 1)

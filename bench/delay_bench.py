@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import uvloop
 from broker_bench import pipelined
 
-from notify.admin import request
+from notify.cli.request import request
 from notify.protocol.frames import encode_dput, encode_line
 from notify.protocol.replies import parse_stats
 from notify.testing import BrokerProcess

@@ -138,7 +138,7 @@ class DeletePolicy:
 #
 # Every server.ini key is declared once, as a field of its section's config object with
 # setting() metadata: its ini key, converter, range, choices and meaning. The parser's tables,
-# the range checks and the configuration reference (settings(), rendered by notify.docgen)
+# the range checks and the configuration reference (settings(), rendered by notify.cli.docgen)
 # are all read from there, so a key documented is a key parsed and checked.
 
 _DAY_MS: Final = 86_400_000

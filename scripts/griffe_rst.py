@@ -1,6 +1,6 @@
 """A griffe extension (``mkdocs.yml``: mkdocstrings' ``extensions``): the docstrings'
 reStructuredText habits (roles, ``::`` literal blocks, simple tables) rendered as Markdown
-by ``notify.docgen.rst_to_markdown``, so the API and format pages read as the source does."""
+by ``notify.cli.docgen.rst_to_markdown``, so the API and format pages read as the source does."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import griffe
 
-from notify.docgen import rst_to_markdown
+from notify.cli.docgen import rst_to_markdown
 
 
 class RstToMarkdown(griffe.Extension):

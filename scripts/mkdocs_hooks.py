@@ -1,7 +1,7 @@
 """MkDocs hooks of the documentation site (``mkdocs.yml``: ``hooks``).
 
 The configuration and CLI reference pages do not exist as files: they are generated at
-every build from the code that defines the settings and the commands (``notify.docgen``),
+every build from the code that defines the settings and the commands (``notify.cli.docgen``),
 so they cannot drift from it. A ``<!-- bench-table: AREA -->`` line in a page becomes the
 area's latest benchmark runs, read from ``docs/benchmarks/data/`` (``runs.csv`` and
 ``AREA.csv``): the figures are kept once, as data.
@@ -17,7 +17,7 @@ from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
 from notify.cli import main as cli_main
-from notify.docgen import BENCH_MARK, bench_tables, cli_markdown, settings_markdown
+from notify.cli.docgen import BENCH_MARK, bench_tables, cli_markdown, settings_markdown
 
 BENCH_DATA = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "data"
 

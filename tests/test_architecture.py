@@ -50,7 +50,7 @@ LAZY_ALLOWED: Final = {
     # dashboardHttpPort is set; reload does not start it later (a restart is needed)
     ("notify.broker.app", "notify.http.application"),
     # uvloop is not installed on every platform (the stdlib loop is the fallback)
-    ("notify.cli_common", "uvloop"),
+    ("notify.cli.common", "uvloop"),
     ("notify.client._loopthread", "uvloop"),
     # the outbox's publisher (it imports notify.outbox: SQLAlchemy and the database
     # drivers) is loaded when a relay asks a session for it, so neither a broker (its
@@ -452,8 +452,8 @@ def test_lazy_commands_never_import_the_cli_and_stay_light() -> None:
         "from notify.cli import main\n"
         "ctx = click.Context(main)\n"
         "main.get_command(ctx, 'broker')\n"
-        "heavy = [m for m in ('alembic', 'notify.migrations', 'notify.cli_tx', 'notify.xa',\n"
-        "         'notify.cli_db', 'notify.audit', 'psycopg', 'pymysql', 'aiohttp')\n"
+        "heavy = [m for m in ('alembic', 'notify.migrations', 'notify.cli.xa', 'notify.xa',\n"
+        "         'notify.cli.db', 'notify.audit', 'psycopg', 'pymysql', 'aiohttp')\n"
         "         if m in sys.modules]\n"
         "print(heavy)\n"
         "sys.exit(1 if heavy else 0)\n"

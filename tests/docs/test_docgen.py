@@ -1,4 +1,4 @@
-"""The reference generators (``notify.docgen``) on their own, without building the site."""
+"""The reference generators (``notify.cli.docgen``) on their own, without building the site."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from operator import attrgetter
 import click
 
 from notify.cli import main as cli_main
+from notify.cli.docgen import cli_markdown, default_cell, rst_to_markdown, settings_markdown
 from notify.config import (
     EXTENSION_KEYS,
     SECTIONS,
@@ -17,7 +18,6 @@ from notify.config import (
     parse_config,
     settings,
 )
-from notify.docgen import cli_markdown, default_cell, rst_to_markdown, settings_markdown
 
 
 def test_every_setting_is_documented_once_with_a_known_type() -> None:

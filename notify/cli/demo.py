@@ -1,4 +1,4 @@
-"""``notify demo``: the quickstart (see :mod:`notify.demo`), loaded lazily by :mod:`notify.cli`."""
+"""``notify demo``: the quickstart (:mod:`notify.cli.quickstart`), loaded lazily by the CLI."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from notify.cli_common import DEFAULT_CONFIG, EXIT_USAGE, fail
-from notify.demo import run_demo
+from notify.cli.common import DEFAULT_CONFIG, EXIT_USAGE, fail
+from notify.cli.quickstart import run_demo
 from notify.errors import ConfigError, NotifyError
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from notify.cli_common import EXIT_USAGE, fail
+from notify.cli.common import EXIT_USAGE, fail
 
 #: the checkout this package runs from (an editable install): mkdocs.yml sits at its root
 ROOT = Path(__file__).resolve().parents[1]

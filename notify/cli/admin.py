@@ -9,9 +9,9 @@ Registered on the main group by :func:`register` (called at the end of :mod:`not
 Broker commands name the broker with ``-s/--server`` like every command (its wire address,
 default ``127.0.0.1:8123``, env ``NOTIFY_SERVER``; the HTTP port is asked from it, or give the
 HTTP URL itself; ``--secret`` / ``NOTIFY_SECRET`` when the broker sets ``authSecret``;
-``--tls-ca-file`` etc., see :mod:`notify.cli_options`). ``topics``, ``tx list`` and
+``--tls-ca-file`` etc., see :mod:`notify.cli.options`). ``topics``, ``tx list`` and
 ``retention`` call the HTTP admin API; ``tx commit|rollback`` use the wire ``transaction``
-command (or the HTTP API when ``-s`` is a URL). ``dlq`` is in :mod:`notify.cli_dlq`.
+command (or the HTTP API when ``-s`` is a URL). ``dlq`` is in :mod:`notify.cli.dlq`.
 Tables for people by default, ``--json`` for scripts.
 
 Exit codes: 0 ok, 1 runtime failure (broker unreachable, error reply), 2 usage error.
@@ -30,9 +30,9 @@ from typing import Any, Final, NoReturn, TypeVar
 import click
 from rich.console import Console
 
-from notify.admin import request
-from notify.cli_options import BrokerAddress, Security, broker_option, security_options
-from notify.cli_tables import new_table, print_table
+from notify.cli.options import BrokerAddress, Security, broker_option, security_options
+from notify.cli.request import request
+from notify.cli.tables import new_table, print_table
 from notify.config import TOPIC_KEYS, validate_topic
 from notify.errors import InvalidTopicError, NotifyError, TransactionError
 from notify.protocol.frames import encode_line
@@ -142,7 +142,7 @@ def _console() -> Any:
 
 def _table(title: str, columns: list[tuple[str, str]], keep_whole: int | None = None) -> Any:
     """A rich table; column ``keep_whole`` (an index) holds ids to copy: folded, never cut
-    (print it with :func:`notify.cli_tables.print_table`)."""
+    (print it with :func:`notify.cli.tables.print_table`)."""
     return new_table(title, columns, keep_whole)
 
 

@@ -26,8 +26,8 @@ from rich.table import Table
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
-from notify.cli_common import EXIT_USAGE, fail, setup_logging
-from notify.cli_options import Security, security_options, server_option
+from notify.cli.common import EXIT_USAGE, fail, setup_logging
+from notify.cli.options import Security, security_options, server_option
 from notify.client import connect
 from notify.dbengine import create_offset_engine, safe_url
 from notify.errors import NotifyError

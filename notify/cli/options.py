@@ -29,7 +29,7 @@ from typing import Any, Final, TypeVar
 
 import click
 
-from notify.admin import request
+from notify.cli.request import request
 from notify.client.transport import SECRET_ENV, TransportOptions, tls_context
 from notify.errors import NotifyError
 from notify.protocol.frames import encode_line

@@ -2,7 +2,13 @@
 
 Exit codes: 0 ok, 1 runtime failure (broker unreachable, error reply), 2 usage or config error.
 
-Subcommands live in their own modules and are imported only when run (click's documented
+The package is the top layer of notify: it wires the broker, the client, the outbox, the
+offset stores and the XA coordinator; nothing below it imports it. This module holds the
+root group and the small broker commands (``config``, ``stats``); every other command group
+lives in its own module of the package (``admin``: topics, tx, retention; ``broker``; ``db``
+and offsets; ``demo``; ``dlq``; ``docs``; ``outbox``; ``queue``; ``xa``) beside the shared
+pieces (``common``, ``options``, ``tables``, ``request``) and the tooling they run
+(``quickstart``, ``docgen``). Command modules are imported only when run (click's documented
 lazy-loading pattern): ``notify broker start`` loads the broker and not the database, XA or
 audit tooling, which roughly halves a broker's start-up time.
 """
@@ -17,30 +23,30 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from notify.admin import request
-from notify.cli_common import DEFAULT_CONFIG, EXIT_USAGE, fail
-from notify.cli_options import Security, security_options, server_option
+from notify.cli.common import DEFAULT_CONFIG, EXIT_USAGE, fail
+from notify.cli.options import Security, security_options, server_option
+from notify.cli.request import request
 from notify.config import load_config
 from notify.errors import ConfigError, NotifyError
 from notify.protocol.frames import encode_line
 from notify.protocol.replies import parse_stats, parse_stats_json
 
-#: Subcommands loaded on use: name -> (module, attribute). Every module listed imports only
-#: :mod:`notify.cli_common` of the CLI, never this module (checked by the architecture test).
+#: Subcommands loaded on use: name -> (module, attribute). No module listed imports this one
+#: (only its sibling modules: checked by the architecture test).
 LAZY_COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "audit": ("notify.audit.cli", "audit"),
-    "broker": ("notify.cli_broker", "broker"),
-    "db": ("notify.cli_db", "db"),
-    "demo": ("notify.cli_demo", "demo"),
-    "docs": ("notify.cli_docs", "docs"),
-    "dlq": ("notify.cli_dlq", "dlq"),
-    "offsets": ("notify.cli_db", "offsets"),
-    "outbox": ("notify.cli_outbox", "outbox"),
-    "queue": ("notify.cli_queue", "queue"),
-    "retention": ("notify.cli_admin", "retention"),
-    "topics": ("notify.cli_admin", "topics"),
-    "tx": ("notify.cli_admin", "tx"),
-    "xa": ("notify.cli_tx", "xa"),
+    "broker": ("notify.cli.broker", "broker"),
+    "db": ("notify.cli.db", "db"),
+    "demo": ("notify.cli.demo", "demo"),
+    "docs": ("notify.cli.docs", "docs"),
+    "dlq": ("notify.cli.dlq", "dlq"),
+    "offsets": ("notify.cli.db", "offsets"),
+    "outbox": ("notify.cli.outbox", "outbox"),
+    "queue": ("notify.cli.queue", "queue"),
+    "retention": ("notify.cli.admin", "retention"),
+    "topics": ("notify.cli.admin", "topics"),
+    "tx": ("notify.cli.admin", "tx"),
+    "xa": ("notify.cli.xa", "xa"),
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from notify.broker.app import Broker
-from notify.cli_common import DEFAULT_CONFIG, EXIT_USAGE, fail, new_event_loop, setup_logging
+from notify.cli.common import DEFAULT_CONFIG, EXIT_USAGE, fail, new_event_loop, setup_logging
 from notify.config import ServerConfig, load_config
 from notify.errors import ConfigError, NotifyError
 

@@ -31,8 +31,8 @@ from typing import Any, Final
 import click
 from rich.console import Console
 
-from notify.cli_options import Security, security_options
-from notify.cli_tables import new_table, print_table
+from notify.cli.options import Security, security_options
+from notify.cli.tables import new_table, print_table
 from notify.errors import ConfigError, NotifyError
 from notify.xa import records as rec
 from notify.xa.admin import DecisionView, InDoubt, TableView, forget, list_in_doubt, resolve

@@ -29,10 +29,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from notify.admin import request
-from notify.cli_common import EXIT_FAILURE, EXIT_USAGE
-from notify.cli_options import Security, security_options, server_option
-from notify.cli_tables import new_table, print_table
+from notify.cli.common import EXIT_FAILURE, EXIT_USAGE
+from notify.cli.options import Security, security_options, server_option
+from notify.cli.request import request
+from notify.cli.tables import new_table, print_table
 from notify.client import default_data_dir, list_dead_letters, replay_dead_letters
 from notify.errors import NotifyError
 from notify.protocol.frames import encode_qdlq, parse_dead_letters

@@ -2,11 +2,11 @@
 
     notify queue delete TOPIC GROUP [--force] [--json]
 
-A queue group's dead letters are ``notify dlq list|replay TOPIC GROUP`` (:mod:`notify.cli_dlq`;
+A queue group's dead letters are ``notify dlq list|replay TOPIC GROUP`` (:mod:`notify.cli.dlq`;
 the older ``notify queue dlq ...`` still works, hidden). It talks to the broker's wire port
 (``-s host:port``) with the ``qdel`` verb; when the broker sets ``adminSecret`` it needs it
 (``--secret`` / ``NOTIFY_SECRET``). TLS options as for every command
-(:mod:`notify.cli_options`). Exit codes: 0 ok, 1 runtime failure (broker unreachable, error
+(:mod:`notify.cli.options`). Exit codes: 0 ok, 1 runtime failure (broker unreachable, error
 reply), 2 usage error.
 """
 
@@ -18,9 +18,9 @@ from typing import Final, NoReturn
 
 import click
 
-from notify.admin import request
-from notify.cli_dlq import dlq_list, dlq_replay
-from notify.cli_options import Security, security_options, server_option
+from notify.cli.dlq import dlq_list, dlq_replay
+from notify.cli.options import Security, security_options, server_option
+from notify.cli.request import request
 from notify.errors import NotifyError
 from notify.protocol.frames import encode_qdel
 

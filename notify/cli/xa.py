@@ -5,7 +5,7 @@ being the name the application registers (defaults: ``broker``, ``pg``, ``mysql`
 number appended for the second and later of a kind; without ``NAME=``, the names the
 application used are read from the participant's prepared branches)::
 
-    notify xa list     --log var/xa --broker 127.0.0.1:8123 --pg orders_db=postgresql://...
+    notify xa list     --log var/xa -s 127.0.0.1:8123 --pg orders_db=postgresql://...
     notify xa commit   GTRID --log var/xa ... [--by alice]
     notify xa rollback GTRID --log var/xa ... [--force] [--by alice]
     notify xa forget   GTRID --log var/xa                 (acknowledge heuristic reports)
@@ -20,13 +20,14 @@ Exit codes: 0 done, 1 failure (unreachable participant, refused resolution), 2 u
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import click
 from rich.console import Console
@@ -156,6 +157,21 @@ def _session(ctx: click.Context) -> Iterator[tuple[DecisionLog, ParticipantPool]
         log.close()
 
 
+def _broker_options(f: Any) -> Any:
+    """``-s/--server [NAME=]host:port`` (repeatable), the broker option of every command;
+    the older ``--broker`` still works, hidden. The command gets them as ``broker``."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, server: tuple[str, ...], broker_alias: tuple[str, ...],
+                **kwargs: Any) -> Any:
+        return f(*args, broker=server + broker_alias, **kwargs)
+
+    out = click.option("--broker", "broker_alias", multiple=True, hidden=True,
+                       help="deprecated: -s/--server")(wrapper)
+    return click.option("-s", "--server", multiple=True,
+                        help="[NAME=]host:port of a broker (repeatable)")(out)
+
+
 def _participant_options(f: Any) -> Any:
     for opt in reversed(
         [
@@ -163,13 +179,13 @@ def _participant_options(f: Any) -> Any:
                 "--log", "log_dir", required=True, type=click.Path(file_okay=False),
                 help="the coordinator's decision log directory",
             ),
-            click.option("--broker", multiple=True, help="[NAME=]host:port of a broker"),
+            _broker_options,
             click.option("--pg", multiple=True, help="[NAME=]postgresql://... URL"),
             click.option("--mysql", multiple=True, help="[NAME=]mysql+pymysql://... URL"),
             security_options,
         ]
     ):  # fmt: skip
-        f = opt(f)
+        f = cast(Callable[[Any], Any], opt)(f)
     return f
 
 

@@ -23,7 +23,7 @@ def crash_app(e: Env, tmp: Path, point: str, k: int) -> None:
 
 
 def xa(e: Env, tmp: Path, *args: str) -> Any:
-    base = ["--log", str(tmp / "xa"), "--broker", e.broker.addr, "--pg", f"pg={e.pg_url}"]
+    base = ["--log", str(tmp / "xa"), "-s", e.broker.addr, "--pg", f"pg={e.pg_url}"]
     cmd, rest = args[0], list(args[1:])
     result = CliRunner().invoke(main, ["xa", cmd, *rest, *(base if cmd != "forget" else base[:2])])
     return result

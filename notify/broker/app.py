@@ -81,9 +81,9 @@ class Broker:
         self.delay: DelayQueue | None = None
         self.port = config.system.server_port
         self.host = config.system.host_name
-        self.http: HttpServer | None = None  # notify.http (issue #9)
+        self.http: HttpServer | None = None
         authlog.configure(config.system.auth_failure_log_interval_ms / 1000.0)
-        self.registrar: BrokerRegistrar | None = None  # configserver (issue #7)
+        self.registrar: BrokerRegistrar | None = None  # configserver
         #: the server-side TLS context of both ports (tlsCertFile/tlsKeyFile), None = plain
         self.tls: ssl.SSLContext | None = None
         #: automatic failover (autoFailover in ZooKeeper mode), None when off
@@ -263,7 +263,7 @@ class Broker:
         if self._locks is None and not self._store_open:  # never started: nothing to stop
             self._stopped.set()
             return
-        if self.registrar is not None:  # configserver (issue #7): clients stop choosing us
+        if self.registrar is not None:  # configserver: clients stop choosing us
             await self.registrar.stop()
             self.registrar = None
         if self.failover is not None:  # leave the election: a slave takes over at once
@@ -276,7 +276,7 @@ class Broker:
             await self.slave.stop()
         if self.service is not None and self.service.sync_master is not None:
             await self.service.sync_master.stop()
-        if self.http is not None:  # notify.http (issue #9)
+        if self.http is not None:
             await self.http.close()
             self.http = None
         for t in self._tasks:
@@ -453,7 +453,7 @@ class Broker:
         if self.service is not None:
             self.service.config = self.config
             self.service.refresh_topics()
-        if self.registrar is not None:  # configserver (issue #7): register added topics
+        if self.registrar is not None:  # configserver: register added topics
             self.registrar.update(self.store.topics, self.config)
         parts = [
             f"added topics: {', '.join(added) or '-'}",

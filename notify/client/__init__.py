@@ -55,8 +55,12 @@ batching), ``_sender`` (sending, retries, results) and ``_spool`` (ordered mode)
 ``_sync_producer`` its blocking facade and ``_direct`` its ``send()`` over the caller's
 socket; transactions are ``_transaction`` (the handles), ``_txbackend`` (the backend chosen
 at begin), ``_txloop`` / ``_directtx`` (the asyncio and blocking drivers of the core),
-``_halfmsg`` and ``_checkback`` (half messages and the group's check-backs). ``_consumer``,
-``_queue``, ``offsets``, ``_recover`` are the consuming side; ``_session`` the factories.
+``_halfmsg`` and ``_checkback`` (half messages and the group's check-backs). The consumer is
+``_consumer`` (the asyncio API) over ``_subscription`` (what it reads and where it stands),
+``_fetcher`` (``get`` and its replies, duplicates, the pull API's polling), ``_delivery``
+(listener mode), ``_commits`` (start offsets and commits) and ``_group`` (cluster mode);
+``_queue``, ``offsets``, ``_recover`` are the rest of the consuming side, ``_publisher`` the
+outbox relay's publisher; ``_session`` the factories.
 """
 
 from notify.errors import ProducerFencedError

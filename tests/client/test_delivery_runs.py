@@ -73,6 +73,6 @@ def test_failing_message_in_a_run_gets_exactly_its_retries(
                 assert attempts[b"flaky"] == attempts[b"flaky2"] == 3, group
                 assert st.messages == st.delivered == len(datas), group
                 assert st.listener_failures == 4 and st.recover_stored == 0, group
-                assert len(c._dedup) == len(datas), group
+                assert len(c.fetcher.dedup) == len(datas), group
 
     asyncio.run(main())

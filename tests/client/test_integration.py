@@ -314,7 +314,7 @@ def test_async_listener_filter_and_dedup(broker: BrokerProcess, tmp_path: Path) 
             assert len(got) == 20 and [int(m.data) for m in odd] == [1, 3, 5, 7, 9]
             assert c.stats.filtered == 15
             # re-fetching the same records is suppressed by the duplicate window
-            cur = next(iter(c._cursors.values()))
+            cur = next(iter(c.state.cursors.values()))
             before = c.stats.duplicates
             cur.position = 0
             for _ in range(200):
@@ -378,7 +378,7 @@ def test_consumer_restart_resumes_from_committed_offset(
         latest: list[bytes] = []
         c3 = s.create_consumer(cconf(tmp_path, group="late", initial_offset="latest"))
         c3.subscribe("test", lambda m: latest.append(m.data)).complete_subscribe()
-        curs = c3.core._cursors.values()
+        curs = c3.core.state.cursors.values()
         wait_until(lambda: len(curs) == 4 and all(cur.position >= 0 for cur in curs))
         p.send("test", b"new")
         wait_until(lambda: latest == [b"new"])
@@ -419,7 +419,7 @@ def test_large_message_grows_the_fetch_window(broker: BrokerProcess, tmp_path: P
         wait_until(lambda: len(got) == 3)
         assert got == [b"small", big, b"after"]
         assert c.stats.fetch_growths >= 1
-        cur = next(iter(c.core._cursors.values()))
+        cur = next(iter(c.core.state.cursors.values()))
         assert cur.sizer.current == 4096
         c.shutdown()
 

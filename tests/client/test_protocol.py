@@ -138,7 +138,7 @@ def test_consumer_follows_301_and_grows_the_fetch_window(fake: FakeBroker, tmp_p
                     break
             assert [m.data[:1] for m in got] == [b"a", b"b", b"c"]
             assert c.stats.fetch_growths >= 1
-            cur = c._manual["single"][0]
+            cur = c.state.manual["single"][0]
             assert cur.sizer.current == 64  # shrunk back after the big record
             # out of range: the broker's 301 body is followed
             cur.position = 10**9

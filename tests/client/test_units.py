@@ -28,8 +28,9 @@ from notify.client import (
     replay_dead_letters,
 )
 from notify.client._batch import BatchItem, Item, mput_body
-from notify.client._consumer import _make_filter, _share
 from notify.client._spool import Spool, existing_spools
+from notify.client._subscription import make_filter as _make_filter
+from notify.client._subscription import share as _share
 from notify.client.core import wire
 from notify.client.transport import split_address
 from notify.errors import BrokerError, ClientError

@@ -23,35 +23,28 @@ from notify.errors import ClientError
 from ._config import DATA_DIR_ENV, LEGACY_DATA_DIR, MAX_OFFSET, ConsumerConfig, default_data_dir
 from ._fetcher import Fetcher
 from ._routing import StaticBrokerDirectory, TopicRouter
-from ._subscription import ConsumerStats, Cursor, SubscriptionState
+from ._subscription import ConsumerContext, ConsumerPart, Cursor
 from .offsets import FileOffsetStore, OffsetStore, TopicPartitionOffset
 
 log = logging.getLogger("notify.client")
 
 
-class OffsetCommitter:
+class OffsetCommitter(ConsumerPart):
     """Loads and commits the offsets of one consumer group (see the module docstring).
     ``own_store``: the store was made for this consumer (closed with it)."""
 
     def __init__(
         self,
+        ctx: ConsumerContext,
         store: OffsetStore,
         own_store: bool,
-        group: str,
-        config: ConsumerConfig,
-        state: SubscriptionState,
         fetcher: Fetcher,
         router: TopicRouter,
-        stats: ConsumerStats,
     ):
-        self.store = store
-        self.own_store = own_store
-        self.group = group
-        self.config = config
-        self.state = state
-        self.fetcher = fetcher
-        self.router = router
-        self.stats = stats
+        super().__init__(ctx)
+        self.store, self.own_store = store, own_store
+        self.fetcher, self.router = fetcher, router
+        #: the offset file's one-time migration (running or done)
         self._migrated: asyncio.Future[None] | None = None
         self._lock: asyncio.Lock | None = None
 

@@ -43,6 +43,7 @@ from ._message import Message
 from ._recover import RecoverStore
 from ._routing import Partition, TopicRouter
 from ._subscription import (
+    ConsumerContext,
     ConsumerStats,
     Cursor,
     Lifecycle,
@@ -103,16 +104,13 @@ class AsyncConsumer:
         self._stats = ConsumerStats()
         self.life = Lifecycle()
         self.state = SubscriptionState(config.max_fetch_bytes)
-        self.fetcher = Fetcher(
-            pool, client_config, config, self.group, self._stats, self.life, self.state
+        ctx = ConsumerContext(
+            client_config, config, self.group, self._stats, self.life, self.state
         )
-        self.offsets = OffsetCommitter(
-            offset_store, own_store, self.group, config, self.state, self.fetcher, router,
-            self._stats,
-        )
+        self.fetcher = Fetcher(ctx, pool)
+        self.offsets = OffsetCommitter(ctx, offset_store, own_store, self.fetcher, router)
         self.delivery = Delivery(
-            client_config, config, self.state, self.fetcher, self._stats, self.life,
-            self.recover_store, executor, self.offsets.init_offset,
+            ctx, self.fetcher, self.recover_store, executor, self.offsets.init_offset
         )
         #: :meth:`request_stop` was called (a signal, or the application): :meth:`run`
         #: returns and every ``messages()`` iteration ends (any thread may read it)

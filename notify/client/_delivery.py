@@ -27,38 +27,29 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from notify.errors import ClientError
 
-from ._config import ClientConfig, ConsumerConfig
 from ._errors import ListenerTimeoutError
 from ._fetcher import Fetcher, swallow
 from ._message import Message
 from ._recover import RecoverStore, StoredMessage
-from ._subscription import ConsumerStats, Cursor, Lifecycle, Subscription, SubscriptionState
+from ._subscription import ConsumerContext, ConsumerPart, Cursor, Subscription
 
 log = logging.getLogger("notify.client")
 
 
-class Delivery:
+class Delivery(ConsumerPart):
     """The listener side of one consumer (see the module docstring). ``init_offset``
     positions a new cursor (the committer's)."""
 
     def __init__(
         self,
-        client_config: ClientConfig,
-        config: ConsumerConfig,
-        state: SubscriptionState,
+        ctx: ConsumerContext,
         fetcher: Fetcher,
-        stats: ConsumerStats,
-        life: Lifecycle,
         recover_store: RecoverStore,
         executor: concurrent.futures.Executor | None,
         init_offset: Callable[[Cursor], Awaitable[None]],
     ):
-        self.client_config = client_config
-        self.config = config
-        self.state = state
+        super().__init__(ctx)
         self.fetcher = fetcher
-        self.stats = stats
-        self.life = life
         self.recover_store = recover_store
         self.executor = executor
         self.init_offset = init_offset

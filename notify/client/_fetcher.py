@@ -33,12 +33,12 @@ from notify.protocol.records import (
 )
 from notify.protocol.replies import parse_offset
 
-from ._config import MAX_OFFSET, ClientConfig, ConsumerConfig
+from ._config import MAX_OFFSET
 from ._connection import ConnectionPool
 from ._dedup import DuplicateWindow
 from ._message import Message
 from ._routing import Partition
-from ._subscription import ConsumerStats, Cursor, Lifecycle, Subscription, SubscriptionState
+from ._subscription import ConsumerContext, ConsumerPart, Cursor, Subscription
 from .transport import AsyncConnection
 
 log = logging.getLogger("notify.client")
@@ -50,27 +50,13 @@ CORRUPT_REFETCHES: Final = 3
 Batch = tuple[Cursor, list[Message], int]
 
 
-class Fetcher:
+class Fetcher(ConsumerPart):
     """The ``get`` side of one consumer (see the module docstring)."""
 
-    def __init__(
-        self,
-        pool: ConnectionPool,
-        client_config: ClientConfig,
-        config: ConsumerConfig,
-        group: str,
-        stats: ConsumerStats,
-        life: Lifecycle,
-        state: SubscriptionState,
-    ):
+    def __init__(self, ctx: ConsumerContext, pool: ConnectionPool):
+        super().__init__(ctx)
         self.pool = pool
-        self.client_config = client_config
-        self.config = config
-        self.group = group
-        self.stats = stats
-        self.life = life
-        self.state = state
-        self.dedup = DuplicateWindow(config.dedup_window)
+        self.dedup = DuplicateWindow(ctx.config.dedup_window)
         #: (broker id, partition) -> its tag in the duplicate window's keys (dedup_base)
         self._dedup_tags: dict[tuple[int, int], int] = {}
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from notify.errors import ClientError
 
+from ._config import ClientConfig, ConsumerConfig
 from ._fetchsize import FetchSizer
 from ._message import Message
 from ._routing import Partition
@@ -305,6 +306,32 @@ class Lifecycle:
                 await evt.wait()
         except TimeoutError:
             pass
+
+
+@dataclass(slots=True)
+class ConsumerContext:
+    """What the parts of one consumer share: its settings, its group on the wire, its
+    counters, its stop state and its subscription state."""
+
+    client_config: ClientConfig
+    config: ConsumerConfig
+    group: str
+    stats: ConsumerStats
+    life: Lifecycle
+    state: SubscriptionState
+
+
+class ConsumerPart:
+    """Base of a consumer's parts (fetcher, delivery, commits): the shared context's
+    fields as attributes."""
+
+    def __init__(self, ctx: ConsumerContext):
+        self.client_config = ctx.client_config
+        self.config = ctx.config
+        self.group = ctx.group
+        self.stats = ctx.stats
+        self.life = ctx.life
+        self.state = ctx.state
 
 
 def share(parts: list[Partition], index: int, count: int) -> list[Partition]:

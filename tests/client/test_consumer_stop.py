@@ -41,10 +41,25 @@ CHILD = textwrap.dedent(
     from notify.client import ConsumerConfig, connect
 
     addr, data_dir, out, mode, idle = sys.argv[1:6]
+    cfg = ConsumerConfig(group="stop", data_dir=data_dir, commit_interval_s=3600)
+    if mode == "aiterate":  # the asyncio API
+        import asyncio
+        from notify.client import AsyncMessageSessionFactory
+
+        async def main():
+            async with AsyncMessageSessionFactory([addr]) as session:
+                c = session.create_consumer(cfg)
+                with open(out, "a") as f:
+                    async for msg in c.messages("test", idle_timeout_s=float(idle)):
+                        f.write(msg.data.decode() + "\\n")
+                        f.flush()
+                        await asyncio.sleep(0.05)
+            print("loop ended", flush=True)
+
+        asyncio.run(main())
+        sys.exit(0)
     with connect([addr]) as session, open(out, "a") as f:
-        c = session.create_consumer(
-            ConsumerConfig(group="stop", data_dir=data_dir, commit_interval_s=3600)
-        )
+        c = session.create_consumer(cfg)
 
         def handle(msg):
             f.write(msg.data.decode() + "\\n")
@@ -92,18 +107,17 @@ def _first_run(addr: str, tmp: Path, mode: str, stop: signal.Signals | None) -> 
     list[str], subprocess.CompletedProcess[str]
 ]:
     out = tmp / "run1.txt"
-    proc = _start(addr, tmp, out, mode, 600)
-    try:
-        wait_until(lambda: len(_lines(out)) >= 5, 30, what="5 messages processed")
-        if stop is None:
-            (tmp / "run1.txt.close").write_text("now")
-        else:
-            proc.send_signal(stop)
-        stdout, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with _start(addr, tmp, out, mode, 600) as proc:  # (closes the pipes however it ends)
+        try:
+            wait_until(lambda: len(_lines(out)) >= 5, 30, what="5 messages processed")
+            if stop is None:
+                (tmp / "run1.txt.close").write_text("now")
+            else:
+                proc.send_signal(stop)
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     return _lines(out), subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
@@ -115,12 +129,16 @@ def _second_run(addr: str, tmp: Path) -> list[str]:
     return _lines(out)
 
 
-def test_sigterm_ends_a_messages_loop_and_commits(broker: BrokerProcess, tmp_path: Path) -> None:
-    """SIGTERM while ``for msg in consumer.messages()`` runs: the loop ends after the
-    message in hand, the process exits normally, and the next run starts right after the
-    last processed message (no message twice, none lost)."""
+@pytest.mark.parametrize("mode", ["iterate", "aiterate"], ids=["blocking", "asyncio"])
+def test_sigterm_ends_a_messages_loop_and_commits(
+    broker: BrokerProcess, tmp_path: Path, mode: str
+) -> None:
+    """SIGTERM while ``for msg in consumer.messages()`` (or ``async for`` under
+    ``asyncio.run``) runs: the loop ends after the message in hand, the process exits
+    normally, and the next run starts right after the last processed message (no message
+    twice, none lost)."""
     sent = _produce(broker.addr)
-    first, done = _first_run(broker.addr, tmp_path, "iterate", signal.SIGTERM)
+    first, done = _first_run(broker.addr, tmp_path, mode, signal.SIGTERM)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "loop ended"
     assert 5 <= len(first) < COUNT

@@ -35,7 +35,7 @@ DEFAULT_LISTENER_THREADS = 4
 #: Long-poll wait of a fetch (ms): the broker holds a get until data arrives (0: plain polling).
 DEFAULT_LONG_POLL_MS = 1000
 DEFAULT_CHECK_THREADS = 4
-#: Cluster mode (configserver, issue #7).
+#: Cluster mode (configserver).
 DEFAULT_ASSIGNMENT = "contiguous"
 DEFAULT_REBALANCE_RETRY_MAX_S = 2.0
 DEFAULT_ZK_SESSION_TIMEOUT_S = 30.0

@@ -241,7 +241,7 @@ class TopicRouter:
         """The cached partition list when still fresh (no I/O)."""
         lo = self._live_of  # _live() inline: this runs once per message sent
         live_dir = lo[1] if lo is not None and lo[0] is self.directory else self._live()
-        if live_dir is not None:  # configserver (issue #7)
+        if live_dir is not None:  # configserver
             live = live_dir.current(topic)
             if live is not None:
                 return live or None

@@ -5,7 +5,7 @@
 thread, builds the same asyncio core there and waits for each call with
 ``run_coroutine_threadsafe``; its :class:`Producer` and :class:`Consumer` are thin wrappers.
 
-Cluster mode (issue #7): ``zk="127.0.0.1:2181/meta"`` (or a :class:`configserver.ConfigServer`)
+Cluster mode: ``zk="127.0.0.1:2181/meta"`` (or a :class:`configserver.ConfigServer`)
 instead of broker addresses: producers find brokers and partitions in the configserver
 (:class:`~._routing.ZkBrokerDirectory`, live), consumers join their group there and
 rebalance, and their offsets default to ZooKeeper (MetaQ's ``consumers/<group>/offsets``).
@@ -131,7 +131,7 @@ class AsyncMessageSessionFactory:
             self.config.transport_options(),
             self.config.request_timeout_s,
         )
-        # configserver (issue #7): cluster membership and discovery
+        # configserver: cluster membership and discovery
         self.cluster: ConfigServer | None = None
         self._own_cluster = False
         if zk is not None:

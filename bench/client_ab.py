@@ -6,7 +6,8 @@ commit), alternated in the same minutes, the broker the same for both.
     .venv/bin/python bench/client_ab.py /tmp/notify-base --rounds 2 --quick
 
 The shapes are ``bench/targets.py``'s client and transaction rows: the blocking ``send()``
-one at a time, ``send_future()`` and ``post()`` per message, the asyncio ``post()``, and
+one at a time, ``send_future()`` and ``post()`` per message, the asyncio ``post()``, the
+asyncio consumer with an async listener (the messages posted first, not timed), and
 ``with producer.transaction()`` (1 message on 1, 8 and 32 threads and 10 messages on 8
 threads with ``flushTxLogAtCommit=1``, 1 message on 1 thread with 2). Each measurement is
 a child process that imports the client of one tree (``sys.path``) and runs that tree's own
@@ -39,6 +40,7 @@ SHAPES: list[tuple[str, str, object]] = [
     ("sync send_future() per message", "sync", "future"),
     ("sync post() per message", "sync", "post"),
     ("asyncio post() per message", "post", None),
+    ("asyncio consume, async listener", "consume", None),
     ("tx 1 msg, flush=1, 1 thread", "tx", (1, 1, 1)),
     ("tx 1 msg, flush=1, 8 threads", "tx", (1, 8, 1)),
     ("tx 10 msg, flush=1, 8 threads", "tx", (1, 8, 10)),
@@ -79,6 +81,11 @@ try:
     elif kind == "post":
         n = count
         secs, failed = uvloop.run(ce.produce_posts(b.addr, n, 100, 50_000))
+    elif kind == "consume":  # the messages posted first; only the consuming is measured
+        n, failed = count, 0
+        uvloop.run(ce.produce_posts(b.addr, n, 100, 50_000))
+        c0 = time.process_time()
+        secs = uvloop.run(ce.consume(b.addr, n, work / "consumer"))
     else:
         n = one if param == "one" else (count // 2 if param == "future" else count)
         secs, failed = ce.produce_sync(b.addr, n, 100, param, 1000)

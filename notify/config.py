@@ -489,6 +489,11 @@ class SystemConfig:
                                          group=G_STORAGE, conv=Path, metaq=True)
     num_partitions: int = setting("numPartitions", 1, "Default partitions per topic.",
                                   group=G_STORAGE, bounds=(1, 65536), metaq=True)
+    auto_create_topics: bool = setting(
+        "autoCreateTopics", False, "Create a topic (with these defaults) the first time a "
+        "client names it in a put, a get or a partition lookup. Meant for test brokers "
+        "(`notify.testing.broker()`); off in production, where a typo would become a topic.",
+        group=G_STORAGE, conv=_bool)
     unflush_threshold: int = setting(
         "unflushThreshold", 1000, "fsync after this many messages (the put that crosses it "
         "waits for the fsync). **0 = group commit**: every acknowledgement waits for the "

@@ -165,6 +165,7 @@ class Broker:
         )
         self.service = BrokerService(self.config, self.store, self.flusher, loop, self.reload)
         service = self.service
+        service.create_topic = self._create_topic
         service.producers.load(self.store.data_path, self.store.all_partitions())
         await self._save_producer_states()  # scans after a crash start from here
         if self.config.slave is not None:
@@ -464,6 +465,19 @@ class Broker:
         if restart:
             parts.append(f"need a restart to change: {', '.join(restart)}")
         return "; ".join(parts)
+
+    def _create_topic(self, name: str) -> None:
+        """``autoCreateTopics``: a topic a client named, with the defaults (kept until the
+        broker stops; a ``[topic=NAME]`` section written later takes over on reload)."""
+        tc = default_topic(self.config.system, name)
+        self._apply_topic(tc)
+        self.config = replace(self.config, topics={**self.config.topics, name: tc})
+        if self.service is not None:
+            self.service.config = self.config
+            self.service.refresh_topics()
+        if self.registrar is not None:
+            self.registrar.update(self.store.topics, self.config)
+        log.info("topic %s created on first use (autoCreateTopics)", name)
 
     def _apply_topic(self, tc: TopicConfig) -> None:
         self.store.add_topic(tc)

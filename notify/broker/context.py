@@ -23,7 +23,7 @@ from notify.broker.connection import Connection, PendingReplies
 from notify.broker.cuts import CutServer
 from notify.broker.idempotence import ProducerStates
 from notify.broker.stats import BrokerStats, ConsumerPositions
-from notify.config import ServerConfig, validate_topic
+from notify.config import ServerConfig, check_user_topic, validate_topic
 from notify.errors import InvalidTopicError
 from notify.protocol.frames import encode_result
 from notify.protocol.idgen import IdGenerator
@@ -60,6 +60,8 @@ class BrokerContext:
         self.flusher = flusher
         self.loop = loop
         self.reload = reload
+        #: creates a topic with the defaults (``autoCreateTopics``; set by the broker)
+        self.create_topic: Callable[[str], None] | None = None
         self.stats = BrokerStats()
         self.ids = IdGenerator(config.system.broker_id)
         self.max_message = config.system.max_message_size
@@ -132,6 +134,8 @@ class BrokerContext:
             except InvalidTopicError as e:
                 self.error(conn, 400, opaque, str(e))
                 return None
+            parts = self.auto_create(topic)
+        if parts is None:
             self.error(conn, 404, opaque, f"topic {topic!r} does not exist on this broker")
             return None
         if not 0 <= partition < len(parts):
@@ -144,6 +148,18 @@ class BrokerContext:
             )
             return None
         return parts[partition]
+
+    def auto_create(self, topic: str) -> list[Partition] | None:
+        """``autoCreateTopics``: the partitions of ``topic`` created now with the defaults;
+        None when the setting is off or the name is not one a client may create."""
+        if not self.config.system.auto_create_topics or self.create_topic is None:
+            return None
+        try:
+            check_user_topic(topic)  # "__..." belongs to the broker's internal topics
+        except InvalidTopicError:
+            return None
+        self.create_topic(topic)
+        return self.topic_parts.get(topic)
 
     def random_partition(self, topic: str) -> int:
         """MetaQ's ``getPartition``: a put to partition -1 goes to a random partition of the

@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 from configserver import (
     ConfigServer,
@@ -189,6 +190,14 @@ class StaticBrokerDirectory:
                 continue
             bid, addr = k
             out.extend(Partition(bid, p, addr) for p in range(res.get(topic, 0)))
+        if not out and not errors and _NAMEABLE.fullmatch(topic):
+            # a broker may create the topic when it is named (``autoCreateTopics``): ask
+            # ``stats <topic>`` (MetaQ's per-topic stats; partitions 0 when unknown)
+            for bid, addr in (k for k in known if not isinstance(k, BaseException)):
+                st = parse_stats_dict(await self._request(addr, ("stats", topic)))
+                count = st.get("partitions", 0)
+                n = count if isinstance(count, int) else 0
+                out.extend(Partition(bid, p, addr) for p in range(n))
         if not out:
             if errors:
                 e = errors[0]
@@ -199,19 +208,27 @@ class StaticBrokerDirectory:
         return sorted(out)
 
     async def _stats_topics(self, address: str) -> dict[str, int]:
+        return parse_stats_topics(await self._request(address, ("stats", "topics")))
+
+    async def _request(self, address: str, words: tuple[str, ...]) -> bytes:
+        """The body of a 200 answer to the command line ``words`` (else a BrokerError)."""
         conn = await self._pool.get(address)
         try:
-            r = await conn.request(lambda o: encode_line("stats", "topics", o), self._timeout_s)
+            r = await conn.request(lambda o: encode_line(*words, o), self._timeout_s)
         except (ConnectionLostError, RequestTimeoutError):
             self._pool.discard(conn)
             raise
         if r.code != 200:
             raise BrokerError(r.code, r.body.decode("utf-8", "replace"))
-        return parse_stats_topics(r.body)
+        return r.body
 
     async def close(self) -> None:
         """Nothing to release (connections belong to the pool)."""
         return None
+
+
+#: a topic a broker may create when named (``autoCreateTopics``): its legal user names
+_NAMEABLE: Final = re.compile(r"(?!__)[A-Za-z0-9._-]{1,249}")
 
 
 async def _raise(e: BaseException) -> dict[str, int]:

@@ -178,8 +178,8 @@ class AdminVerbs:
             items = [("reset", "ok")]
         elif item == "help":
             items = [(i or "(empty)", "") for i in (*STATS_ITEMS, "<topic>")]
-        elif item in ctx.topic_parts:
-            items = self._one_topic_items(item)
+        elif item in ctx.topic_parts or ctx.auto_create(item) is not None:
+            items = self._one_topic_items(item)  # known, or created now (autoCreateTopics)
         else:
             # MetaQ reads any other item as a topic: 200, resultCode 1 = no such topic
             items = [

@@ -14,6 +14,7 @@ that does not ask for the fixture pays nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import pytest
 
 from .inproc import TestBroker

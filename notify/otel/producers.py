@@ -1,0 +1,441 @@
+"""Wrappers of the producing side: sends, batches, local and outbox transactions, half
+messages, ``Outbox.send`` and the outbox relay's publisher."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanKind
+
+from notify.outbox import Batch, Identity, PublishAck, Publisher, PublishError
+
+from . import spans
+from .semconv import (
+    A_BATCH,
+    A_MSG_ID,
+    A_PARTITION,
+    attributes,
+    inject,
+    link,
+    record_headers,
+    span_name,
+)
+from .spans import BEGINNING, SENDING, fail, producer_span, set_result
+
+Fn = Callable[..., Any]
+
+
+def send_sync(orig: Fn) -> Fn:
+    """``send(topic, data, ..., headers=)``: a ``send`` span, its context in the headers."""
+
+    @functools.wraps(orig)
+    def send(self: object, topic: str, data: bytes, *args: Any, **kwargs: Any) -> Any:
+        if SENDING.get() or spans.tracer() is None:
+            return orig(self, topic, data, *args, **kwargs)
+        with producer_span("send", topic) as span:
+            kwargs["headers"] = inject(kwargs.get("headers"))
+            token = SENDING.set(True)
+            try:
+                result = orig(self, topic, data, *args, **kwargs)
+            finally:
+                SENDING.reset(token)
+            set_result(span, result)
+            return result
+
+    return send
+
+
+def send_async(orig: Fn) -> Fn:
+    """The coroutine form of :func:`send_sync` (decided when called: a blocking wrapper
+    that runs it on the client's loop already has the span)."""
+
+    async def traced(self: object, topic: str, data: bytes, args: Any, kwargs: Any) -> Any:
+        with producer_span("send", topic) as span:
+            kwargs["headers"] = inject(kwargs.get("headers"))
+            token = SENDING.set(True)
+            try:
+                result = await orig(self, topic, data, *args, **kwargs)
+            finally:
+                SENDING.reset(token)
+            set_result(span, result)
+            return result
+
+    @functools.wraps(orig)
+    def send(self: object, topic: str, data: bytes, *args: Any, **kwargs: Any) -> Any:
+        if SENDING.get() or spans.tracer() is None:
+            return orig(self, topic, data, *args, **kwargs)
+        return traced(self, topic, data, args, kwargs)
+
+    return send
+
+
+def _batch_span(topic: str, datas: Sequence[bytes]) -> Any:
+    return producer_span("send", topic, **{A_BATCH: len(datas)})
+
+
+def batch_sync(orig: Fn) -> Fn:
+    """``send_batch(topic, datas, ...)``: one ``send`` span for the batch (its messages
+    carry no headers of their own, so no trace context)."""
+
+    @functools.wraps(orig)
+    def send_batch(self: object, topic: str, datas: Sequence[bytes], *a: Any, **kw: Any) -> Any:
+        if SENDING.get() or spans.tracer() is None:
+            return orig(self, topic, datas, *a, **kw)
+        with _batch_span(topic, datas) as span:
+            token = SENDING.set(True)
+            try:
+                result = orig(self, topic, datas, *a, **kw)
+            finally:
+                SENDING.reset(token)
+            set_result(span, result)
+            return result
+
+    return send_batch
+
+
+def batch_async(orig: Fn) -> Fn:
+    async def traced(self: object, topic: str, datas: Sequence[bytes], a: Any, kw: Any) -> Any:
+        with _batch_span(topic, datas) as span:
+            token = SENDING.set(True)
+            try:
+                result = await orig(self, topic, datas, *a, **kw)
+            finally:
+                SENDING.reset(token)
+            set_result(span, result)
+            return result
+
+    @functools.wraps(orig)
+    def send_batch(self: object, topic: str, datas: Sequence[bytes], *a: Any, **kw: Any) -> Any:
+        if SENDING.get() or spans.tracer() is None:
+            return orig(self, topic, datas, *a, **kw)
+        return traced(self, topic, datas, a, kw)
+
+    return send_batch
+
+
+# ------------------------------------------------------------------ transactions
+
+
+def begin(orig: Fn) -> Fn:
+    """``transaction()`` / ``begin_transaction()`` of a producer: a transaction span
+    (``local``, or ``outbox`` with ``db=``), current until the transaction ends, so the
+    block's sends are its children."""
+
+    @functools.wraps(orig)
+    def begin_transaction(self: object, *args: Any, **kwargs: Any) -> Any:
+        if BEGINNING.get() or spans.tracer() is None:
+            return orig(self, *args, **kwargs)
+        db = kwargs.get("db", args[1] if len(args) > 1 else None)
+        span = spans.begin_transaction("outbox" if db is not None else "local")
+        token = BEGINNING.set(True)
+        try:
+            tx = orig(self, *args, **kwargs)
+        except BaseException as e:
+            if span is not None:
+                fail(span, e)
+                span.end()
+            raise
+        finally:
+            BEGINNING.reset(token)
+        if span is not None:
+            key = getattr(tx, "key", None)
+            if key is not None:
+                span.set_attribute("notify.transaction.id", str(key))
+            spans.hold(tx, span)
+        return tx
+
+    return begin_transaction
+
+
+def end_sync(orig: Fn) -> Fn:
+    """``commit``/``rollback``/``__exit__`` of a transaction: its span ends with it."""
+    is_exit = orig.__name__ == "__exit__"
+
+    @functools.wraps(orig)
+    def end(self: object, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = orig(self, *args, **kwargs)
+        except BaseException as e:
+            spans.end_transaction(self, e)
+            raise
+        error = args[1] if is_exit and len(args) > 1 else None
+        spans.end_transaction(self, error if isinstance(error, BaseException) else None)
+        return result
+
+    return end
+
+
+def end_async(orig: Fn) -> Fn:
+    is_exit = orig.__name__ == "__aexit__"
+
+    @functools.wraps(orig)
+    async def end(self: object, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = await orig(self, *args, **kwargs)
+        except BaseException as e:
+            spans.end_transaction(self, e)
+            raise
+        error = args[1] if is_exit and len(args) > 1 else None
+        spans.end_transaction(self, error if isinstance(error, BaseException) else None)
+        return result
+
+    return end
+
+
+# ------------------------------------------------------------------ half messages
+
+
+class _HalfSpans:
+    """A half message's transaction span (current in the block) and its message's
+    ``send`` span (whose context the message carries)."""
+
+    def __init__(self, topic: str):
+        self.tx = spans.begin_transaction("half", topic=topic)
+        t = spans.tracer()
+        self.send: Span | None = None
+        if t is not None and self.tx is not None:
+            self.send = t.start_span(
+                span_name("send", topic),
+                context=trace.set_span_in_context(self.tx),
+                kind=SpanKind.PRODUCER,
+                attributes=attributes("send", "send", topic),
+            )
+        self._token: object = None
+
+    def headers(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
+        if self.send is None:
+            return dict(given or {})
+        return inject(given, trace.set_span_in_context(self.send))
+
+    def enter(self) -> None:
+        if self.tx is not None:
+            self._token = otel_context.attach(trace.set_span_in_context(self.tx))
+
+    def exit(self, error: BaseException | None) -> None:
+        if self._token is not None:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+            self._token = None
+        for span in (self.send, self.tx):
+            if span is not None:
+                if error is not None:
+                    fail(span, error)
+                span.end()
+
+
+class _TracedBlock:
+    """A half message's ``with``/``async with`` block, inside its spans."""
+
+    def __init__(self, inner: Any, hs: _HalfSpans):
+        self._inner = inner
+        self._hs = hs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __enter__(self) -> Any:
+        self._hs.enter()
+        try:
+            return self._inner.__enter__()
+        except BaseException as e:
+            self._hs.exit(e)
+            raise
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> Any:
+        err = e
+        try:
+            return self._inner.__exit__(et, e, tb)
+        except BaseException as x:
+            err = x
+            raise
+        finally:
+            self._hs.exit(err)
+
+    async def __aenter__(self) -> Any:
+        self._hs.enter()
+        try:
+            return await self._inner.__aenter__()
+        except BaseException as e:
+            self._hs.exit(e)
+            raise
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> Any:
+        err = e
+        try:
+            return await self._inner.__aexit__(et, e, tb)
+        except BaseException as x:
+            err = x
+            raise
+        finally:
+            self._hs.exit(err)
+
+
+def half_message(orig: Fn) -> Fn:
+    """``half_message(topic, data, ...)``: the block runs in a ``transaction half`` span;
+    the message's ``send`` span (PREPARE to COMMIT) is its child."""
+
+    @functools.wraps(orig)
+    def wrapper(self: object, topic: str, data: bytes, *args: Any, **kwargs: Any) -> Any:
+        if spans.tracer() is None:
+            return orig(self, topic, data, *args, **kwargs)
+        hs = _HalfSpans(topic)
+        kwargs["headers"] = hs.headers(kwargs.get("headers"))
+        try:
+            block = orig(self, topic, data, *args, **kwargs)
+        except BaseException as e:
+            hs.exit(e)
+            raise
+        return _TracedBlock(block, hs)
+
+    return wrapper
+
+
+def in_transaction_sync(orig: Fn) -> Fn:
+    """``send_in_transaction(topic, data, local_tx, ...)``: the same spans around the call."""
+
+    @functools.wraps(orig)
+    def wrapper(self: object, topic: str, data: bytes, *args: Any, **kwargs: Any) -> Any:
+        if spans.tracer() is None:
+            return orig(self, topic, data, *args, **kwargs)
+        hs = _HalfSpans(topic)
+        kwargs["headers"] = hs.headers(kwargs.get("headers"))
+        hs.enter()
+        token = SENDING.set(True)
+        try:
+            result = orig(self, topic, data, *args, **kwargs)
+        except BaseException as e:
+            SENDING.reset(token)
+            hs.exit(e)
+            raise
+        SENDING.reset(token)
+        set_result(hs.send, result)
+        hs.exit(None)
+        return result
+
+    return wrapper
+
+
+def in_transaction_async(orig: Fn) -> Fn:
+    async def traced(self: object, topic: str, data: bytes, a: Any, kw: Any) -> Any:
+        hs = _HalfSpans(topic)
+        kw["headers"] = hs.headers(kw.get("headers"))
+        hs.enter()
+        token = SENDING.set(True)
+        try:
+            result = await orig(self, topic, data, *a, **kw)
+        except BaseException as e:
+            SENDING.reset(token)
+            hs.exit(e)
+            raise
+        SENDING.reset(token)
+        set_result(hs.send, result)
+        hs.exit(None)
+        return result
+
+    @functools.wraps(orig)
+    def wrapper(self: object, topic: str, data: bytes, *a: Any, **kw: Any) -> Any:
+        if SENDING.get() or spans.tracer() is None:
+            return orig(self, topic, data, *a, **kw)
+        return traced(self, topic, data, a, kw)
+
+    return wrapper
+
+
+# ------------------------------------------------------------------ the outbox
+
+
+def outbox_send(orig: Fn) -> Fn:
+    """``Outbox.send(conn, topic, data, ...)``: a ``create`` span in the application's
+    transaction; the row carries its context, which the relay links to and the consumer
+    continues."""
+
+    @functools.wraps(orig)
+    def send(self: object, conn: object, topic: str, data: bytes, *a: Any, **kw: Any) -> Any:
+        if spans.tracer() is None:
+            return orig(self, conn, topic, data, *a, **kw)
+        with producer_span("create", topic):
+            kw["headers"] = inject(kw.get("headers"))
+            return orig(self, conn, topic, data, *a, **kw)
+
+    return send
+
+
+class TracedPublisher:
+    """The relay's :class:`~notify.outbox.Publisher` with a ``send`` span per batch,
+    linked to the creation context of every row it carries."""
+
+    def __init__(self, inner: Publisher):
+        self.inner = inner
+
+    def partitions(self, topic: str) -> Sequence[str]:
+        return self.inner.partitions(topic)
+
+    def claim(
+        self, identity: Identity, topics: Sequence[str]
+    ) -> Mapping[tuple[str, str], int] | None:
+        return self.inner.claim(identity, topics)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def publish(
+        self, identity: Identity, batches: Sequence[Batch]
+    ) -> list[PublishAck | PublishError]:
+        t = spans.tracer()
+        if t is None:
+            return self.inner.publish(identity, batches)
+        started: list[Span] = []
+        for b in batches:
+            links: list[Link] = [
+                lk
+                for flag, payload in b.records
+                if (lk := link(record_headers(flag, payload))) is not None
+            ]
+            extra: dict[str, Any] = {
+                A_PARTITION: b.partition,
+                "notify.producer.name": identity.name,
+            }
+            if len(b.records) > 1:
+                extra[A_BATCH] = len(b.records)
+            started.append(
+                t.start_span(
+                    span_name("send", b.topic),
+                    kind=SpanKind.PRODUCER,
+                    links=links or None,
+                    attributes=attributes("send", "send", b.topic, **extra),
+                )
+            )
+        try:
+            acks = self.inner.publish(identity, batches)
+        except BaseException as e:
+            for span in started:
+                fail(span, e)
+                span.end()
+            raise
+        for span, ack in zip(started, acks, strict=False):
+            if isinstance(ack, PublishError):
+                fail(span, ack)
+            elif ack.count == 1:
+                span.set_attribute(A_MSG_ID, str(ack.first_msg_id))
+            span.end()
+        return acks
+
+
+def relay_start(orig: Fn) -> Fn:
+    """``Relay.start()``: its publisher traced (see :class:`TracedPublisher`)."""
+
+    @functools.wraps(orig)
+    def start(self: Any) -> Any:
+        if spans.tracer() is not None and not isinstance(self.publisher, TracedPublisher):
+            self.publisher = TracedPublisher(self.publisher)
+        return orig(self)
+
+    return start

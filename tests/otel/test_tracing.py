@@ -1,0 +1,198 @@
+"""NotifyInstrumentor through a real broker (the in-process test broker), spans read back
+from the SDK's in-memory exporter: one trace from the producer to the consumer, the
+messaging attributes, transaction spans over their sends, receive links, the outbox's
+create -> relay send -> process chain, and nothing left behind when switched off."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from opentelemetry.trace import SpanKind
+
+from notify.client import ConsumerConfig, Message, connect
+from notify.migrations import upgrade
+from notify.outbox import Outbox, RelayConfig
+from notify.testing import TestBroker
+from tests.helpers import wait_until
+from tests.otel.conftest import Spans
+
+FAST_RELAY = RelayConfig(poll_min_s=0.001, poll_max_s=0.01, heartbeat_s=0.2, instance_ttl_s=1.0)
+
+
+def _consumer(session, tmp_path: Path, group: str = "g"):  # type: ignore[no-untyped-def]
+    return session.create_consumer(ConsumerConfig(group=group, data_dir=tmp_path / group))
+
+
+def test_one_trace_from_the_producer_to_the_consumer(
+    spans: Spans, notify_broker: TestBroker, tmp_path: Path
+) -> None:
+    got: list[Message] = []
+    done = threading.Event()
+
+    def listener(msg: Message) -> None:
+        with spans.tracer.start_as_current_span("handle order"):
+            got.append(msg)
+        done.set()
+
+    with connect([notify_broker.address]) as session:
+        with spans.tracer.start_as_current_span("request"):
+            result = session.create_producer().send(
+                "orders", b"o-1", key="k", headers={"app": "shop"}
+            )
+        consumer = _consumer(session, tmp_path, "billing")
+        consumer.subscribe("orders", listener).complete_subscribe()
+        assert done.wait(20)
+        consumer.close()
+
+    request, send = spans.one("request"), spans.one("send orders")
+    process, handle = spans.one("process orders"), spans.one("handle order")
+    # one trace: request -> send -> process -> the application's own span
+    trace_id = request.context.trace_id
+    assert {s.context.trace_id for s in (send, process, handle)} == {trace_id}
+    assert send.parent is not None and send.parent.span_id == request.context.span_id
+    assert process.parent is not None and process.parent.span_id == send.context.span_id
+    assert handle.parent is not None and handle.parent.span_id == process.context.span_id
+    assert [lk.context.span_id for lk in process.links] == [send.context.span_id]
+    assert send.kind is SpanKind.PRODUCER and process.kind is SpanKind.CONSUMER
+    pid = f"{result.partition.broker_id}-{result.partition.partition}"
+    assert spans.attrs(send) == {
+        "messaging.system": "notify",
+        "messaging.operation.name": "send",
+        "messaging.operation.type": "send",
+        "messaging.destination.name": "orders",
+        "messaging.destination.partition.id": pid,
+        "messaging.message.id": str(result.msg_id),
+    }
+    assert spans.attrs(process) == {
+        "messaging.system": "notify",
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": "orders",
+        "messaging.destination.partition.id": pid,
+        "messaging.message.id": str(result.msg_id),
+        "messaging.consumer.group.name": "billing",
+    }
+    # the application's headers are kept beside the trace context
+    assert got[0].headers["app"] == "shop"
+    assert got[0].headers["traceparent"].split("-")[1] == f"{trace_id:032x}"
+
+
+def test_a_transaction_span_parents_its_sends(
+    spans: Spans, notify_broker: TestBroker, tmp_path: Path
+) -> None:
+    with connect([notify_broker.address]) as session:
+        producer = session.create_producer()
+        with producer.transaction(timeout=10):
+            producer.send("orders", b"o-1")
+            producer.send("audit", b"o-1 created")
+        with pytest.raises(RuntimeError), producer.transaction(timeout=10):
+            producer.send("orders", b"o-2")
+            raise RuntimeError("the application changed its mind")
+        seen = [m.data for m in _consumer(session, tmp_path).messages("orders", 0.5)]
+    assert seen == [b"o-1"]
+    committed, rolled_back = spans.named("transaction local")
+    sends = spans.named("send orders") + spans.named("send audit")
+    assert len(sends) == 3
+    by_parent = {s.name + s.attributes.get("messaging.destination.name", ""): s for s in sends}
+    assert by_parent
+    children = [s for s in sends if s.parent and s.parent.span_id == committed.context.span_id]
+    assert sorted(s.name for s in children) == ["send audit", "send orders"]
+    assert [s.parent.span_id for s in sends if s not in children] == [  # type: ignore[union-attr]
+        rolled_back.context.span_id
+    ]
+    assert spans.attrs(committed)["notify.transaction.kind"] == "local"
+    assert spans.attrs(committed)["notify.transaction.outcome"] == "committed"
+    assert rolled_back.status.status_code.name == "ERROR"
+    assert "RuntimeError" in str(rolled_back.status.description)
+    # each message consumed continues its send's trace (one process span for o-1)
+    process = spans.one("process orders")
+    o1 = next(s for s in children if s.name == "send orders")
+    assert process.parent is not None and process.parent.span_id == o1.context.span_id
+
+
+def test_a_fetch_links_every_message_it_receives(
+    spans: Spans, notify_broker: TestBroker, tmp_path: Path
+) -> None:
+    with connect([notify_broker.address]) as session:
+        producer = session.create_producer()
+        for i in range(3):
+            producer.send("batch", b"m%d" % i)
+        consumer = _consumer(session, tmp_path)
+        got = consumer.fetch("batch", max_wait_s=5)
+        assert len(got) == 3
+    receive = spans.one("receive batch")
+    assert receive.kind is SpanKind.CLIENT
+    assert spans.attrs(receive)["messaging.batch.message_count"] == 3
+    sends = spans.named("send batch")
+    assert {lk.context.span_id for lk in receive.links} == {s.context.span_id for s in sends}
+
+
+def test_the_outbox_carries_the_trace_from_the_request_to_the_consumer(
+    spans: Spans, notify_broker: TestBroker, tmp_path: Path
+) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    upgrade(engine)
+    outbox = Outbox(engine)
+    with connect([notify_broker.address]) as session:
+        with spans.tracer.start_as_current_span("POST /orders"), engine.begin() as conn:
+            outbox.send(conn, "orders", b"order 42", key="42")
+        with outbox.relay(session, FAST_RELAY):
+            consumer = _consumer(session, tmp_path)
+            seen = [m.data for m in consumer.messages("orders", 2.0)]
+            wait_until(lambda: spans.named("send orders") != [], timeout=10, what="relay span")
+    engine.dispose()
+    assert seen == [b"order 42"]
+    request, create = spans.one("POST /orders"), spans.one("create orders")
+    relay_send, process = spans.one("send orders"), spans.one("process orders")
+    assert create.parent is not None and create.parent.span_id == request.context.span_id
+    assert spans.attrs(create)["messaging.operation.type"] == "create"
+    # the relay publishes on its own thread: its span links to the row's transaction
+    assert [lk.context.span_id for lk in relay_send.links] == [create.context.span_id]
+    assert relay_send.kind is SpanKind.PRODUCER
+    # and the consumer continues the request's trace
+    assert process.context.trace_id == request.context.trace_id
+    assert process.parent is not None and process.parent.span_id == create.context.span_id
+
+
+def test_uninstrument_puts_everything_back(notify_broker: TestBroker) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from notify.client import Producer
+    from notify.otel import NotifyInstrumentor
+
+    before = Producer.__dict__["send"]
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    inst = NotifyInstrumentor()
+    inst.instrument(tracer_provider=provider)
+    inst.instrument(tracer_provider=provider)  # twice: still one wrapper
+    assert Producer.__dict__["send"].__wrapped__ is before
+    inst.uninstrument()
+    assert Producer.__dict__["send"] is before and not inst.is_instrumented_by_opentelemetry
+    with connect([notify_broker.address]) as session:
+        session.create_producer().send("orders", b"x")
+    assert exporter.get_finished_spans() == ()
+
+
+def test_nothing_of_opentelemetry_is_loaded_when_tracing_is_off(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from notify.client import connect\n"
+        "from notify.outbox import Outbox\n"
+        "from notify.testing import broker\n"
+        "with broker() as b, connect([b.address]) as s:\n"
+        "    assert s.create_producer().send('t', b'x').success\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert out.stdout.strip() == "[]"

@@ -70,6 +70,8 @@ def _consumers(p: Patches) -> None:
     p.wrap(client.AsyncConsumer, "messages", consumers.messages_async)
     p.wrap(client.Consumer, "fetch", consumers.fetch_sync)
     p.wrap(client.AsyncConsumer, "fetch", consumers.fetch_async)
+    p.wrap(client.MessageSessionFactory, "create_queue_consumer", consumers.queue_consumer)
+    p.wrap(client.AsyncMessageSessionFactory, "create_queue_consumer", consumers.queue_consumer)
     p.wrap(client.QueueConsumer, "get", consumers.queue_get_sync)
     p.wrap(client.QueueConsumer, "messages", consumers.messages_sync)
     p.wrap(client.AsyncQueueConsumer, "get", consumers.queue_get_async)
@@ -92,6 +94,7 @@ def _xa(p: Patches) -> None:
         for name in ("prepare", "commit", "rollback"):
             p.wrap(cls, name, coordinator.branch)
     p.wrap(xa.DecisionLog, "decide", coordinator.decide)
+    p.wrap(xa.BrokerProducer, "send", producers.send_plain)
 
 
 class NotifyInstrumentor:

@@ -68,6 +68,66 @@ def traced_listener(listener: Any, group: str | None) -> Any:
     return plistener
 
 
+def traced_batch_listener(listener: Any, group: str | None) -> Any:
+    """A queue's ``batch_listener`` with one ``process`` span per batch, linked to the
+    creation context of every message in it."""
+    if listener is None or getattr(listener, _MARK, False):
+        return listener
+    is_async = inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
+        getattr(listener, "__call__", None)  # noqa: B004
+    )
+
+    def start(msgs: list[Any]) -> Span | None:
+        topic = getattr(msgs[0], "topic", None) if msgs else None
+        span = start_client("process", "process", topic, msgs, group)
+        return span
+
+    if is_async:
+
+        async def abatch(msgs: list[Any]) -> Any:
+            span = start(msgs)
+            if span is None:
+                return await listener(msgs)
+            with trace.use_span(span, end_on_exit=True):
+                return await listener(msgs)
+
+        setattr(abatch, _MARK, True)
+        return abatch
+
+    def pbatch(msgs: list[Any]) -> Any:
+        span = start(msgs)
+        if span is None:
+            return listener(msgs)
+        with trace.use_span(span, end_on_exit=True):
+            return listener(msgs)
+
+    setattr(pbatch, _MARK, True)
+    return pbatch
+
+
+def queue_consumer(orig: Fn) -> Fn:
+    """``create_queue_consumer(topic, group, credit, listener, start, batch_listener)``:
+    its listener processes each message in a ``process`` span, its batch listener each
+    batch."""
+
+    @functools.wraps(orig)
+    def create(self: object, topic: str, group: str, *a: Any, **kw: Any) -> Any:
+        if spans.tracer() is not None:
+            args = list(a)
+            for pos, name, wrap in (
+                (1, "listener", traced_listener),
+                (3, "batch_listener", traced_batch_listener),
+            ):
+                if len(args) > pos:
+                    args[pos] = wrap(args[pos], group)
+                elif name in kw:
+                    kw[name] = wrap(kw[name], group)
+            a = tuple(args)
+        return orig(self, topic, group, *a, **kw)
+
+    return create
+
+
 def subscribe(orig: Fn) -> Fn:
     """``subscribe(topic, listener, ...)``: each message the listener gets is processed in
     a ``process`` span (child of the message's creation context, linked to it)."""

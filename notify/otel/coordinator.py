@@ -49,7 +49,7 @@ def end(orig: Fn) -> Fn:
 def _state(tx: Any) -> str | None:
     st = getattr(tx, "state", None)
     v = getattr(st, "value", None)
-    return v if isinstance(v, str) else None
+    return v.lower() if isinstance(v, str) else None
 
 
 def branch(orig: Fn) -> Fn:
@@ -64,9 +64,9 @@ def branch(orig: Fn) -> Fn:
         attrs = {A_SYSTEM: SYSTEM, A_XA_BRANCH: type(self).__name__, A_TX_ID: str(xid)}
         with t.start_as_current_span(f"xa {op}", kind=SpanKind.CLIENT, attributes=attrs) as sp:
             result = orig(self, xid, *a, **kw)
-            vote = getattr(result, "value", None)
+            vote = getattr(result, "name", None)  # a prepare's Vote
             if isinstance(vote, str):
-                sp.set_attribute("notify.xa.vote", vote)
+                sp.set_attribute("notify.xa.vote", vote.lower())
             return result
 
     return wrapper

@@ -119,10 +119,12 @@ def start_process(msg: object, group: str | None, op: str = "process") -> Span |
 def start_client(
     op: str, op_type: str, topic: str | None, msgs: Sequence[object], group: str | None = None
 ) -> Span | None:
-    """A CLIENT span (``receive``, settling) linked to every message's creation context."""
+    """A CLIENT span (``receive``, settling; CONSUMER for a batch's ``process``) linked to
+    every message's creation context."""
     t = State.tracer
     if t is None:
         return None
+    kind = SpanKind.CONSUMER if op_type == "process" else SpanKind.CLIENT
     links: list[Link] = [lk for m in msgs if (lk := link(message_headers(m))) is not None]
     extra: dict[str, Any] = {A_GROUP: group}
     if len(msgs) > 1:
@@ -131,7 +133,7 @@ def start_client(
         extra.update(consumer_attrs(msgs[0], group))
     return t.start_span(
         span_name(op, topic),
-        kind=SpanKind.CLIENT,
+        kind=kind,
         links=links or None,
         attributes=attributes(op, op_type, topic, **extra),
     )

@@ -18,8 +18,17 @@ from notify.client import ConsumerConfig, Message, connect
 from notify.migrations import upgrade
 from notify.outbox import Outbox, RelayConfig
 from notify.testing import TestBroker
+from notify.xa import (
+    BrokerParticipant,
+    CoordinatorConfig,
+    PostgresParticipant,
+    TransactionManager,
+)
+from tests.coordinator.helpers import create_pg_table
 from tests.helpers import wait_until
 from tests.otel.conftest import Spans
+from tests.services import PostgresServer, fresh_database
+from tests.services_conftest import running
 
 FAST_RELAY = RelayConfig(poll_min_s=0.001, poll_max_s=0.01, heartbeat_s=0.2, instance_ttl_s=1.0)
 
@@ -196,3 +205,67 @@ def test_nothing_of_opentelemetry_is_loaded_when_tracing_is_off(tmp_path: Path) 
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_an_xa_transaction_spans_its_branches_and_decision(
+    spans: Spans, notify_broker: TestBroker, tmp_path: Path, postgres: PostgresServer
+) -> None:
+    url = fresh_database(running(postgres), "otel")
+    dsn = create_pg_table(url)
+    tm = TransactionManager(
+        CoordinatorConfig(tmp_path / "xa", coordinator_id="t1", recovery_interval_s=0)
+    )
+    tm.register("pg", lambda: PostgresParticipant(dsn))
+    tm.register("broker", lambda: BrokerParticipant(notify_broker.address))
+    tm.start()
+    try:
+        with tm.transaction(timeout=10) as tx:
+            tx.enlist("pg").execute("INSERT INTO orders (id) VALUES (1)")
+            tx.enlist("broker").send("orders", b"1")
+    finally:
+        tm.close()
+    xa_tx = spans.one("transaction xa")
+    assert spans.attrs(xa_tx)["notify.transaction.outcome"] == "committed"
+    inside = [s for s in spans.all() if s.parent and s.parent.span_id == xa_tx.context.span_id]
+    names = [s.name for s in sorted(inside, key=lambda s: s.start_time or 0)]
+    assert names == ["send orders", "xa prepare", "xa prepare", "xa decision", "xa commit",
+                     "xa commit"]  # fmt: skip
+    branches = {spans.attrs(s)["notify.xa.participant"] for s in inside if s.name == "xa commit"}
+    assert branches == {"PostgresParticipant", "BrokerParticipant"}
+    assert all(spans.attrs(s)["notify.xa.vote"] == "ok" for s in spans.named("xa prepare"))
+
+
+def test_a_queue_consumer_receives_processes_and_settles_in_the_senders_trace(
+    spans: Spans, notify_broker: TestBroker
+) -> None:
+    with connect([notify_broker.address]) as session:
+        producer = session.create_producer()
+        for i in range(2):
+            producer.send("jobs", b"j%d" % i)
+        pulled = session.create_queue_consumer("jobs", "workers", credit=1)
+        first = pulled.get(timeout_s=10)
+        assert first is not None and first.ack()
+        second = pulled.get(timeout_s=10)
+        assert second is not None and second.release()
+        pulled.close()
+        done = threading.Event()
+        batches: list[int] = []
+
+        def batch_listener(msgs: list[object]) -> None:
+            batches.append(len(msgs))
+            done.set()
+
+        pushed = session.create_queue_consumer("jobs", "workers", batch_listener=batch_listener)
+        assert done.wait(10)
+        pushed.close()
+    send_ids = {s.context.span_id for s in spans.named("send jobs")}
+    receives, ack = spans.named("receive jobs"), spans.one("ack jobs")
+    release = spans.one("release jobs")
+    assert len(receives) == 2 and all(r.kind is SpanKind.CLIENT for r in receives)
+    assert spans.attrs(ack)["messaging.operation.type"] == "settle"
+    assert spans.attrs(ack)["messaging.consumer.group.name"] == "workers"
+    for span in (*receives, ack, release):
+        assert len(span.links) == 1 and span.links[0].context.span_id in send_ids
+    batch = spans.one("process jobs")
+    assert batch.kind is SpanKind.CONSUMER and sum(batches) == 1  # the released one
+    assert {lk.context.span_id for lk in batch.links} <= send_ids

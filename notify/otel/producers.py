@@ -25,7 +25,7 @@ from .semconv import (
     record_headers,
     span_name,
 )
-from .spans import BEGINNING, SENDING, fail, producer_span, set_result
+from .spans import BEGINNING, EXITING, SENDING, fail, producer_span, set_result
 
 Fn = Callable[..., Any]
 
@@ -169,16 +169,23 @@ def begin(orig: Fn) -> Fn:
 
 
 def end_sync(orig: Fn) -> Fn:
-    """``commit``/``rollback``/``__exit__`` of a transaction: its span ends with it."""
+    """``commit``/``rollback``/``__exit__`` of a transaction: its span ends with it (an
+    exit's own commit or rollback leaves the span to the exit, which knows the error)."""
     is_exit = orig.__name__ == "__exit__"
 
     @functools.wraps(orig)
     def end(self: object, *args: Any, **kwargs: Any) -> Any:
+        if EXITING.get():
+            return orig(self, *args, **kwargs)
+        token = EXITING.set(True) if is_exit else None
         try:
             result = orig(self, *args, **kwargs)
         except BaseException as e:
             spans.end_transaction(self, e)
             raise
+        finally:
+            if token is not None:
+                EXITING.reset(token)
         error = args[1] if is_exit and len(args) > 1 else None
         spans.end_transaction(self, error if isinstance(error, BaseException) else None)
         return result
@@ -191,11 +198,17 @@ def end_async(orig: Fn) -> Fn:
 
     @functools.wraps(orig)
     async def end(self: object, *args: Any, **kwargs: Any) -> Any:
+        if EXITING.get():
+            return await orig(self, *args, **kwargs)
+        token = EXITING.set(True) if is_exit else None
         try:
             result = await orig(self, *args, **kwargs)
         except BaseException as e:
             spans.end_transaction(self, e)
             raise
+        finally:
+            if token is not None:
+                EXITING.reset(token)
         error = args[1] if is_exit and len(args) > 1 else None
         spans.end_transaction(self, error if isinstance(error, BaseException) else None)
         return result

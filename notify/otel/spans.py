@@ -41,6 +41,10 @@ BEGINNING: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "notify_otel_beginning", default=False
 )
 
+#: set while a transaction's ``__exit__`` runs: the commit or rollback it calls leaves the
+#: span to the exit, which knows the exception that ended the block
+EXITING: contextvars.ContextVar[bool] = contextvars.ContextVar("notify_otel_exiting", default=False)
+
 
 class State:
     """The instrumentation's tracer (None: off)."""

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from opentelemetry.trace import SpanKind
 
-from notify.client import ConsumerConfig, Message, connect
+from notify.client import ConsumerConfig, Message, Producer, connect
 from notify.migrations import upgrade
 from notify.outbox import Outbox, RelayConfig
 from notify.testing import TestBroker
@@ -269,3 +269,34 @@ def test_a_queue_consumer_receives_processes_and_settles_in_the_senders_trace(
     batch = spans.one("process jobs")
     assert batch.kind is SpanKind.CONSUMER and sum(batches) == 1  # the released one
     assert {lk.context.span_id for lk in batch.links} <= send_ids
+
+
+@pytest.mark.skipif(
+    not hasattr(Producer, "half_message"),
+    reason="half_message() comes with the client core",
+)
+def test_a_half_message_block_spans_its_message_and_the_consumer_continues(
+    spans: Spans, notify_broker: TestBroker, tmp_path: Path
+) -> None:
+    from notify.client import LocalTxState
+
+    with connect([notify_broker.address]) as session:
+        producer = session.create_transactional_producer("shop", lambda msg: LocalTxState.ROLLBACK)
+        with spans.tracer.start_as_current_span("POST /orders"):
+            with producer.half_message("orders", b"o-1", key="k") as half:
+                half.prepared()
+                with spans.tracer.start_as_current_span("save order"):
+                    pass
+            with pytest.raises(RuntimeError), producer.half_message("orders", b"o-2") as half:
+                raise RuntimeError("the order was not saved")
+        seen = [m.data for m in _consumer(session, tmp_path).messages("orders", 0.5)]
+    assert seen == [b"o-1"]
+    committed, rolled_back = spans.named("transaction half")
+    request, save = spans.one("POST /orders"), spans.one("save order")
+    send = [s for s in spans.named("send orders") if s.parent.span_id == committed.context.span_id]
+    assert len(send) == 1 and send[0].kind is SpanKind.PRODUCER
+    assert committed.parent is not None and committed.parent.span_id == request.context.span_id
+    assert save.parent is not None and save.parent.span_id == committed.context.span_id
+    assert rolled_back.status.status_code.name == "ERROR"
+    process = spans.one("process orders")
+    assert process.parent is not None and process.parent.span_id == send[0].context.span_id

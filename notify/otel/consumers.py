@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import Token
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
 from . import spans
-from .spans import SENDING, fail, start_client, start_process
+from .calls import Begin, Done, arg, async_call, both, sync_call
+from .spans import fail, start_client, start_process
 
 Fn = Callable[..., Any]
 _MARK = "__notify_otel_listener__"
@@ -38,71 +43,49 @@ def _end(span: Span, error: BaseException | None) -> None:
     span.end()
 
 
+def _in_span(fn: Any, start: Callable[[Any], Span | None]) -> Any:
+    """``fn(x)`` inside the span ``start(x)`` (async stays async); marked, so that the
+    blocking API handing it to the asyncio one does not wrap it twice."""
+    if fn is None or getattr(fn, _MARK, False):
+        return fn
+
+    def scope(x: Any) -> AbstractContextManager[Any]:
+        span = start(x)
+        return nullcontext() if span is None else trace.use_span(span, end_on_exit=True)
+
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    ):
+
+        async def acall(x: Any) -> Any:
+            with scope(x):
+                return await fn(x)
+
+        setattr(acall, _MARK, True)
+        return acall
+
+    def call(x: Any) -> Any:
+        with scope(x):
+            return fn(x)
+
+    setattr(call, _MARK, True)
+    return call
+
+
 def traced_listener(listener: Any, group: str | None) -> Any:
-    """``listener`` with a ``process`` span around each call (async stays async)."""
-    if listener is None or getattr(listener, _MARK, False):
-        return listener
-    is_async = inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
-        getattr(listener, "__call__", None)  # noqa: B004
-    )
-    if is_async:
-
-        async def alistener(msg: Any) -> Any:
-            span = start_process(msg, group)
-            if span is None:
-                return await listener(msg)
-            with trace.use_span(span, end_on_exit=True):
-                return await listener(msg)
-
-        setattr(alistener, _MARK, True)
-        return alistener
-
-    def plistener(msg: Any) -> Any:
-        span = start_process(msg, group)
-        if span is None:
-            return listener(msg)
-        with trace.use_span(span, end_on_exit=True):
-            return listener(msg)
-
-    setattr(plistener, _MARK, True)
-    return plistener
+    """``listener`` with a ``process`` span around each message."""
+    return _in_span(listener, lambda msg: start_process(msg, group))
 
 
 def traced_batch_listener(listener: Any, group: str | None) -> Any:
     """A queue's ``batch_listener`` with one ``process`` span per batch, linked to the
     creation context of every message in it."""
-    if listener is None or getattr(listener, _MARK, False):
-        return listener
-    is_async = inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
-        getattr(listener, "__call__", None)  # noqa: B004
-    )
 
     def start(msgs: list[Any]) -> Span | None:
         topic = getattr(msgs[0], "topic", None) if msgs else None
-        span = start_client("process", "process", topic, msgs, group)
-        return span
+        return start_client("process", "process", topic, msgs, group)
 
-    if is_async:
-
-        async def abatch(msgs: list[Any]) -> Any:
-            span = start(msgs)
-            if span is None:
-                return await listener(msgs)
-            with trace.use_span(span, end_on_exit=True):
-                return await listener(msgs)
-
-        setattr(abatch, _MARK, True)
-        return abatch
-
-    def pbatch(msgs: list[Any]) -> Any:
-        span = start(msgs)
-        if span is None:
-            return listener(msgs)
-        with trace.use_span(span, end_on_exit=True):
-            return listener(msgs)
-
-    setattr(pbatch, _MARK, True)
-    return pbatch
+    return _in_span(listener, start)
 
 
 def queue_consumer(orig: Fn) -> Fn:
@@ -141,20 +124,31 @@ def subscribe(orig: Fn) -> Fn:
     return wrapper
 
 
-def _process_each(msg: Any, group: str | None) -> tuple[Span | None, object]:
+def _process_each(msg: Any, group: str | None) -> tuple[Span | None, Token[Context] | None]:
     span = start_process(msg, group)
     if span is None:
         return None, None
     return span, otel_context.attach(trace.set_span_in_context(span))
 
 
-def _done(span: Span | None, token: object, error: BaseException | None) -> None:
-    if span is None:
+def _done(span: Span | None, token: Token[Context] | None, error: BaseException | None) -> None:
+    if span is None or token is None:
         return
     try:
-        otel_context.detach(token)  # type: ignore[arg-type]
+        otel_context.detach(token)
     finally:
         _end(span, error)
+
+
+@contextmanager
+def _processing(msg: Any, group: str | None) -> Iterator[None]:
+    """The message's ``process`` span, current for the block (ended as it leaves, an
+    iteration stopped early included: that is no error of the message's)."""
+    span, token = _process_each(msg, group)
+    try:
+        yield
+    finally:
+        _done(span, token, None)
 
 
 def messages_sync(orig: Fn) -> Fn:
@@ -169,11 +163,8 @@ def messages_sync(orig: Fn) -> Fn:
             return
         group = group_of(self)
         for msg in orig(self, *a, **kw):
-            span, token = _process_each(msg, group)
-            try:
+            with _processing(msg, group):  # until the caller asks for the next one
                 yield msg
-            finally:  # the caller asked for the next one, or stopped
-                _done(span, token, None)
 
     return messages
 
@@ -183,147 +174,66 @@ def messages_async(orig: Fn) -> Fn:
     async def messages(self: object, *a: Any, **kw: Any) -> AsyncIterator[Any]:
         group = group_of(self)
         async for msg in orig(self, *a, **kw):
-            span, token = _process_each(msg, group)
-            try:
+            with _processing(msg, group):  # until the caller asks for the next one
                 yield msg
-            finally:  # the caller asked for the next one, or stopped
-                _done(span, token, None)
 
     return messages
 
 
-def _topic_of(args: tuple[Any, ...], kw: dict[str, Any]) -> str | None:
-    t = kw.get("topic", args[0] if args else None)
-    return t if isinstance(t, str) else None
-
-
-def fetch_sync(orig: Fn) -> Fn:
-    """``fetch(topic)``: a ``receive`` span linked to every message it returns."""
-
-    @functools.wraps(orig)
-    def fetch(self: object, *a: Any, **kw: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, *a, **kw)
-        token = SENDING.set(True)  # the blocking API runs the asyncio one: one span
-        try:
-            got = orig(self, *a, **kw)
-        finally:
-            SENDING.reset(token)
-        _receive_span(self, a, kw, got)
-        return got
-
-    return fetch
-
-
-def fetch_async(orig: Fn) -> Fn:
-    async def traced(self: object, a: Any, kw: Any) -> Any:
-        got = await orig(self, *a, **kw)
-        _receive_span(self, a, kw, got)
-        return got
-
-    @functools.wraps(orig)
-    def fetch(self: object, *a: Any, **kw: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, *a, **kw)
-        return traced(self, a, kw)
-
-    return fetch
-
-
-def _receive_span(consumer: object, a: tuple[Any, ...], kw: dict[str, Any], got: Any) -> None:
+def _receive_span(consumer: object, topic: str | None, got: Any, start_ns: int) -> None:
+    """A ``receive`` span from ``start_ns`` to now, linked to every message received."""
     msgs = list(got) if isinstance(got, list) else ([] if got is None else [got])
-    topic = _topic_of(a, kw)
     if topic is None and msgs:
         topic = getattr(msgs[0], "topic", None)
-    span = start_client("receive", "receive", topic, msgs, group_of(consumer))
+    span = start_client("receive", "receive", topic, msgs, group_of(consumer), start_ns)
     if span is not None:
         span.end()
 
 
-def queue_get_sync(orig: Fn) -> Fn:
+@contextmanager
+def _fetch(self: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Done]:
+    """``fetch(topic)``: a ``receive`` span linked to every message it returns."""
+    start = time.time_ns()
+    topic = arg(args, kwargs, 0, "topic")
+    yield lambda got: _receive_span(self, topic, got, start)
+
+
+@contextmanager
+def _queue_get(self: object, _a: tuple[Any, ...], _kw: dict[str, Any]) -> Iterator[Done]:
     """A queue consumer's ``get()``: a ``receive`` span linked to the message."""
+    start = time.time_ns()
 
-    @functools.wraps(orig)
-    def get(self: object, *a: Any, **kw: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, *a, **kw)
-        token = SENDING.set(True)
-        try:
-            got = orig(self, *a, **kw)
-        finally:
-            SENDING.reset(token)
+    def done(got: Any) -> None:
         if got is not None:
-            _receive_span(self, (getattr(got, "topic", None),), {}, got)
-        return got
+            _receive_span(self, getattr(got, "topic", None), got, start)
 
-    return get
+    yield done
 
 
-def queue_get_async(orig: Fn) -> Fn:
-    async def traced(self: object, a: Any, kw: Any) -> Any:
-        got = await orig(self, *a, **kw)
-        if got is not None:
-            _receive_span(self, (getattr(got, "topic", None),), {}, got)
-        return got
+def _settle(op: str) -> Begin:
+    @contextmanager
+    def begin(self: object, _a: tuple[Any, ...], _kw: dict[str, Any]) -> Iterator[Done]:
+        """``ack``/``release``/``reject`` of a queue message: a settle span."""
+        span = start_client(op, "settle", getattr(self, "topic", None), [self], _qgroup(self))
+        if span is None:
+            yield lambda _r: None
+            return
+        with trace.use_span(span, end_on_exit=True):
+            yield lambda r: span.set_attribute("notify.settled", bool(r))
 
-    @functools.wraps(orig)
-    def get(self: object, *a: Any, **kw: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, *a, **kw)
-        return traced(self, a, kw)
+    return begin
 
-    return get
+
+fetch_sync, fetch_async = both(_fetch)
+queue_get_sync, queue_get_async = both(_queue_get)
 
 
 def settle_sync(orig: Fn) -> Fn:
-    """``ack``/``release``/``reject`` of a queue message: a settle span."""
-    op = orig.__name__
-
-    @functools.wraps(orig)
-    def settle(self: object, *a: Any, **kw: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, *a, **kw)
-        span = start_client(op, "settle", getattr(self, "topic", None), [self], _qgroup(self))
-        token = SENDING.set(True)
-        try:
-            result = orig(self, *a, **kw)
-        except BaseException as e:
-            if span is not None:
-                _end(span, e)
-            raise
-        finally:
-            SENDING.reset(token)
-        if span is not None:
-            span.set_attribute("notify.settled", bool(result))
-            span.end()
-        return result
-
-    return settle
+    return sync_call(orig, _settle(orig.__name__))
 
 
 def settle_async(orig: Fn) -> Fn:
-    op = orig.__name__
-
-    async def traced(self: object, a: Any, kw: Any) -> Any:
-        span = start_client(op, "settle", getattr(self, "topic", None), [self], _qgroup(self))
-        try:
-            result = await orig(self, *a, **kw)
-        except BaseException as e:
-            if span is not None:
-                _end(span, e)
-            raise
-        if span is not None:
-            span.set_attribute("notify.settled", bool(result))
-            span.end()
-        return result
-
-    @functools.wraps(orig)
-    def settle(self: object, *a: Any, **kw: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, *a, **kw)
-        return traced(self, a, kw)
-
-    return settle
+    return async_call(orig, _settle(orig.__name__))
 
 
 def _qgroup(msg: object) -> str | None:

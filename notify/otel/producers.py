@@ -4,17 +4,21 @@ messages, ``Outbox.send`` and the outbox relay's publisher."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import Token
 from types import TracebackType
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind
 
 from notify.outbox import Batch, Identity, PublishAck, Publisher, PublishError
 
 from . import spans
+from .calls import Done, arg, both, sync_call
 from .semconv import (
     A_BATCH,
     A_MSG_ID,
@@ -25,113 +29,42 @@ from .semconv import (
     record_headers,
     span_name,
 )
-from .spans import BEGINNING, EXITING, SENDING, fail, producer_span, set_result
+from .spans import BEGINNING, EXITING, fail, producer_span, set_result
 
 Fn = Callable[..., Any]
 
 
-def send_sync(orig: Fn) -> Fn:
+@contextmanager
+def _send(_self: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Done]:
     """``send(topic, data, ..., headers=)``: a ``send`` span, its context in the headers."""
-
-    @functools.wraps(orig)
-    def send(self: object, topic: str, data: bytes, *args: Any, **kwargs: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, topic, data, *args, **kwargs)
-        with producer_span("send", topic) as span:
-            kwargs["headers"] = inject(kwargs.get("headers"))
-            token = SENDING.set(True)
-            try:
-                result = orig(self, topic, data, *args, **kwargs)
-            finally:
-                SENDING.reset(token)
-            set_result(span, result)
-            return result
-
-    return send
+    with producer_span("send", arg(args, kwargs, 0, "topic")) as span:
+        kwargs["headers"] = inject(kwargs.get("headers"))
+        yield functools.partial(set_result, span)
 
 
-def send_async(orig: Fn) -> Fn:
-    """The coroutine form of :func:`send_sync` (decided when called: a blocking wrapper
-    that runs it on the client's loop already has the span)."""
+@contextmanager
+def _send_plain(_self: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Done]:
+    """A ``send`` span around a send that takes no headers (an XA broker branch's
+    ``BrokerProducer.send``): its message carries no trace context."""
+    with producer_span("send", arg(args, kwargs, 0, "topic")) as span:
+        yield functools.partial(set_result, span)
 
-    async def traced(self: object, topic: str, data: bytes, args: Any, kwargs: Any) -> Any:
-        with producer_span("send", topic) as span:
-            kwargs["headers"] = inject(kwargs.get("headers"))
-            token = SENDING.set(True)
-            try:
-                result = await orig(self, topic, data, *args, **kwargs)
-            finally:
-                SENDING.reset(token)
-            set_result(span, result)
-            return result
 
-    @functools.wraps(orig)
-    def send(self: object, topic: str, data: bytes, *args: Any, **kwargs: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, topic, data, *args, **kwargs)
-        return traced(self, topic, data, args, kwargs)
+@contextmanager
+def _batch(_self: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Done]:
+    """``send_batch(topic, datas, ...)``: one ``send`` span for the batch (its messages
+    carry no headers of their own, so no trace context)."""
+    datas = arg(args, kwargs, 1, "datas") or ()
+    with producer_span("send", arg(args, kwargs, 0, "topic"), **{A_BATCH: len(datas)}) as span:
+        yield functools.partial(set_result, span)
 
-    return send
+
+send_sync, send_async = both(_send)
+batch_sync, batch_async = both(_batch)
 
 
 def send_plain(orig: Fn) -> Fn:
-    """A ``send`` span around a send that takes no headers (an XA broker branch's
-    ``BrokerProducer.send``): its message carries no trace context."""
-
-    @functools.wraps(orig)
-    def send(self: object, topic: str, data: bytes, *args: Any, **kwargs: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, topic, data, *args, **kwargs)
-        with producer_span("send", topic) as span:
-            result = orig(self, topic, data, *args, **kwargs)
-            set_result(span, result)
-            return result
-
-    return send
-
-
-def _batch_span(topic: str, datas: Sequence[bytes]) -> Any:
-    return producer_span("send", topic, **{A_BATCH: len(datas)})
-
-
-def batch_sync(orig: Fn) -> Fn:
-    """``send_batch(topic, datas, ...)``: one ``send`` span for the batch (its messages
-    carry no headers of their own, so no trace context)."""
-
-    @functools.wraps(orig)
-    def send_batch(self: object, topic: str, datas: Sequence[bytes], *a: Any, **kw: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, topic, datas, *a, **kw)
-        with _batch_span(topic, datas) as span:
-            token = SENDING.set(True)
-            try:
-                result = orig(self, topic, datas, *a, **kw)
-            finally:
-                SENDING.reset(token)
-            set_result(span, result)
-            return result
-
-    return send_batch
-
-
-def batch_async(orig: Fn) -> Fn:
-    async def traced(self: object, topic: str, datas: Sequence[bytes], a: Any, kw: Any) -> Any:
-        with _batch_span(topic, datas) as span:
-            token = SENDING.set(True)
-            try:
-                result = await orig(self, topic, datas, *a, **kw)
-            finally:
-                SENDING.reset(token)
-            set_result(span, result)
-            return result
-
-    @functools.wraps(orig)
-    def send_batch(self: object, topic: str, datas: Sequence[bytes], *a: Any, **kw: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, topic, datas, *a, **kw)
-        return traced(self, topic, datas, a, kw)
-
-    return send_batch
+    return sync_call(orig, _send_plain)
 
 
 # ------------------------------------------------------------------ transactions
@@ -168,6 +101,22 @@ def begin(orig: Fn) -> Fn:
     return begin_transaction
 
 
+@contextmanager
+def _ending(tx: object, is_exit: bool, args: tuple[Any, ...]) -> Iterator[None]:
+    """End ``tx``'s span after the call: with the call's exception, or an exit's."""
+    token = EXITING.set(True) if is_exit else None
+    error = args[1] if is_exit and len(args) > 1 else None
+    try:
+        yield
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        if token is not None:
+            EXITING.reset(token)
+        spans.end_transaction(tx, error if isinstance(error, BaseException) else None)
+
+
 def end_sync(orig: Fn) -> Fn:
     """``commit``/``rollback``/``__exit__`` of a transaction: its span ends with it (an
     exit's own commit or rollback leaves the span to the exit, which knows the error)."""
@@ -177,18 +126,8 @@ def end_sync(orig: Fn) -> Fn:
     def end(self: object, *args: Any, **kwargs: Any) -> Any:
         if EXITING.get():
             return orig(self, *args, **kwargs)
-        token = EXITING.set(True) if is_exit else None
-        try:
-            result = orig(self, *args, **kwargs)
-        except BaseException as e:
-            spans.end_transaction(self, e)
-            raise
-        finally:
-            if token is not None:
-                EXITING.reset(token)
-        error = args[1] if is_exit and len(args) > 1 else None
-        spans.end_transaction(self, error if isinstance(error, BaseException) else None)
-        return result
+        with _ending(self, is_exit, args):
+            return orig(self, *args, **kwargs)
 
     return end
 
@@ -200,18 +139,8 @@ def end_async(orig: Fn) -> Fn:
     async def end(self: object, *args: Any, **kwargs: Any) -> Any:
         if EXITING.get():
             return await orig(self, *args, **kwargs)
-        token = EXITING.set(True) if is_exit else None
-        try:
-            result = await orig(self, *args, **kwargs)
-        except BaseException as e:
-            spans.end_transaction(self, e)
-            raise
-        finally:
-            if token is not None:
-                EXITING.reset(token)
-        error = args[1] if is_exit and len(args) > 1 else None
-        spans.end_transaction(self, error if isinstance(error, BaseException) else None)
-        return result
+        with _ending(self, is_exit, args):
+            return await orig(self, *args, **kwargs)
 
     return end
 
@@ -234,7 +163,7 @@ class _HalfSpans:
                 kind=SpanKind.PRODUCER,
                 attributes=attributes("send", "send", topic),
             )
-        self._token: object = None
+        self._token: Token[Context] | None = None
 
     def headers(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
         if self.send is None:
@@ -247,7 +176,7 @@ class _HalfSpans:
 
     def exit(self, error: BaseException | None) -> None:
         if self._token is not None:
-            otel_context.detach(self._token)  # type: ignore[arg-type]
+            otel_context.detach(self._token)
             self._token = None
         for span in (self.send, self.tx):
             if span is not None:
@@ -327,55 +256,24 @@ def half_message(orig: Fn) -> Fn:
     return wrapper
 
 
-def in_transaction_sync(orig: Fn) -> Fn:
-    """``send_in_transaction(topic, data, local_tx, ...)``: the same spans around the call."""
-
-    @functools.wraps(orig)
-    def wrapper(self: object, topic: str, data: bytes, *args: Any, **kwargs: Any) -> Any:
-        if spans.tracer() is None:
-            return orig(self, topic, data, *args, **kwargs)
-        hs = _HalfSpans(topic)
-        kwargs["headers"] = hs.headers(kwargs.get("headers"))
-        hs.enter()
-        token = SENDING.set(True)
-        try:
-            result = orig(self, topic, data, *args, **kwargs)
-        except BaseException as e:
-            SENDING.reset(token)
-            hs.exit(e)
-            raise
-        SENDING.reset(token)
-        set_result(hs.send, result)
-        hs.exit(None)
-        return result
-
-    return wrapper
+@contextmanager
+def _in_transaction(_self: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Done]:
+    """``send_in_transaction(topic, data, local_tx, ...)``: the spans of a half message
+    around the call (``local_tx`` runs in the transaction span)."""
+    hs = _HalfSpans(arg(args, kwargs, 0, "topic"))
+    kwargs["headers"] = hs.headers(kwargs.get("headers"))
+    hs.enter()
+    error: BaseException | None = None
+    try:
+        yield functools.partial(set_result, hs.send)
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        hs.exit(error)
 
 
-def in_transaction_async(orig: Fn) -> Fn:
-    async def traced(self: object, topic: str, data: bytes, a: Any, kw: Any) -> Any:
-        hs = _HalfSpans(topic)
-        kw["headers"] = hs.headers(kw.get("headers"))
-        hs.enter()
-        token = SENDING.set(True)
-        try:
-            result = await orig(self, topic, data, *a, **kw)
-        except BaseException as e:
-            SENDING.reset(token)
-            hs.exit(e)
-            raise
-        SENDING.reset(token)
-        set_result(hs.send, result)
-        hs.exit(None)
-        return result
-
-    @functools.wraps(orig)
-    def wrapper(self: object, topic: str, data: bytes, *a: Any, **kw: Any) -> Any:
-        if SENDING.get() or spans.tracer() is None:
-            return orig(self, topic, data, *a, **kw)
-        return traced(self, topic, data, a, kw)
-
-    return wrapper
+in_transaction_sync, in_transaction_async = both(_in_transaction)
 
 
 # ------------------------------------------------------------------ the outbox

@@ -7,10 +7,12 @@ import contextvars
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import Token
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 
 from notify.version import __version__
@@ -121,7 +123,12 @@ def start_process(msg: object, group: str | None, op: str = "process") -> Span |
 
 
 def start_client(
-    op: str, op_type: str, topic: str | None, msgs: Sequence[object], group: str | None = None
+    op: str,
+    op_type: str,
+    topic: str | None,
+    msgs: Sequence[object],
+    group: str | None = None,
+    start_ns: int | None = None,
 ) -> Span | None:
     """A CLIENT span (``receive``, settling; CONSUMER for a batch's ``process``) linked to
     every message's creation context."""
@@ -140,12 +147,13 @@ def start_client(
         kind=kind,
         links=links or None,
         attributes=attributes(op, op_type, topic, **extra),
+        start_time=start_ns,
     )
 
 
 # ------------------------------------------------------------------ transactions
 
-_open: dict[int, tuple[Span, object]] = {}
+_open: dict[int, tuple[Span, Token[Context]]] = {}
 _open_lock = threading.Lock()
 
 
@@ -177,7 +185,7 @@ def end_transaction(tx: object, error: BaseException | None, outcome: str | None
     if held is None:
         return
     span, token = held
-    otel_context.detach(token)  # type: ignore[arg-type]  # logs, never raises
+    otel_context.detach(token)  # logs, never raises
     status = getattr(tx, "status", None)
     if isinstance(status, str):
         span.set_attribute("notify.transaction.outcome", status)

@@ -5,6 +5,7 @@ create -> relay send -> process chain, and nothing left behind when switched off
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -14,7 +15,13 @@ import pytest
 import sqlalchemy as sa
 from opentelemetry.trace import SpanKind
 
-from notify.client import ConsumerConfig, Message, Producer, connect
+from notify.client import (
+    AsyncMessageSessionFactory,
+    ConsumerConfig,
+    Message,
+    Producer,
+    connect,
+)
 from notify.migrations import upgrade
 from notify.outbox import Outbox, RelayConfig
 from notify.testing import TestBroker
@@ -300,3 +307,36 @@ def test_a_half_message_block_spans_its_message_and_the_consumer_continues(
     assert rolled_back.status.status_code.name == "ERROR"
     process = spans.one("process orders")
     assert process.parent is not None and process.parent.span_id == send[0].context.span_id
+
+
+def test_the_asyncio_api_traces_transactions_sends_and_iterations(
+    spans: Spans, notify_broker: TestBroker, tmp_path: Path
+) -> None:
+    async def run() -> list[bytes]:
+        async with AsyncMessageSessionFactory([notify_broker.address]) as session:
+            producer = session.create_producer()
+            with spans.tracer.start_as_current_span("request"):
+                async with producer.transaction(timeout=10):
+                    await producer.send("orders", b"a-1")
+                await producer.send("orders", b"a-2")
+            consumer = session.create_consumer(ConsumerConfig(group="g", data_dir=tmp_path / "g"))
+            got = []
+            async for msg in consumer.messages("orders", idle_timeout_s=0.5):
+                with spans.tracer.start_as_current_span("handle"):
+                    got.append(msg.data)
+            await consumer.close()
+            return got
+
+    assert asyncio.run(run()) == [b"a-1", b"a-2"]
+    request, tx = spans.one("request"), spans.one("transaction local")
+    sends = sorted(spans.named("send orders"), key=lambda s: s.start_time or 0)
+    assert tx.parent is not None and tx.parent.span_id == request.context.span_id
+    assert [s.parent.span_id for s in sends if s.parent] == [
+        tx.context.span_id,
+        request.context.span_id,
+    ]
+    processes = sorted(spans.named("process orders"), key=lambda s: s.start_time or 0)
+    handles = sorted(spans.named("handle"), key=lambda s: s.start_time or 0)
+    assert [p.parent.span_id for p in processes if p.parent] == [s.context.span_id for s in sends]
+    assert [h.parent.span_id for h in handles if h.parent] == [p.context.span_id for p in processes]
+    assert {s.context.trace_id for s in spans.all()} == {request.context.trace_id}

@@ -194,7 +194,10 @@ class StaticBrokerDirectory:
             # a broker may create the topic when it is named (``autoCreateTopics``): ask
             # ``stats <topic>`` (MetaQ's per-topic stats; partitions 0 when unknown)
             for bid, addr in (k for k in known if not isinstance(k, BaseException)):
-                st = parse_stats_dict(await self._request(addr, ("stats", topic)))
+                try:
+                    st = parse_stats_dict(await self._request(addr, ("stats", topic)))
+                except (BrokerError, ConnectionLostError, RequestTimeoutError):
+                    continue  # cannot tell: the topic stays unknown (404 below)
                 count = st.get("partitions", 0)
                 n = count if isinstance(count, int) else 0
                 out.extend(Partition(bid, p, addr) for p in range(n))

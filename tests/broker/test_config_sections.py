@@ -36,6 +36,7 @@ dashboardHttpPort=8121
 dataPath=/srv/store/data
 dataLogPath=/srv/notify/redo
 numPartitions=2
+autoCreateTopics=true
 unflushThreshold=1001
 unflushInterval=10001
 maxSegmentSize=1073741825
@@ -134,6 +135,7 @@ OLD_VALUES: dict[str, object] = {
     "dataPath": "/srv/store/data",
     "dataLogPath": "/srv/notify/redo",
     "numPartitions": 2,
+    "autoCreateTopics": True,
     "unflushThreshold": 1001,
     "unflushInterval": 10001,
     "maxSegmentSize": 1073741825,

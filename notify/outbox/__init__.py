@@ -23,7 +23,7 @@ Modules: :mod:`.rows` (the formats, once), :mod:`.writer` (``Outbox.send``),
 Protocol), :mod:`.status`, :mod:`.half` (half-message markers), :mod:`.sql`.
 """
 
-from .half import HalfMarkers, HalfState
+from .half import HalfMarkers, HalfState, MarkedTransaction
 from .plan import Limits
 from .publisher import Batch, Identity, PublishAck, Publisher, PublishError
 from .relay import OutboxStateError, Relay, RelayConfig, ShardStats
@@ -31,7 +31,7 @@ from .relaydb import FencedError
 from .rows import OutboxArgumentError, OutboxError, key_hash
 from .sql import OutboxDatabaseError, OutboxTablesMissingError
 from .status import OutboxStatus, ShardStatus
-from .writer import Outbox, OutboxConfig
+from .writer import Outbox, OutboxConfig, OutboxSends, outbox_for
 
 __all__ = [
     "Batch",
@@ -40,11 +40,13 @@ __all__ = [
     "HalfState",
     "Identity",
     "Limits",
+    "MarkedTransaction",
     "Outbox",
     "OutboxArgumentError",
     "OutboxConfig",
     "OutboxDatabaseError",
     "OutboxError",
+    "OutboxSends",
     "OutboxStateError",
     "OutboxStatus",
     "OutboxTablesMissingError",
@@ -56,4 +58,5 @@ __all__ = [
     "ShardStats",
     "ShardStatus",
     "key_hash",
+    "outbox_for",
 ]

@@ -15,6 +15,18 @@ key, state 1) in the same database transaction as the application's rows
 
 A lock wait longer than ``lock_timeout_s`` answers UNKNOWN (the broker asks again).
 :meth:`forget` removes markers older than the broker can still ask about.
+
+:meth:`HalfMarkers.begin` opens the application's side of one half message: a connection
+of the engine, its transaction begun and the marker pending (written in the commit's own
+round trip on PostgreSQL, just before it elsewhere); ``commit`` and ``rollback`` end it.
+A half message's client drives it: PREPARE sent, the block's database work on ``conn``,
+PREPARE acknowledged, ``commit`` (the rows and the marker), then COMMIT of the message.
+A marker inserted late (the check-back's tombstone was first: the transaction took longer
+than the broker's ``txCheckBackDelay``) fails that commit, so the database transaction and
+the message are rolled back together.
+
+Crash points (``NOTIFY_CRASHPOINTS``, :mod:`notify.faults`): ``half_before_db_commit``,
+``half_after_db_commit`` (the database committed, the message not yet).
 """
 
 from __future__ import annotations
@@ -23,7 +35,9 @@ from enum import Enum
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+
+from notify.faults import crashpoint
 
 from .rows import build_marker
 from .sql import NOW_MS, dialect_name
@@ -57,40 +71,68 @@ class HalfMarkers:
         """Write the marker of ``tx_key`` in ``conn``'s transaction (at its commit)."""
         write(conn, self._cfg, build_marker(self.group, tx_key))
 
+    def begin(self, tx_key: str) -> MarkedTransaction:
+        """The database side of half message ``tx_key``: a connection of the engine in a
+        transaction with the marker pending (see the module doc). Raises
+        :class:`OutboxArgumentError` for a key a marker cannot hold (nothing opened)."""
+        return MarkedTransaction(self, build_marker(self.group, tx_key).tx_key)
+
     def check(self, tx_key: str) -> HalfState:
         """The outcome of ``tx_key``'s database transaction, decided for good."""
         build_marker(self.group, tx_key)
         ignore = {"postgresql": "", "mysql": "IGNORE ", "sqlite": "OR IGNORE "}[self.d]
         conflict = " ON CONFLICT DO NOTHING" if self.d == "postgresql" else ""
         params = {"g": self.group, "k": tx_key, "st": ROLLED_BACK}
+        # MySQL/MariaDB: a locking read sees the row committed meanwhile, whatever the
+        # isolation level's snapshot
+        lock = " LOCK IN SHARE MODE" if self.d == "mysql" else ""
+        ms = max(1, int(self.lock_timeout_s * 1000))
         try:
-            with self.engine.begin() as c:
-                self._lock_timeout(c)
-                c.execute(
-                    sa.text(
-                        f"INSERT {ignore}INTO notify_outbox_half (group_id, tx_key, state) "
-                        f"VALUES (:g, :k, :st){conflict}"
-                    ),
-                    params,
-                )
-                state = c.execute(
-                    sa.text(
-                        "SELECT state FROM notify_outbox_half WHERE group_id = :g AND tx_key = :k"
-                    ),
-                    params,
-                ).scalar()
+            with self.engine.connect() as c:
+                restore = self._lock_timeout(c, ms)
+                try:
+                    with c.begin():
+                        if self.d == "postgresql":
+                            c.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+                        c.execute(
+                            sa.text(
+                                f"INSERT {ignore}INTO notify_outbox_half (group_id, tx_key, "
+                                f"state) VALUES (:g, :k, :st){conflict}"
+                            ),
+                            params,
+                        )
+                        state = c.execute(
+                            sa.text(
+                                "SELECT state FROM notify_outbox_half WHERE group_id = :g "
+                                f"AND tx_key = :k{lock}"
+                            ),
+                            params,
+                        ).scalar()
+                finally:
+                    if restore is not None and not c.invalidated:
+                        c.exec_driver_sql(restore)
+                        c.commit()
         except sa_exc.OperationalError:
             return HalfState.UNKNOWN  # a lock wait timed out or the database is away
         if state == COMMITTED:
             return HalfState.COMMIT
         return HalfState.ROLLBACK if state == ROLLED_BACK else HalfState.UNKNOWN
 
-    def _lock_timeout(self, c: sa.Connection) -> None:
-        ms = max(1, int(self.lock_timeout_s * 1000))
-        if self.d == "postgresql":
-            c.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
-        elif self.d == "mysql":
+    def _lock_timeout(self, c: sa.Connection, ms: int) -> str | None:
+        """MySQL/MariaDB (whole seconds) and SQLite: set the connection's lock wait for
+        the check; the statement restoring the pooled connection's own afterwards."""
+        if self.d == "mysql":
+            var = "@@SESSION.innodb_lock_wait_timeout"
+            before = int(c.exec_driver_sql(f"SELECT {var}").scalar_one())
             c.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(1, ms // 1000)}")
+            c.commit()
+            return f"SET SESSION innodb_lock_wait_timeout = {before}"
+        if self.d == "sqlite":
+            before = int(c.exec_driver_sql("PRAGMA busy_timeout").scalar_one())
+            c.exec_driver_sql(f"PRAGMA busy_timeout = {ms}")
+            c.commit()
+            return f"PRAGMA busy_timeout = {before}"
+        return None
 
     def forget(self, older_than_s: float) -> int:
         """Remove the group's markers older than ``older_than_s``; how many."""
@@ -103,3 +145,37 @@ class HalfMarkers:
                 {"g": self.group, "ms": int(older_than_s * 1000)},
             ).rowcount
         return int(n)
+
+
+class MarkedTransaction:
+    """The application's database transaction of one half message (made by
+    :meth:`HalfMarkers.begin`): ``conn`` is a SQLAlchemy connection of the markers' engine,
+    its transaction begun with the marker pending; :meth:`commit` or :meth:`rollback` ends
+    it and returns the connection to the pool."""
+
+    def __init__(self, markers: HalfMarkers, tx_key: str):
+        self.tx_key = tx_key
+        self.conn: Connection = markers.engine.connect()
+        try:
+            self.conn.begin()
+            markers.mark(self.conn, tx_key)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def commit(self) -> None:
+        """Commit the application's rows and the marker (raises what the commit raises:
+        the transaction is then rolled back, the marker with it)."""
+        crashpoint("half_before_db_commit")
+        try:
+            self.conn.commit()
+        finally:
+            self.conn.close()
+        crashpoint("half_after_db_commit")
+
+    def rollback(self) -> None:
+        """Roll the application's rows and the marker back."""
+        try:
+            self.conn.rollback()
+        finally:
+            self.conn.close()

@@ -316,6 +316,10 @@ def _pg_exec(
         return
     res = dc.pgconn.exec_(sql)
     if res.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+        if dc.pgconn.transaction_status == pq.TransactionStatus.INERROR:
+            # the commit failed: end the transaction here (SQLAlchemy counts the commit as
+            # its end and returns the connection to its pool without a rollback)
+            dc.pgconn.exec_(b"ROLLBACK")
         _raise_pg(conn, dc, res, sql)
 
 
@@ -422,28 +426,36 @@ def install_hooks(engine: Engine) -> None:
 def write(conn: AppConnection, cfg: OutboxConfig, entry: Row | Marker) -> None:
     """Write ``entry`` in ``conn``'s transaction: at its commit (SQLAlchemy) or now
     (psycopg, or a connection in autocommit mode: then it commits on its own)."""
+    write_entries(conn, [(cfg, entry)])
+
+
+def write_entries(conn: AppConnection, entries: Entries) -> None:
+    """Write ``entries`` (in order) in ``conn``'s transaction, as :func:`write` does one:
+    a psycopg connection gets them in one round trip."""
+    if not entries:
+        return
     if isinstance(conn, Session):
         conn = conn.connection()
     if isinstance(conn, psycopg.Connection):
-        _pg_exec(None, conn, [(cfg, entry)], b"")
+        _pg_exec(None, conn, entries, b"")
         return
     p = _pending(conn, create=False)
     if p is not None:  # not the first row of this transaction: nothing more to check
-        p.rows.append((cfg, entry))
+        p.rows.extend(entries)
         return
     install_hooks(conn.engine)
     if _autocommit(conn):
         dc = _fast_driver(conn)
         if dc is not None:
-            _pg_exec(conn, dc, [(cfg, entry)], b"")
+            _pg_exec(conn, dc, entries, b"")
         else:
-            _write_generic(conn, [(cfg, entry)])
+            _write_generic(conn, entries)
         return
     if not conn.in_transaction():
         conn.begin()
     p = _pending(conn, create=True)
     assert p is not None
-    p.rows.append((cfg, entry))
+    p.rows.extend(entries)
 
 
 def _autocommit(conn: Connection) -> bool:
@@ -485,6 +497,7 @@ class Outbox:
         if engine is not None:
             dialect_name(engine.dialect)
             install_hooks(engine)
+            _outboxes.setdefault(engine, self)
 
     # -- writing
 
@@ -511,17 +524,29 @@ class Outbox:
         ``deliver_at``) publishes no earlier than that. Raises
         :class:`OutboxArgumentError` for bad arguments (nothing written) and
         :class:`OutboxTablesMissingError` before ``notify db upgrade``."""
-        cfg = self.config
+        conn, row = self.build(conn, topic, data, attribute, key, headers, delay, deliver_at)
+        write(conn, self.config, row)
+
+    def build(
+        self,
+        conn: AppConnection,
+        topic: str,
+        data: bytes,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        headers: Mapping[str, HeaderValue] | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+    ) -> tuple[Connection | psycopg.Connection[Any], Row]:
+        """Check :meth:`send`'s arguments and build its row, writing nothing: the
+        connection to write it on (a Session's connection) and the row. Raises as
+        :meth:`send` does."""
         if isinstance(conn, Session):
             conn = conn.connection()
         if isinstance(conn, Connection):
             shards = self._shard_count_sa(conn)
-            row = self._row(topic, data, shards, attribute, key, headers, delay, deliver_at)
-            self._send_sa(conn, row)
         elif isinstance(conn, psycopg.Connection):
             shards = self._shard_count_pg(conn)
-            row = self._row(topic, data, shards, attribute, key, headers, delay, deliver_at)
-            write(conn, cfg, row)
         elif isinstance(conn, Engine):
             raise OutboxArgumentError(
                 "send takes the connection of a transaction (engine.begin()), not an Engine"
@@ -531,6 +556,14 @@ class Outbox:
                 "send takes a SQLAlchemy Connection or Session, or a psycopg connection, "
                 f"not {type(conn).__name__}"
             )
+        return conn, self._row(topic, data, shards, attribute, key, headers, delay, deliver_at)
+
+    def sends(self, conn: AppConnection) -> OutboxSends:
+        """A batch of messages for ``conn``'s transaction, written together: each
+        :meth:`OutboxSends.add` checks and builds its row at once (nothing written), then
+        :meth:`OutboxSends.write` writes them all in ``conn``'s transaction as
+        :meth:`send` would (``producer.transaction(db=conn)`` is built on it)."""
+        return OutboxSends(self, conn)
 
     def _row(
         self,
@@ -557,9 +590,6 @@ class Outbox:
             max_message_bytes=cfg.max_message_bytes,
             max_delay_s=cfg.max_delay_s,
         )
-
-    def _send_sa(self, conn: Connection, row: Row) -> None:
-        write(conn, self.config, row)
 
     # -- the shard count (rows of notify_outbox_relay), read once
 
@@ -615,6 +645,87 @@ class Outbox:
                 raise OutboxArgumentError("this Outbox has no engine: send once first")
             self._shards = read_shard_count(self.engine)
         return self._shards
+
+
+class OutboxSends:
+    """Messages of one block for one connection's transaction (see :meth:`Outbox.sends`).
+
+    Thread-safe to :meth:`add` from several threads; :meth:`write` once, on the
+    connection's own thread. Nothing is written before :meth:`write`; :meth:`discard`
+    drops what was added."""
+
+    def __init__(self, outbox: Outbox, conn: AppConnection):
+        self.outbox = outbox
+        self.conn = conn
+        self._rows: list[tuple[OutboxConfig, Row | Marker]] = []
+        self._target: AppConnection = conn
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(
+        self,
+        topic: str,
+        data: bytes,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        *,
+        headers: Mapping[str, HeaderValue] | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+    ) -> None:
+        """Check and build one message's row (:class:`OutboxArgumentError` when its
+        arguments are bad: nothing added)."""
+        target, row = self.outbox.build(
+            self.conn, topic, data, attribute, key, headers, delay, deliver_at
+        )
+        self._target = target
+        self._rows.append((self.outbox.config, row))
+
+    def write(self) -> int:
+        """Write the rows added so far in the connection's transaction (at its commit,
+        through SQLAlchemy; at once on a psycopg connection); how many."""
+        rows, self._rows = self._rows, []
+        write_entries(self._target, rows)
+        return len(rows)
+
+    def discard(self) -> int:
+        """Drop the rows added so far; how many."""
+        n = len(self._rows)
+        self._rows = []
+        return n
+
+
+#: The Outbox of each engine (and of each psycopg connection used without one).
+_outboxes: weakref.WeakKeyDictionary[object, Outbox] = weakref.WeakKeyDictionary()
+_outboxes_lock = threading.Lock()
+
+
+def outbox_for(conn: AppConnection | Engine) -> Outbox:
+    """The :class:`Outbox` of ``conn``'s engine: the one the application made with
+    ``Outbox(engine)`` (its settings), else one with the default settings, kept for the
+    engine's life (a psycopg connection: for the connection's)."""
+    anchor: object
+    if isinstance(conn, Session):
+        conn = conn.connection()
+    if isinstance(conn, Connection):
+        anchor = conn.engine
+    elif isinstance(conn, Engine | psycopg.Connection):
+        anchor = conn
+    else:
+        raise OutboxArgumentError(
+            "the outbox takes a SQLAlchemy Connection or Session, or a psycopg connection, "
+            f"not {type(conn).__name__}"
+        )
+    found = _outboxes.get(anchor)
+    if found is None:
+        with _outboxes_lock:
+            found = _outboxes.get(anchor)
+            if found is None:
+                engine = anchor if isinstance(anchor, Engine) else None
+                found = Outbox(engine)
+                _outboxes.setdefault(anchor, found)
+    return found
 
 
 def _checked_shards(n: int) -> int:

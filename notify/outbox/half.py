@@ -14,7 +14,9 @@ key, state 1) in the same database transaction as the application's rows
    commit fail): ROLLBACK.
 
 A lock wait longer than ``lock_timeout_s`` answers UNKNOWN (the broker asks again).
-:meth:`forget` removes markers older than the broker can still ask about.
+:meth:`forget` removes markers older than the broker can still ask about; :meth:`tidy`
+does it every ``tidy_every_s`` for markers older than ``retention_s`` (7 days by default),
+in the background.
 
 :meth:`HalfMarkers.begin` opens the application's side of one half message: a connection
 of the engine, its transaction begun and the marker pending (written in the commit's own
@@ -31,7 +33,11 @@ Crash points (``NOTIFY_CRASHPOINTS``, :mod:`notify.faults`): ``half_before_db_co
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from enum import Enum
+from typing import Final
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -42,6 +48,13 @@ from notify.faults import crashpoint
 from .rows import build_marker
 from .sql import NOW_MS, dialect_name
 from .writer import AppConnection, OutboxConfig, write
+
+log = logging.getLogger("notify.outbox")
+
+#: How long a marker is kept (``HalfMarkers.retention_s``): the broker may check back on a
+#: prepared half message for as long as no producer of its group answers, so keep markers
+#: longer than any outage of the group's producers you plan to survive.
+DEFAULT_RETENTION_S: Final = 7 * 24 * 3600.0
 
 #: notify_outbox_half.state
 COMMITTED = 1
@@ -59,13 +72,26 @@ class HalfState(Enum):
 class HalfMarkers:
     """Markers of one producer group's half messages (see the module doc)."""
 
-    def __init__(self, engine: Engine, group: str, lock_timeout_s: float = 5.0):
+    def __init__(
+        self,
+        engine: Engine,
+        group: str,
+        lock_timeout_s: float = 5.0,
+        retention_s: float = DEFAULT_RETENTION_S,
+        tidy_every_s: float = 600.0,
+    ):
         build_marker(group, "k")
+        if not lock_timeout_s > 0 or not retention_s > 0 or not tidy_every_s > 0:
+            raise ValueError("lock_timeout_s, retention_s and tidy_every_s must be > 0")
         self.engine = engine
         self.group = group
         self.d = dialect_name(engine.dialect)
         self.lock_timeout_s = lock_timeout_s
+        self.retention_s = retention_s
+        self.tidy_every_s = tidy_every_s
         self._cfg = OutboxConfig()
+        self._next_tidy = 0.0
+        self._tidy_lock = threading.Lock()
 
     def mark(self, conn: AppConnection, tx_key: str) -> None:
         """Write the marker of ``tx_key`` in ``conn``'s transaction (at its commit)."""
@@ -133,6 +159,32 @@ class HalfMarkers:
             c.commit()
             return f"PRAGMA busy_timeout = {before}"
         return None
+
+    def tidy(self) -> None:
+        """Remove the group's markers older than ``retention_s``, at most once every
+        ``tidy_every_s``, on a thread of its own (the caller never waits for it)."""
+        now = time.monotonic()
+        if now < self._next_tidy:
+            return
+        with self._tidy_lock:
+            if now < self._next_tidy:
+                return
+            self._next_tidy = now + self.tidy_every_s
+        threading.Thread(target=self._tidy, name="notify-half-tidy", daemon=True).start()
+
+    def _tidy(self) -> None:
+        try:
+            n = self.forget(self.retention_s)
+        except sa_exc.SQLAlchemyError as e:
+            log.warning("half-message markers of %s not tidied: %s", self.group, e)
+            return
+        if n:
+            log.info(
+                "half-message markers of %s: %d older than %.0f s removed",
+                self.group,
+                n,
+                self.retention_s,
+            )
 
     def forget(self, older_than_s: float) -> int:
         """Remove the group's markers older than ``older_than_s``; how many."""

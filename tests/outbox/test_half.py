@@ -8,6 +8,7 @@ written together."""
 from __future__ import annotations
 
 import threading
+import time
 
 import psycopg
 import pytest
@@ -17,6 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from notify.outbox import HalfMarkers, HalfState, Outbox, OutboxArgumentError, outbox_for
+from tests.helpers import wait_until
 from tests.outbox.conftest import backlog
 
 
@@ -138,3 +140,25 @@ def test_a_batch_on_a_psycopg_connection(engine: Engine, db_url: str) -> None:
         sends.write()
         pc.commit()
     assert backlog(engine) == 1
+
+
+def test_markers_are_tidied_in_the_background(engine: Engine) -> None:
+    markers = HalfMarkers(engine, "shop", retention_s=0.05, tidy_every_s=3600)
+    with engine.begin() as c:
+        markers.mark(c, "TX:cc:1")
+
+    def count() -> int:
+        with engine.connect() as c:
+            return int(c.execute(sa.text("SELECT count(*) FROM notify_outbox_half")).scalar_one())
+
+    time.sleep(0.1)
+    markers.tidy()
+    wait_until(lambda: count() == 0, what="the old marker removed")
+    with engine.begin() as c:
+        markers.mark(c, "TX:cc:2")
+    time.sleep(0.1)
+    markers.tidy()  # not due again for an hour
+    time.sleep(0.2)
+    assert count() == 1
+    with pytest.raises(ValueError, match="must be > 0"):
+        HalfMarkers(engine, "shop", retention_s=0)

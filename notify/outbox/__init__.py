@@ -23,15 +23,59 @@ Modules: :mod:`.rows` (the formats, once), :mod:`.writer` (``Outbox.send``),
 Protocol), :mod:`.status`, :mod:`.half` (half-message markers), :mod:`.sql`.
 """
 
-from .half import HalfMarkers, HalfState, MarkedTransaction
-from .plan import Limits
-from .publisher import Batch, Identity, PublishAck, Publisher, PublishError
-from .relay import OutboxStateError, Relay, RelayConfig, ShardStats
-from .relaydb import FencedError
-from .rows import OutboxArgumentError, OutboxError, key_hash
-from .sql import OutboxDatabaseError, OutboxTablesMissingError
-from .status import OutboxStatus, ShardStatus
-from .writer import Outbox, OutboxConfig, OutboxSends, outbox_for
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from .half import HalfMarkers, HalfState, MarkedTransaction
+    from .plan import Limits
+    from .publisher import Batch, Identity, PublishAck, Publisher, PublishError
+    from .relay import OutboxStateError, Relay, RelayConfig, ShardStats
+    from .relaydb import FencedError
+    from .rows import OutboxArgumentError, OutboxError, key_hash
+    from .sql import OutboxDatabaseError, OutboxTablesMissingError
+    from .status import OutboxStatus, ShardStatus
+    from .writer import Outbox, OutboxConfig, OutboxSends, outbox_for
+
+#: Where each name lives: loaded on first use (PEP 562), so that importing one module of
+#: the package (the client imports :mod:`.publisher`) does not load the database drivers.
+_WHERE: Final = {
+    "HalfMarkers": "half",
+    "HalfState": "half",
+    "MarkedTransaction": "half",
+    "Limits": "plan",
+    "Batch": "publisher",
+    "Identity": "publisher",
+    "PublishAck": "publisher",
+    "Publisher": "publisher",
+    "PublishError": "publisher",
+    "OutboxStateError": "relay",
+    "Relay": "relay",
+    "RelayConfig": "relay",
+    "ShardStats": "relay",
+    "FencedError": "relaydb",
+    "OutboxArgumentError": "rows",
+    "OutboxError": "rows",
+    "key_hash": "rows",
+    "OutboxDatabaseError": "sql",
+    "OutboxTablesMissingError": "sql",
+    "OutboxStatus": "status",
+    "ShardStatus": "status",
+    "Outbox": "writer",
+    "OutboxConfig": "writer",
+    "OutboxSends": "writer",
+    "outbox_for": "writer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Batch",

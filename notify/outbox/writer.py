@@ -547,15 +547,8 @@ class Outbox:
             shards = self._shard_count_sa(conn)
         elif isinstance(conn, psycopg.Connection):
             shards = self._shard_count_pg(conn)
-        elif isinstance(conn, Engine):
-            raise OutboxArgumentError(
-                "send takes the connection of a transaction (engine.begin()), not an Engine"
-            )
         else:
-            raise OutboxArgumentError(
-                "send takes a SQLAlchemy Connection or Session, or a psycopg connection, "
-                f"not {type(conn).__name__}"
-            )
+            raise check_connection(conn)
         return conn, self._row(topic, data, shards, attribute, key, headers, delay, deliver_at)
 
     def sends(self, conn: AppConnection) -> OutboxSends:
@@ -655,6 +648,8 @@ class OutboxSends:
     drops what was added."""
 
     def __init__(self, outbox: Outbox, conn: AppConnection):
+        if not isinstance(conn, Connection | Session | psycopg.Connection):
+            raise check_connection(conn)
         self.outbox = outbox
         self.conn = conn
         self._rows: list[tuple[OutboxConfig, Row | Marker]] = []
@@ -696,6 +691,18 @@ class OutboxSends:
         return n
 
 
+def check_connection(conn: object) -> OutboxArgumentError:
+    """The error for what is not a connection the outbox writes on."""
+    if isinstance(conn, Engine):
+        return OutboxArgumentError(
+            "the outbox takes the connection of a transaction (engine.begin()), not an Engine"
+        )
+    return OutboxArgumentError(
+        "the outbox takes a SQLAlchemy Connection or Session, or a psycopg connection, "
+        f"not {type(conn).__name__}"
+    )
+
+
 #: The Outbox of each engine (and of each psycopg connection used without one).
 _outboxes: weakref.WeakKeyDictionary[object, Outbox] = weakref.WeakKeyDictionary()
 _outboxes_lock = threading.Lock()
@@ -713,10 +720,7 @@ def outbox_for(conn: AppConnection | Engine) -> Outbox:
     elif isinstance(conn, Engine | psycopg.Connection):
         anchor = conn
     else:
-        raise OutboxArgumentError(
-            "the outbox takes a SQLAlchemy Connection or Session, or a psycopg connection, "
-            f"not {type(conn).__name__}"
-        )
+        raise check_connection(conn)
     found = _outboxes.get(anchor)
     if found is None:
         with _outboxes_lock:

@@ -123,6 +123,8 @@ def test_a_batch_of_sends_is_checked_then_written_together(engine: Engine) -> No
     assert backlog(engine) == 3
     with pytest.raises(OutboxArgumentError, match="not int"):
         outbox_for(7)  # type: ignore[arg-type]
+    with pytest.raises(OutboxArgumentError, match="not an Engine"):
+        outbox.sends(engine)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)

@@ -45,7 +45,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from notify.faults import crashpoint
 
-from .rows import build_marker
+from .rows import OutboxArgumentError, build_marker
 from .sql import NOW_MS, dialect_name
 from .writer import AppConnection, OutboxConfig, write
 
@@ -81,6 +81,10 @@ class HalfMarkers:
         tidy_every_s: float = 600.0,
     ):
         build_marker(group, "k")
+        if not isinstance(engine, Engine):
+            raise OutboxArgumentError(
+                f"half-message markers need a SQLAlchemy Engine, not {type(engine).__name__}"
+            )
         if not lock_timeout_s > 0 or not retention_s > 0 or not tidy_every_s > 0:
             raise ValueError("lock_timeout_s, retention_s and tidy_every_s must be > 0")
         self.engine = engine

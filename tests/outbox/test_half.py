@@ -164,3 +164,5 @@ def test_markers_are_tidied_in_the_background(engine: Engine) -> None:
     assert count() == 1
     with pytest.raises(ValueError, match="must be > 0"):
         HalfMarkers(engine, "shop", retention_s=0)
+    with engine.connect() as c, pytest.raises(OutboxArgumentError, match="not Connection"):
+        HalfMarkers(c, "shop")  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from .half import HalfMarkers, HalfState, MarkedTransaction
+    from .half import HalfMarkers, HalfMessageCheckedBackError, HalfState, MarkedTransaction
     from .plan import Limits
     from .publisher import Batch, Identity, PublishAck, Publisher, PublishError
     from .relay import OutboxStateError, Relay, RelayConfig, ShardStats
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 #: the package (the client imports :mod:`.publisher`) does not load the database drivers.
 _WHERE: Final = {
     "HalfMarkers": "half",
+    "HalfMessageCheckedBackError": "half",
     "HalfState": "half",
     "MarkedTransaction": "half",
     "Limits": "plan",
@@ -81,6 +82,7 @@ __all__ = [
     "Batch",
     "FencedError",
     "HalfMarkers",
+    "HalfMessageCheckedBackError",
     "HalfState",
     "Identity",
     "Limits",

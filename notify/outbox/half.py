@@ -45,7 +45,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from notify.faults import crashpoint
 
-from .rows import OutboxArgumentError, build_marker
+from .rows import OutboxArgumentError, OutboxError, build_marker
 from .sql import NOW_MS, dialect_name
 from .writer import AppConnection, OutboxConfig, write
 
@@ -59,6 +59,11 @@ DEFAULT_RETENTION_S: Final = 7 * 24 * 3600.0
 #: notify_outbox_half.state
 COMMITTED = 1
 ROLLED_BACK = 2
+
+
+class HalfMessageCheckedBackError(OutboxError):
+    """A half message's database transaction could not commit: the broker's check-back
+    found no marker first and answered ROLLBACK (both are rolled back)."""
 
 
 class HalfState(Enum):
@@ -164,6 +169,17 @@ class HalfMarkers:
             return f"PRAGMA busy_timeout = {before}"
         return None
 
+    def state(self, tx_key: str) -> int | None:
+        """The marker's state of ``tx_key`` (1 committed, 2 tombstone), None without one."""
+        with self.engine.connect() as c:
+            v = c.execute(
+                sa.text(
+                    "SELECT state FROM notify_outbox_half WHERE group_id = :g AND tx_key = :k"
+                ),
+                {"g": self.group, "k": tx_key},
+            ).scalar()
+        return None if v is None else int(v)
+
     def tidy(self) -> None:
         """Remove the group's markers older than ``retention_s``, at most once every
         ``tidy_every_s``, on a thread of its own (the caller never waits for it)."""
@@ -211,6 +227,7 @@ class MarkedTransaction:
 
     def __init__(self, markers: HalfMarkers, tx_key: str):
         self.tx_key = tx_key
+        self.markers = markers
         self.conn: Connection = markers.engine.connect()
         try:
             self.conn.begin()
@@ -225,6 +242,15 @@ class MarkedTransaction:
         crashpoint("half_before_db_commit")
         try:
             self.conn.commit()
+        except sa_exc.IntegrityError as e:
+            self.conn.close()
+            if self.markers.state(self.tx_key) == ROLLED_BACK:
+                raise HalfMessageCheckedBackError(
+                    f"half message {self.tx_key}: the broker checked back before this database "
+                    "transaction committed (it ran longer than txCheckBackDelay) and the answer "
+                    "was ROLLBACK: the transaction and the message are rolled back"
+                ) from e
+            raise
         finally:
             self.conn.close()
         crashpoint("half_after_db_commit")

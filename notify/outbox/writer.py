@@ -359,13 +359,27 @@ def _on_commit(conn: Connection) -> None:
         # connection idle and sends nothing (psycopg skips COMMIT outside a transaction)
         _pg_exec(conn, dc, p.rows, b";COMMIT")
     else:
-        _write_generic(conn, p.rows)
+        _write_or_roll_back(conn, p.rows)
 
 
 def _on_prepare(conn: Connection, _xid: object) -> None:
     p = _take(conn)
     if p is not None:
-        _write_generic(conn, p.rows)
+        _write_or_roll_back(conn, p.rows)
+
+
+def _write_or_roll_back(conn: Connection, entries: Entries) -> None:
+    """Write the rows before the commit; when that fails, end the transaction here:
+    SQLAlchemy counts the failed commit as its end and returns the connection to its pool
+    without a rollback, the application's statements still pending in it."""
+    try:
+        _write_generic(conn, entries)
+    except BaseException:
+        try:
+            conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+        except Exception as e:  # the connection is gone: nothing is pending on it
+            log.info("rollback after a failed outbox write: %s", e)
+        raise
 
 
 def _on_rollback(conn: Connection) -> None:

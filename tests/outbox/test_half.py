@@ -17,7 +17,14 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from notify.outbox import HalfMarkers, HalfState, Outbox, OutboxArgumentError, outbox_for
+from notify.outbox import (
+    HalfMarkers,
+    HalfMessageCheckedBackError,
+    HalfState,
+    Outbox,
+    OutboxArgumentError,
+    outbox_for,
+)
 from tests.helpers import wait_until
 from tests.outbox.conftest import backlog
 
@@ -49,8 +56,9 @@ def test_marked_transaction_commits_and_rolls_back_with_its_marker(engine: Engin
         assert _orders(engine) == [1, 3]
     else:
         assert markers.check("TX:aa:3") is HalfState.ROLLBACK
-        with pytest.raises(sa_exc.IntegrityError):
+        with pytest.raises(HalfMessageCheckedBackError, match="checked back") as err:
             tx.commit()
+        assert isinstance(err.value.__cause__, sa_exc.IntegrityError)
         assert tx.conn.closed
         assert _orders(engine) == [1]
         assert markers.check("TX:aa:3") is HalfState.ROLLBACK

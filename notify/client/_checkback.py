@@ -4,8 +4,9 @@ Each producer keeps its transaction connections in its own lane of the session's
 per broker address; no other user of the session can drop them). With a producer group,
 every such connection ``register``s the group before first use, routes the broker's
 ``check`` frames to the producer's checker and is kept open (reconnected with the pool's
-backoff) so check-backs can reach this producer. The checker runs on an executor of
-``ProducerConfig.check_threads`` threads (an ``async def`` checker runs on the loop), one at
+backoff) so check-backs can reach this producer. The checker (for a producer made with
+``db=``, the marker table's :meth:`~notify.outbox.HalfMarkers.check`) runs on an executor
+of ``ProducerConfig.check_threads`` threads (an ``async def`` checker runs on the loop), one at
 a time per transaction; COMMIT and ROLLBACK are answered with ``transaction <txKey>
 <sessionId> COMMIT_TWO_PHASE|ROLLBACK``, UNKNOWN (or a checker that raised) with nothing,
 so the broker asks again.
@@ -19,7 +20,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Coroutine
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from notify.errors import ClientError, ConnectionLostError, RequestTimeoutError
 from notify.protocol import records as rec
@@ -33,6 +34,9 @@ from ._routing import StaticBrokerDirectory, TopicRouter
 from .core import wire
 from .core.types import Partition
 from .transport import AsyncConnection
+
+if TYPE_CHECKING:
+    from notify.outbox.half import HalfMarkers
 
 log = logging.getLogger("notify.client")
 
@@ -52,6 +56,7 @@ class ChannelHost(Protocol):
     config: ProducerConfig
     session_id: str
     checker: TransactionChecker | None
+    markers: HalfMarkers | None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -198,6 +203,15 @@ class TxChannel:
             self._checking.discard(key)
 
     async def _ask(self, key: str, msg: Message) -> LocalTxState:
+        markers = self._host.markers
+        if markers is not None:  # db=: the marker table decides, from any producer
+            loop = self._host.loop
+            try:
+                found = await loop.run_in_executor(self._pool_executor(), markers.check, key)
+            except Exception:
+                log.exception("check-back of %s from the marker table failed: UNKNOWN", key)
+                return LocalTxState.UNKNOWN
+            return LocalTxState[found.name]
         checker = self._host.checker
         if checker is None:
             log.warning("check-back of %s but producer has no checker: UNKNOWN", key)

@@ -24,8 +24,9 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from notify.errors import ClientError
 from notify.protocol import records as rec
@@ -38,6 +39,7 @@ from ._config import ClientConfig, ProducerConfig
 from ._connection import ConnectionPool
 from ._errors import ClientTransactionError
 from ._facade import Delegated
+from ._halfdb import AsyncDbHalfMessageBlock
 from ._halfmsg import (
     AsyncHalfMessageBlock,
     HalfMessage,
@@ -49,6 +51,7 @@ from ._halfmsg import (
 )
 from ._identity import ProducerIdentity
 from ._message import BatchSendResult, Draft, Headers, Key, PostFailure, build_payload
+from ._outboxtx import outbox_of
 from ._routing import TopicRouter
 from ._sender import Delivery, Sender
 from ._transaction import AsyncTransaction
@@ -58,6 +61,9 @@ from .core import wire
 from .core.selectors import KeyHashSelector, PartitionSelector
 from .core.types import Partition, SendResult
 from .transport import AsyncConnection
+
+if TYPE_CHECKING:
+    from notify.outbox.half import HalfMarkers
 
 log = logging.getLogger("notify.client")
 
@@ -85,7 +91,7 @@ class AsyncProducer:
     def __init__(
         self, pool: ConnectionPool, router: TopicRouter, client_config: ClientConfig,
         config: ProducerConfig, selector: PartitionSelector | None = None,
-        checker: TransactionChecker | None = None,
+        checker: TransactionChecker | None = None, markers: HalfMarkers | None = None,
     ):
         self.pool = pool
         self.router = router
@@ -114,6 +120,8 @@ class AsyncProducer:
         #: Unique per producer instance: local transaction keys are ``TX:<session_id>:<n>``.
         self.session_id = uuid.uuid4().hex[:12]
         self.checker = checker
+        #: ``db=``: the group's half-message markers (the check-back's answers)
+        self.markers = markers
         self._tx_seq = itertools.count(1)
         self._tx_var: contextvars.ContextVar[AsyncTransaction | None] = contextvars.ContextVar(
             f"notify_tx_{self.session_id}", default=None
@@ -161,6 +169,9 @@ class AsyncProducer:
         (``{name: str | int | float | bool | bytes}``), in MetaQ's attribute block.
         """
         if delay is not None or deliver_at is not None:
+            rows = outbox_of(self._tx_var.get())
+            if rows is not None:  # transaction(db=...): a delayed row in it
+                return rows.add((topic, data, attribute, key, headers), delay, deliver_at)
             return await self.send_delayed(
                 topic, data, delay, deliver_at, attribute, key, headers=headers
             )
@@ -431,7 +442,7 @@ class AsyncProducer:
         key = self.next_tx_key()
         backend: AsyncBackend
         if db is not None:
-            backend = async_outbox_backend(db, key, timeout)
+            backend = async_outbox_backend(db, key, self.session_id, self.config.raise_on_error)
         else:
             backend = LoopTransaction(self, key, timeout)
         tx = AsyncTransaction(backend, self.tx_ended)
@@ -481,7 +492,7 @@ class AsyncProducer:
     def half_message(
         self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None,
         timeout: float | None = None, *, headers: Headers | None = None,
-    ) -> AsyncHalfMessageBlock[HalfMessage]:
+    ) -> AbstractAsyncContextManager[Any]:
         """A half message around an ``async with`` block (needs a producer group)::
 
             async with producer.half_message("orders", b"o-1", key="user-7") as half:
@@ -490,7 +501,19 @@ class AsyncProducer:
             # normal exit: COMMIT after PREPARE's ack; an exception: ROLLBACK
 
         BEGIN, the put and PREPARE are written on entry, not awaited; see
-        :mod:`notify.client._halfmsg` for the order of events and the check-back."""
+        :mod:`notify.client._halfmsg` for the order of events and the check-back.
+
+        A producer made with ``db=engine`` yields a connection of the engine instead, in a
+        transaction committed with the half message's marker (:mod:`._halfdb`)::
+
+            async with producer.half_message("orders", b"o-3") as conn:
+                conn.execute(text("UPDATE accounts SET paid = true WHERE id = 7"))
+        """
+        if self.markers is not None:
+            return AsyncDbHalfMessageBlock(
+                lambda: self.start_half((topic, data, attribute, key, headers), timeout),
+                self.markers,
+            )
         return AsyncHalfMessageBlock(
             lambda: self.start_half((topic, data, attribute, key, headers), timeout),
             lambda half: half,
@@ -528,5 +551,15 @@ class AsyncProducer:
         is UNKNOWN and the exception propagates. Raises (without running ``local_tx``) when
         the half message could not be prepared. Needs a producer group.
         """
+        self.check_callback_api()
         half = await self.prepare_half((topic, data, attribute, key, headers), timeout)
         return await decide(half, await run_local(half, local_tx))
+
+    def check_callback_api(self) -> None:
+        """Refuse ``send_in_transaction`` on a producer whose check-backs are answered from
+        its marker table: its local transaction writes no marker."""
+        if self.markers is not None:
+            raise ClientTransactionError(
+                "this producer (db=...) answers check-backs from its marker table, which "
+                "send_in_transaction does not write: use half_message(...) as conn"
+            )

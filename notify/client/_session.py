@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar, Unpack
 
 from configserver import ConfigServer, ConfigServerError
+from notify import outbox
 from notify.errors import ClientError, ConnectionLostError
 
 from ._config import ClientConfig, ConsumerConfig, ProducerConfig
@@ -40,6 +41,7 @@ from ._consumer import (
     sigterm_is_default,
     warn_never_started,
 )
+from ._errors import ClientTransactionError
 from ._facade import Closes
 from ._halfmsg import TransactionChecker
 from ._loopthread import LoopThread
@@ -58,6 +60,10 @@ from .core.selectors import PartitionSelector
 from .offsets import OffsetStore
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from notify.outbox.half import HalfMarkers
+
     from ._publisher import SessionPublisher
 
 log = logging.getLogger("notify.client")
@@ -193,8 +199,9 @@ class AsyncMessageSessionFactory:
         return p
 
     def create_transactional_producer(
-        self, group: str, checker: TransactionChecker, config: ProducerConfig | None = None,
-        selector: PartitionSelector | None = None,
+        self, group: str, checker: TransactionChecker | None = None,
+        config: ProducerConfig | None = None, selector: PartitionSelector | None = None, *,
+        db: Engine | HalfMarkers | None = None,
     ) -> AsyncProducer:
         """A producer of the producer group ``group`` for half messages (call on the loop).
 
@@ -205,11 +212,18 @@ class AsyncMessageSessionFactory:
 
             producer = session.create_transactional_producer("shop", checker)
             result = await producer.send_in_transaction("orders", b"o-1", local_tx)
+
+        Or, instead of a checker, ``db=engine`` (a SQLAlchemy engine of a database with the
+        outbox's tables, ``notify db upgrade``; or :class:`notify.outbox.HalfMarkers` for
+        its settings): ``half_message`` then yields a connection of the engine whose
+        transaction commits with the half message's marker, and check-backs are answered
+        from the marker table (:mod:`notify.client._halfdb`).
         """
         self._check_open()
         _check_group(group)
+        markers = _markers(group, checker, db)
         cfg = dataclasses.replace(config or ProducerConfig(), producer_group=group)
-        p = AsyncProducer(self.pool, self.router, self.config, cfg, selector, checker)
+        p = AsyncProducer(self.pool, self.router, self.config, cfg, selector, checker, markers)
         self._producers.append(p)
         p.start_check_backs()
         return p
@@ -495,8 +509,9 @@ class MessageSessionFactory(Closes):
         return Producer(core, self._lt, self.core.pool)
 
     def create_transactional_producer(
-        self, group: str, checker: TransactionChecker, config: ProducerConfig | None = None,
-        selector: PartitionSelector | None = None,
+        self, group: str, checker: TransactionChecker | None = None,
+        config: ProducerConfig | None = None, selector: PartitionSelector | None = None, *,
+        db: Engine | HalfMarkers | None = None,
     ) -> Producer:
         """A synchronous producer of producer group ``group`` for half messages.
 
@@ -508,11 +523,18 @@ class MessageSessionFactory(Closes):
                 return LocalTxState.COMMIT if db.has_order(msg.data) else LocalTxState.ROLLBACK
 
             producer = session.create_transactional_producer("shop", checker)
+
+        Or ``db=engine`` instead of a checker: no checker to write (see
+        :mod:`notify.client._halfdb`)::
+
+            producer = session.create_transactional_producer("shop", db=engine)
+            with producer.half_message("orders", b"paid 7") as conn:
+                conn.execute(update(accounts).where(accounts.c.id == 7).values(paid=True))
         """
         core = self.core
 
         async def make() -> AsyncProducer:
-            return core.create_transactional_producer(group, checker, config, selector)
+            return core.create_transactional_producer(group, checker, config, selector, db=db)
 
         return Producer(self._lt.run(make()), self._lt, self.core.pool)
 
@@ -565,6 +587,28 @@ class MessageSessionFactory(Closes):
         finally:
             self._lt.stop()
 
+
+
+def _markers(
+    group: str, checker: TransactionChecker | None, db: Engine | HalfMarkers | None
+) -> HalfMarkers | None:
+    """The group's marker table for ``db=`` (None with a checker); exactly one of them."""
+    if (checker is None) == (db is None):
+        raise ClientTransactionError(
+            "a transactional producer needs a checker or db=engine (one of them): the "
+            "broker's check-backs are answered by one or the other"
+        )
+    if db is None:
+        return None
+    # notify.outbox loads a module (and the database drivers) on its first use: here
+    if isinstance(db, outbox.HalfMarkers):
+        if db.group != group:
+            raise ClientTransactionError(f"HalfMarkers of group {db.group!r}, not {group!r}")
+        return db
+    try:
+        return outbox.HalfMarkers(db, group)
+    except outbox.OutboxError as e:
+        raise ClientTransactionError(f"db=: {e}") from e
 
 
 def _check_group(group: str) -> None:

@@ -15,8 +15,9 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from notify.errors import ClientError
 
@@ -26,6 +27,7 @@ from ._direct import DirectPlan, DirectSender
 from ._directtx import DirectBackend, direct_eligible
 from ._errors import ClientTransactionError
 from ._facade import Closes, Delegated
+from ._halfdb import DbHalfMessageBlock
 from ._halfmsg import (
     HalfMessageBlock,
     LocalTransaction,
@@ -37,6 +39,7 @@ from ._halfmsg import (
 )
 from ._loopthread import LoopThread, ThreadFuture
 from ._message import BatchSendResult, Draft, Headers, Key, PostFailure
+from ._outboxtx import outbox_of
 from ._producer import AsyncProducer
 from ._transaction import Transaction
 from ._txbackend import SyncBackend, outbox_backend
@@ -189,7 +192,12 @@ class Producer(Closes):
             if r is not None:
                 return self.core.checked(r)
             return self._queue(msg).result(timeout_s)
-        route, via = self._route(msg, delay is not None or deliver_at is not None)
+        delayed = delay is not None or deliver_at is not None
+        if delayed:
+            rows = outbox_of(self.current_transaction())
+            if rows is not None:  # transaction(db=...): a delayed row in it
+                return rows.add(msg, delay, deliver_at)
+        route, via = self._route(msg, delayed)
         if route is _DELAYED:
             return self.send_delayed(
                 topic, data, delay, deliver_at, attribute, key, timeout_s, headers=headers
@@ -436,7 +444,7 @@ class Producer(Closes):
         core.check_open()
         key = core.next_tx_key()
         if db is not None:
-            return outbox_backend(db, key, timeout)
+            return outbox_backend(db, key, core.session_id, core.config.raise_on_error)
         if self._pool is None or not self._direct_tx:
             return LoopBackend(core.loop_transaction(timeout, key), self._lt)
 
@@ -467,7 +475,7 @@ class Producer(Closes):
     def half_message(
         self, topic: str, data: bytes, attribute: str | None = None, key: Key | None = None,
         timeout: float | None = None, *, headers: Headers | None = None,
-    ) -> HalfMessageBlock[SyncHalfMessage]:
+    ) -> AbstractContextManager[Any]:
         """A half message around a ``with`` block (a transactional producer's)::
 
             with producer.half_message("orders", b"o-1", key="user-7") as half:
@@ -475,8 +483,21 @@ class Producer(Closes):
                 save_order()
             # normal exit: COMMIT after PREPARE's ack; an exception: ROLLBACK
 
+        A producer made with ``db=engine`` yields a connection of the engine, in a
+        transaction committed with the half message's marker (:mod:`._halfdb`)::
+
+            producer = session.create_transactional_producer("shop", db=engine)
+            with producer.half_message("orders", b"paid 7") as conn:
+                conn.execute(update(accounts).where(accounts.c.id == 7).values(paid=True))
+
         See :meth:`AsyncProducer.half_message`."""
         core = self.core
+        if core.markers is not None:
+            return DbHalfMessageBlock(
+                lambda: core.start_half((topic, data, attribute, key, headers), timeout),
+                self._lt,
+                core.markers,
+            )
         return HalfMessageBlock(
             lambda: core.start_half((topic, data, attribute, key, headers), timeout),
             self._lt,
@@ -505,6 +526,7 @@ class Producer(Closes):
         to the broker's check-back. See :meth:`AsyncProducer.send_in_transaction`.
         """
         msg = (topic, data, attribute, key, headers)
+        self.core.check_callback_api()
         half = self._lt.run(self.core.prepare_half(msg, timeout))
         try:
             res: object = local_tx(half.message)

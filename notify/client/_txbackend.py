@@ -11,9 +11,8 @@ transaction object the application holds (:class:`~._transaction.Transaction`,
 * ``db=<the application's database connection>`` — the outbox: the block's sends are
   written as outbox rows in that connection's current transaction (:mod:`notify.outbox`),
   nothing goes to the broker, and the outbox relay publishes them once the application's
-  transaction commits. :func:`outbox_backend` / :func:`async_outbox_backend` are where that
-  backend is made; until :mod:`notify.outbox` provides it they raise a
-  :class:`~notify.errors.ClientError` saying so.
+  transaction commits (:func:`outbox_backend` / :func:`async_outbox_backend`, see
+  :mod:`._outboxtx`).
 
 A backend is anything with the surface below. Its ``core`` is a
 :class:`~.core.transaction.TxCore`: the transaction's key, its state (the client
@@ -26,20 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, Final, Protocol
-
-from notify.errors import ClientError
+from typing import Any, Protocol
 
 from ._message import Draft
+from ._outboxtx import AsyncOutboxBackend, OutboxBackend
 from .core.transaction import TxCore
 from .core.types import SendResult
-
-#: What ``transaction(db=...)`` says while the outbox backend is not installed.
-OUTBOX_UNAVAILABLE: Final = (
-    "transaction(db=...) writes the sends as outbox rows in your database transaction, "
-    "which needs the outbox backend (notify.outbox); it is not available in this version: "
-    "use transaction() without db= (a broker transaction) or a half message"
-)
 
 
 class TxInfo(Protocol):
@@ -70,12 +61,16 @@ class AsyncBackend(TxInfo, Protocol):
     async def rollback(self) -> None: ...
 
 
-def outbox_backend(db: object, key: str, timeout_s: float | None) -> SyncBackend:
+def outbox_backend(
+    db: object, key: str, session_id: str, raise_on_error: bool = True
+) -> SyncBackend:
     """The blocking backend of ``transaction(db=db)`` (key ``key``): outbox rows in
-    ``db``'s current transaction. Not available yet: raises :class:`ClientError`."""
-    raise ClientError(OUTBOX_UNAVAILABLE)
+    ``db``'s current transaction (:mod:`._outboxtx`)."""
+    return OutboxBackend(db, key, session_id, raise_on_error)
 
 
-def async_outbox_backend(db: object, key: str, timeout_s: float | None) -> AsyncBackend:
+def async_outbox_backend(
+    db: object, key: str, session_id: str, raise_on_error: bool = True
+) -> AsyncBackend:
     """The asyncio backend of ``transaction(db=db)``; see :func:`outbox_backend`."""
-    raise ClientError(OUTBOX_UNAVAILABLE)
+    return AsyncOutboxBackend(db, key, session_id, raise_on_error)

@@ -27,7 +27,7 @@ from tests.services_conftest import running
 
 SQL = ["sqlite", "postgres", "mariadb"]
 #: Topics of the module broker: each test takes fresh ones (4 partitions, "one": 1).
-TOPICS = 40
+TOPICS = 80
 
 #: Relay settings for tests: quick polls, heartbeats and take-overs.
 FAST = RelayConfig(

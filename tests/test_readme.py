@@ -85,6 +85,8 @@ def test_readme_has_the_examples() -> None:
     assert any("send_in_transaction" in b.code and "checker" in b.code for b in BLOCKS)
     assert any("Outbox(engine)" in b.code and "outbox.relay(session)" in b.code for b in BLOCKS)
     assert any(".half_message(" in b.code and "prepared()" in b.code for b in BLOCKS)
+    assert any("db=engine" in b.code and ".half_message(" in b.code for b in BLOCKS)
+    assert any("transaction(db=conn)" in b.code for b in BLOCKS)
     assert any(b.needs_zookeeper for b in BLOCKS)
     # the raw-protocol example needs nothing a fresh Debian lacks (no nc)
     shell = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
@@ -152,6 +154,21 @@ def _check_half_block(env: Env, tmp: Path, out: str) -> None:
     assert visible(env.broker.addr, "orders", tmp / "check") == [b"shipped 9"]
 
 
+def _check_producer_outbox(env: Env, tmp: Path, out: str) -> None:
+    assert env.pg_conninfo is not None
+    assert pg_rows(env.pg_conninfo, "SELECT id FROM invoices") == [(5,)]
+    assert pg_rows(env.pg_conninfo, "SELECT count(*) FROM notify_outbox") == [(2,)]
+    assert "committed" in out
+    assert visible(env.broker.addr, "orders", tmp / "check") == []  # the relay's to publish
+
+
+def _check_half_db(env: Env, tmp: Path, out: str) -> None:
+    assert env.pg_conninfo is not None
+    assert pg_rows(env.pg_conninfo, "SELECT id FROM refunds") == [(3,)]
+    assert pg_rows(env.pg_conninfo, "SELECT state FROM notify_outbox_half") == [(1,)]
+    assert visible(env.broker.addr, "orders", tmp / "check") == [b"refunded 3"]
+
+
 def _check_xa(env: Env, tmp: Path, out: str) -> None:
     assert env.pg_conninfo is not None
     assert pg_rows(env.pg_conninfo, "SELECT id FROM orders") == [(42,)]
@@ -184,8 +201,10 @@ def _check_outbox(env: Env, tmp: Path, out: str) -> None:
 
 CHECKS: dict[str, Callable[[Env, Path, str], None]] = {
     "Outbox(engine)": _check_outbox,
+    "transaction(db=conn)": _check_producer_outbox,
+    'producer("refunds", db=engine)': _check_half_db,
     "send_in_transaction": _check_half,
-    ".half_message(": _check_half_block,
+    "half.prepared()": _check_half_block,
     "TransactionManager(": _check_xa,
     "TransactionalConsumer(": _check_consumer,
     "socket.create_connection": _check_raw,

@@ -29,7 +29,7 @@ and removed by the group's producers as they go.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 from ._halfmsg import HalfMessage
@@ -44,7 +44,9 @@ Start = Callable[[], Coroutine[Any, Any, HalfMessage]]
 
 
 class _DbHalf:
-    """What both APIs' blocks share: the half message and its database transaction."""
+    """What both APIs' blocks share: the half message, its database transaction, and the
+    order of events at the block's end, written once (:meth:`_ending`), which each API
+    drives with its own way of waiting for the broker."""
 
     def __init__(self, start: Start, markers: HalfMarkers):
         self._start = start
@@ -61,12 +63,29 @@ class _DbHalf:
         if self.tx is not None:
             self.tx.rollback()
 
-    def _commit_db(self) -> None:
-        """The database transaction with its marker; when this raises, the message stays
-        prepared and the check-back decides from the marker table."""
+    def _ending(self, failed: bool) -> Generator[Awaitable[Any], Any, None]:
+        """The block's end, as the broker steps to wait for: on failure the database
+        transaction rolls back, then the message; else PREPARE's acknowledgement (none:
+        the database transaction rolls back, the error raised), the database commit with
+        the marker (when it raises, the message stays prepared and the check-back decides
+        from the marker table), then COMMIT."""
+        half = self.half
+        assert half is not None
+        if failed:
+            try:
+                self._rollback_db()
+            finally:
+                yield half.close(True)
+            return
+        try:
+            yield half.prepared()
+        except BaseException:
+            self._rollback_db()
+            raise
         assert self.tx is not None
         self.tx.commit()
         self.markers.tidy()
+        yield half.finish(True)
 
 
 class DbHalfMessageBlock(_DbHalf):
@@ -87,21 +106,15 @@ class DbHalfMessageBlock(_DbHalf):
             raise
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        half = self.half
-        assert half is not None
-        if exc_type is not None:
+        steps = self._ending(exc_type is not None)
+        step = next(steps, None)
+        while step is not None:
             try:
-                self._rollback_db()
-            finally:
-                self._lt.run(half.close(True))
-            return
-        try:
-            self._lt.run(half.prepared())
-        except BaseException:
-            self._rollback_db()
-            raise
-        self._commit_db()
-        self._lt.run(half.finish(True))
+                result = self._lt.run(_awaited(step))
+            except BaseException as e:
+                step = _next(steps, e)
+            else:
+                step = _next(steps, None, result)
 
 
 class AsyncDbHalfMessageBlock(_DbHalf):
@@ -118,18 +131,27 @@ class AsyncDbHalfMessageBlock(_DbHalf):
             raise
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        half = self.half
-        assert half is not None
-        if exc_type is not None:
+        steps = self._ending(exc_type is not None)
+        step = next(steps, None)
+        while step is not None:
             try:
-                self._rollback_db()
-            finally:
-                await half.close(True)
-            return
-        try:
-            await half.prepared()
-        except BaseException:
-            self._rollback_db()
-            raise
-        self._commit_db()
-        await half.finish(True)
+                result = await step
+            except BaseException as e:
+                step = _next(steps, e)
+            else:
+                step = _next(steps, None, result)
+
+
+async def _awaited(step: Awaitable[Any]) -> Any:
+    return await step
+
+
+def _next(
+    steps: Generator[Awaitable[Any], Any, None], error: BaseException | None, result: Any = None
+) -> Awaitable[Any] | None:
+    """The step after the one that ended with ``result`` or raised ``error`` (None: done;
+    raises what the ending raises)."""
+    try:
+        return steps.throw(error) if error is not None else steps.send(result)
+    except StopIteration:
+        return None

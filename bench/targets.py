@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
 import uvloop  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -50,6 +51,7 @@ from bench import xa_bench as xb  # noqa: E402
 from bench.broker_bench import raw_fsync_rate, raw_loopback_bandwidth  # noqa: E402
 from bench.peers import servers  # noqa: E402
 from notify.client import ClientConfig, connect  # noqa: E402
+from notify.migrations import upgrade  # noqa: E402
 from notify.testing import BrokerProcess  # noqa: E402
 from notify.xa import (  # noqa: E402
     BrokerParticipant,
@@ -339,6 +341,8 @@ def pg_rows(work: Path, seconds: float) -> list[Target]:
         dsn = "postgresql://" + url.split("://", 1)[1]
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)")
+        upgrade(url)  # the half-message marker table (db=)
+        engine = sa.create_engine(url, pool_size=20)
         pg_pid = server.pid
         assert pg_pid is not None
 
@@ -394,6 +398,25 @@ def pg_rows(work: Path, seconds: float) -> list[Target]:
                 )
             )
             _log(f"outbox{how} {t} thread(s): {r:.0%} of PG alone")
+            if how:
+                continue
+            half_db = ob.bench_half_db(engine, b.addr, t, seconds, (2 * n + 5) << 40, b_meter)
+            r = half_db.rate / alone.rate if alone.rate else 0.0
+            want = 0.5 if t == 1 else 0.4
+            rows.append(
+                Target(
+                    f"half message (db=engine) + PG tx, {t} thread(s), vs INSERT+COMMIT alone",
+                    r * 100,
+                    "% of PG",
+                    f">= {want:.0%}",
+                    r >= want,
+                    half_db.cpu_ms(0) * 1000,
+                    f"{half_db.rate:,.0f} vs {alone.rate:,.0f} tx/s (send_in_transaction "
+                    f"{half.rate:,.0f})" + (f", {half_db.errors} errors" if half_db.errors else ""),
+                )
+            )
+            _log(f"half message db= {t} thread(s): {r:.0%} of PG alone")
+        engine.dispose()
     finally:
         server.close()
         broker.stop()

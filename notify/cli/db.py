@@ -30,6 +30,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from notify.cli_tables import new_table, print_table
 from notify.client.offsets import TopicPartitionOffset
 from notify.errors import NotifyError
 from notify.migrations import downgrade, history, status, upgrade
@@ -223,21 +224,28 @@ def _show(rows: Sequence[Any], title: str, as_json: bool) -> None:
     if as_json:
         _print_json([r.as_dict() for r in rows])
         return
-    _table(
-        title,
-        ["group", "topic", "partition", "offset", "msg_id", "updated_at"],
-        [
-            (
-                r.group,
-                r.topic,
-                r.partition,
-                r.offset,
-                r.msg_id,
-                "" if r.updated_at is None else r.updated_at.isoformat(timespec="seconds"),
-            )
-            for r in rows
-        ],
-    )
+    columns = [("group", "left"), ("topic", "left"), ("partition", "left"), ("offset", "right"),
+               ("msg_id", "right"), ("updated_at", "left")]
+    cells = [
+        (
+            str(r.group),
+            str(r.topic),
+            str(r.partition),
+            str(r.offset),
+            "" if r.msg_id is None else str(r.msg_id),
+            "" if r.updated_at is None else r.updated_at.isoformat(timespec="seconds"),
+        )
+        for r in rows
+    ]
+    table = new_table(title, columns, key_column=None)
+    for column in table.columns:
+        column.overflow = "fold"
+    for c in cells:
+        table.add_row(*c)
+    # a cell split over two lines cannot be pasted: then every row again, one per line
+    ids = [v for c in cells for v in c[:5] if v]
+    print_table(table, ids, "offsets as group topic partition offset msg_id",
+                whole=[" ".join(c[:5]) for c in cells])
 
 
 @offsets.command("show")

@@ -27,13 +27,15 @@ def new_table(title: str, columns: Sequence[tuple[str, str]], key_column: int | 
 
 
 def print_table(
-    table: Table, keys: Sequence[str], label: str, console: Console | None = None
+    table: Table, keys: Sequence[str], label: str, console: Console | None = None,
+    whole: Sequence[str] | None = None,
 ) -> None:
     """Print ``table``; then, if any of ``keys`` did not fit on one line of it, all of
-    them whole under the heading ``label``."""
+    them whole under the heading ``label`` (or the lines ``whole`` instead, e.g. each row
+    whose cells are all ids)."""
     out = console or Console()
     for column in table.columns:
-        if column.overflow == "fold" and keys:  # ids first: other columns wrap before them
+        if column.overflow == "fold" and keys and whole is None:  # ids first: others wrap
             column.min_width = min(max(map(len, keys)), out.width // 2)
     with out.capture() as capture:
         out.print(table)
@@ -41,5 +43,6 @@ def print_table(
     out.file.write(text)
     lines = Text.from_ansi(text).plain.splitlines()
     if any(not any(k in line for line in lines) for k in keys):
-        out.file.write(f"{label} (whole):\n" + "".join(f"{k}\n" for k in keys))
+        shown = keys if whole is None else whole
+        out.file.write(f"{label} (whole):\n" + "".join(f"{k}\n" for k in shown))
     out.file.flush()

@@ -78,5 +78,5 @@ def test_log_level_is_checked_and_documented() -> None:
     assert "--log-level" in r.output and "warning" in r.output
     r = CliRunner().invoke(main, ["broker", "start", "--log-level", "loud"])
     assert r.exit_code == 2 and "loud" in r.output
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert "--log-level" in readme
+    install = Path(__file__).resolve().parents[2] / "docs" / "getting-started" / "install.md"
+    assert "--log-level" in install.read_text()

@@ -1,94 +1,39 @@
-"""Every code block of ``docs/`` runs as written (the site itself: ``test_site.py``).
+"""Every code block of ``docs/`` runs as written (the site itself: ``test_site.py``; the
+README's blocks: ``tests/test_readme.py``, by the same runner, :mod:`tests.docs.runner`).
 
 * Every ```` ```python ```` and ```` ```bash ```` block of every page runs, page by page in
-  the page's order (a page is a walkthrough: its blocks share a working directory and one
-  broker), after pointing the pages' well-known addresses at this test's servers: the broker
-  ``127.0.0.1:8123`` (HTTP ``127.0.0.1:8120``; a real broker process with the sample topics),
-  PostgreSQL and MariaDB ``app@127.0.0.1/app`` (started by the pages' own
-  ``scripts/dev-db.sh`` on free ports) and ZooKeeper ``127.0.0.1:2181/meta``. A block that
-  cannot run here says so and why, in an HTML comment the site does not show, right before
-  it: ``<!-- not-runnable: needs a Spark cluster -->``; a block with neither fails.
+  the page's order, against real servers, followed by the checks of what it did
+  (:mod:`tests.docs.checks`). A block that cannot run here says so and why, in an HTML
+  comment the site does not show, right before it:
+  ``<!-- not-runnable: needs a Spark cluster -->``; a block with neither fails.
 * Every ```` ```ini ```` block is a ``server.ini`` the broker's own parser accepts.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from notify.client import LocalTxState
 from notify.config import parse_config
-from notify.testing import BrokerProcess
-from tests.conftest import IN_CI
-from tests.docs.harness import example_broker
-from tests.services import MariaDBServer, PostgresServer
+from tests.docs.checks import visible
+from tests.docs.runner import (
+    DOCS,
+    DevDatabases,
+    DocBlock,
+    dev_db,
+    page_blocks,
+    page_env,
+    run_block,
+    run_page,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCS = ROOT / "docs"
-MERMAID_JS = DOCS / "assets" / "javascripts" / "mermaid.min.js"
-VENV_BIN = Path(sys.executable).parent
-BLOCK_TIMEOUT_S = 120
-RUNNABLE = ("python", "bash")
-FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
-NOT_RUNNABLE = re.compile(r"<!--\s*not-runnable:(.*?)-->")
-
-
-@dataclass(frozen=True)
-class DocBlock:
-    """One fenced block of a page: where it is, its language and text, and why it is not
-    run (None: it runs)."""
-
-    page: str
-    line: int
-    lang: str
-    code: str
-    not_runnable: str | None
-
-    @property
-    def where(self) -> str:
-        return f"docs/{self.page}:{self.line}"
-
-
-def page_blocks(path: Path) -> list[DocBlock]:
-    """The fenced blocks of a Markdown page (indented ones inside admonitions too)."""
-    page = path.relative_to(DOCS).as_posix()
-    lines = path.read_text().splitlines()
-    out: list[DocBlock] = []
-    i = 0
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if m is None or not m.group(2):
-            i += 1
-            continue
-        indent, lang = m.group(1), m.group(2)
-        j = i + 1
-        while j < len(lines) and lines[j].strip() != "```":
-            j += 1
-        body = [ln[len(indent) :] if ln.startswith(indent) else ln for ln in lines[i + 1 : j]]
-        before = next((ln for ln in reversed(lines[:i]) if ln.strip()), "")
-        mark = NOT_RUNNABLE.search(before)
-        reason = mark.group(1).strip() if mark else None
-        out.append(DocBlock(page, i + 1, lang, "\n".join(body) + "\n", reason))
-        i = j + 1
-    return out
-
+__all__ = ["dev_db"]  # the fixture, for this module
 
 PAGES = sorted(p for p in DOCS.rglob("*.md"))
 BLOCKS = {p.relative_to(DOCS).as_posix(): page_blocks(p) for p in PAGES}
-RUN_PAGES = sorted(
-    page
-    for page, blocks in BLOCKS.items()
-    if any(b.lang in RUNNABLE and b.not_runnable is None for b in blocks)
-)
+RUN_PAGES = sorted(page for page, blocks in BLOCKS.items() if any(b.runs for b in blocks))
 
 
 def test_every_block_runs_or_says_why_not() -> None:
@@ -99,10 +44,23 @@ def test_every_block_runs_or_says_why_not() -> None:
         for b in blocks:
             if b.not_runnable is not None:
                 assert b.not_runnable, f"{b.where}: not-runnable without a reason"
-                assert b.lang in RUNNABLE, f"{b.where}: not-runnable marks a {b.lang} block"
-    every = [b for blocks in BLOCKS.values() for b in blocks if b.lang in RUNNABLE]
-    ran = [b for b in every if b.not_runnable is None]
+                assert b.lang in ("python", "bash"), f"{b.where}: not-runnable marks a {b.lang}"
+    every = [b for blocks in BLOCKS.values() for b in blocks if b.lang in ("python", "bash")]
+    ran = [b for b in every if b.runs]
     assert len(ran) >= len(every) // 2, "most examples must run"
+
+
+def test_the_guides_have_their_examples() -> None:
+    """The examples the checks know are still there (a dropped one must be noticed)."""
+    code = {page: "".join(b.code for b in blocks if b.runs) for page, blocks in BLOCKS.items()}
+    half = code["guides/transactions/half-messages.md"]
+    assert "send_in_transaction" in half and "checker" in half
+    assert ".half_message(" in half and "key=" in half and "headers=" in half
+    assert "TransactionManager(" in code["guides/transactions/xa.md"]
+    assert "outbox.relay(session)" in code["guides/transactions/outbox.md"]
+    first = code["getting-started/first-transaction.md"]
+    assert "dev-db.sh postgres start" in first and 'b"receipt 1" in seen' in first
+    assert "initial_offset=" in code["getting-started/first-messages.md"]
 
 
 @pytest.mark.parametrize(
@@ -114,138 +72,37 @@ def test_ini_blocks_are_valid_config(block: DocBlock) -> None:
     parse_config(block.code)
 
 
-# --------------------------------------------------------------------------- running
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class DevDatabases:
-    """The databases ``scripts/dev-db.sh`` starts, as a reader would, on free ports."""
-
-    base: Path
-    env: dict[str, str] = field(default_factory=dict)
-    started: list[str] = field(default_factory=list)
-
-    def need(self, kind: str) -> None:
-        if kind in self.started:
-            return
-        available = PostgresServer.available() if kind == "postgres" else MariaDBServer.available()
-        if not available:
-            msg = f"{kind} not installed (bash scripts/services.sh install)"
-            if IN_CI:
-                pytest.fail(msg)
-            pytest.skip(msg)
-        self.script(kind, "start")
-        self.started.append(kind)
-
-    def script(self, kind: str, action: str) -> None:
-        proc = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "dev-db.sh"), kind, action],
-            env={**os.environ, **self.env}, capture_output=True, text=True, timeout=120,
-            check=False,
-        )
-        assert proc.returncode == 0, f"dev-db.sh {kind} {action}:\n{proc.stdout}{proc.stderr}"
-
-    def stop(self) -> None:
-        for kind in self.started:
-            self.script(kind, "stop")
-
-
-@pytest.fixture(scope="module")
-def dev_db() -> Iterator[DevDatabases]:
-    # not under pytest's 0700 temporary root: the servers run as their own users
-    base = Path(tempfile.mkdtemp(prefix="notify-docs-db-"))
-    base.chmod(0o755)
-    dbs = DevDatabases(base)
-    dbs.env = {
-        "NOTIFY_DB_DIR": str(base),
-        "NOTIFY_PG_PORT": str(free_port()),
-        "NOTIFY_MARIADB_PORT": str(free_port()),
-    }
-    try:
-        yield dbs
-    finally:
-        dbs.stop()
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@dataclass
-class PageEnv:
-    """What one page's blocks run against."""
-
-    broker: BrokerProcess
-    db: DevDatabases
-    zk: str | None = None
-
-    def substitute(self, code: str) -> str:
-        host, port = self.broker.addr.rsplit(":", 1)
-        out = code.replace('("127.0.0.1", 8123)', f'("{host}", {port})')
-        out = out.replace("127.0.0.1:8123", self.broker.addr)
-        http = f"127.0.0.1:{self.broker.http_port}"
-        out = re.sub(r"\b(?:localhost|127\.0\.0\.1):8120\b", http, out)
-        pg, my = self.db.env["NOTIFY_PG_PORT"], self.db.env["NOTIFY_MARIADB_PORT"]
-        out = re.sub(r"(postgresql(?:\+psycopg)?://app@127\.0\.0\.1)/app", rf"\1:{pg}/app", out)
-        out = re.sub(r"(mysql\+pymysql://app@127\.0\.0\.1)/app", rf"\1:{my}/app", out)
-        if self.zk is not None:
-            out = out.replace("127.0.0.1:2181/meta", self.zk)
-        out = out.replace("bash scripts/", f"bash {ROOT}/scripts/")
-        for served in (r"\b8123\b", r"\b8120\b", r"app@127\.0\.0\.1/", r"\b2181\b"):
-            assert not re.search(served, out), f"an address this test does not serve: {served}"
-        return out
-
-    def environ(self, work: Path) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_")}
-        env.update(self.db.env)
-        env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-        env["NOTIFY_SERVER"] = self.broker.addr
-        env["NOTIFY_CLIENT_DIR"] = str(work / "client-state")
-        return env
-
-
-def run_block(block: DocBlock, code: str, work: Path, env: dict[str, str]) -> str:
-    if block.lang == "python":
-        path = work / f"block{block.line}.py"
-        path.write_text(code)
-        cmd = [sys.executable, str(path)]
-    else:
-        cmd = ["bash", "-euo", "pipefail", "-c", code]
-    proc = subprocess.run(
-        cmd, cwd=work, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
-        check=False,
-    )
-    assert proc.returncode == 0, (
-        f"{block.where} exit {proc.returncode}\n{code}\n--- stdout\n{proc.stdout}"
-        f"\n--- stderr\n{proc.stderr}"
-    )
-    return proc.stdout
-
-
 @pytest.mark.parametrize("page", RUN_PAGES)
 def test_page_blocks_run(
     page: str, tmp_path: Path, dev_db: DevDatabases, request: pytest.FixtureRequest
 ) -> None:
-    blocks = [b for b in BLOCKS[page] if b.lang in RUNNABLE and b.not_runnable is None]
-    text = "".join(b.code for b in blocks)
-    if re.search(r"postgresql(\+psycopg)?://app@|dev-db\.sh postgres", text):
-        dev_db.need("postgres")
-    if re.search(r"mysql\+pymysql://app@|dev-db\.sh mariadb", text):
-        dev_db.need("mariadb")
-    broker, zk_url = example_broker(
-        tmp_path,
-        request,
-        zookeeper="2181" in text,
-        system={"txCheckBackDelay": 500, "dashboardHttpPort": free_port()},
+    run_page(BLOCKS[page], tmp_path, dev_db, request)
+
+
+def test_half_message_checker_decides(
+    tmp_path: Path, dev_db: DevDatabases, request: pytest.FixtureRequest
+) -> None:
+    """The half-message guide's example with the local transaction's answer lost (UNKNOWN):
+    the broker asks the guide's checker, which finds the row paid and commits."""
+    (block,) = [
+        b for b in BLOCKS["guides/transactions/half-messages.md"]
+        if b.runs and "send_in_transaction" in b.code
+    ]
+    env = page_env([block], tmp_path, dev_db, request)
+    code = env.substitute(block.code)
+    decided = "return LocalTxState.COMMIT   #"
+    assert decided in code
+    code = code.replace(decided, f"return LocalTxState.{LocalTxState.UNKNOWN.name}   #")
+    code += (  # still inside the session, so the producer is there to answer the check
+        "    import time\n"
+        "    from notify.client import ConsumerConfig\n"
+        "    seen = []\n"
+        "    c = session.create_consumer(ConsumerConfig(group='wait', data_dir='wait'))\n"
+        "    deadline = time.monotonic() + 30\n"
+        "    while b'paid 7' not in seen and time.monotonic() < deadline:\n"
+        "        seen += [m.data for m in c.fetch('orders', 0.5)]\n"
+        "    assert b'paid 7' in seen, 'the checker did not commit it'\n"
     )
-    env = PageEnv(broker, dev_db, zk_url)
-    work = tmp_path / "work"
-    work.mkdir()
-    environ = env.environ(work)
-    for block in blocks:
-        run_block(block, env.substitute(block.code), work, environ)
-
-
+    out = run_block(block, code, env.work, env.environ())
+    assert "LocalTxState.UNKNOWN" in out
+    assert visible(env.broker.addr, "orders", tmp_path / "check") == [b"paid 7"]

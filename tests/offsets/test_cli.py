@@ -177,3 +177,23 @@ def test_offsets_show_missing_directory_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()  # an existing directory without offsets: an empty table
     r = run("offsets", "show", "--url", f"file://{tmp_path / 'empty'}", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout) == []
+
+
+def test_offsets_show_keeps_ids_whole_at_80_columns(tmp_path: Path) -> None:
+    """At 80 columns long names and 19-digit ids are folded inside their cells; every row
+    is then printed again whole, one per line, ready to paste; a wide terminal needs none."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    upgrade(url)
+    row = ("billing-service-eu-west", "orders-by-customer", "1234-12", 123456789012,
+           7326112233445566778)
+    with SqlOffsetStore(url) as s:
+        s.commit(row[0], [T(row[1], row[2], row[3], row[4])])
+    r = run("offsets", "show", "--url", url, env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    table = lines[: next(i for i, ln in enumerate(lines) if ln.endswith("(whole):"))]
+    assert max(len(ln) for ln in table) <= 80
+    assert " ".join(map(str, row)) in lines
+    r = run("offsets", "show", "--url", url, env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "(whole)" not in r.stdout
+    assert all(any(str(v) in ln for ln in r.stdout.splitlines()) for v in row)

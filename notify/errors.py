@@ -150,7 +150,7 @@ class BrokerError(ClientError):
 
 class ProducerFencedError(BrokerError):
     """409 ``fenced``: a newer instance holds this idempotent producer's named identity
-    (README "Protocol notes"); this instance must stop sending. Never retried."""
+    (the protocol reference); this instance must stop sending. Never retried."""
 
 
 class NotifyWarning(ClientError, UserWarning):

@@ -155,7 +155,7 @@ class ProducerConfig:
     #: a 503 after the write) and answers with the stored message's ack; one batch in
     #: flight per partition. Not for transactions or delayed sends. Needs notify brokers.
     idempotent: bool = False
-    #: Idempotent producer with a named identity (README "Protocol notes"): instances that
+    #: Idempotent producer with a named identity (the protocol reference): instances that
     #: take over from each other share ``producer_name`` and ``producer_secret`` (16-256
     #: printable ASCII characters, not guessable); the newest ``producer_epoch`` (default:
     #: the instance's start in microseconds) fences the older ones, and sequences go on

@@ -418,7 +418,7 @@ class AsyncQueueConsumer(AsyncCloses):
         self.credit = credit
         self.start = start
         self.listener = listener
-        #: cluster mode (ZooKeeper): the registration brokers watch (README "Queues")
+        #: cluster mode (ZooKeeper): the registration brokers watch (the Queues guide)
         self.cluster = cluster
         self.consumer_id = new_consumer_id(group)
         self.closed = False
@@ -427,7 +427,7 @@ class AsyncQueueConsumer(AsyncCloses):
         self._queue: asyncio.Queue[QueueMessage] = asyncio.Queue()
         self._listener_tasks: set[asyncio.Task[None]] = set()
         self._async_listener = inspect.iscoroutinefunction(listener)
-        #: called with the messages of each pushed frame (README "Queues")
+        #: called with the messages of each pushed frame (the Queues guide)
         self.batch_listener = batch_listener
         self._async_batch = inspect.iscoroutinefunction(batch_listener)
 

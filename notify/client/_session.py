@@ -170,7 +170,7 @@ class AsyncMessageSessionFactory:
     ) -> AsyncQueueConsumer:
         """A consumer of queue group ``group`` of ``topic``, subscribed on every broker of
         the topic: the brokers push messages (at most ``credit`` unacknowledged per broker)
-        and each is acknowledged (README "Queues"). ``start`` places a new group. A
+        and each is acknowledged (the Queues guide). ``start`` places a new group. A
         ``batch_listener`` gets the messages of each pushed frame in one list: its return
         accepts them all, an exception releases them all."""
         self._check_open()

@@ -58,7 +58,7 @@ log = logging.getLogger("notify.offsets")
 
 #: Claim attempts when a concurrent transaction claimed the same message first.
 CLAIM_ATTEMPTS = 3
-#: How long claims are kept by default (README "Queues": longer than a message can come back).
+#: How long claims are kept by default (the Queues guide: longer than a message can come back).
 DEFAULT_RETENTION = dt.timedelta(days=7)
 #: How often, at most, a transaction prunes the claims past the retention.
 DEFAULT_PRUNE_INTERVAL = dt.timedelta(hours=1)

@@ -30,7 +30,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from notify.cli_tables import new_table, print_table
+from notify.cli.tables import new_table, print_table
 from notify.client.offsets import TopicPartitionOffset
 from notify.errors import NotifyError
 from notify.migrations import downgrade, history, status, upgrade

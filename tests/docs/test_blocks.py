@@ -58,6 +58,8 @@ def test_the_guides_have_their_examples() -> None:
     assert ".half_message(" in half and "key=" in half and "headers=" in half
     assert "TransactionManager(" in code["guides/transactions/xa.md"]
     assert "outbox.relay(session)" in code["guides/transactions/outbox.md"]
+    assert "transaction(db=conn)" in code["guides/transactions/outbox.md"]
+    assert 'producer("returns", db=engine)' in half
     first = code["getting-started/first-transaction.md"]
     assert "dev-db.sh postgres start" in first and 'b"receipt 1" in seen' in first
     assert "initial_offset=" in code["getting-started/first-messages.md"]

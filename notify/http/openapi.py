@@ -57,8 +57,12 @@ _COMMON_ERRORS = {
 }
 
 
-def _schemas() -> JSON:
-    integer = {"type": "integer", "format": "int64"}
+_INT64 = {"type": "integer", "format": "int64"}
+
+
+def _queue_schemas() -> JSON:
+    """Schemas of the queue groups' dead letters and their replay."""
+    integer = _INT64
     position = {
         "type": "object",
         "required": ["partition", "offset"],
@@ -96,6 +100,13 @@ def _schemas() -> JSON:
                 "messages": {"type": "array", "items": position, "minItems": 1},
             },
         },
+    }
+
+
+def _topic_schemas() -> JSON:
+    """Schemas of errors, topics and their partitions."""
+    integer = _INT64
+    return {
         "Error": {
             "type": "object",
             "required": ["error"],
@@ -150,6 +161,13 @@ def _schemas() -> JSON:
                 },
             },
         },
+    }
+
+
+def _message_schemas() -> JSON:
+    """Schemas of produced and fetched messages."""
+    integer = _INT64
+    return {
         "OutMessage": {
             "type": "object",
             "description": "Exactly one of text (UTF-8) or base64.",
@@ -224,6 +242,13 @@ def _schemas() -> JSON:
                 "messages": {"type": "array", "items": _ref("Message")},
             },
         },
+    }
+
+
+def _group_tx_schemas() -> JSON:
+    """Schemas of consumer groups and transactions."""
+    integer = _INT64
+    return {
         "Group": {
             "type": "object",
             "properties": {
@@ -287,6 +312,12 @@ def _schemas() -> JSON:
                 "detail": {"type": "string"},
             },
         },
+    }
+
+
+def _admin_schemas() -> JSON:
+    """Schemas of retention, configuration and the overview."""
+    return {
         "RetentionResult": {
             "type": "object",
             "properties": {
@@ -344,21 +375,22 @@ def _schemas() -> JSON:
     }
 
 
-def _paths() -> JSON:
-    list_of = {
-        "topics": {
-            "type": "object",
-            "properties": {"topics": {"type": "array", "items": _ref("Topic")}},
-        },
-        "groups": {
-            "type": "object",
-            "properties": {"groups": {"type": "array", "items": _ref("Group")}},
-        },
-        "txs": {
-            "type": "object",
-            "properties": {"transactions": {"type": "array", "items": _ref("Transaction")}},
-        },
+def _schemas() -> JSON:
+    return {
+        **_queue_schemas(),
+        **_topic_schemas(),
+        **_message_schemas(),
+        **_group_tx_schemas(),
+        **_admin_schemas(),
     }
+
+
+def _list_of(key: str, items: str) -> JSON:
+    return {"type": "object", "properties": {key: {"type": "array", "items": _ref(items)}}}
+
+
+def _index_paths() -> JSON:
+    """The index and the overview."""
     return {
         "/api": {
             "get": {
@@ -375,11 +407,17 @@ def _paths() -> JSON:
                 "responses": {"200": _json(_ref("Overview"), "Broker overview")},
             }
         },
+    }
+
+
+def _topic_paths() -> JSON:
+    """Topics, their messages and retention."""
+    return {
         "/api/topics": {
             "get": {
                 "summary": "Topics with their partitions, sizes and offsets",
                 "operationId": "listTopics",
-                "responses": {"200": _json(list_of["topics"], "Topics")},
+                "responses": {"200": _json(_list_of("topics", "Topic"), "Topics")},
             },
             "post": {
                 "summary": "Create a topic: appends [topic=NAME] to server.ini and reloads",
@@ -495,11 +533,17 @@ def _paths() -> JSON:
                 },
             },
         },
+    }
+
+
+def _group_tx_paths() -> JSON:
+    """Consumer groups and transactions."""
+    return {
         "/api/groups": {
             "get": {
                 "summary": "Consumer groups seen fetching, with lag per partition",
                 "operationId": "listGroups",
-                "responses": {"200": _json(list_of["groups"], "Groups")},
+                "responses": {"200": _json(_list_of("groups", "Group"), "Groups")},
             }
         },
         "/api/transactions": {
@@ -514,7 +558,9 @@ def _paths() -> JSON:
                         "schema": {"type": "boolean"},
                     }
                 ],
-                "responses": {"200": _json(list_of["txs"], "Transactions")},
+                "responses": {
+                    "200": _json(_list_of("transactions", "Transaction"), "Transactions")
+                },
             }
         },
         "/api/transactions/{key}/commit": {
@@ -543,6 +589,12 @@ def _paths() -> JSON:
                 },
             },
         },
+    }
+
+
+def _queue_paths() -> JSON:
+    """Queue groups and their dead letters."""
+    return {
         "/api/queues": {
             "get": {
                 "summary": "Queue groups with their figures (consumers, acquired, available, "
@@ -616,6 +668,12 @@ def _paths() -> JSON:
                 },
             },
         },
+    }
+
+
+def _config_paths() -> JSON:
+    """Configuration and this document."""
+    return {
         "/api/config": {
             "get": {
                 "summary": "The running configuration (authSecret masked)",
@@ -647,6 +705,16 @@ def _paths() -> JSON:
                 "responses": {"200": {"description": "OpenAPI 3.0 document"}},
             }
         },
+    }
+
+
+def _paths() -> JSON:
+    return {
+        **_index_paths(),
+        **_topic_paths(),
+        **_group_tx_paths(),
+        **_queue_paths(),
+        **_config_paths(),
     }
 
 

@@ -109,68 +109,20 @@ class RecoveryReport:
     duration_s: float
 
 
-class TxLog:
-    """An append-only redo log of opaque records; thread-safe, usable from asyncio.
+class _SegmentFiles:
+    """The log's segment files: the write and fsync seam, and the recovery scan run at
+    open. :class:`TxLog` sets the state and builds everything else on it."""
 
-    Create it with :meth:`open`. Every append returns the record's :class:`Position`;
-    :meth:`sync` / :meth:`sync_async` make records durable with group commit, and
-    :meth:`commit` / :meth:`commit_async` append and apply ``config.flush_at_commit``.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        config: TxLogConfig | None = None,
-        *,
-        fs: FileSystem = OS_FS,
-    ) -> None:
-        """Open (creating if needed) and recover the log in ``path``; prefer :meth:`open`."""
-        self._fs = fs
-        self._dir = Path(path)
-        self._config = config if config is not None else TxLogConfig()
-        self._max_record = self._config.max_record_bytes
-        self._wlock = threading.Lock()  # the segment fd, its number and size
-        self._ckpt_lock = threading.Lock()  # the checkpoint list and file; taken before _wlock
-        self._close_lock = threading.Lock()
-        #: called with ``(position, frames)`` after every write of records, and with
-        #: ``(end of the closed segment, b"")`` after a roll, ``_wlock`` held (replication
-        #: ships them; it must not write to this log)
-        self.on_write: Callable[[Position, bytes], None] | None = None
-        self._closed = False
-        self._final_synced = False
-        self._broken: BaseException | None = None
-        self._fd = -1
-        self._file_no = 0
-        self._size = 0
-        self._first_file_no = 0
-        self._checkpoints: list[Checkpoint] = []
-        self.recovery: RecoveryReport = self._recover()
-        self._coord = FlushCoordinator(
-            self._flush_batch, self._end, Position(self._file_no, self._size)
-        )
-        self._stop = threading.Event()
-        self._flusher: threading.Thread | None = None
-        if self._config.flush_at_commit == FLUSH_PERIODIC:
-            self._flusher = threading.Thread(
-                target=self._run_flusher, name=f"txlog-flusher:{self._dir.name}", daemon=True
-            )
-            self._flusher.start()
-
-    @classmethod
-    def open(
-        cls,
-        path: str | os.PathLike[str],
-        config: TxLogConfig | None = None,
-        *,
-        fs: FileSystem = OS_FS,
-    ) -> Self:
-        """Open the log in directory ``path`` (created if missing) and recover it.
-
-        ``fs`` is the file system to use (the real one by default).
-        Raises :class:`~notify.errors.TxLogCorruptError` if a segment other than the newest is
-        damaged or segments are missing, :class:`~notify.errors.TxLogError` on I/O errors.
-        """
-        return cls(path, config, fs=fs)
+    _fs: FileSystem
+    _dir: Path
+    _config: TxLogConfig
+    _wlock: threading.Lock
+    _closed: bool
+    _fd: int
+    _file_no: int
+    _size: int
+    _first_file_no: int
+    _checkpoints: list[Checkpoint]
 
     # ------------------------------------------------------------------ the fsync seam
 
@@ -209,38 +161,6 @@ class TxLog:
             "%s: rewrote %d bytes of redo.%d after an earlier failed fsync",
             self._dir, size, self._file_no,
         )  # fmt: skip
-
-    # ------------------------------------------------------------------ properties
-
-    @property
-    def path(self) -> Path:
-        """Directory of the log."""
-        return self._dir
-
-    @property
-    def config(self) -> TxLogConfig:
-        """The configuration the log was opened with."""
-        return self._config
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` ran."""
-        return self._closed
-
-    @property
-    def end_position(self) -> Position:
-        """Position just after the last appended record (where the next one would go)."""
-        return self._end()
-
-    @property
-    def durable_position(self) -> Position:
-        """Every record whose position is before this one is on stable storage."""
-        return self._coord.durable
-
-    @property
-    def first_position(self) -> Position:
-        """Start of the oldest retained segment."""
-        return Position(self._first_file_no, 0)
 
     def _end(self) -> Position:
         with self._wlock:
@@ -371,6 +291,102 @@ class TxLog:
             self._dir, records, report.files_scanned, start, report.end, report.duration_s,
         )  # fmt: skip
         return report
+
+
+class TxLog(_SegmentFiles):
+    """An append-only redo log of opaque records; thread-safe, usable from asyncio.
+
+    Create it with :meth:`open`. Every append returns the record's :class:`Position`;
+    :meth:`sync` / :meth:`sync_async` make records durable with group commit, and
+    :meth:`commit` / :meth:`commit_async` append and apply ``config.flush_at_commit``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        config: TxLogConfig | None = None,
+        *,
+        fs: FileSystem = OS_FS,
+    ) -> None:
+        """Open (creating if needed) and recover the log in ``path``; prefer :meth:`open`."""
+        self._fs = fs
+        self._dir = Path(path)
+        self._config = config if config is not None else TxLogConfig()
+        self._max_record = self._config.max_record_bytes
+        self._wlock = threading.Lock()  # the segment fd, its number and size
+        self._ckpt_lock = threading.Lock()  # the checkpoint list and file; taken before _wlock
+        self._close_lock = threading.Lock()
+        #: called with ``(position, frames)`` after every write of records, and with
+        #: ``(end of the closed segment, b"")`` after a roll, ``_wlock`` held (replication
+        #: ships them; it must not write to this log)
+        self.on_write: Callable[[Position, bytes], None] | None = None
+        self._closed = False
+        self._final_synced = False
+        self._broken: BaseException | None = None
+        self._fd = -1
+        self._file_no = 0
+        self._size = 0
+        self._first_file_no = 0
+        self._checkpoints: list[Checkpoint] = []
+        self.recovery: RecoveryReport = self._recover()
+        self._coord = FlushCoordinator(
+            self._flush_batch, self._end, Position(self._file_no, self._size)
+        )
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if self._config.flush_at_commit == FLUSH_PERIODIC:
+            self._flusher = threading.Thread(
+                target=self._run_flusher, name=f"txlog-flusher:{self._dir.name}", daemon=True
+            )
+            self._flusher.start()
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        config: TxLogConfig | None = None,
+        *,
+        fs: FileSystem = OS_FS,
+    ) -> Self:
+        """Open the log in directory ``path`` (created if missing) and recover it.
+
+        ``fs`` is the file system to use (the real one by default).
+        Raises :class:`~notify.errors.TxLogCorruptError` if a segment other than the newest is
+        damaged or segments are missing, :class:`~notify.errors.TxLogError` on I/O errors.
+        """
+        return cls(path, config, fs=fs)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def path(self) -> Path:
+        """Directory of the log."""
+        return self._dir
+
+    @property
+    def config(self) -> TxLogConfig:
+        """The configuration the log was opened with."""
+        return self._config
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
+
+    @property
+    def end_position(self) -> Position:
+        """Position just after the last appended record (where the next one would go)."""
+        return self._end()
+
+    @property
+    def durable_position(self) -> Position:
+        """Every record whose position is before this one is on stable storage."""
+        return self._coord.durable
+
+    @property
+    def first_position(self) -> Position:
+        """Start of the oldest retained segment."""
+        return Position(self._first_file_no, 0)
 
     # ------------------------------------------------------------------ appending
 

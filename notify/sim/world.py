@@ -110,7 +110,7 @@ class TxRecord:
 class Core:
     """The real core of one broker incarnation on the simulated disk."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: WorldState) -> None:
         self.world = world
         fs = world.fs
         self.config = world.config
@@ -155,8 +155,13 @@ class Core:
         self.flush_wanted[part] = None
 
 
-class World:
-    """One seed's world: the disk, the clock, the model, the clients, the schedule."""
+class WorldState:
+    """A world's state and plumbing: the disk, the clock, the model, the core; the
+    failure report. :class:`World` adds the clients' scripts and the run."""
+
+    #: set by :meth:`World.run`: the producers' connections, delayed puts' targets by id
+    producers: list[Owner]
+    delay_targets: dict[int, tuple[int, str, int, bytes]]
 
     def __init__(
         self,
@@ -317,6 +322,31 @@ class World:
                     f"{key} acknowledged but its share in {topic}-{p} at {off} is not "
                     f"readable (visible end {part.visible_end})"
                 )
+    # ------------------------------------------------------------------ the checker's report
+
+    def fail(self, why: str) -> None:
+        tail = "\n  ".join(self.trace[-40:])
+        raise SimFailure(
+            f"seed {self.seed}: {why}\n  replay: python -m notify.sim --seed {self.seed} "
+            f"{self.variant_args()}--verbose\n  last steps:\n  {tail}"
+        )
+
+    def variant_args(self) -> str:
+        """The command-line options that select this world's variant."""
+        out = f"--steps {self.steps} --crashes {self.crashes} "
+        if self.segment_size is not None:
+            out += f"--segment-size {self.segment_size} "
+        if self.delay_heavy:
+            out += "--delay-heavy "
+        if self.mixed:
+            out += "--mixed "
+        if self.held:
+            out += "--held "
+        return out
+
+
+class ClientScripts(WorldState):
+    """The clients' scripts: generators the scheduler steps one action at a time."""
 
     # ------------------------------------------------------------------ clients (scripts)
 
@@ -579,6 +609,10 @@ class World:
                 rec.db = self.rng.random() < 0.6
             yield from self.decide(c.key, rec.db, None if c.owner.closed else c.owner)
 
+
+class World(ClientScripts):
+    """One seed's world: the disk, the clock, the model, the clients, the schedule."""
+
     # ------------------------------------------------------------------ system actions
 
     def force(self) -> None:
@@ -840,26 +874,6 @@ class World:
                 self.fail(f"acknowledged PREPARE of {key} lost by the restart")
 
     # ------------------------------------------------------------------ the checker
-
-    def fail(self, why: str) -> None:
-        tail = "\n  ".join(self.trace[-40:])
-        raise SimFailure(
-            f"seed {self.seed}: {why}\n  replay: python -m notify.sim --seed {self.seed} "
-            f"{self.variant_args()}--verbose\n  last steps:\n  {tail}"
-        )
-
-    def variant_args(self) -> str:
-        """The command-line options that select this world's variant."""
-        out = f"--steps {self.steps} --crashes {self.crashes} "
-        if self.segment_size is not None:
-            out += f"--segment-size {self.segment_size} "
-        if self.delay_heavy:
-            out += "--delay-heavy "
-        if self.mixed:
-            out += "--mixed "
-        if self.held:
-            out += "--held "
-        return out
 
     def read_all(self) -> dict[int, tuple[str, int, int, bytes]]:
         """Every record of every partition (``__delay`` checked for readability only: its

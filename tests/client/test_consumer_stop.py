@@ -99,7 +99,7 @@ def _start(addr: str, tmp: Path, out: Path, mode: str, idle: float) -> subproces
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=os.environ.copy(),
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints every thread's stack
     )
 
 
@@ -114,7 +114,14 @@ def _first_run(addr: str, tmp: Path, mode: str, stop: signal.Signals | None) -> 
                 (tmp / "run1.txt.close").write_text("now")
             else:
                 proc.send_signal(stop)
-            stdout, stderr = proc.communicate(timeout=30)
+            try:
+                # the stop's waits are each bounded (commit 10 s, session close 10 + 10 s):
+                # a loaded machine may need most of them
+                stdout, stderr = proc.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGABRT)  # where it hangs, for the failure message
+                _out, stacks = proc.communicate(timeout=30)
+                pytest.fail(f"the consumer did not stop within 90 s:\n{stacks[-6000:]}")
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -8,8 +8,9 @@ import concurrent.futures
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from notify.errors import ClientError
 
@@ -200,10 +201,25 @@ class LoopThread:
                 out.set_exception(ClientError("session is closed"))
 
 
+#: The longest a blocked caller sleeps at once. A signal the kernel hands to another thread
+#: (the loop's, an executor's) does not interrupt a sleep of the main thread: Ctrl-C and a
+#: SIGTERM handler take effect when it wakes, so it wakes at least this often.
+_WAKE_S: Final = 0.25
+
+
 def _wait(fut: concurrent.futures.Future[T], timeout_s: float | None) -> T:
-    """``fut``'s result; cancelled when ``timeout_s`` passes first (then TimeoutError)."""
-    try:
-        return fut.result(timeout_s)
-    except concurrent.futures.TimeoutError:
-        fut.cancel()
-        raise
+    """``fut``'s result; cancelled when ``timeout_s`` passes first (then TimeoutError).
+
+    Waits in slices of :data:`_WAKE_S` so that signal handlers (KeyboardInterrupt) run in
+    the waiting main thread whichever thread received the signal."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        left = _WAKE_S if deadline is None else min(_WAKE_S, deadline - time.monotonic())
+        try:
+            return fut.result(max(left, 0.0))
+        except concurrent.futures.TimeoutError:
+            if fut.done():  # finished meanwhile, or raised a TimeoutError of its own
+                return fut.result()
+            if deadline is not None and time.monotonic() >= deadline:
+                fut.cancel()
+                raise

@@ -37,8 +37,12 @@ COUNT = 30
 #: Each processed message is appended to the output file (flushed) before the next.
 CHILD = textwrap.dedent(
     """
-    import os, sys, time
+    import os, signal, sys, time
     from notify.client import ConsumerConfig, connect
+
+    # Ctrl-C as a terminal delivers it: a test runner may have left SIGINT ignored, which
+    # children inherit
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     addr, data_dir, out, mode, idle = sys.argv[1:6]
     cfg = ConsumerConfig(group="stop", data_dir=data_dir, commit_interval_s=3600)
@@ -212,3 +216,39 @@ def test_async_shutdown_of_a_consumer_never_started_warns(
                 await c.shutdown()
 
     asyncio.run(main())
+
+
+SIGNAL_ELSEWHERE = textwrap.dedent(
+    """
+    import signal, sys, threading
+    from notify.client import ConsumerConfig, connect
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    addr, data_dir = sys.argv[1:3]
+
+    def elsewhere():  # the kernel may hand a process's signal to any of its threads
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    with connect([addr]) as session:
+        c = session.create_consumer(ConsumerConfig(group="elsewhere", data_dir=data_dir))
+        threading.Timer(1.0, elsewhere).start()
+        try:
+            for msg in c.messages("single", idle_timeout_s=600):
+                pass
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """
+)
+
+
+def test_ctrl_c_received_by_another_thread_still_interrupts_the_loop(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """SIGINT delivered to a thread other than the main one (the loop's, a timer's): the
+    main thread, waiting for the next message, still gets its KeyboardInterrupt at once
+    (not when the 600 s wait ends)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNAL_ELSEWHERE, broker.addr, str(tmp_path / "c")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.stdout.strip() == "interrupted", proc.stderr

@@ -129,7 +129,7 @@ def test_late_commit_is_neither_skipped_nor_reordered(
         if not sqlite:
             with engine.connect() as c:  # C waits for K's lock, held by A
                 wait_until(
-                    lambda: (
+                    lambda: _still_running(tc, ec, "C") and (
                         c.execute(
                             sa.text(
                                 "SELECT count(*) FROM information_schema.INNODB_TRX t "
@@ -199,3 +199,11 @@ def test_postgres_late_commit_is_neither_skipped_nor_reordered(
             lambda: len(published(ob_broker.addr, topic)) >= 3, timeout=20, what="A, B, C published"
         )
     _check(ob_broker.addr, topic)
+
+
+def _still_running(t: threading.Thread, errors: list[BaseException], name: str) -> bool:
+    """True while ``t`` runs; a transaction that ended while it should be waiting for a lock
+    fails the test with its error (instead of a bare timeout)."""
+    if not t.is_alive():
+        raise AssertionError(f"{name} ended instead of waiting for the lock: {errors!r}")
+    return True

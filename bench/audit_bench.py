@@ -45,11 +45,11 @@ from notify.protocol import logrecords as lr
 from notify.protocol import records
 from notify.protocol.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.store.segment import segment_name
-from txlog import Position
-from txlog.checkpoint import Checkpoint, write_checkpoints
-from txlog.config import TxLogConfig
-from txlog.records import encode as frame
-from txlog.segment import fsync_dir, segment_path
+from notify.txlog import Position
+from notify.txlog.checkpoint import Checkpoint, write_checkpoints
+from notify.txlog.config import TxLogConfig
+from notify.txlog.records import encode as frame
+from notify.txlog.segment import fsync_dir, segment_path
 
 TOPICS = {"orders": 4, "payments": 4, "audit": 4, "events": 4}
 SEGMENT_BYTES = 64 * 2**20

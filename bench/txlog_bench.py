@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from txlog import RecordType, TxLog, TxLogConfig
+from notify.txlog import RecordType, TxLog, TxLogConfig
 
 BODY = b"x" * 91  # 9 bytes of framing + 91 = a 100-byte record
 fdatasync = getattr(os, "fdatasync", os.fsync)

@@ -6,7 +6,7 @@ re-exported here: the message store (:mod:`notify.store`) and the redo logs take
 simulated disk used by the crash simulation.
 """
 
-from txlog.fs import (
+from notify.txlog.fs import (
     FSYNC_FAILED,
     OS_FS,
     Buf,

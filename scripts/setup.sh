@@ -44,7 +44,7 @@ install() {
 # Byte-compile notify's own sources (editable install: pip and uv leave them as source).
 # Every broker, client and CLI process imports them; with PYTHONDONTWRITEBYTECODE set (as in
 # many CI images) each process would compile ~150 modules again: 5x a broker's start-up CPU.
-precompile() { .venv/bin/python -m compileall -q -j 0 notify txlog configserver >/dev/null; }
+precompile() { .venv/bin/python -m compileall -q -j 0 notify >/dev/null; }
 # what is installed, keyed by pyproject.toml: a full setup also serves the demo
 stamp_key=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$mode" = demo ]; then

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check notify txlog configserver tests bench
+.venv/bin/ruff check notify tests bench
 .venv/bin/mypy
 # test helpers run as child processes too (workers, clients): compiled once here
 .venv/bin/python -m compileall -q -j 0 tests >/dev/null

@@ -34,7 +34,7 @@ from notify.audit.formats import TxlogColumns, TxlogFile
 from notify.protocol import logrecords as lr
 from notify.protocol.idgen import EPOCH_MS
 from notify.protocol.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
-from txlog.records import DEFAULT_MAX_RECORD_BYTES
+from notify.txlog.records import DEFAULT_MAX_RECORD_BYTES
 
 __all__ = ["arrow_schema", "read_txlog_batches", "txlog_batch"]
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from notify.txlog.checkpoint import read_checkpoints
+from notify.txlog.records import DEFAULT_MAX_RECORD_BYTES
+from notify.txlog.segment import SegmentReader, list_segments, segment_path
 from notify.xa import records as xr
 from notify.xa.errors import HeuristicKind
-from txlog.checkpoint import read_checkpoints
-from txlog.records import DEFAULT_MAX_RECORD_BYTES
-from txlog.segment import SegmentReader, list_segments, segment_path
 
 __all__ = ["CoordinatorLog", "DecisionRow", "HeuristicRow", "read_coordinator_log"]
 

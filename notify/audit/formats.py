@@ -32,9 +32,9 @@ from notify.protocol import logrecords as lr
 from notify.protocol.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.protocol.records import FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
 from notify.store.segment import NAME_DIGITS, parse_segment_name
-from txlog.checkpoint import CHECKPOINT_FILE, read_checkpoints
-from txlog.records import DEFAULT_MAX_RECORD_BYTES, CorruptReason, header_error
-from txlog.segment import list_segments, segment_path
+from notify.txlog.checkpoint import CHECKPOINT_FILE, read_checkpoints
+from notify.txlog.records import DEFAULT_MAX_RECORD_BYTES, CorruptReason, header_error
+from notify.txlog.segment import list_segments, segment_path
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",

@@ -212,14 +212,14 @@ def is_local(master: str) -> bool:
 
 
 def code_zip() -> Path:
-    """A zip of the ``notify`` and ``txlog`` packages (``.py`` files) for the executors,
+    """A zip of the ``notify`` package (``.py`` files) for the executors,
     made once per process in the temp directory."""
     global _ZIP
     if _ZIP is None or not _ZIP.exists():
         fd, name = tempfile.mkstemp(prefix="notify-audit-code-", suffix=".zip")
         os.close(fd)
         with zipfile.ZipFile(name, "w", zipfile.ZIP_DEFLATED) as z:
-            for pkg in ("notify", "txlog"):
+            for pkg in ("notify",):
                 spec = importlib.util.find_spec(pkg)
                 assert spec is not None and spec.origin is not None
                 root = Path(spec.origin).parent

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Final
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from configserver import BrokerRegistrar, resolve_master
 from notify.broker import authlog
 from notify.broker.connection import Connection
 from notify.broker.delay import DelayQueue, delay_topic_config
@@ -39,6 +38,7 @@ from notify.broker.startup import DirectoryLocks, holder_info, listen, locked_di
 from notify.broker.tlsaccept import TlsAccept
 from notify.broker.transactions import TransactionManager
 from notify.config import ServerConfig, SystemConfig, TopicConfig, default_topic, load_config
+from notify.configserver import BrokerRegistrar, resolve_master
 from notify.errors import ConfigError, NotifyError
 from notify.faults import pausepoint
 from notify.fdbudget import spare_fds

@@ -89,7 +89,7 @@ from notify.replication.redo import ReplicaRedo
 from notify.store.idempotent import already_present
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
-from txlog import Position, TxLog, TxLogConfig
+from notify.txlog import Position, TxLog, TxLogConfig
 
 log = logging.getLogger("notify.delay")
 

@@ -58,12 +58,12 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Final
 
-from configserver import ConfigServerError
 from notify.broker.queuestate import (
     GroupEntry,
     QueueState,
     Subscriber,
 )
+from notify.configserver import ConfigServerError
 from notify.core.queues import (
     MsgState,
     Run,

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from configserver import ConfigServer
 from notify.config import ServerConfig, SystemConfig
+from notify.configserver import ConfigServer
 from notify.core.queues import (
     CODE_STATES,
     STATE_CODES,
@@ -34,7 +34,7 @@ from notify.protocol import queuelog
 from notify.replication.redo import ReplicaRedo
 from notify.runtime import SYSTEM_CLOCK
 from notify.store.manager import MessageStore
-from txlog import Checkpoint, Position, TxLog, TxLogConfig
+from notify.txlog import Checkpoint, Position, TxLog, TxLogConfig
 
 if TYPE_CHECKING:
     from notify.broker.connection import Connection

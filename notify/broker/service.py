@@ -73,7 +73,7 @@ from notify.replication.redo import ReplicaRedo
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
-from txlog import TxLog
+from notify.txlog import TxLog
 
 #: the index of a connection's verb table: by its roles
 UNAUTHENTICATED, AUTHENTICATED, ADMIN = 0, 1, 2

@@ -36,7 +36,7 @@ from notify.runtime import SYSTEM_CLOCK
 from notify.store.flusher import Flusher
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
-from txlog import Position, TxLog, TxLogConfig
+from notify.txlog import Position, TxLog, TxLogConfig
 
 log = logging.getLogger("notify.tx")
 

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 
-from configserver import ConfigServer, GroupMember
+from notify.configserver import ConfigServer, GroupMember
 from notify.errors import ClientError, SubscriptionNotStartedWarning
 
 from ._commits import OffsetCommitter, default_store, instance_id, where

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from configserver import ConfigServer, GroupMember, PartitionInfo
+from notify.configserver import ConfigServer, GroupMember, PartitionInfo
 from notify.errors import ClientError, ConnectionLostError, NotifyError
 
 from ._commits import OffsetCommitter

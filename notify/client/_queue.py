@@ -29,8 +29,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, cast
 
-from configserver import ConfigServer, ConfigServerError, new_consumer_id
 from notify.client.transport import AsyncConnection, TransportOptions, open_connection
+from notify.configserver import ConfigServer, ConfigServerError, new_consumer_id
 from notify.errors import ClientError, ConnectionLostError
 from notify.protocol.frames import QBATCH_RUN, Response, decode_qbatch, encode_line, encode_qack
 from notify.protocol.records import HEADER, HEADER_SIZE, split_payload

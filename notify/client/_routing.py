@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol, runtime_checkable
 
-from configserver import (
+from notify.configserver import (
     ConfigServer,
     ConfigServerError,
     ConfigServerUnavailableError,

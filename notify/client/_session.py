@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar, Unpack
 
-from configserver import ConfigServer, ConfigServerError
 from notify import outbox
+from notify.configserver import ConfigServer, ConfigServerError
 from notify.errors import ClientError, ConnectionLostError
 
 from ._config import ClientConfig, ConsumerConfig, ProducerConfig

@@ -27,7 +27,7 @@ from ._server import ConfigServer
 
 __all__ = ["BrokerRegistrar"]
 
-log = logging.getLogger("configserver")
+log = logging.getLogger("notify.configserver")
 
 _WILDCARDS = ("", "0.0.0.0", "::")
 STARTUP_WAIT_S = 5.0

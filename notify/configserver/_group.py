@@ -42,7 +42,7 @@ from ._server import ConfigServer, PartitionInfo
 
 __all__ = ["AssignmentTarget", "GroupMember", "new_consumer_id"]
 
-log = logging.getLogger("configserver")
+log = logging.getLogger("notify.configserver")
 
 DEFAULT_DEBOUNCE_S = 0.05
 DEFAULT_RETRY_MIN_S = 0.1

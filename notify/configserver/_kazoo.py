@@ -49,7 +49,7 @@ from ._nodes import NodeStat, SessionState, StateListener, Watcher
 
 __all__ = ["KazooNodeStore"]
 
-log = logging.getLogger("configserver")
+log = logging.getLogger("notify.configserver")
 
 T = TypeVar("T")
 

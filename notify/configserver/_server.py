@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BrokerInfo", "ConfigServer", "PartitionInfo", "SessionListener"]
 
-log = logging.getLogger("configserver")
+log = logging.getLogger("notify.configserver")
 
 DEFAULT_SESSION_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0

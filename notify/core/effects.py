@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from txlog import Position
+from notify.txlog import Position
 
 
 class Ticket:

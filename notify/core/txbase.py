@@ -30,7 +30,7 @@ from notify.protocol.xa import (
     encode_xa_failure,
 )
 from notify.store.gate import Gate
-from txlog import Position
+from notify.txlog import Position
 
 log = logging.getLogger("notify.tx")
 

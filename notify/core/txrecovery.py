@@ -11,7 +11,7 @@ from notify.core.txbase import BrokerTx, Recovered
 from notify.core.txsteps import Steps
 from notify.protocol import logrecords as lr
 from notify.protocol.keys import is_xa
-from txlog import Position
+from notify.txlog import Position
 
 log = logging.getLogger("notify.tx")
 

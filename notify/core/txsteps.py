@@ -39,7 +39,7 @@ from notify.protocol.xa import (
     XA_RDONLY,
     XAER_RMFAIL,
 )
-from txlog import Position
+from notify.txlog import Position
 
 log = logging.getLogger("notify.tx")
 

@@ -62,7 +62,7 @@ from notify.protocol.failover import (
     epoch_node_name,
 )
 from notify.store.manager import MessageStore
-from txlog import Position, cut_log
+from notify.txlog import Position, cut_log
 
 log = logging.getLogger("notify.failover")
 

@@ -32,8 +32,8 @@ from typing import Protocol
 from notify.errors import TxLogError
 from notify.protocol import logrecords as lr
 from notify.store.partition import Partition
-from txlog import Position, TxLog
-from txlog.records import decode
+from notify.txlog import Position, TxLog
+from notify.txlog.records import decode
 
 #: The internal stream name of the transactions' redo log.
 TXLOG_STREAM = "__txlog"

@@ -35,7 +35,7 @@ from notify.replication.link import BrokerLink, connect_link
 from notify.replication.redo import TXLOG_STREAM
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
-from txlog import Position
+from notify.txlog import Position
 
 
 class _Host(Protocol):

@@ -46,7 +46,7 @@ from notify.protocol import records
 from notify.sim.disk import SimCrash, SimFileSystem
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
-from txlog import Position, TxLog, TxLogConfig, encode
+from notify.txlog import Position, TxLog, TxLogConfig, encode
 
 __all__ = [
     "SimulationFailure",

@@ -56,7 +56,7 @@ from notify.sim.readers import Readers
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
 from notify.store.segment import Segment
-from txlog import TxLog, TxLogConfig
+from notify.txlog import TxLog, TxLogConfig
 
 ROOT = PurePosixPath("/broker")
 TOPICS = (("a", 2), ("b", 1))

@@ -14,11 +14,11 @@ Quick use::
 """
 
 from notify.errors import ConfigError, TxLogCorruptError, TxLogError
-from txlog.checkpoint import Checkpoint
-from txlog.config import FLUSH_NEVER, FLUSH_ON_COMMIT, FLUSH_PERIODIC, TxLogConfig
-from txlog.log import LogRecord, RecoveryReport, TxLog, cut_log
-from txlog.position import Position
-from txlog.records import (
+from notify.txlog.checkpoint import Checkpoint
+from notify.txlog.config import FLUSH_NEVER, FLUSH_ON_COMMIT, FLUSH_PERIODIC, TxLogConfig
+from notify.txlog.log import LogRecord, RecoveryReport, TxLog, cut_log
+from notify.txlog.position import Position
+from notify.txlog.records import (
     CorruptReason,
     DecodeResult,
     Record,

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from notify.errors import TxLogCorruptError
-from txlog.fs import OS_FS, FileSystem
-from txlog.position import Position
-from txlog.records import HEADER, CorruptReason, RecordType, decode, encode, frame_size
+from notify.txlog.fs import OS_FS, FileSystem
+from notify.txlog.position import Position
+from notify.txlog.records import HEADER, CorruptReason, RecordType, decode, encode, frame_size
 
 __all__ = [
     "CHECKPOINT_FILE",

@@ -1,12 +1,12 @@
 """The storage seam: every file operation the redo log and the message store make.
 
-:class:`FileSystem` is a :class:`typing.Protocol` of the calls the log (:mod:`txlog`) and the
+:class:`FileSystem` is a :class:`typing.Protocol` of the calls the log (:mod:`notify.txlog`) and the
 message store (:mod:`notify.store`) need; :class:`OsFileSystem` is the real one (``os.*`` calls,
 bound once as static methods, so going through it costs one attribute lookup, like ``os.X``).
 ``notify.sim.disk.SimFileSystem`` is an in-memory one that models what survives a crash.
 
-It lives in :mod:`txlog` because txlog is the lower package (it imports nothing of notify but
-:mod:`notify.errors`); :mod:`notify.fs` re-exports it.
+It lives in :mod:`notify.txlog` because that package is below the rest (it imports nothing
+of notify but :mod:`notify.errors`); :mod:`notify.fs` re-exports it.
 
 Conventions: handles are ``int`` (real descriptors for :class:`OsFileSystem`, fake numbers for a
 simulated one); ``open`` takes ``os.O_*`` flags (``O_RDONLY``/``O_WRONLY``/``O_RDWR``,

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from notify.errors import TxLogError
-from txlog.position import Position
+from notify.txlog.position import Position
 
 __all__ = ["FlushCoordinator", "FlushFailed", "covered"]
 

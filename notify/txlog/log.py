@@ -57,7 +57,7 @@ from types import TracebackType
 from typing import NamedTuple, Self
 
 from notify.errors import TxLogCorruptError, TxLogError
-from txlog.checkpoint import (
+from notify.txlog.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
     new_checkpoint,
@@ -65,16 +65,16 @@ from txlog.checkpoint import (
     remove_stale_temp,
     write_checkpoints,
 )
-from txlog.config import FLUSH_ON_COMMIT, FLUSH_PERIODIC, TxLogConfig
-from txlog.fs import FSYNC_FAILED, OS_FS, FileSystem, ensure_dir, leave_marker
-from txlog.groupsync import FlushCoordinator, FlushFailed
-from txlog.position import Position
-from txlog.records import RecordType, decode, encode, frame_size
-from txlog.segment import SegmentReader, list_segments, segment_path
+from notify.txlog.config import FLUSH_ON_COMMIT, FLUSH_PERIODIC, TxLogConfig
+from notify.txlog.fs import FSYNC_FAILED, OS_FS, FileSystem, ensure_dir, leave_marker
+from notify.txlog.groupsync import FlushCoordinator, FlushFailed
+from notify.txlog.position import Position
+from notify.txlog.records import RecordType, decode, encode, frame_size
+from notify.txlog.segment import SegmentReader, list_segments, segment_path
 
 __all__ = ["LogRecord", "RecoveryReport", "TxLog", "cut_log"]
 
-logger = logging.getLogger("txlog")
+logger = logging.getLogger(__name__)
 
 
 class LogRecord(NamedTuple):

@@ -11,8 +11,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from txlog.fs import OS_FS, FileSystem
-from txlog.records import HEADER, CorruptReason, Record, decode, frame_size
+from notify.txlog.fs import OS_FS, FileSystem
+from notify.txlog.records import HEADER, CorruptReason, Record, decode, frame_size
 
 __all__ = ["SegmentReader", "fsync_dir", "list_segments", "segment_path"]
 

@@ -39,6 +39,9 @@ from types import TracebackType
 from typing import Final, Self
 
 from notify.errors import ConfigError, TxLogCorruptError, TxLogError
+from notify.txlog import Position, TxLog, TxLogConfig
+from notify.txlog.checkpoint import read_checkpoints
+from notify.txlog.segment import SegmentReader, list_segments, segment_path
 from notify.xa import records as rec
 from notify.xa.errors import DecisionLogError, LogLockedError, OutcomeUnknownError
 from notify.xa.ids import (
@@ -48,9 +51,6 @@ from notify.xa.ids import (
     validate_coordinator_id,
     validate_format_id,
 )
-from txlog import Position, TxLog, TxLogConfig
-from txlog.checkpoint import read_checkpoints
-from txlog.segment import SegmentReader, list_segments, segment_path
 
 log = logging.getLogger("notify.xa.log")
 

@@ -32,6 +32,7 @@ from typing import Final, Self
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from notify.errors import ConfigError, TransactionError
+from notify.txlog import TxLogConfig
 from notify.xa import records as rec
 from notify.xa.admin import InDoubt, list_in_doubt
 from notify.xa.decisionlog import DEFAULT_CHECKPOINT_BYTES, DecisionLog
@@ -42,7 +43,6 @@ from notify.xa.pool import ParticipantPool
 from notify.xa.recovery import RecoveryReport, recover_once
 from notify.xa.states import TERMINAL
 from notify.xa.transaction import Transaction
-from txlog import TxLogConfig
 
 log = logging.getLogger("notify.xa")
 

@@ -34,9 +34,9 @@ from notify.protocol import logrecords as lr
 from notify.protocol import records
 from notify.protocol.frames import encode_mput
 from notify.testing import BrokerProcess
+from notify.txlog.records import decode as decode_frames
+from notify.txlog.records import encode as encode_frame
 from tests.helpers import WireClient, crc, stats, wait_until
-from txlog.records import decode as decode_frames
-from txlog.records import encode as encode_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -13,8 +13,8 @@ from notify.audit import bulk, formats
 from notify.audit.sources import _arrow_schema, _log_columns
 from notify.protocol import logrecords as lr
 from notify.protocol import records
+from notify.txlog.records import encode as frame
 from tests.audit.conftest import BrokerLogs
-from txlog.records import encode as frame
 
 _ID = 123 << 22
 

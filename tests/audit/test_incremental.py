@@ -17,9 +17,9 @@ from notify.protocol import logrecords as lr
 from notify.protocol import records
 from notify.protocol.idgen import BROKER_BITS, EPOCH_MS, SEQ_BITS
 from notify.store.segment import segment_name
+from notify.txlog.records import encode as frame
+from notify.txlog.segment import segment_path
 from tests.audit.conftest import BrokerLogs
-from txlog.records import encode as frame
-from txlog.segment import segment_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -35,11 +35,11 @@ from notify.errors import BrokerError, ClientError, TransactionError
 from notify.protocol import logrecords as lr
 from notify.protocol.frames import Response, encode_check
 from notify.testing import BrokerProcess
+from notify.txlog import records as txrecords
 from tests.client.conftest import kill_when_marked
 from tests.conftest import BrokerFactory
 from tests.helpers import read_all as read_part
 from tests.helpers import timing, wait_until
-from txlog import records as txrecords
 
 FAST = ClientConfig(
     request_timeout_s=3.0, reconnect_backoff_min_s=0.02, reconnect_backoff_max_s=0.2

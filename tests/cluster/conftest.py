@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from configserver import ConfigServer, MemoryNodeStore, MemoryZooKeeper
-from configserver._kazoo import KazooNodeStore
+from notify.configserver import ConfigServer, MemoryNodeStore, MemoryZooKeeper
+from notify.configserver._kazoo import KazooNodeStore
 from notify.testing import BrokerProcess
 from tests.helpers import wait_until as wait_until  # imported from here by earlier tests
 from tests.services import ZooKeeperServer

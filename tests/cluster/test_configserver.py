@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from configserver import (
+from notify.configserver import (
     BrokerRegistration,
     ConfigServer,
     ConfigServerError,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from configserver import (
+from notify.configserver import (
     BrokerRegistration,
     ConfigServer,
     GroupMember,

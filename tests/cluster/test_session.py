@@ -11,11 +11,11 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from configserver import ConfigServer, SessionState
-from configserver._kazoo import KazooNodeStore
 from notify.broker.app import Broker
 from notify.client import ClientConfig, ConsumerConfig, Message, ZkBrokerDirectory, connect
 from notify.config import load_config
+from notify.configserver import ConfigServer, SessionState
+from notify.configserver._kazoo import KazooNodeStore
 from notify.testing import render_ini
 from tests.cluster.conftest import SESSION_S
 from tests.cluster.conftest import ZkBrokers as ZkBrokersT

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-import configserver
-from configserver import (
+import notify.configserver as configserver
+from notify.configserver import (
     BrokerRegistration,
     ConfigServerError,
     ConsistentHashStrategy,
@@ -18,7 +18,7 @@ from configserver import (
     get_strategy,
     parse_url,
 )
-from configserver._layout import (
+from notify.configserver._layout import (
     decode_address,
     decode_topic_broker,
     decode_topics,

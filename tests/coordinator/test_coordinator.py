@@ -11,6 +11,7 @@ import pytest
 
 from notify.errors import TransactionError
 from notify.protocol.keys import Xid
+from notify.txlog import TxLog
 from notify.xa import (
     BranchHeuristicError,
     BranchStatus,
@@ -35,7 +36,6 @@ from tests.coordinator.helpers import (
     pg_prepared,
     pg_rows,
 )
-from txlog import TxLog
 
 
 def order(tx: Any, k: int, mysql: bool = False) -> None:

@@ -246,7 +246,7 @@ def test_log_replays_decisions_and_keeps_identity(tmp_path: Path) -> None:
 
 
 def test_checkpoint_snapshots_and_drops_old_segments(tmp_path: Path) -> None:
-    from txlog import TxLogConfig
+    from notify.txlog import TxLogConfig
 
     path = tmp_path / "xa"
     cfg = TxLogConfig(flush_at_commit=1, segment_bytes=4096, max_checkpoints=2)

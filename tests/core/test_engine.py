@@ -18,7 +18,7 @@ from notify.protocol.frames import Transaction
 from notify.protocol.idgen import IdGenerator
 from notify.store.manager import MessageStore
 from notify.store.partition import Partition
-from txlog import TxLog, TxLogConfig
+from notify.txlog import TxLog, TxLogConfig
 
 
 class Clock:

@@ -160,7 +160,7 @@ def test_check_records_builds_agree() -> None:
 def _frame_cases() -> list[bytes]:
     """Redo-log frames: intact ones, then each way a walk must stop (a torn tail, a zero
     length, a length past the limit, a bad CRC, a zero type byte)."""
-    from txlog.records import encode
+    from notify.txlog.records import encode
 
     rnd = random.Random(22)
     frames = [encode(rnd.randrange(1, 9), rnd.randbytes(rnd.randrange(60))) for _ in range(40)]
@@ -182,7 +182,7 @@ def _frame_cases() -> list[bytes]:
 
 
 def test_frame_and_record_walks_stop_where_the_readers_check_agree() -> None:
-    from txlog.records import decode
+    from notify.txlog.records import decode
 
     for buf in _frame_cases():
         out: list[int] = []

@@ -15,8 +15,8 @@ from notify.protocol import queuelog
 from notify.protocol.frames import Response, decode_qbatch
 from notify.protocol.records import HEADER, HEADER_SIZE
 from notify.testing import BrokerProcess
+from notify.txlog import TxLog, TxLogConfig
 from tests.helpers import WireClient, queue_stats, timing
-from txlog import TxLog, TxLogConfig
 
 QUEUES_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "queues.md"
 

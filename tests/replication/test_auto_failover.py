@@ -23,9 +23,9 @@ from kazoo.client import KazooClient
 from notify.client import ClientConfig, ConsumerConfig, Producer, ProducerConfig, connect
 from notify.protocol import records
 from notify.testing import BrokerProcess, free_port
+from notify.txlog import TxLog
 from tests.helpers import WireClient, read_all, stats, timing, tput, tx, wait_until, xid
 from tests.services import ZooKeeperServer
-from txlog import TxLog
 
 REPL = "repl-secret"
 #: the log lines a failed failover test prints: elections, errors, restarts

@@ -28,12 +28,12 @@ from notify.broker.delay import _encode_moved, decode_envelope
 from notify.protocol import queuelog, records
 from notify.protocol.frames import Response
 from notify.testing import BrokerProcess
+from notify.txlog import TxLog
 from tests.broker.test_delay import dput, now_ms
 from tests.helpers import WireClient, queue_stats, read_all, stats
 from tests.queues.test_queues import _publish, _pushes
 from tests.replication.test_auto_failover import Group, _logs, _stats_or_empty, _wait
 from tests.services import ZooKeeperServer
-from txlog import TxLog
 
 N = 30  # queue messages in "work"
 LATE_MS = 9000  # due after the second take-over (the test waits for them)

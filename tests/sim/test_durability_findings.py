@@ -18,7 +18,7 @@ from notify.protocol import records
 from notify.sim.disk import SimFileSystem
 from notify.store.partition import Partition
 from notify.store.segment import segment_name
-from txlog import TxLog, TxLogConfig
+from notify.txlog import TxLog, TxLogConfig
 
 PART = Path("/data/t-0")
 LOG = Path("/data/txlog")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from txlog import TxLog, TxLogConfig
+from notify.txlog import TxLog, TxLogConfig
 
 
 def body_for(key: str, size: int) -> bytes:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from txlog import Position, TxLog, TxLogConfig, TxLogError
-from txlog.checkpoint import Checkpoint, read_checkpoints, write_checkpoints
-from txlog.segment import fsync_dir
+from notify.txlog import Position, TxLog, TxLogConfig, TxLogError
+from notify.txlog.checkpoint import Checkpoint, read_checkpoints, write_checkpoints
+from notify.txlog.segment import fsync_dir
 
 SMALL = TxLogConfig(segment_bytes=256, max_record_bytes=4096, max_checkpoints=3)
 

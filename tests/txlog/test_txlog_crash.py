@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from crash_writer import body_for
 
-from txlog import Position, TxLog, TxLogConfig, encode
+from notify.txlog import Position, TxLog, TxLogConfig, encode
 
 WRITER = Path(__file__).with_name("crash_writer.py")
 CONFIG = TxLogConfig(segment_bytes=1 << 20, flush_at_commit=1)

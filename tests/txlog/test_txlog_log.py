@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from txlog_helpers import FsyncCounter
 
-from txlog import (
+from notify.txlog import (
     ConfigError,
     LogRecord,
     Position,

@@ -9,8 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from txlog import CorruptReason, RecordType, TxLogError, decode, encode, encode_many, record_type
-from txlog.records import HEADER, frame_size
+from notify.txlog import (
+    CorruptReason,
+    RecordType,
+    TxLogError,
+    decode,
+    encode,
+    encode_many,
+    record_type,
+)
+from notify.txlog.records import HEADER, frame_size
 
 SETTINGS = settings(
     max_examples=300,

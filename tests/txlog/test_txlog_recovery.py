@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from txlog import (
+from notify.txlog import (
     CorruptReason,
     Position,
     TxLog,
@@ -45,7 +45,7 @@ def test_torn_tail_is_truncated_and_reported(
     good_size = seg.stat().st_size
     with seg.open("ab") as f:
         f.write(tail)
-    with caplog.at_level(logging.WARNING, logger="txlog"), TxLog.open(logdir) as log:
+    with caplog.at_level(logging.WARNING, logger="notify.txlog.log"), TxLog.open(logdir) as log:
         report = log.recovery
         assert report.truncated_bytes == len(tail)
         assert report.truncated_file == 0

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from notify.errors import TxLogError
-from txlog import Position, TxLog, TxLogConfig, cut_log
+from notify.txlog import Position, TxLog, TxLogConfig, cut_log
 
 
 def test_replica_copies_frames_and_rolls_at_the_same_positions(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from txlog_helpers import FsyncCounter, fail_times
 
+from notify.txlog import Position, RecordType, TxLog, TxLogConfig, TxLogError
 from tests.helpers import timing, wait_until
-from txlog import Position, RecordType, TxLog, TxLogConfig, TxLogError
 
 
 def enospc() -> OSError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from txlog import TxLog
+from notify.txlog import TxLog
 
 
 class FsyncCounter:

@@ -29,7 +29,7 @@ from notify.replication.redo import (
     ReplicaRedo,
 )
 from notify.store.partition import Partition
-from txlog import Position, TxLog
+from notify.txlog import Position, TxLog
 
 log = logging.getLogger("notify.broker")
 

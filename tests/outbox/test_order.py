@@ -129,19 +129,9 @@ def test_late_commit_is_neither_skipped_nor_reordered(
         if not sqlite:
             with engine.connect() as c:  # C waits for K's lock, held by A
                 wait_until(
-                    lambda: _still_running(tc, ec, "C") and (
-                        c.execute(
-                            sa.text(
-                                "SELECT count(*) FROM information_schema.INNODB_TRX t "
-                                "JOIN information_schema.PROCESSLIST p ON p.ID = "
-                                "t.trx_mysql_thread_id WHERE p.DB = DATABASE() AND "
-                                "t.trx_state = 'LOCK WAIT' AND t.trx_query LIKE '%keylock%'"
-                            )
-                        ).scalar_one()
-                        == 1
-                    ),
-                    timeout=20,
-                    what="C waiting for K's lock",
+                    lambda: _still_running(tc, ec, "C") and _lock_waits(c),
+                    timeout=30,
+                    what=lambda: f"C waiting for K's lock: {_transactions(c)}",
                 )
         release_a.set()
         for t in (ta, tb, tc):
@@ -199,6 +189,32 @@ def test_postgres_late_commit_is_neither_skipped_nor_reordered(
             lambda: len(published(ob_broker.addr, topic)) >= 3, timeout=20, what="A, B, C published"
         )
     _check(ob_broker.addr, topic)
+
+
+def _lock_waits(c: Connection) -> bool:
+    """A transaction of this database waits for a row lock (C's: B has ended, A holds
+    the key's lock and waits for the test)."""
+    return bool(
+        c.execute(
+            sa.text(
+                "SELECT count(*) FROM information_schema.INNODB_TRX t "
+                "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                "WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT'"
+            )
+        ).scalar_one()
+    )
+
+
+def _transactions(c: Connection) -> list[tuple[object, ...]]:
+    """This database's open transactions and connections, for a failure message."""
+    rows = c.execute(
+        sa.text(
+            "SELECT p.ID, p.COMMAND, p.STATE, t.trx_state, t.trx_query, p.INFO "
+            "FROM information_schema.PROCESSLIST p LEFT JOIN information_schema.INNODB_TRX t "
+            "ON p.ID = t.trx_mysql_thread_id WHERE p.DB = DATABASE()"
+        )
+    ).all()
+    return [tuple(r) for r in rows]
 
 
 def _still_running(t: threading.Thread, errors: list[BaseException], name: str) -> bool:

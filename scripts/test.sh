@@ -7,5 +7,6 @@ bash scripts/setup.sh
 .venv/bin/mypy
 # test helpers run as child processes too (workers, clients): compiled once here
 .venv/bin/python -m compileall -q -j 0 tests >/dev/null
-# two worker processes, one test file each at a time (module fixtures stay per file)
-exec .venv/bin/pytest -n 2 --dist loadfile "$@"
+# three worker processes on two cores (the tests wait on brokers, databases, fsyncs and
+# timeouts about half of the time), one test file each at a time (module fixtures stay per file)
+exec .venv/bin/pytest -n 3 --dist loadfile "$@"

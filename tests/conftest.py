@@ -23,7 +23,7 @@ IN_CI = bool(os.environ.get("CI"))
 BrokerFactory = Callable[..., BrokerProcess]
 
 #: Files that take 20 s or more (a full run's ``--durations``), longest first: collected
-#: first, so the two xdist workers (``--dist loadfile`` hands out files in collection order,
+#: first, so the xdist workers (``--dist loadfile`` hands out files in collection order,
 #: see :func:`pytest_xdist_make_scheduler`) start on them and end together instead of one
 #: finishing a long file alone.
 SLOW_FIRST: tuple[str, ...] = (

@@ -49,7 +49,14 @@ def _producers(p: Patches) -> None:
     for acls in (client.AsyncProducer, client.AsyncTransaction):
         p.wrap(acls, "send", producers.send_async)
         p.wrap(acls, "send_batch", producers.batch_async)
+    p.wrap(client.Producer, "send_delayed", producers.send_sync)
+    p.wrap(client.AsyncProducer, "send_delayed", producers.send_async)
+    p.wrap(client.Producer, "send_future", producers.send_later)
+    p.wrap(client.AsyncProducer, "send_nowait", producers.send_later)
+    p.wrap(client.Producer, "send_batch_future", producers.batch_later)
+    p.wrap(client.AsyncProducer, "send_batch_nowait", producers.batch_later)
     for pcls in (client.Producer, client.AsyncProducer):
+        p.wrap(pcls, "post", producers.post)
         p.wrap(pcls, "transaction", producers.begin)
         p.wrap(pcls, "begin_transaction", producers.begin)
         p.wrap(pcls, "half_message", producers.half_message)

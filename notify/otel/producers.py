@@ -13,7 +13,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from notify.outbox import Batch, Identity, PublishAck, Publisher, PublishError
 
@@ -29,7 +29,7 @@ from .semconv import (
     record_headers,
     span_name,
 )
-from .spans import BEGINNING, EXITING, fail, producer_span, set_result
+from .spans import BEGINNING, EXITING, SENDING, fail, producer_span, set_result
 
 Fn = Callable[..., Any]
 
@@ -61,6 +61,74 @@ def _batch(_self: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iter
 
 send_sync, send_async = both(_send)
 batch_sync, batch_async = both(_batch)
+
+
+@contextmanager
+def _post(_self: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Done]:
+    """``post(topic, data, ..., headers=)`` (fire and forget, no result to wait for): a
+    ``create`` span for the call, its context in the headers."""
+    with producer_span("create", arg(args, kwargs, 0, "topic")) as span:
+        kwargs["headers"] = inject(kwargs.get("headers"))
+        yield functools.partial(set_result, span)
+
+
+def post(orig: Fn) -> Fn:
+    return sync_call(orig, _post)
+
+
+def _settle(span: Span, fut: Any) -> None:
+    """End a deferred send's span with its future's outcome."""
+    if fut.cancelled():
+        span.set_status(Status(StatusCode.ERROR, "cancelled"))
+    elif (e := fut.exception()) is not None:
+        fail(span, e)
+    else:
+        set_result(span, fut.result())
+    span.end()
+
+
+def _deferred(orig: Fn, headers: bool) -> Fn:
+    """A method that queues and returns a future (``send_future``, ``send_nowait``, their
+    batch forms): a ``send`` span from the call until the future is done, carrying its
+    result; with ``headers`` its context goes into the message's headers."""
+
+    @functools.wraps(orig)
+    def wrapper(self: object, *args: Any, **kwargs: Any) -> Any:
+        t = spans.tracer()
+        if t is None or SENDING.get():
+            return orig(self, *args, **kwargs)
+        topic = arg(args, kwargs, 0, "topic")
+        extra = {} if headers else {A_BATCH: len(arg(args, kwargs, 1, "datas") or ())}
+        span = t.start_span(
+            span_name("send", topic),
+            kind=SpanKind.PRODUCER,
+            attributes=attributes("send", "send", topic, **extra),
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        guard = SENDING.set(True)
+        try:
+            if headers:
+                kwargs["headers"] = inject(kwargs.get("headers"))
+            fut = orig(self, *args, **kwargs)
+        except BaseException as e:
+            fail(span, e)
+            span.end()
+            raise
+        finally:
+            SENDING.reset(guard)
+            otel_context.detach(token)
+        fut.add_done_callback(functools.partial(_settle, span))
+        return fut
+
+    return wrapper
+
+
+def send_later(orig: Fn) -> Fn:
+    return _deferred(orig, headers=True)
+
+
+def batch_later(orig: Fn) -> Fn:
+    return _deferred(orig, headers=False)
 
 
 def send_plain(orig: Fn) -> Fn:

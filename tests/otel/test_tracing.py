@@ -340,3 +340,59 @@ def test_the_asyncio_api_traces_transactions_sends_and_iterations(
     assert [p.parent.span_id for p in processes if p.parent] == [s.context.span_id for s in sends]
     assert [h.parent.span_id for h in handles if h.parent] == [p.context.span_id for p in processes]
     assert {s.context.trace_id for s in spans.all()} == {request.context.trace_id}
+
+
+def test_queued_sends_carry_the_trace_and_their_spans_end_with_the_result(
+    spans: Spans, notify_broker: TestBroker, tmp_path: Path
+) -> None:
+    """``send_future``, ``post`` and ``send_delayed`` (blocking API), ``send_nowait`` and
+    ``post`` (asyncio): each message carries its span's context to the consumer; a queued
+    send's span ends with its result (partition and message id), a post is a ``create``."""
+    with connect([notify_broker.address]) as session:
+        producer = session.create_producer()
+        with spans.tracer.start_as_current_span("request"):
+            fut = producer.send_future("orders", b"future", key="k")
+            producer.post("orders", b"post", key="k")
+            producer.send_delayed("orders", b"delayed", delay=0.01, key="k")
+            batch = producer.send_batch_future("orders", [b"b1", b"b2"], key="k")
+        result = fut.result(20)
+        batch.result(20)
+        producer.flush(20)
+
+    async def queued() -> None:
+        async with AsyncMessageSessionFactory([notify_broker.address]) as s:
+            p = s.create_producer()
+            with spans.tracer.start_as_current_span("request"):
+                await p.send_nowait("orders", b"nowait", key="k")
+                p.post("orders", b"apost", key="k")
+                await p.flush()
+
+    asyncio.run(queued())
+    with connect([notify_broker.address]) as session:
+        consumer = _consumer(session, tmp_path)
+        got = {m.data: m for m in consumer.messages("orders", idle_timeout_s=1.0)}
+        consumer.close()
+    assert set(got) == {b"future", b"post", b"delayed", b"b1", b"b2", b"nowait", b"apost"}
+    requests = spans.named("request")
+    by_span = {s.context.span_id: s for s in spans.all()}
+    for body in (b"future", b"post", b"delayed", b"nowait", b"apost"):
+        parent = got[body].headers["traceparent"].split("-")
+        span = by_span[int(parent[2], 16)]
+        assert span.parent is not None
+        assert span.parent.span_id in {r.context.span_id for r in requests}, body
+        assert span.name == ("create orders" if body in (b"post", b"apost") else "send orders")
+        assert span.end_time is not None
+    future_span = next(
+        s
+        for s in spans.named("send orders")
+        if s.attributes.get("messaging.message.id") == str(result.msg_id)
+    )
+    pid = f"{result.partition.broker_id}-{result.partition.partition}"
+    assert future_span.attributes["messaging.destination.partition.id"] == pid
+    batches = [
+        s
+        for s in spans.named("send orders")
+        if "messaging.batch.message_count" in (s.attributes or {})
+    ]
+    assert [s.attributes["messaging.batch.message_count"] for s in batches] == [2]
+    assert "traceparent" not in (got[b"b1"].headers or {})

@@ -61,6 +61,7 @@ from .relaydb import (
     PgCycle,
     ShardDB,
     ShardState,
+    Vacuum,
     assigned,
     transient,
 )
@@ -215,6 +216,10 @@ class Relay:
         self.stats: dict[int, ShardStats] = {}
         self._started = False
         self._own_publisher = own_publisher
+        #: PostgreSQL: VACUUMs notify_outbox on a thread of its own (see Vacuum)
+        self.vacuum: Vacuum | None = (
+            Vacuum(engine) if dialect_name(engine.dialect) == "postgresql" else None
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -237,6 +242,10 @@ class Relay:
         hb = threading.Thread(target=self._heartbeats, name="outbox-heartbeat", daemon=True)
         self._threads.append(hb)
         hb.start()
+        if self.vacuum is not None:
+            vt = threading.Thread(target=self.vacuum.run, name="outbox-vacuum", daemon=True)
+            self._threads.append(vt)
+            vt.start()
         for s in shards:
             self.stats[s] = ShardStats(s)
             t = threading.Thread(
@@ -249,6 +258,8 @@ class Relay:
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop every shard (a batch in flight stays recorded: the next leader sends it)."""
         self._stop.set()
+        if self.vacuum is not None:
+            self.vacuum.close()
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -581,7 +592,9 @@ class _ShardWorker:
         if done is not None:
             self.stats.published += done.count
             self.stats.dead += sum(len(ids) for ids, _e in done.dead)
-            if self.db.vacuum(done.count, len(rows) < limits.max_rows):
+            if self.r.vacuum is not None and self.r.vacuum.note(
+                done.count, len(rows) < limits.max_rows
+            ):
                 self.stats.vacuums += 1
         return plan
 

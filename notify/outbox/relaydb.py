@@ -345,26 +345,6 @@ class ShardDB:
 
     # ------------------------------------------------------------------ waiting (PostgreSQL)
 
-    def vacuum(self, deleted: int, table_small: bool) -> bool:
-        """PostgreSQL: VACUUM ``notify_outbox`` once enough rows were deleted, at most every
-        :data:`VACUUM_EVERY_S` per process, while the table is small (a read returned
-        less than a full batch). The rows deleted stay in the index as dead entries the
-        oldest-first read walks through until a vacuum (12,000 of them: 1.1 ms a read
-        instead of 0.08), and autovacuum looks at a database once a minute at best.
-        True when it ran."""
-        if self.d != "postgresql" or self._pg is None:
-            return False
-        key = self.engine.url.render_as_string(hide_password=False)
-        with _vacuum_guard:
-            st = _vacuum_state.setdefault(key, [0, 0.0])
-            st[0] += deleted
-            now = time.monotonic()
-            if not table_small or st[0] < VACUUM_AFTER_ROWS or now - st[1] < VACUUM_EVERY_S:
-                return False
-            st[0], st[1] = 0, now
-        self._pg.execute("VACUUM (SKIP_LOCKED) notify_outbox")
-        return True
-
     @property
     def waiting(self) -> bool:
         """PostgreSQL: whether this relay holds the shard's waiting lock (writers
@@ -644,10 +624,66 @@ def _chunks(ids: Sequence[int], size: int = ID_CHUNK) -> Iterator[list[int]]:
 
 #: PostgreSQL: a relay process vacuums notify_outbox after this many deletions ...
 VACUUM_AFTER_ROWS = 500
-#: ... at most this often (see :meth:`ShardDB.vacuum`).
+#: ... at most this often (see :class:`Vacuum`).
 VACUUM_EVERY_S = 0.5
+#: Without truncation: truncating the heap's empty tail takes the table's ACCESS
+#: EXCLUSIVE lock, which stalls every writer's INSERT and every relay's read meanwhile.
+#: Autovacuum still gives the space back after a large backlog.
+VACUUM_SQL = "VACUUM (SKIP_LOCKED, TRUNCATE false) notify_outbox"
 _vacuum_state: dict[str, list[Any]] = {}
 _vacuum_guard = threading.Lock()
+
+
+class Vacuum:
+    """PostgreSQL: VACUUMs ``notify_outbox`` once enough rows were deleted, at most every
+    :data:`VACUUM_EVERY_S` per process, while the table is small (a read returned less
+    than a full batch). The rows deleted stay in the index as dead entries the
+    oldest-first read walks through until a vacuum (12,000 of them: 1.1 ms a read instead
+    of 0.08), and autovacuum looks at a database once a minute at best.
+
+    The VACUUM runs on a thread and a connection of its own (:meth:`run`), never on a
+    shard's thread: a batch recorded and waiting to be sent, or the rows committed
+    meanwhile, never wait for it (under load it takes from milliseconds to a second)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._key = engine.url.render_as_string(hide_password=False)
+        self._due = threading.Event()
+        self._closed = False
+        self.runs = 0
+
+    def note(self, deleted: int, table_small: bool) -> bool:
+        """``deleted`` rows were removed; True when that made a VACUUM due (it runs on
+        the vacuum thread)."""
+        with _vacuum_guard:
+            st = _vacuum_state.setdefault(self._key, [0, 0.0])
+            st[0] += deleted
+            now = time.monotonic()
+            if not table_small or st[0] < VACUUM_AFTER_ROWS or now - st[1] < VACUUM_EVERY_S:
+                return False
+            st[0], st[1] = 0, now
+        self._due.set()
+        return True
+
+    def run(self) -> None:
+        """The vacuum thread: a VACUUM each time one is due, until :meth:`close`."""
+        while True:
+            self._due.wait()
+            if self._closed:
+                return
+            self._due.clear()
+            try:
+                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+                    c.exec_driver_sql(VACUUM_SQL)
+                self.runs += 1
+            except sa_exc.SQLAlchemyError as e:  # the next one will do
+                log.info("outbox relay: vacuum of notify_outbox failed: %s", e)
+
+    def close(self) -> None:
+        """End :meth:`run` (after the VACUUM under way, if any)."""
+        self._closed = True
+        self._due.set()
+
 
 _mem_locks: dict[tuple[int, int], threading.Lock] = {}
 _mem_guard = threading.Lock()

@@ -1,7 +1,7 @@
 """The relay against a real broker, on SQLite, PostgreSQL and MariaDB: every committed
 row published once, a key's messages in order on the partition a producer would pick,
 delayed rows when due, rows the broker cannot take set aside, shards shared by relays
-and taken over when one stops, PostgreSQL's NOTIFY wake-ups."""
+and taken over when one stops, PostgreSQL's NOTIFY wake-ups and its VACUUM thread."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine
 
 from notify.client import connect, key_hash
 from notify.outbox import Batch, Identity, Outbox, PublishError, Relay
+from notify.outbox.relaydb import VACUUM_AFTER_ROWS
 from notify.outbox.rows import decode_seqs
 from notify.testing import BrokerProcess
 from tests.helpers import wait_until
@@ -162,6 +163,28 @@ def test_postgres_relay_sleeps_until_a_commit_notifies_it(
             wait_published(ob_broker.addr, topic, i + 1, timeout_s=20.0)
         woken = sum(st.wakeups for st in relay.stats.values())
     assert woken >= 1
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_postgres_relay_vacuums_on_a_thread_of_its_own(
+    engine: Engine, ob_broker: BrokerProcess, topic: str
+) -> None:
+    outbox = Outbox(engine)
+    n = VACUUM_AFTER_ROWS + 100
+    with connect([ob_broker.addr]) as session, outbox.relay(session, FAST) as relay:
+        vacuum = relay.vacuum
+        assert vacuum is not None
+        with engine.begin() as c:
+            for i in range(n):
+                outbox.send(c, topic, b"v-%d" % i, key=f"k{i % 7}")
+        wait_published(ob_broker.addr, topic, n)
+        # the deletions made a VACUUM due; the vacuum thread ran it
+        wait_until(lambda: vacuum.runs >= 1, timeout=20, what="a VACUUM of notify_outbox")
+        assert sum(st.vacuums for st in relay.stats.values()) >= 1
+        threads = [t for t in relay._threads if t.name == "outbox-vacuum"]
+        assert len(threads) == 1
+        wait_until(lambda: backlog(engine) == 0, timeout=20, what="rows removed")
+    assert not threads[0].is_alive()  # stop() ended it
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)

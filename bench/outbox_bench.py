@@ -22,6 +22,7 @@ Starts its own servers (tests/services.py, with durability back on) and broker
 * **commit -> readable**: 4 threads commit ``--rate`` transactions per second with an
   outbox row each; a consumer in a child process (no shared GIL) reads the topic; latency =
   its receive time - the commit's return (CLOCK_MONOTONIC, shared by the processes).
+  ``bench/outbox_latency.py`` measures the same and breaks it down stage by stage.
 * **relay drain**: ``--backlog`` rows (100-byte payloads, keys spread over the 4 shards)
   put in the table, then one ``notify outbox relay`` process drains them; rows/s from its
   start to an empty table (process start-up included), CPU per message of the relay,
@@ -644,11 +645,13 @@ def run(a: Options | argparse.Namespace) -> list[Result]:
         with engine.begin() as c:
             c.exec_driver_sql("CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)")
         assert pg.pid is not None
-        print("PostgreSQL, application transaction:", flush=True)
         only = {x.strip() for x in a.only.split(",") if x.strip()} or None
-        results += app_rounds(engine, dsn, url, broker, pg.pid, threads, a.seconds, a.rounds,
-                              work, not a.skip_half, only)  # fmt: skip
-        if only:  # the chosen application shapes only
+        shapes = only - {"latency"} if only else None
+        if shapes or not only:
+            print("PostgreSQL, application transaction:", flush=True)
+            results += app_rounds(engine, dsn, url, broker, pg.pid, threads, a.seconds,
+                                  a.rounds, work, not a.skip_half, shapes)  # fmt: skip
+        if only and "latency" not in only:  # the chosen application shapes only
             return results
         print("PostgreSQL, commit -> readable:", flush=True)
         lat, achieved = commit_to_readable(engine, url, broker.addr, a.rate, a.latency_s, work)
@@ -657,6 +660,8 @@ def run(a: Options | argparse.Namespace) -> list[Result]:
                               pct(lat, 0.5), "ms", note=note))  # fmt: skip
         results.append(Result("latency", "p99 commit -> readable", "postgresql", 4,
                               pct(lat, 0.99), "ms", note=note))  # fmt: skip
+        if only:
+            return results
         print("PostgreSQL, drain:", flush=True)
         d = drain(engine, url, broker, pg.pid, a.backlog, work)
         results.append(_drain_result(d))
@@ -718,7 +723,8 @@ def main() -> int:
         "--only",
         default="",
         help="comma-separated application shapes (e.g. 'half msg + pg,half msg db='): "
-        "these and their baselines on PostgreSQL, nothing else",
+        "these and their baselines on PostgreSQL, nothing else; 'latency': the commit -> "
+        "readable run (bench/outbox_latency.py breaks it down stage by stage)",
     )
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))

@@ -56,6 +56,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from bench.outbox_latency import paced_writers
 from bench.xa_bench import CpuMeter, DurablePostgres, Row, _cpu_s, _tree_cpu_s, run_threads
 from notify.client import ConsumerConfig, LocalTxState, Message, MessageSessionFactory, connect
 from notify.migrations import upgrade
@@ -422,30 +423,8 @@ def commit_to_readable(
             raise RuntimeError("latency consumer did not start")
         with relay_process(url, addr, work / "relay-latency.log"):
             time.sleep(2.0)  # the relay leads its shards
-            threads = 4
-            per = rate / threads
-            start = time.monotonic()
-
-            def writer(w: int) -> None:
-                k = w
-                n = 0
-                while k < total:
-                    due = start + n / per
-                    delay = due - time.monotonic()
-                    if delay > 0:
-                        time.sleep(delay)
-                    with engine.begin() as c:
-                        outbox.send(c, TOPIC, _SEQ.pack(k) + b"y" * 92, key=str(k))
-                    done[k] = time.monotonic_ns()
-                    k += threads
-                    n += 1
-
-            ts = [threading.Thread(target=writer, args=(w,)) for w in range(threads)]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-            t_run = time.monotonic() - start
+            stamps, t_run = paced_writers(engine, outbox, rate, total)
+            done = {k: t1 for k, (_t0, t1) in stamps.items()}
             child.wait(150)
     finally:
         if child.poll() is None:

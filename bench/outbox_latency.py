@@ -214,6 +214,37 @@ def relay_child(url: str, addr: str, out: Path) -> None:
                                "gc": pauses.summary()}))  # fmt: skip
 
 
+def paced_writers(
+    engine: Any, outbox: Any, rate: int, total: int, threads: int = 4
+) -> tuple[dict[int, tuple[int, int]], float]:
+    """``threads`` writers committing ``total`` transactions at ``rate`` per second, one
+    outbox row each (body: the sequence number, then filler): {seq: (CLOCK_MONOTONIC ns
+    before the transaction, after its commit returned)} and the seconds it took."""
+    commit: dict[int, tuple[int, int]] = {}
+    per = rate / threads
+    start = time.monotonic()
+
+    def writer(w: int) -> None:
+        k, n = w, 0
+        while k < total:
+            delay = start + n / per - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            t0 = time.monotonic_ns()
+            with engine.begin() as c:
+                outbox.send(c, TOPIC, _SEQ.pack(k) + b"y" * (BODY - 8), key=str(k))
+            commit[k] = (t0, time.monotonic_ns())
+            k += threads
+            n += 1
+
+    ts = [threading.Thread(target=writer, args=(w,)) for w in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return commit, time.monotonic() - start
+
+
 def run_child(url: str, addr: str, rate: int, seconds: float, out: Path) -> None:
     """One run from this tree: consumer, relay, writers; all stamps into ``out``."""
     import sqlalchemy as sa
@@ -234,37 +265,14 @@ def run_child(url: str, addr: str, rate: int, seconds: float, out: Path) -> None
     )  # fmt: skip
     relay = subprocess.Popen([*me, "--relay", url, addr, str(relay_out)],
                              stdout=subprocess.PIPE, env=env, cwd=ROOT)  # fmt: skip
-    commit: dict[int, tuple[int, int]] = {}
     try:
         for p in (cons, relay):
             assert p.stdout is not None
             if p.stdout.readline().strip() != b"ready":
                 raise RuntimeError("a child did not start")
         time.sleep(2.0)  # the relay leads its shards
-        outbox = Outbox(engine)
-        threads = 4
-        per = rate / threads
-        start = time.monotonic()
-
-        def writer(w: int) -> None:
-            k, n = w, 0
-            while k < total:
-                delay = start + n / per - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                t0 = time.monotonic_ns()
-                with engine.begin() as c:
-                    outbox.send(c, TOPIC, _SEQ.pack(k) + b"y" * (BODY - 8), key=str(k))
-                commit[k] = (t0, time.monotonic_ns())
-                k += threads
-                n += 1
-
-        ts = [threading.Thread(target=writer, args=(w,)) for w in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        achieved = total / (time.monotonic() - start)
+        commit, took = paced_writers(engine, Outbox(engine), rate, total)
+        achieved = total / took
         cons.wait(120)
     finally:
         relay.send_signal(signal.SIGTERM)

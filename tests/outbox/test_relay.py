@@ -149,7 +149,7 @@ def test_relays_share_the_shards_and_take_over(
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_postgres_relay_sleeps_until_a_commit_notifies_it(
+def test_postgres_relay_sleeps_until_a_commit_notifies_it_and_vacuums_aside(
     engine: Engine, ob_broker: BrokerProcess, topic: str
 ) -> None:
     outbox = Outbox(engine)
@@ -162,28 +162,20 @@ def test_postgres_relay_sleeps_until_a_commit_notifies_it(
                 outbox.send(c, topic, b"n-%d" % i, key="same")
             wait_published(ob_broker.addr, topic, i + 1, timeout_s=20.0)
         woken = sum(st.wakeups for st in relay.stats.values())
-    assert woken >= 1
-
-
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_postgres_relay_vacuums_on_a_thread_of_its_own(
-    engine: Engine, ob_broker: BrokerProcess, topic: str
-) -> None:
-    outbox = Outbox(engine)
-    n = VACUUM_AFTER_ROWS + 100
-    with connect([ob_broker.addr]) as session, outbox.relay(session, FAST) as relay:
+        # enough deletions make a VACUUM due: it runs on the relay's vacuum thread (a
+        # shard's batch never waits for it)
         vacuum = relay.vacuum
         assert vacuum is not None
+        n = VACUUM_AFTER_ROWS + 100
         with engine.begin() as c:
             for i in range(n):
                 outbox.send(c, topic, b"v-%d" % i, key=f"k{i % 7}")
-        wait_published(ob_broker.addr, topic, n)
-        # the deletions made a VACUUM due; the vacuum thread ran it
+        wait_published(ob_broker.addr, topic, 3 + n)
         wait_until(lambda: vacuum.runs >= 1, timeout=20, what="a VACUUM of notify_outbox")
         assert sum(st.vacuums for st in relay.stats.values()) >= 1
         threads = [t for t in relay._threads if t.name == "outbox-vacuum"]
         assert len(threads) == 1
-        wait_until(lambda: backlog(engine) == 0, timeout=20, what="rows removed")
+    assert woken >= 1
     assert not threads[0].is_alive()  # stop() ended it
 
 

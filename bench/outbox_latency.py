@@ -210,7 +210,8 @@ def relay_child(url: str, addr: str, out: Path) -> None:
             print("ready", flush=True)
             stop.wait()
     engine.dispose()
-    out.write_text(json.dumps({"stamps": stamps, "wakes": wakes, "cycles": cycles,
+    cpu = time.process_time()
+    out.write_text(json.dumps({"stamps": stamps, "wakes": wakes, "cycles": cycles, "cpu_s": cpu,
                                "gc": pauses.summary()}))  # fmt: skip
 
 
@@ -322,7 +323,8 @@ def breakdown(data: dict[str, Any]) -> dict[str, Any]:
         })  # fmt: skip
     return {"rows": rows, "missing": missing, "achieved": data["achieved"],
             "gc_relay": data["relay"]["gc"], "gc_consumer": data["consumer"]["gc"],
-            "wakes": data["relay"]["wakes"]}  # fmt: skip
+            "wakes": data["relay"]["wakes"], "cpu_s": data["relay"].get("cpu_s", 0.0),
+            "cycles": len(data["relay"].get("cycles", ()))}  # fmt: skip
 
 
 def print_breakdown(label: str, b: dict[str, Any]) -> None:
@@ -348,6 +350,9 @@ def print_breakdown(label: str, b: dict[str, Any]) -> None:
     tw: dict[str, int] = {}
     for r in tail:
         tw[r["wake"]] = tw.get(r["wake"], 0) + 1
+    n = max(1, len(rows))
+    print(f"  relay: {b['cycles']:,} reads, CPU {b['cpu_s'] * 1e6 / n:.0f} us per message "
+          "(start-up included)")  # fmt: skip
     print(f"  slowest 1% woke by {tw}; gc relay {b['gc_relay']}, consumer {b['gc_consumer']}")
     del tot
 

@@ -637,9 +637,10 @@ _vacuum_guard = threading.Lock()
 class Vacuum:
     """PostgreSQL: VACUUMs ``notify_outbox`` once enough rows were deleted, at most every
     :data:`VACUUM_EVERY_S` per process, while the table is small (a read returned less
-    than a full batch). The rows deleted stay in the index as dead entries the
-    oldest-first read walks through until a vacuum (12,000 of them: 1.1 ms a read instead
-    of 0.08), and autovacuum looks at a database once a minute at best.
+    than a full batch), and no sooner after the last one than it took (a slow VACUUM
+    under load never runs back to back). The rows deleted stay in the index as dead
+    entries the oldest-first read walks through until a vacuum (12,000 of them: 1.1 ms a
+    read instead of 0.08), and autovacuum looks at a database once a minute at best.
 
     The VACUUM runs on a thread and a connection of its own (:meth:`run`), never on a
     shard's thread: a batch recorded and waiting to be sent, or the rows committed
@@ -672,12 +673,18 @@ class Vacuum:
             if self._closed:
                 return
             self._due.clear()
+            t0 = time.monotonic()
             try:
                 with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
                     c.exec_driver_sql(VACUUM_SQL)
                 self.runs += 1
             except sa_exc.SQLAlchemyError as e:  # the next one will do
                 log.info("outbox relay: vacuum of notify_outbox failed: %s", e)
+            end = time.monotonic()
+            # the next one due no sooner than max(VACUUM_EVERY_S, this one's time) from now
+            with _vacuum_guard:
+                st = _vacuum_state.setdefault(self._key, [0, 0.0])
+                st[1] = max(st[1], end + max(0.0, end - t0 - VACUUM_EVERY_S))
 
     def close(self) -> None:
         """End :meth:`run` (after the VACUUM under way, if any)."""

@@ -1,7 +1,7 @@
 """Commit -> readable through the outbox, broken down stage by stage (PostgreSQL).
 
     .venv/bin/python bench/outbox_latency.py [--rate 1000] [--seconds 10] [--repeat 3]
-        [--base /path/to/older/worktree]
+        [--base /path/to/older/worktree] [--variant NAME:setting=value,...]
 
 Starts a durable PostgreSQL (fsync and synchronous_commit on) and a broker
 (``flushTxLogAtCommit=1``), then per run: a consumer child process (long-polling, the
@@ -27,7 +27,9 @@ publisher); nothing in the product is changed for it.
 
 ``--base``: also run the same thing from another worktree (an older commit), alternated
 run by run in the same minutes (A/B): each run's writers, relay and consumer import
-``notify`` from their tree.
+``notify`` from their tree. ``--variant NAME:setting=value,...``: this tree again with
+these RelayConfig settings, in the same rotation; ``unsafe_async_record=1`` is a what-if
+(the batch's record not flushed before its send: not safe, it prices that flush).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ PARTS = 4
 _SEQ = struct.Struct(">q")
 #: environment: ``name=value,...`` RelayConfig settings of the relay child
 RELAY_SET = "OUTBOX_BENCH_RELAY_SET"
+#: a setting of ``--variant`` that is not RelayConfig's (see _no_flush_before_send)
+UNSAFE_ASYNC_RECORD = "unsafe_async_record"
 BODY = 100  # bytes of a message: its sequence number, then filler
 STAGES = ("pickup", "read", "plan", "record", "mput", "deliver")
 
@@ -204,6 +208,8 @@ def relay_child(url: str, addr: str, out: Path) -> None:
         outbox = Outbox(engine)
         sets = [kv.split("=", 1) for kv in os.environ.get(RELAY_SET, "").split(",") if kv]
         values: dict[str, Any] = {k: float(v) for k, v in sets}
+        if values.pop(UNSAFE_ASYNC_RECORD, 0):
+            _no_flush_before_send(relaydb)
         relay = outbox.relay(session, RelayConfig(**values))
         relay.publisher = Stamped(relay.publisher)
         with relay:
@@ -244,6 +250,23 @@ def paced_writers(
     for t in ts:
         t.join()
     return commit, time.monotonic() - start
+
+
+def _no_flush_before_send(relaydb: Any) -> None:
+    """What-if only (``unsafe_async_record=1``): the relay's connections commit without
+    waiting for the WAL flush, so a batch is sent before its record is durable. NOT SAFE
+    (a database crash can lose a record whose batch the broker stored); it measures what
+    the flush before each send costs."""
+    orig = relaydb.ShardDB._pg_conn
+
+    def pg_conn(self: Any) -> Any:
+        fresh = self._pg is None or self._pg.closed
+        conn = orig(self)
+        if fresh:
+            conn.execute("SET synchronous_commit TO off")
+        return conn
+
+    relaydb.ShardDB._pg_conn = pg_conn
 
 
 def run_child(url: str, addr: str, rate: int, seconds: float, out: Path) -> None:
@@ -409,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, default=None, help="worktree of the older commit (A/B)")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME:setting=value,...: also this tree with these RelayConfig "
-                    "settings (e.g. 'nowait:notify_after_s=0')")  # fmt: skip
+                    "settings (e.g. 'nowait:notify_after_s=0'); 'unsafe_async_record=1': "
+                    "what-if, the batch record not flushed before the send (NOT SAFE)")  # fmt: skip
     a = ap.parse_args(args)
     trees = [("this", ROOT, "")] + ([("base", a.base.resolve(), "")] if a.base else [])
     for v in a.variant:

@@ -56,9 +56,9 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from bench.outbox_latency import paced_writers
+from bench.outbox_latency import consume_until, paced_writers
 from bench.xa_bench import CpuMeter, DurablePostgres, Row, _cpu_s, _tree_cpu_s, run_threads
-from notify.client import ConsumerConfig, LocalTxState, Message, MessageSessionFactory, connect
+from notify.client import ConsumerConfig, LocalTxState, Message, connect
 from notify.migrations import upgrade
 from notify.outbox import Outbox
 from notify.testing import BrokerProcess
@@ -393,13 +393,7 @@ def latency_consumer(addr: str, total: int, out: Path, data_dir: Path) -> None:
         idle_backoff_min_s=0.0002,
         idle_backoff_max_s=0.001,
     )
-    with MessageSessionFactory([addr]) as session:
-        c = session.create_consumer(cfg)
-        c.subscribe(TOPIC, listener).complete_subscribe()
-        time.sleep(0.3)
-        print("ready", flush=True)
-        all_in.wait(120)
-        c.shutdown()
+    consume_until(addr, cfg, listener, all_in)
     out.write_bytes(got.tobytes())
 
 

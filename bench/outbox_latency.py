@@ -87,9 +87,25 @@ class GcPauses:
         return {"n": len(self.pauses), "over_1ms": sum(p > 1 for p in big), "max_ms": big[:3]}
 
 
+def consume_until(
+    addr: str, cfg: Any, listener: Callable[[Any], None], done: threading.Event
+) -> None:
+    """Subscribe ``listener`` to the topic with ``cfg``, print "ready" (the parent waits for
+    it), then consume until ``done`` is set (120 s at most)."""
+    from notify.client import MessageSessionFactory
+
+    with MessageSessionFactory([addr]) as session:
+        c = session.create_consumer(cfg)
+        c.subscribe(TOPIC, listener).complete_subscribe()
+        time.sleep(0.3)
+        print("ready", flush=True)
+        done.wait(120)
+        c.shutdown()
+
+
 def consumer_child(addr: str, total: int, out: Path, data_dir: Path) -> None:
     """Consume ``total`` records; write {seq: receive ns} and GC pauses as JSON."""
-    from notify.client import ConsumerConfig, Message, MessageSessionFactory
+    from notify.client import ConsumerConfig, Message
 
     got: dict[int, int] = {}
     all_in = threading.Event()
@@ -102,13 +118,7 @@ def consumer_child(addr: str, total: int, out: Path, data_dir: Path) -> None:
 
     cfg = ConsumerConfig(group="latency", data_dir=data_dir, initial_offset="latest",
                          listener_threads=0)  # fmt: skip
-    with MessageSessionFactory([addr]) as session:
-        c = session.create_consumer(cfg)
-        c.subscribe(TOPIC, listener).complete_subscribe()
-        time.sleep(0.3)
-        print("ready", flush=True)
-        all_in.wait(120)
-        c.shutdown()
+    consume_until(addr, cfg, listener, all_in)
     out.write_text(json.dumps({"recv": got, "gc": pauses.summary()}))
 
 

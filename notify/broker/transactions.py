@@ -135,7 +135,7 @@ class TransactionManager:
         :meth:`TxEngine.oneshot`); False: run them one by one."""
         if not self.engine.oneshot(conn, begin, puts, commit):
             return False
-        self._drain(coalesce=True)
+        self._drain(coalesce=not self.engine.limits.force_at_commit)
         return True
 
     def mput(self, conn: Connection, r: MultiPut, buf: bytearray) -> None:
@@ -168,7 +168,8 @@ class TransactionManager:
         """Carry out the engine's effects. ``coalesce`` (a one-shot transaction: BEGIN,
         puts and COMMIT that arrived together): the replies that come before the COMMIT's
         deferred reply on the same connection are written with it, in one write, instead
-        of ahead of it (the client waits for all of them anyway: one wake-up, not two)."""
+        of ahead of it (the client waits for all of them anyway: one wake-up, not two).
+        A deferred reply's ``ticket.head`` (the engine's own coalescing) goes the same way."""
         out = self.out
         held: list[bytes] = []  # (coalesce) replies of ``held_by`` for the next Defer
         held_by: Connection | None = None
@@ -177,6 +178,20 @@ class TransactionManager:
             out.clear()
             for eff in batch:
                 kind = type(eff)
+                if kind is Force:  # sends nothing: the order of replies is not its concern
+                    if eff.lazy:
+                        # an answered half-message commit: the next force covers it (e.g. the
+                        # next PREPARE's), or this one after halfCommitForceDelay;
+                        # nobody waits meanwhile
+                        if not self._lazy_armed:
+                            self._lazy_armed = True
+                            self.loop.call_later(self.lazy_force_s, self._lazy_force)
+                    elif self._force_upto is None:
+                        self._force_upto = eff.pos
+                        self.loop.call_soon(self._force_round)
+                    elif eff.pos > self._force_upto:
+                        self._force_upto = eff.pos
+                    continue
                 if kind is Reply:
                     conn: Connection = eff.owner
                     if conn.closed:
@@ -190,18 +205,28 @@ class TransactionManager:
                     continue
                 if kind is Defer:
                     tk = eff.ticket
-                    slot = PendingReplies(tk.owner, 0)
+                    owner: Connection = tk.owner
+                    slot = PendingReplies(owner, 0)
                     slot.items.append([tk.opaque])
+                    head = tk.head
                     if held:  # written before the deferred reply, when it is set
-                        if tk.owner is held_by:
+                        if owner is held_by:
+                            if head is not None:
+                                held += [encode_result(c, o, b) for o, c, b in head]
                             slot.body = b"".join(held)
                             held = []
                         else:
                             self._release(held_by, held)  # anything else keeps its order
+                            if head is not None:
+                                slot.body = b"".join(
+                                    [encode_result(c, o, b) for o, c, b in head]
+                                )
+                    elif head is not None:
+                        slot.body = b"".join([encode_result(c, o, b) for o, c, b in head])
                     coalesce = False
                     tk.slot = slot
-                    if not tk.owner.closed:
-                        tk.owner.send(slot)
+                    if not owner.closed:
+                        owner.send(slot)
                     continue
                 if held:
                     self._release(held_by, held)  # anything else keeps its order
@@ -218,24 +243,11 @@ class TransactionManager:
                     slot.resolve()
                 elif kind is Applied:
                     self.on_applied(eff)
-                elif kind is Force:
-                    if eff.lazy:
-                        # an answered half-message commit: the next force covers it (e.g. the
-                        # next PREPARE's), or this one after halfCommitForceDelay;
-                        # nobody waits meanwhile
-                        if not self._lazy_armed:
-                            self._lazy_armed = True
-                            self.loop.call_later(self.lazy_force_s, self._lazy_force)
-                    elif self._force_upto is None:
-                        self._force_upto = eff.pos
-                        self.loop.call_soon(self._force_round)
-                    elif eff.pos > self._force_upto:
-                        self._force_upto = eff.pos
                 else:
                     assert kind is SendCheck
-                    owner: Connection = eff.owner
-                    if not owner.closing:
-                        owner.send(
+                    sc_owner: Connection = eff.owner
+                    if not sc_owner.closing:
+                        sc_owner.send(
                             encode_check(eff.key, eff.topic, eff.partition, eff.records, eff.opaque)
                         )
         if held:

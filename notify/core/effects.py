@@ -9,7 +9,9 @@ simulated disk and a seeded scheduler, so both run the same engine code.
 effect      the shell must
 ==========  ===============================================================================
 Reply       send ``result <code> <len> <opaque>`` + body to ``owner`` now (in request order)
-Defer       reserve the reply slot of ``ticket`` in ``owner``'s reply order (filled later)
+Defer       reserve the reply slot of ``ticket`` in ``owner``'s reply order (filled later);
+            ``ticket.head``: replies to the same owner that come first, written with it (a
+            one-shot transaction's BEGIN and put acks: the client waits for all of them)
 Complete    the ``ticket`` reserved earlier now has its code and body: release it
 Force       make the redo log durable up to ``pos`` (group commit), then call
             ``engine.forced(pos, error)``
@@ -31,7 +33,7 @@ class Ticket:
 
     ``slot`` belongs to the shell (its place in the connection's reply queue)."""
 
-    __slots__ = ("body", "code", "done", "opaque", "owner", "slot")
+    __slots__ = ("body", "code", "done", "head", "opaque", "owner", "slot")
 
     def __init__(self, owner: Any, opaque: int) -> None:
         self.owner = owner
@@ -40,6 +42,9 @@ class Ticket:
         self.body = b""
         self.done = False
         self.slot: Any = None
+        #: ``(opaque, code, body)`` of replies to ``owner`` that precede this one, answered
+        #: now and written together with it (None: none)
+        self.head: list[tuple[int, int, bytes]] | None = None
 
     def set(self, code: int, body: bytes) -> None:
         self.code = code

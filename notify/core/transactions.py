@@ -35,12 +35,10 @@ from __future__ import annotations
 
 import heapq
 import logging
-from typing import Any, cast
+from typing import Any, Final
 
-from notify.core.effects import (
-    Reply,
-)
-from notify.core.states import OPEN, TERMINAL, TxEvent, TxState, allowed
+from notify.core.effects import Reply
+from notify.core.states import OPEN, TERMINAL, TxEvent, TxState, allowed, next_state
 from notify.core.txbase import (
     BrokerTx,
     IdSource,
@@ -58,7 +56,7 @@ from notify.protocol import logrecords as lr
 from notify.protocol import records
 from notify.protocol.frames import Transaction
 from notify.protocol.keys import is_xa, validate_key
-from notify.protocol.replies import MultiPutAck, PutAck
+from notify.protocol.replies import MultiPutAck, PutAck, encode_put_ack_body
 from notify.protocol.xa import (
     XA_RBROLLBACK,
     XA_RBTIMEOUT,
@@ -82,6 +80,13 @@ __all__ = [
 ]
 
 log = logging.getLogger("notify.tx")
+
+#: where a one-shot transaction (BEGIN, puts, COMMIT_ONE_PHASE in one read) stands once its
+#: COMMIT is written, by the transition table; a put leaves an active transaction active
+ONESHOT_STATE: Final = next_state(
+    next_state(next_state(TxState.NEW, TxEvent.BEGIN), TxEvent.PUT), TxEvent.COMMIT_ONE_PHASE
+)
+assert next_state(TxState.ACTIVE, TxEvent.PUT) is TxState.ACTIVE
 
 
 class TxEngine(Recovery, TimedWork):
@@ -245,40 +250,44 @@ class TxEngine(Recovery, TimedWork):
         if nbytes > limits.max_tx_size or (expect is not None and expect != count):
             return False
         cap_s = limits.max_timeout_s
-        timeout = cap_s if not begin.timeout or begin.timeout <= 0 else min(begin.timeout, cap_s)
+        timeout = begin.timeout
+        timeout = cap_s if not timeout or timeout <= 0 else min(timeout, cap_s)
         now_ms = self._now_ms()
+        # born COMMITTING: the states BEGIN, the puts and COMMIT_ONE_PHASE lead to in the
+        # transition table (ONESHOT_STATE), once its COMMIT is written below
         tx = BrokerTx(
             key, False, owner, TxState.NEW, timeout, self.clock.monotonic() + timeout, now_ms
         )
-        self._to(tx, TxEvent.BEGIN)
-        acks: list[Reply] = [Reply(owner, begin.opaque, 200, b"")]
+        acks: list[tuple[int, int, bytes]] = [(begin.opaque, 200, b"")]
         frames: list[tuple[int, bytes]] = []
         batches = tx.batches
         hints: list[tuple[str, int, int]] = []
         store = self.store
         ids = self.ids
         for p in puts:
+            topic = p.topic
+            partition = p.partition
             if p.count:
                 first = ids.next_block(p.count)
                 records.stamp_ids(p.data, first)  # type: ignore[arg-type]
-                am = lr.AppendMsg(key, p.topic, p.partition, p.count, bytes(p.data))
-                ack = MultiPutAck(first, p.partition, -1, p.count).encode()
+                am = lr.AppendMsg(key, topic, partition, p.count, bytes(p.data))
+                ack = MultiPutAck(first, partition, -1, p.count).encode()
             else:
                 msg_id = ids.next_block(1)
-                rec = records.encode(msg_id, p.flag, cast(bytes, p.data), p.crc)
-                am = lr.AppendMsg(key, p.topic, p.partition, 1, rec)
-                ack = PutAck(msg_id, p.partition, -1).encode()
-            self._to(tx, TxEvent.PUT)
+                am = lr.AppendMsg(
+                    key, topic, partition, 1, records.encode(msg_id, p.flag, p.data, p.crc)  # type: ignore[arg-type]
+                )
+                ack = encode_put_ack_body(msg_id, partition, -1)
             batches.append(am)
-            tx.nbytes += len(am.records)
             frames.append((lr.APPEND_MSG, am.encode()))
-            acks.append(Reply(owner, p.opaque, 200, ack))
+            acks.append((p.opaque, 200, ack))
             for h in hints:  # one per partition, in the order partitions first appear
-                if h[1] == p.partition and h[0] == p.topic:
+                if h[1] == partition and h[0] == topic:
                     break
             else:
-                part = store.get(p.topic, p.partition)
-                hints.append((p.topic, p.partition, part.end if part is not None else 0))
+                part = store.get(topic, partition)
+                hints.append((topic, partition, part.end if part is not None else 0))
+        tx.nbytes = nbytes
         tx.hints = hints_t = tuple(hints)
         frames.append((lr.COMMIT, lr.Commit(key, now_ms, hints_t).encode()))
         backlog = self._backlog
@@ -286,17 +295,24 @@ class TxEngine(Recovery, TimedWork):
             positions = self.log.append_many(backlog + frames if backlog else frames)
         except TxLogError:
             tx.hints = ()
+            tx.batches = []
             return False  # nothing written: the one-by-one path reports the failure
         if backlog:
             self._backlog = []
         tx.first_pos = positions[len(backlog)]
+        tx.state = ONESHOT_STATE
         self.txs[key] = tx
         self.stats.begun += 1
-        self.out.extend(acks)
         self.crashpoint("after_append_msg")  # (the COMMIT is in the same write)
-        self._to(tx, TxEvent.COMMIT_ONE_PHASE)  # -> COMMITTING
         pos = positions[-1]
-        self._step(owner, commit.opaque, lambda: self._committed(tx, pos))
+        _pos, finish, unsure = self._committed(tx, pos)
+        if self.limits.force_at_commit:  # the acks go with the COMMIT's reply, after its force
+            self._await_force(owner, commit.opaque, pos, finish, unsure, acks)
+        else:
+            out = self.out
+            for opaque, code, body in acks:
+                out.append(Reply(owner, opaque, code, body))
+            self._finish(owner, commit.opaque, None, finish)
         return True
 
     def handle(self, owner: Any, r: Transaction) -> None:

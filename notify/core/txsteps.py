@@ -58,10 +58,25 @@ class Steps(EngineBase):
             return self._fail(owner, opaque, e)
         if pos is None or not self.limits.force_at_commit:
             return self._finish(owner, opaque, None, finish)
+        self._await_force(owner, opaque, pos, finish, unsure)
+
+    def _await_force(
+        self,
+        owner: Any,
+        opaque: int,
+        pos: Position,
+        finish: Callable[[], Done],
+        unsure: str,
+        head: list[tuple[int, int, bytes]] | None = None,
+    ) -> None:
+        """Reserve the step's reply (``head``: answers to the same owner sent with it) and
+        ask for the force of the redo log up to ``pos``."""
         ticket = Ticket(owner, opaque)
-        self.out.append(Defer(ticket))
+        ticket.head = head
+        out = self.out
+        out.append(Defer(ticket))
         self._forcing.append(ForceWait(pos, ticket, finish, unsure))
-        self.out.append(Force(pos))
+        out.append(Force(pos))
 
     def _commit_half(self, owner: Any, opaque: int, tx: BrokerTx) -> None:
         """COMMIT_TWO_PHASE of a prepared half message with ``halfCommitEarlyAck``: answered

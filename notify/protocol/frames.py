@@ -674,28 +674,35 @@ class RequestParser:
         return length
 
     def _decode_body_command(self, cmd: bytes, t: list[bytes], body: bytes) -> Request:
-        if cmd == b"put" and len(t) == 7:  # MetaQ's put with a checksum (or a txKey)
+        n = len(t)
+        if cmd == b"put" and (n == 7 or n == 8):  # MetaQ's put: checksum and/or txKey
             slot = t[5]
             try:
-                opaque = int(t[6])
+                opaque = int(t[-1])
                 partition = int(t[2])
                 flag = int(t[4])
                 topic = t[1].decode("utf-8")
-                if slot[:1].isdigit() or slot[:1] == b"-":
+                tx_key: str | None
+                if n == 8:  # checksum and txKey
                     checksum = int(slot)
-                    tx_key: str | None = None
+                    tx_key = t[6].decode("utf-8")
+                elif slot[:1].isdigit() or slot[:1] == b"-":
+                    checksum = int(slot)
+                    tx_key = None
                 else:
                     checksum = -1
                     tx_key = slot.decode("utf-8")
             except (ValueError, UnicodeDecodeError):
                 pass  # the general path below says what is wrong
             else:
-                if (
-                    -2147483648 <= opaque <= 2147483647
-                    and -2147483648 <= partition <= 2147483647
-                    and -2147483648 <= flag <= 2147483647
-                    and -2147483648 <= checksum <= 2147483647
-                ):
+                # each in -2**31..2**31-1, in one test: biased by 2**31, every one lies in
+                # 0..2**32-1 exactly when their OR has no bit from 32 up (nor a sign)
+                if not (
+                    (opaque + 2147483648)
+                    | (partition + 2147483648)
+                    | (flag + 2147483648)
+                    | (checksum + 2147483648)
+                ) >> 32:
                     if tx_key == "null":
                         tx_key = None
                     return Put(topic, partition, flag, checksum, tx_key, opaque, body)

@@ -82,6 +82,11 @@ def put_ack_msg_id(body: bytes) -> int:
     return PutAck.parse(body).msg_id
 
 
+def encode_put_ack_body(msg_id: int, partition: int, offset: int) -> bytes:
+    """:meth:`PutAck.encode` without the object (a transactional put's ack, offset -1)."""
+    return b"%d %d %d" % (msg_id, partition, offset)
+
+
 def encode_put_ack(partition: int, opaque: int, msg_id: int, offset: int) -> bytes:
     """The whole ``result 200`` frame of one put ack (the broker's lone put)."""
     body = b"%d %d %d" % (msg_id, partition, offset)

@@ -279,6 +279,8 @@ class WorldState:
                     self.replies[e.opaque] = (e.code, e.body)
                 elif isinstance(e, Defer):
                     self.tickets[e.ticket.opaque] = e.ticket
+                    for opaque, code, body in e.ticket.head or ():
+                        self.replies[opaque] = (code, body)
                 elif isinstance(e, Complete):
                     pass  # the ticket itself carries code and body
                 elif isinstance(e, Force):

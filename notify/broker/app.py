@@ -188,7 +188,7 @@ class Broker:
             service.ids,
             loop,
             self.scheduler,
-            service.transaction_applied,
+            service.puts.transaction_applied,
         )
         service.transactions = tm
         if self.config.slave is None:

@@ -70,6 +70,8 @@ class BrokerContext:
         #: topic -> its partitions, and topic -> (accepts publish, accepts subscribe)
         self.topic_parts: dict[str, list[Partition]] = {}
         self.accept: dict[str, tuple[bool, bool]] = {}
+        #: the topics that accept publish -> their partitions (a put's one lookup)
+        self.publish_parts: dict[str, list[Partition]] = {}
         #: "master", "slave" (refuses producers; appends what the master sends) or
         #: "promoting"
         self.role = "master"

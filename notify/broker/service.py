@@ -191,6 +191,7 @@ class BrokerService(BrokerContext):
         """Serve one chunk of requests a connection read, in order."""
         table = self._tables[ADMIN if conn.admin else AUTHENTICATED if conn.authenticated else 0]
         put = self._put
+        tx = self._tx
         puts = self.puts
         i = 0
         n = len(reqs)
@@ -203,7 +204,7 @@ class BrokerService(BrokerContext):
                 continue
             if puts.pending:
                 puts.commit()
-            if fn is self._tx and type(r) is Transaction and i < n - 1 and r.type == "BEGIN":
+            if fn is tx and i < n - 1 and r.type == "BEGIN":  # type: ignore[union-attr]
                 end = self.tx.oneshot(conn, reqs, i - 1)
                 if end:
                     self.stats.cmd_other += 1  # the BEGIN
@@ -235,6 +236,7 @@ class BrokerService(BrokerContext):
         self.accept = {
             t: (c.accept_publish, c.accept_subscribe) for t, c in self.store.topics.items()
         }
+        self.publish_parts = {t: p for t, p in self.topic_parts.items() if self.accept[t][0]}
 
     def partition_visible(self, part: Partition) -> None:
         """Called when ``part``'s visible end advanced: answer the gets parked on it and the

@@ -200,6 +200,13 @@ class Applier:
         A share placed now behind a pending put there could precede the deferred share of a
         transaction applied earlier, which in turn precedes it in a group-commit partition:
         each would wait for the other."""
+        if not verify and len(shares) == 1:  # the usual commit: one share, nothing to verify
+            sh = shares[0]
+            part = self.store.get(sh.topic, sh.partition)
+            if part is not None and part.settled:  # shown at once: no gate
+                off = self._append(sh, part, sh.data, None, [], what)
+                self.placed(part, off, sh.data, sh.count)
+                return Joint([Placement(sh.topic, sh.partition, off, sh.count, len(sh.data))], None)
         parts = self._resolve(shares, on_missing)
         for _sh, part in parts:
             if not part.settled:

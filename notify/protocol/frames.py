@@ -145,6 +145,8 @@ TX_TYPES: Final = frozenset(
         "FORGET",
     }
 )
+#: a known type's token -> its name (the parser's fast path)
+_TX_TYPE_OF: Final = {name.encode(): name for name in TX_TYPES}
 
 
 # --------------------------------------------------------------------------- requests
@@ -863,16 +865,16 @@ class RequestParser:
 
     def _decode_transaction(self, t: list[bytes]) -> Transaction:
         n = len(t)
-        if n == 5 or n == 6:  # the usual forms, checked in fewer steps
+        ttype = _TX_TYPE_OF.get(t[3]) if n == 5 or n == 6 else None
+        if ttype is not None:  # the usual forms, checked in fewer steps
             try:
                 opaque = int(t[-1])
                 key = t[1].decode("utf-8")
                 session = t[2].decode("utf-8")
-                ttype = t[3].decode("utf-8")
             except (ValueError, UnicodeDecodeError):
                 pass  # the general path below says what is wrong
             else:
-                if -2147483648 <= opaque <= 2147483647 and ttype in TX_TYPES:
+                if not (opaque + 2147483648) >> 32:  # an int32
                     tx_key = None if key == "null" else key
                     if n == 5:
                         return Transaction(tx_key, session, ttype, None, None, opaque)

@@ -53,6 +53,8 @@ _U8 = struct.Struct(">B")
 _PREP = struct.Struct(">qI")
 _HINT = struct.Struct(">Iq")
 _PLACE = struct.Struct(">IqIQ")
+_U32U32 = struct.Struct(">II")
+_I64U16 = struct.Struct(">qH")
 
 
 class _Reader:
@@ -101,12 +103,17 @@ class AppendMsg:
     records: bytes
 
     def encode(self) -> bytes:
-        return (
-            _s(self.key)
-            + _s(self.topic)
-            + _U32.pack(self.partition)
-            + _U32.pack(self.count)
-            + self.records
+        key = self.key.encode("utf-8")
+        topic = self.topic.encode("utf-8")
+        return b"".join(
+            (
+                _U16.pack(len(key)),
+                key,
+                _U16.pack(len(topic)),
+                topic,
+                _U32U32.pack(self.partition, self.count),
+                self.records,
+            )
         )
 
     @classmethod
@@ -143,9 +150,15 @@ class Commit:
     hints: tuple[tuple[str, int, int], ...]  # (topic, partition, end offset at decision)
 
     def encode(self) -> bytes:
-        parts = [_s(self.key), _I64.pack(self.decided_at_ms), _U16.pack(len(self.hints))]
-        for topic, part, hint in self.hints:
-            parts += [_s(topic), _HINT.pack(part, hint)]
+        key = self.key.encode("utf-8")
+        hints = self.hints
+        parts = [_U16.pack(len(key)), key, _I64U16.pack(self.decided_at_ms, len(hints))]
+        add = parts.append
+        for topic, part, hint in hints:
+            t = topic.encode("utf-8")
+            add(_U16.pack(len(t)))
+            add(t)
+            add(_HINT.pack(part, hint))
         return b"".join(parts)
 
     @classmethod
@@ -168,9 +181,15 @@ class Applied:
     placements: tuple[tuple[str, int, int, int, int], ...]  # topic, partition, offset, n, bytes
 
     def encode(self) -> bytes:
-        parts = [_s(self.key), _U16.pack(len(self.placements))]
-        for topic, part, off, n, nbytes in self.placements:
-            parts += [_s(topic), _PLACE.pack(part, off, n, nbytes)]
+        key = self.key.encode("utf-8")
+        placements = self.placements
+        parts = [_U16.pack(len(key)), key, _U16.pack(len(placements))]
+        add = parts.append
+        for topic, part, off, n, nbytes in placements:
+            t = topic.encode("utf-8")
+            add(_U16.pack(len(t)))
+            add(t)
+            add(_PLACE.pack(part, off, n, nbytes))
         return b"".join(parts)
 
     @classmethod

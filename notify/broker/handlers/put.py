@@ -103,16 +103,16 @@ class PutVerbs:
     def put(self, conn: Connection, r: Put) -> None:
         ctx = self.ctx
         ctx.stats.cmd_put += 1
-        if r.partition == RANDOM_PARTITION:
-            r.partition = ctx.random_partition(r.topic)
-        part = ctx.lookup(conn, r.topic, r.partition, r.opaque)
-        if part is None:
-            ctx.stats.put_failed += 1
-            return
+        parts = ctx.publish_parts.get(r.topic)
+        if parts is not None and 0 <= r.partition < len(parts):
+            part = parts[r.partition]
+        else:  # a random partition, or a refusal (the first check that fails answers)
+            found = self._target(conn, r)
+            if found is None:
+                ctx.stats.put_failed += 1
+                return
+            part = found
         body = r.body
-        if not ctx.accept[r.topic][0]:
-            ctx.stats.put_failed += 1
-            return ctx.error(conn, 403, r.opaque, f"topic {r.topic!r} does not accept publish")
         if len(body) > ctx.max_message:
             ctx.stats.put_failed += 1
             return ctx.error(
@@ -169,6 +169,21 @@ class PutVerbs:
         batch.nbytes += len(body)
         if idem is not None:
             batch.idempotent.append((item, idem[0], idem[1], len(body)))
+
+    def _target(self, conn: Connection, r: Put) -> Partition | None:
+        """The partition of a put the fast lookup did not find (partition -1: one chosen at
+        random), or None after answering why there is none (400/404, 403 for a topic that
+        does not accept publish)."""
+        ctx = self.ctx
+        if r.partition == RANDOM_PARTITION:
+            r.partition = ctx.random_partition(r.topic)
+        part = ctx.lookup(conn, r.topic, r.partition, r.opaque)
+        if part is None:
+            return None
+        if not ctx.accept[r.topic][0]:
+            ctx.error(conn, 403, r.opaque, f"topic {r.topic!r} does not accept publish")
+            return None
+        return part
 
     # ------------------------------------------------------------------ mput
 
@@ -256,8 +271,8 @@ class PutVerbs:
         ctx = self.ctx
         if r.partition == RANDOM_PARTITION:
             r.partition = ctx.random_partition(r.topic)
-        parts = ctx.topic_parts.get(r.topic)
-        if parts is None or not 0 <= r.partition < len(parts) or not ctx.accept[r.topic][0]:
+        parts = ctx.publish_parts.get(r.topic)
+        if parts is None or not 0 <= r.partition < len(parts):
             return None
         body = r.body
         if len(body) > ctx.max_message:
@@ -272,8 +287,8 @@ class PutVerbs:
     def tx_mput(self, r: MultiPut) -> TxPut | None:
         """A transactional mput as :meth:`mput` would accept it, else None (no reply)."""
         ctx = self.ctx
-        parts = ctx.topic_parts.get(r.topic)
-        if parts is None or not 0 <= r.partition < len(parts) or not ctx.accept[r.topic][0]:
+        parts = ctx.publish_parts.get(r.topic)
+        if parts is None or not 0 <= r.partition < len(parts):
             return None
         if not 1 <= r.count <= MAX_BATCH:
             return None

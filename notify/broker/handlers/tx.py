@@ -64,8 +64,7 @@ class TxVerbs:
         after the COMMIT, or 0 to run the requests one by one (any error is theirs)."""
         ctx = self.ctx
         txm = ctx.transactions
-        begin = reqs[at]
-        assert isinstance(begin, Transaction)
+        begin: Transaction = reqs[at]  # type: ignore[assignment]
         key = begin.tx_key
         if txm is None or key is None:
             return 0
@@ -100,8 +99,7 @@ class TxVerbs:
                 return 0
             puts.append(item)
             j += 1
-        commit = reqs[j]
-        assert isinstance(commit, Transaction)
+        commit: Transaction = reqs[j]  # type: ignore[assignment]
         if not txm.oneshot(conn, begin, puts, commit):
             return 0
         st = ctx.stats

@@ -47,7 +47,7 @@ from notify.config import ServerConfig
 from notify.errors import ProtocolError
 from notify.protocol.frames import RequestParser, encode_error, encode_result
 from notify.protocol.replies import encode_put_ack, encode_put_acks
-from notify.store.partition import Slice
+from notify.store.partition import Partition, Slice
 
 
 class ConnectionHost(Protocol):
@@ -132,7 +132,8 @@ class Connection(asyncio.Protocol):
         #: replication set grants it (writes into a slave, internal topics, the redo log)
         self.replica = False
         self.parser.bodies_allowed = self.authenticated
-        self.open_groups: dict[tuple[str, int], PendingReplies] = {}
+        #: the reply group of each partition this connection put to in the current round
+        self.open_groups: dict[Partition, PendingReplies] = {}
         self.session: set[str] | None = None  # keys of the transactions this connection began
         self.producer_group = ""  # set by the ``register`` extension
         #: idempotent producer identities claimed on this connection (``producer`` verb):
@@ -389,18 +390,18 @@ class Connection(asyncio.Protocol):
             if self._writing_paused:
                 break  # the client is not reading: keep the rest queued (resume_writing pumps)
             item = out[0]
-            if type(item) is bytes:
-                chunks.append(item)
-                self.queued -= 1
-            elif type(item) is PendingReplies:
+            if type(item) is PendingReplies:
                 if not item.done:
                     break
-                self.queued -= max(1, len(item.items))
+                self.queued -= len(item.items) or 1
                 chunks.append(item.render())
                 if item.tail is not None:
                     t.write(b"".join(chunks))
                     chunks = []
                     self._send_slice(item.tail)
+            elif type(item) is bytes:
+                chunks.append(item)
+                self.queued -= 1
             else:
                 assert isinstance(item, Slice)
                 self.queued -= 1

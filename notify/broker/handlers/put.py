@@ -122,7 +122,7 @@ class PutVerbs:
                 f"message of {len(body)} bytes exceeds maxMessageSize {ctx.max_message}",
             )
         crc = zlib.crc32(body) & _CRC_MASK
-        if r.checksum != -1 and r.checksum != crc:
+        if r.checksum != crc and r.checksum != -1:
             ctx.stats.put_failed += 1
             return ctx.error(
                 conn, 400, r.opaque, f"checksum mismatch: sent {r.checksum}, body has {crc}"
@@ -132,7 +132,8 @@ class PutVerbs:
         ) and ctx.writes_refused(conn):
             ctx.stats.put_failed += 1
             return ctx.refuse_write(conn, r.opaque)
-        idem = record_producer(r.flag, body) if r.flag & FLAG_PROPERTIES else None
+        flag = r.flag
+        idem = record_producer(flag, body) if flag & FLAG_PROPERTIES else None
         if r.tx_key is not None:
             if idem is not None:
                 ctx.stats.put_failed += 1
@@ -151,10 +152,9 @@ class PutVerbs:
                 return
             if self.producer.answer_duplicate(conn, part, r.opaque, idem[0], idem[1]):
                 return
-        key = (r.topic, r.partition)
-        group = conn.open_groups.get(key)
+        group = conn.open_groups.get(part)
         if group is None:
-            group = conn.open_groups[key] = PendingReplies(conn, r.partition)
+            group = conn.open_groups[part] = PendingReplies(conn, r.partition)
             conn.send(group)
             batch = self.pending.get(part)
             if batch is None:
@@ -163,7 +163,7 @@ class PutVerbs:
         else:
             batch = self.pending[part]
             conn.queued += 1  # one more reply in a group already queued (read back-pressure)
-        item = [r.opaque, body, crc, r.flag, 0, 0]
+        item = [r.opaque, body, crc, flag, 0, 0]
         group.items.append(item)
         batch.count += 1
         batch.nbytes += len(body)
@@ -407,12 +407,18 @@ class PutVerbs:
             else:
                 for g in groups:
                     g.conn.open_groups.clear()
-                ids = _IdStream(ctx.ids, batch.count)
+                count = batch.count
+                ids: _IdStream | None = None
+                if count <= MAX_BATCH:  # one block (what the id stream would take)
+                    first = ctx.ids.next_block(count)
+                else:
+                    ids = _IdStream(ctx.ids, count)
                 chunks: list[bytes] = []
                 add = chunks.append
                 for g in groups:
                     items = g.items
-                    first = ids.take(len(items))
+                    if ids is not None:
+                        first = ids.take(len(items))
                     for it in items:
                         body = it[1]
                         add(pack(len(body), it[2], first, it[3]))

@@ -81,17 +81,18 @@ class TxVerbs:
             if j >= n:
                 return 0
             r = reqs[j]
-            if type(r) is Put:
-                if r.tx_key != key:
+            kind = type(r)
+            if kind is Put:
+                if r.tx_key != key:  # type: ignore[union-attr]
                     return 0
-                item = self.puts.tx_put(r)
+                item = self.puts.tx_put(r)  # type: ignore[arg-type]
                 nput += 1
-            elif type(r) is MultiPut:
-                if r.tx_key != key:
+            elif kind is MultiPut:
+                if r.tx_key != key:  # type: ignore[union-attr]
                     return 0
-                item = self.puts.tx_mput(r)
+                item = self.puts.tx_mput(r)  # type: ignore[arg-type]
                 nmput += 1
-            elif type(r) is Transaction and r.type == "COMMIT_ONE_PHASE":
+            elif kind is Transaction and r.type == "COMMIT_ONE_PHASE":  # type: ignore[union-attr]
                 break
             else:
                 return 0
@@ -104,6 +105,7 @@ class TxVerbs:
             return 0
         st = ctx.stats
         st.cmd_put += nput
-        st.cmd_mput += nmput
+        if nmput:
+            st.cmd_mput += nmput
         st.cmd_other += 1  # the COMMIT (the BEGIN was counted)
         return j + 1

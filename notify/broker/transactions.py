@@ -30,7 +30,15 @@ from notify.core.effects import Applied, Complete, Defer, Effect, Force, Reply, 
 from notify.core.transactions import BrokerTx, IdSource, TxEngine, TxLimits, TxPut, TxStats
 from notify.errors import TxLogError
 from notify.faults import crashpoint
-from notify.protocol.frames import MultiPut, Put, Register, Transaction, encode_check, encode_result
+from notify.protocol.frames import (
+    MultiPut,
+    Put,
+    Register,
+    Transaction,
+    encode_check,
+    encode_result,
+    encode_results,
+)
 from notify.protocol.xa import XAER_RMFAIL, encode_xa_failure
 from notify.runtime import SYSTEM_CLOCK
 from notify.store.flusher import Flusher
@@ -212,17 +220,15 @@ class TransactionManager:
                     if held:  # written before the deferred reply, when it is set
                         if owner is held_by:
                             if head is not None:
-                                held += [encode_result(c, o, b) for o, c, b in head]
+                                held.append(encode_results(head))
                             slot.body = b"".join(held)
                             held = []
                         else:
                             self._release(held_by, held)  # anything else keeps its order
                             if head is not None:
-                                slot.body = b"".join(
-                                    [encode_result(c, o, b) for o, c, b in head]
-                                )
+                                slot.body = encode_results(head)
                     elif head is not None:
-                        slot.body = b"".join([encode_result(c, o, b) for o, c, b in head])
+                        slot.body = encode_results(head)
                     coalesce = False
                     tk.slot = slot
                     if not owner.closed:

@@ -97,19 +97,14 @@ class TxLimits:
         )
 
 
-@dataclass(eq=False, slots=True)
 class BrokerTx:
-    """One transaction known to the broker."""
+    """One transaction known to the broker.
 
-    key: str
-    xa: bool
-    owner: Any
-    state: TxState
-    timeout_s: int
-    deadline: float
-    created_ms: int
+    A plain class, not a slotted dataclass: the optional fields are class-level defaults, so
+    making a transaction sets only what it was given (a one-shot transaction is made for
+    every request of its kind); an instance holds what it changed."""
+
     first_pos: Position | None = None
-    batches: list[lr.AppendMsg] = field(default_factory=list)
     nbytes: int = 0
     group: str = ""
     prepared_at_ms: int = 0
@@ -125,6 +120,35 @@ class BrokerTx:
     failure: str = ""
     #: its timer entry counts toward ``maxTxTimeoutTimerCapacity`` (see TxEngine._live)
     timer_live: bool = False
+
+    def __init__(
+        self,
+        key: str,
+        xa: bool,
+        owner: Any,
+        state: TxState,
+        timeout_s: int,
+        deadline: float,
+        created_ms: int,
+        first_pos: Position | None = None,
+        batches: list[lr.AppendMsg] | None = None,
+        nbytes: int = 0,
+    ) -> None:
+        self.key = key
+        self.xa = xa
+        self.owner = owner
+        self.state = state
+        self.timeout_s = timeout_s
+        self.deadline = deadline
+        self.created_ms = created_ms
+        self.batches: list[lr.AppendMsg] = [] if batches is None else batches
+        if first_pos is not None:
+            self.first_pos = first_pos
+        if nbytes:
+            self.nbytes = nbytes
+
+    def __repr__(self) -> str:
+        return f"BrokerTx({self.key!r}, {self.state.value}, {len(self.batches)} batches)"
 
     @property
     def message_count(self) -> int:

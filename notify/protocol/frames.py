@@ -964,6 +964,13 @@ def encode_result(code: int, opaque: int, body: bytes = b"") -> bytes:
     return b"result %d %d %d\r\n%b" % (code, len(body), opaque, body)
 
 
+def encode_results(replies: list[tuple[int, int, bytes]]) -> bytes:
+    """:func:`encode_result` of each ``(opaque, code, body)``, as one bytes."""
+    return b"".join(
+        [b"result %d %d %d\r\n%b" % (code, len(body), op, body) for op, code, body in replies]
+    )
+
+
 def encode_error(err: ProtocolError) -> bytes:
     return encode_result(err.code, err.opaque, str(err).encode("utf-8", "replace"))
 

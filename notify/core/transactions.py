@@ -55,7 +55,7 @@ from notify.errors import TransactionError, TxLogError
 from notify.protocol import logrecords as lr
 from notify.protocol import records
 from notify.protocol.frames import Transaction
-from notify.protocol.keys import is_xa, validate_key
+from notify.protocol.keys import is_local_key, is_xa, validate_key
 from notify.protocol.replies import MultiPutAck, PutAck, encode_put_ack_body
 from notify.protocol.xa import (
     XA_RBROLLBACK,
@@ -230,13 +230,9 @@ class TxEngine(Recovery, TimedWork):
         key = begin.tx_key
         if key is None or commit.tx_key != key or not puts:
             return False
-        try:
-            key = validate_key(key)
-        except TransactionError:
-            return False
         limits = self.limits
-        if key in self.txs or is_xa(key) or len(self._timers) >= limits.capacity:
-            return False
+        if not is_local_key(key) or key in self.txs or len(self._timers) >= limits.capacity:
+            return False  # (an XA or malformed key: one by one, for the usual answers)
         count = 0
         nbytes = 0
         for p in puts:

@@ -341,8 +341,10 @@ class EngineBase:
         return tx.state in OPEN or (tx.state is TxState.PREPARED and tx.orphanable)
 
     def _drop(self, tx: BrokerTx) -> None:
-        if self.txs.get(tx.key) is tx:
-            del self.txs[tx.key]
+        txs = self.txs
+        key = tx.key
+        if txs.get(key) is tx:
+            del txs[key]
         keys = self._owned.get(tx.owner)
         if keys is not None:
             keys.discard(tx.key)

@@ -46,6 +46,12 @@ def is_xa(key: str) -> bool:
     return key.startswith("XID:")
 
 
+def is_local_key(key: str) -> bool:
+    """Whether ``key`` is a well-formed local key (what :func:`validate_key` accepts and
+    :func:`is_xa` does not)."""
+    return _LOCAL.fullmatch(key) is not None
+
+
 def parse_xid(key: str) -> tuple[Xid, str]:
     """``(xid, uniqueQualifier)`` of an XA key; TransactionError when malformed."""
     m = _XID.fullmatch(key)

@@ -12,7 +12,7 @@ import pytest
 from notify.config import parse_config
 from notify.core.apply import Applier
 from notify.core.effects import Applied, Complete, Defer, Effect, Force, Reply, SendCheck
-from notify.core.transactions import TxEngine, TxLimits
+from notify.core.transactions import TxEngine, TxLimits, TxPut
 from notify.protocol import records
 from notify.protocol.frames import Transaction
 from notify.protocol.idgen import IdGenerator
@@ -130,6 +130,60 @@ def test_commit_forces_then_applies_and_is_visible_at_once(core: Core) -> None:
     # readable although no partition fsync has run yet (the redo log holds the messages)
     assert core.visible(0) == [b"m1"] and core.visible(1) == [b"m2"]
     assert {p.index for p in core.flush_requests} == {0, 1}
+
+
+@pytest.mark.parametrize("force", [True, False])
+def test_one_shot_answers_as_one_by_one_with_acks_riding_on_the_commit(
+    tmp_path: Path, force: bool
+) -> None:
+    """BEGIN, two puts and COMMIT_ONE_PHASE as one unit: the same answers as one by one.
+    With the force at commit, the BEGIN and put acks ride on the COMMIT's deferred reply
+    (``Ticket.head``, written with it) instead of one Reply effect each."""
+    core = Core(tmp_path, force_at_commit=force)
+    o = Owner("c1")
+    body = b"m1"
+    puts = [
+        TxPut("a", 0, 11, body, 0, 0, records.checksum(body)),
+        TxPut("b", 1, 12, bytearray(records.encode(0, 0, b"m2", records.checksum(b"m2"))), 1),
+    ]
+    begin = Transaction("TX:s:1", "s", "BEGIN", 30, None, 10)
+    commit = Transaction("TX:s:1", "s", "COMMIT_ONE_PHASE", None, None, 13, 2)
+    assert core.engine.oneshot(o, begin, puts, commit)
+    eff = core.take()
+    if force:
+        assert [type(e) for e in eff] == [Defer, Force]
+        head = eff[0].ticket.head  # type: ignore[union-attr]
+        assert head is not None and [(op, code) for op, code, _b in head] == [
+            (10, 200), (11, 200), (12, 200)
+        ]
+        acks = [b for _op, _c, b in head[1:]]
+        assert not core.visible(0, "a")  # nothing before the force
+        eff = core.force_all()
+        assert [type(e) for e in eff] == [Applied, Complete]
+        assert replies(eff) == [(200, b"")]
+    else:
+        assert [type(e) for e in eff][:3] == [Reply, Reply, Reply]
+        assert [(e.opaque, e.code) for e in eff[:3]] == [(10, 200), (11, 200), (12, 200)]  # type: ignore[union-attr]
+        acks = [e.body for e in eff[1:3]]  # type: ignore[union-attr]
+    # the put acks: <msgId> <partition> -1, and the mput's <firstId> <partition> -1 <count>
+    assert acks[0].split()[1:] == [b"0", b"-1"]
+    assert acks[1].split()[1:] == [b"1", b"-1", b"1"]
+    assert core.visible(0, "a") == [b"m1"] and core.visible(1, "b") == [b"m2"]
+    assert core.engine.stats.begun == 1 and core.engine.stats.committed == 1
+    assert "TX:s:1" not in core.engine.txs  # committed and forgotten
+
+
+def test_one_shot_refuses_what_one_by_one_must_answer(core: Core) -> None:
+    """An XA key, a malformed key or a message-count mismatch: nothing done (False), so the
+    requests run one by one and get their usual errors."""
+    o = Owner("c1")
+    body = b"m"
+    put = TxPut("a", 0, 11, body, 0, 0, records.checksum(body))
+    for key, expect in (("XID:1:ab:cd:q", None), ("TX:bad", None), ("TX:s:2", 5)):
+        begin = Transaction(key, "s", "BEGIN", None, None, 10)
+        commit = Transaction(key, "s", "COMMIT_ONE_PHASE", None, None, 13, expect)
+        assert not core.engine.oneshot(o, begin, [put], commit)
+        assert core.take() == [] and key not in core.engine.txs
 
 
 def test_commit_waits_until_earlier_unflushed_data_is_visible(core: Core) -> None:

@@ -37,6 +37,7 @@ from notify.store.partition import Partition
 log = logging.getLogger("notify.broker")
 
 _HEADER = records.HEADER
+_HEADER_SIZE: Final = records.HEADER_SIZE
 _CRC_MASK: Final = 0x7FFFFFFF
 NOT_IN_TX: Final = (
     "an idempotent producer's messages (producer members in their properties) cannot be "
@@ -455,7 +456,7 @@ class PutVerbs:
         """A committed transaction reached its partitions: count it; index delayed messages."""
         ctx = self.ctx
         for pl in eff.placements:
-            ctx.count_put(pl.topic, pl.count, pl.nbytes - pl.count * records.HEADER_SIZE)
+            ctx.count_put(pl.topic, pl.count, pl.nbytes - pl.count * _HEADER_SIZE)
         if ctx.delay is not None:
             for offset, data in eff.delayed:
                 ctx.delay.index_appended(offset, data)

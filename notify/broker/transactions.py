@@ -3,10 +3,10 @@ broker's event loop and executes its effects.
 
 * replies go to connections in request order (a deferred reply holds its place as a
   :class:`~notify.broker.connection.PendingReplies` slot until the engine completes it);
-* ``Force`` effects of one loop turn share one fdatasync of the redo log (group commit),
-  run on the loop thread: a thread hand-off costs more than the fsync itself on small
-  machines, and while the loop is blocked the next turn's requests pile up in the socket
-  buffers and form the next group;
+* ``Force`` effects of one loop turn, and of the turn after it, share one fdatasync of the
+  redo log (group commit), run on the loop thread: a thread hand-off costs more than the
+  fsync itself on small machines, and while the loop is blocked the next turn's requests
+  pile up in the socket buffers and form the next group;
 * check-back frames go to producers' connections;
 * APScheduler (AsyncIOScheduler, coroutine jobs on the loop) runs timeouts, check-backs,
   retries of failed applies and checkpoints (the checkpoint's file work in a thread).
@@ -196,7 +196,7 @@ class TransactionManager:
                             self.loop.call_later(self.lazy_force_s, self._lazy_force)
                     elif self._force_upto is None:
                         self._force_upto = eff.pos
-                        self.loop.call_soon(self._force_round)
+                        self.loop.call_soon(self._force_next_turn)
                     elif eff.pos > self._force_upto:
                         self._force_upto = eff.pos
                     continue
@@ -275,6 +275,14 @@ class TransactionManager:
             self._force_round()
         else:
             self._force_upto = self.log.end_position  # a round is already scheduled
+
+    def _force_next_turn(self) -> None:
+        """Run the force round one loop turn later: the requests that arrived meanwhile
+        (read in that turn's poll) join its fdatasync. 32 closed-loop clients formed groups
+        of about 16 with the round in the same turn, about 28 with it one turn later; a
+        lone client waits one loop turn more (microseconds, against the fsync's
+        milliseconds)."""
+        self.loop.call_soon(self._force_round)
 
     def _force_round(self) -> None:
         """Group commit of one loop turn: one fdatasync covers every step queued meanwhile."""

@@ -78,6 +78,29 @@ class TxChannel:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
         self.checks_answered = 0
+        #: replies to second phases written without waiting (``half_message`` with ``db=``)
+        self._second: set[asyncio.Future[Any]] = set()
+
+    def ready(self, address: str) -> AsyncConnection | None:
+        """The open connection to ``address``, registered with the group, if there is one
+        (no I/O; else :meth:`get`)."""
+        conn = self.pool.cached(address, self.lane)
+        if conn is None or (self.group is not None and conn.producer_group != self.group):
+            return None
+        return conn
+
+    def track(self, fut: asyncio.Future[Any]) -> None:
+        """Keep the reply future of a second phase written without waiting, so that
+        :meth:`settled` (the producer's ``flush`` and ``close``) waits for it."""
+        if not fut.done():
+            self._second.add(fut)
+            fut.add_done_callback(self._second.discard)
+
+    async def settled(self) -> None:
+        """Wait for the replies of the second phases written so far (each is bounded by
+        the request timeout)."""
+        while self._second:
+            await asyncio.wait(list(self._second))
 
     async def get(self, address: str) -> AsyncConnection:
         """An open connection to ``address``, registered with the group if there is one."""
@@ -240,6 +263,7 @@ class TxChannel:
 
     async def close(self) -> None:
         self._closed = True
+        await self.settled()
         await self.pool.close_lane(self.lane)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

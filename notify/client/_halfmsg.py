@@ -47,7 +47,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from notify.errors import ClientError, ConnectionLostError, RequestTimeoutError
 
@@ -55,7 +55,7 @@ from ._config import ClientConfig, ProducerConfig
 from ._errors import ClientTransactionError, TransactionConnectionError
 from ._facade import Delegated
 from ._loopthread import LoopThread
-from ._message import Draft, Message, build_payload
+from ._message import Draft, Key, Message, build_payload
 from ._routing import TopicRouter
 from .core.selectors import PartitionSelector
 from .core.states import TxState
@@ -114,6 +114,16 @@ class TransactionSendResult:
         return self.send_result.partition
 
 
+class Drafted(NamedTuple):
+    """A half message checked and built, not yet routed (:meth:`HalfMessage.draft`)."""
+
+    topic: str
+    key: Key | None
+    body: bytes
+    payload: bytes
+    flag: int
+
+
 class HalfHost(Protocol):
     """What a half message needs of its producer (``AsyncProducer`` implements it)."""
 
@@ -128,6 +138,12 @@ class HalfHost(Protocol):
     def next_tx_key(self) -> str: ...
 
     async def tx_connection(self, address: str) -> AsyncConnection: ...
+
+    def ready_tx_connection(self, address: str) -> AsyncConnection | None: ...
+
+    def track_second_phase(self, fut: asyncio.Future[Any]) -> None: ...
+
+    def spawn(self, coro: Any) -> asyncio.Task[None]: ...
 
 
 class LocalSide(Protocol):
@@ -168,10 +184,10 @@ class HalfMessage:
         self._replies = replies  # BEGIN's, the put's and PREPARE's, in flight
         self._prepare: Exception | bool | None = False  # False: not awaited yet
 
-    @classmethod
-    async def send(cls, host: HalfHost, msg: Draft, timeout: float | None) -> HalfMessage:
-        """Write BEGIN, the put and PREPARE on a registered connection (replies not
-        awaited). Raises when the message cannot be sent at all."""
+    @staticmethod
+    def draft(host: HalfHost, msg: Draft) -> Drafted:
+        """Check ``msg`` and build its payload (no I/O; any thread): raises what a send of
+        it would raise before anything is written."""
         topic, data, attribute, key, headers = msg
         host.check_open()
         if host.config.producer_group is None:
@@ -183,12 +199,53 @@ class HalfMessage:
             raise ClientError(f"message data must be bytes, not {type(data).__name__}")
         body = bytes(data)
         payload, flag = build_payload(body, attribute, key, headers)
-        parts = host.router.cached(topic) or await host.router.partitions(topic)
-        part = host.selector(topic, parts, key, body)
+        return Drafted(topic, key, body, payload, flag)
+
+    @classmethod
+    async def send(cls, host: HalfHost, msg: Draft, timeout: float | None) -> HalfMessage:
+        """Write BEGIN, the put and PREPARE on a registered connection (replies not
+        awaited). Raises when the message cannot be sent at all."""
+        return await cls.send_drafted(host, cls.draft(host, msg), timeout, host.next_tx_key())
+
+    @classmethod
+    async def send_drafted(
+        cls, host: HalfHost, d: Drafted, timeout: float | None, tx_key: str
+    ) -> HalfMessage:
+        """:meth:`send` of a message :meth:`draft` built, as transaction ``tx_key``."""
+        parts = host.router.cached(d.topic) or await host.router.partitions(d.topic)
+        part = host.selector(d.topic, parts, d.key, d.body)
         conn = await host.tx_connection(part.address)
-        core: TxCore[None] = TxCore(host.next_tx_key(), host.session_id, timeout)
+        return cls._write(host, conn, part, d, timeout, tx_key)
+
+    @classmethod
+    def send_now(
+        cls, host: HalfHost, d: Drafted, timeout: float | None, tx_key: str
+    ) -> HalfMessage | None:
+        """:meth:`send` of a drafted message without waiting (on the loop): None when the
+        topic's route or the producer's registered connection is not there yet (then
+        :meth:`send` does it, waiting for them)."""
+        parts = host.router.cached(d.topic)
+        if not parts:
+            return None
+        part = host.selector(d.topic, parts, d.key, d.body)
+        conn = host.ready_tx_connection(part.address)
+        if conn is None:
+            return None
+        return cls._write(host, conn, part, d, timeout, tx_key)
+
+    @classmethod
+    def _write(
+        cls,
+        host: HalfHost,
+        conn: AsyncConnection,
+        part: Partition,
+        d: Drafted,
+        timeout: float | None,
+        tx_key: str,
+    ) -> HalfMessage:
+        core: TxCore[None] = TxCore(tx_key, host.session_id, timeout)
         core.bind(part.broker_id, part.address)
-        core.add(topic, part, payload, flag, None)
+        core.add(d.topic, part, d.payload, d.flag, None)
         flight = core.flight(mput=False, checksum=host.config.send_checksum, prepare=True)
         frames = []
         for build in flight.frames:
@@ -200,7 +257,7 @@ class HalfMessage:
             raise TransactionConnectionError(f"half message {core.key}: {e}", core.key) from e
         for fut in futs:
             fut.add_done_callback(_retrieve)
-        message = Message(topic, part, -1, -1, flag, payload)
+        message = Message(d.topic, part, -1, -1, d.flag, d.payload)
         return cls(host, core, conn, message, list(zip(flight.steps, futs, strict=True)))
 
     async def prepared(self) -> SendResult:
@@ -214,10 +271,19 @@ class HalfMessage:
         return self.result
 
     async def _settle_prepare(self) -> Exception | None:
+        await asyncio.wait([fut for _step, fut in self._replies])
+        err = self._settle_replies()
+        if self.core.state is TxState.ROLLING_BACK:  # PREPARE refused: nothing to keep
+            await self._roll_back_refused()
+        return err
+
+    def _settle_replies(self) -> Exception | None:
+        """Read the replies of BEGIN, the put and PREPARE (all in): the error of PREPARE
+        (None: prepared); the state is ROLLING_BACK when a ROLLBACK must follow."""
         core = self.core
         prepare: Outcome = ClientError("no PREPARE")
         for step, fut in self._replies:
-            outcome = await _outcome(fut)
+            outcome = _done_outcome(fut)
             if step.kind is Kind.PREPARE:
                 prepare = outcome
                 continue
@@ -225,26 +291,71 @@ class HalfMessage:
                 if result.success:
                     self.result = result
                     self.message = self.message._replace(msg_id=result.msg_id)
-        err = core.on_prepare_reply(prepare)
-        if core.state is TxState.ROLLING_BACK:  # PREPARE refused: nothing to keep
-            with contextlib.suppress(ClientError):
-                await self._request(core.rollback_frame())
-            core.rolled_back()
-        return err
+        return core.on_prepare_reply(prepare)
+
+    async def _roll_back_refused(self) -> None:
+        with contextlib.suppress(ClientError):
+            await self._request(self.core.rollback_frame())
+        self.core.rolled_back()
+
+    def on_prepared(self, done: Callable[[Exception | None], None]) -> None:
+        """Call ``done(error)`` on the loop once PREPARE is settled as :meth:`prepared`
+        settles it (``error`` None: prepared), without a task: from the replies' callbacks."""
+        left = len(self._replies)
+
+        def one(_fut: asyncio.Future[Any]) -> None:
+            nonlocal left
+            left -= 1
+            if left:
+                return
+            try:
+                err = self._settle_replies()
+            except Exception as e:  # a reply nobody could read: not prepared
+                err = e
+            self._prepare = err
+            if self.core.state is TxState.ROLLING_BACK:
+                task = asyncio.ensure_future(self._roll_back_refused())
+                task.add_done_callback(lambda _t: done(err))
+                return
+            done(err)
+
+        for _step, fut in self._replies:
+            fut.add_done_callback(one)
 
     async def finish(self, commit: bool) -> Exception | None:
         """COMMIT_TWO_PHASE (``commit``) or ROLLBACK of the prepared message; the error when
         it could not be delivered (then the broker checks back)."""
-        core = self.core
-        frame = core.second_phase(commit)
+        return await self._second_phase(self.core.second_phase(commit))
+
+    def finish_later(self, commit: bool) -> asyncio.Future[Any] | None:
+        """:meth:`finish` without waiting (on the loop): the COMMIT_TWO_PHASE or ROLLBACK
+        is written now and its reply read by a callback (an error is logged and kept in
+        ``error``: the broker checks back). The future of the reply, for a caller that
+        keeps track (None when nothing could be written: ``error`` says why)."""
+        frame = self.core.second_phase(commit)
         conn = self._conn
         if not conn.is_open:  # a prepared transaction may end on any connection
+            return asyncio.ensure_future(self._second_phase(frame))
+        o = conn.next_opaque()
+        try:
+            fut = conn.send_many([(frame(o), o)], self._host.client_config.request_timeout_s)[0]
+        except ConnectionLostError as e:
+            self._second_phase_outcome(e)
+            return None
+        fut.add_done_callback(lambda f: self._second_phase_outcome(_done_outcome(f)))
+        return fut
+
+    async def _second_phase(self, frame: Any) -> Exception | None:
+        conn = self._conn
+        if not conn.is_open:
             try:
                 conn = self._conn = await self._host.tx_connection(conn.address)
             except ClientError as e:
-                core.on_second_phase_reply(e)
-                return self._left(e)
-        err = core.on_second_phase_reply(await self._request(frame))
+                return self._second_phase_outcome(e)
+        return self._second_phase_outcome(await self._request(frame))
+
+    def _second_phase_outcome(self, outcome: Outcome) -> Exception | None:
+        err = self.core.on_second_phase_reply(outcome)
         return self._left(err) if err is not None else None
 
     def _left(self, err: Exception) -> Exception:
@@ -296,11 +407,17 @@ def _retrieve(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-async def _outcome(fut: asyncio.Future[Any]) -> Outcome:
-    try:
-        return await fut  # type: ignore[no-any-return]
-    except (ConnectionLostError, RequestTimeoutError) as e:
-        return e
+def _done_outcome(fut: asyncio.Future[Any]) -> Outcome:
+    """A done reply future's outcome: the reply, or the connection's error (cancelled:
+    the connection's error too, as no reply came; anything else raises)."""
+    if fut.cancelled():
+        return ConnectionLostError("request cancelled")
+    exc = fut.exception()
+    if exc is None:
+        return fut.result()  # type: ignore[no-any-return]
+    if isinstance(exc, ConnectionLostError | RequestTimeoutError):
+        return exc
+    raise exc
 
 
 async def run_local(half: HalfMessage, local_tx: LocalTransaction) -> LocalTxState:

@@ -367,8 +367,11 @@ class AsyncProducer:
         return await self.sender.producer_sequences(topic, parts)
 
     async def flush(self) -> None:
-        """Wait until every queued message has its result."""
+        """Wait until every queued message has its result (and every half message's COMMIT
+        written without waiting has its reply)."""
         await self.delivery.drain(0)
+        if self._channel is not None:
+            await self._channel.settled()
 
     async def drain(self, limit: int = 0) -> None:
         """Wait until at most ``limit`` messages are queued or in flight (back-pressure for
@@ -478,6 +481,14 @@ class AsyncProducer:
         """One of the producer's own connections to ``address`` (registered with its group)."""
         return await self._tx_channel().get(address)
 
+    def ready_tx_connection(self, address: str) -> AsyncConnection | None:
+        """:meth:`tx_connection` when it is open and registered already (no I/O), else None."""
+        return self._tx_channel().ready(address)
+
+    def track_second_phase(self, fut: asyncio.Future[Any]) -> None:
+        """Let ``flush`` and ``close`` wait for this reply of a half message's second phase."""
+        self._tx_channel().track(fut)
+
     def start_check_backs(self) -> None:
         """Register the producer group with the brokers now (on the loop) so check-backs
         reach this producer before it sends anything; done by
@@ -511,8 +522,7 @@ class AsyncProducer:
         """
         if self.markers is not None:
             return AsyncDbHalfMessageBlock(
-                lambda: self.start_half((topic, data, attribute, key, headers), timeout),
-                self.markers,
+                self, (topic, data, attribute, key, headers), timeout, self.markers
             )
         return AsyncHalfMessageBlock(
             lambda: self.start_half((topic, data, attribute, key, headers), timeout),

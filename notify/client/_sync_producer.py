@@ -494,9 +494,7 @@ class Producer(Closes):
         core = self.core
         if core.markers is not None:
             return DbHalfMessageBlock(
-                lambda: core.start_half((topic, data, attribute, key, headers), timeout),
-                self._lt,
-                core.markers,
+                core, (topic, data, attribute, key, headers), timeout, self._lt, core.markers
             )
         return HalfMessageBlock(
             lambda: core.start_half((topic, data, attribute, key, headers), timeout),

@@ -4,7 +4,9 @@ db=engine)``), on SQLite, PostgreSQL and MariaDB: killed before its database com
 check-back answered from the marker table (by another process of the group) rolls the
 message back and the rows are not there; killed after the database commit and before the
 message's COMMIT, the check-back commits it: visible exactly once, and still once after a
-broker restart. No checker was written."""
+broker restart; killed right after the block (its COMMIT written, the reply not awaited),
+the message is committed once, by that COMMIT or by the check-back. No checker was
+written."""
 
 from __future__ import annotations
 
@@ -33,16 +35,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 APP = textwrap.dedent(
     """
+    import os
+    import signal
     import sys
     import sqlalchemy as sa
     from notify.client import connect
 
-    url, addr, topic, n = sys.argv[1:5]
+    url, addr, topic, n, after_block = sys.argv[1:6]
     engine = sa.create_engine(url)
     with connect([addr]) as session:
         producer = session.create_transactional_producer("shop", db=engine)
         with producer.half_message(topic, f"order {n}".encode(), key=n) as conn:
             conn.execute(sa.text("INSERT INTO orders (id) VALUES (:n)"), {"n": int(n)})
+        if after_block == "kill":  # COMMIT written, its reply not awaited: killed now
+            print("killed after the block", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
     print("not killed")
     """
 )
@@ -62,15 +69,21 @@ def hc_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProces
 
 
 def _app_killed_at(point: str, url: str, addr: str, n: int) -> None:
-    env = {**os.environ, "NOTIFY_CRASHPOINTS": point, "PYTHONPATH": str(ROOT)}
+    """Run the application, killed at crash point ``point`` ("after block": right after
+    its ``with`` block, the message's COMMIT written but not answered)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if point != "after block":
+        env["NOTIFY_CRASHPOINTS"] = point
+    after = "kill" if point == "after block" else "-"
     r = subprocess.run(
-        [sys.executable, "-c", APP, url, addr, "paid", str(n)],
+        [sys.executable, "-c", APP, url, addr, "paid", str(n), after],
         env=env,
         capture_output=True,
         timeout=60,
     )
     assert r.returncode == -signal.SIGKILL, r.stdout + r.stderr
-    assert f"crashpoint {point}".encode() in r.stderr
+    said = "killed after the block" if point == "after block" else f"crashpoint {point}"
+    assert said.encode() in r.stderr
 
 
 def _orders(engine: Engine) -> list[int]:
@@ -92,29 +105,34 @@ def test_application_killed_around_its_database_commit(
 ) -> None:
     addr = hc_broker.addr
     base = {"sqlite": 100, "postgresql": 200, "mysql": 300}[engine.dialect.name]
-    before, after = base + 1, base + 2
+    before, after, exited = base + 1, base + 2, base + 3
     s0 = stats(addr)
     rolled0, committed0 = int(s0.get("tx_rolled_back", "0")), int(s0.get("tx_committed", "0"))
+    # the block ended (the rows and the marker committed, COMMIT written, its reply not
+    # awaited) and the process died at once: committed by that COMMIT if it got through,
+    # else by the check-back; once either way
+    _app_killed_at("after block", db_url, addr, exited)
     _app_killed_at("half_before_db_commit", db_url, addr, before)
-    _app_killed_at("half_after_db_commit", db_url, addr, after)
-    assert _orders(engine) == [after]  # the first died before its commit
+    _app_killed_at("half_after_db_commit", db_url, addr, after)  # the last of the group
+    assert _orders(engine) == [after, exited]  # the first died before its commit
     assert f"order {after}".encode() not in bodies(addr, "paid", 2)  # prepared, not committed
     with connect([addr]) as session:  # another process of the group: it answers from the table
         session.create_transactional_producer("shop", db=engine)
         wait_until(
-            lambda: _settled(addr, rolled0 + 1, committed0 + 1),
+            lambda: _settled(addr, rolled0 + 1, committed0 + 2),
             timeout=30,
-            what=lambda: f"both half messages settled by check-back: {stats(addr)}",
+            what=lambda: f"the half messages settled by check-back: {stats(addr)}",
         )
     got = bodies(addr, "paid", 2)
-    assert got.count(f"order {after}".encode()) == 1
+    committed = [f"order {after}".encode(), f"order {exited}".encode()]
+    assert [got.count(b) for b in committed] == [1, 1]
     assert f"order {before}".encode() not in got
     with engine.connect() as c:
         states = dict(c.execute(sa.text("SELECT tx_key, state FROM notify_outbox_half")).all())
-    assert sorted(states.values()) == [1, 2]  # the committed marker and the tombstone
+    assert sorted(states.values()) == [1, 1, 2]  # the committed markers and the tombstone
     hc_broker.restart(kill=True)
     got = bodies(addr, "paid", 2)
-    assert got.count(f"order {after}".encode()) == 1 and f"order {before}".encode() not in got
+    assert [got.count(b) for b in committed] == [1, 1] and f"order {before}".encode() not in got
 
 
 def test_a_block_outlasting_the_check_back_is_rolled_back(

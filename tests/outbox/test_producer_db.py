@@ -24,6 +24,7 @@ from notify.client import (
     TransactionAbortedError,
     connect,
 )
+from notify.errors import ClientError
 from notify.outbox import HalfMarkers, HalfState, Outbox, OutboxArgumentError
 from notify.testing import BrokerProcess
 from tests.outbox.conftest import FAST, backlog, bodies, published, wait_published
@@ -129,9 +130,25 @@ def test_half_message_with_db(engine: Engine, ob_broker: BrokerProcess, topic: s
         p = session.create_transactional_producer("shop", db=engine)
         with p.half_message(topic, b"paid 1", key="1") as conn:
             conn.execute(sa.text("INSERT INTO orders (id) VALUES (1)"))
+        p.flush()  # the block wrote COMMIT without waiting for it; flush waits: readable
+        assert bodies(addr, topic) == [b"paid 1"]
         with pytest.raises(RuntimeError), p.half_message(topic, b"paid 2") as conn:
             conn.execute(sa.text("INSERT INTO orders (id) VALUES (2)"))
             raise RuntimeError("the application fails")
+        # a message that cannot be sent fails the block's end: its database work is rolled
+        # back (the block ran: PREPARE is not awaited before it)
+        ran: list[bool] = []
+        with pytest.raises(ClientError, match="unknown topic"):  # noqa: SIM117
+            with p.half_message("nosuch", b"paid 3") as conn:
+                conn.execute(sa.text("INSERT INTO orders (id) VALUES (3)"))
+                ran.append(True)
+        assert ran == [True]
+        # bad arguments raise before anything is sent or begun
+        checked_out = engine.pool.checkedout()  # type: ignore[attr-defined]
+        with pytest.raises(ClientError, match="must be bytes"):  # noqa: SIM117
+            with p.half_message(topic, "not bytes"):  # type: ignore[arg-type]
+                ran.append(False)
+        assert ran == [True] and engine.pool.checkedout() == checked_out  # type: ignore[attr-defined]
         with pytest.raises(ClientTransactionError, match="use half_message"):
             p.send_in_transaction(topic, b"x", lambda m: LocalTxState.COMMIT)
         with pytest.raises(ClientTransactionError, match="one of them"):

@@ -22,7 +22,8 @@ in the background.
 of the engine, its transaction begun and the marker pending (written in the commit's own
 round trip on PostgreSQL, just before it elsewhere); ``commit`` and ``rollback`` end it.
 A half message's client drives it: PREPARE sent, the block's database work on ``conn``,
-PREPARE acknowledged, ``commit`` (the rows and the marker), then COMMIT of the message.
+PREPARE acknowledged, ``commit`` (the rows and the marker), then COMMIT of the message
+(written without waiting for its answer: the committed marker decides).
 A marker inserted late (the check-back's tombstone was first: the transaction took longer
 than the broker's ``txCheckBackDelay``) fails that commit, so the database transaction and
 the message are rolled back together.

@@ -46,7 +46,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from notify.faults import crashpoint
 
-from .rows import OutboxArgumentError, OutboxError, build_marker
+from .rows import Marker, OutboxArgumentError, OutboxError, build_marker
 from .sql import NOW_MS, dialect_name
 from .writer import AppConnection, OutboxConfig, write
 
@@ -111,7 +111,7 @@ class HalfMarkers:
         """The database side of half message ``tx_key``: a connection of the engine in a
         transaction with the marker pending (see the module doc). Raises
         :class:`OutboxArgumentError` for a key a marker cannot hold (nothing opened)."""
-        return MarkedTransaction(self, build_marker(self.group, tx_key).tx_key)
+        return MarkedTransaction(self, build_marker(self.group, tx_key))
 
     def check(self, tx_key: str) -> HalfState:
         """The outcome of ``tx_key``'s database transaction, decided for good."""
@@ -226,13 +226,13 @@ class MarkedTransaction:
     its transaction begun with the marker pending; :meth:`commit` or :meth:`rollback` ends
     it and returns the connection to the pool."""
 
-    def __init__(self, markers: HalfMarkers, tx_key: str):
-        self.tx_key = tx_key
+    def __init__(self, markers: HalfMarkers, marker: Marker):
+        self.tx_key = marker.tx_key
         self.markers = markers
         self.conn: Connection = markers.engine.connect()
         try:
             self.conn.begin()
-            markers.mark(self.conn, tx_key)
+            write(self.conn, markers._cfg, marker)
         except BaseException:
             self.conn.close()
             raise

@@ -45,6 +45,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from notify.errors import ClientError
+
 from ._halfmsg import Drafted, HalfHost, HalfMessage
 from ._loopthread import LoopThread, ThreadFuture, _wait
 from ._message import Draft
@@ -107,7 +109,10 @@ class DbHalfMessageBlock:
             raise
         tx.commit()  # raises: the message stays prepared, the check-back decides
         self.markers.tidy()
-        self._lt.post(lambda: _commit_later(self._host, half), ThreadFuture())
+        try:
+            self._lt.post(lambda: _commit_later(self._host, half), ThreadFuture())
+        except ClientError as e:  # the session closed meanwhile: decided all the same
+            log.warning("half message %s: COMMIT not written (%s): check-back", half.tx_key, e)
 
 
 class AsyncDbHalfMessageBlock:

@@ -17,7 +17,9 @@ Starts its own servers (tests/services.py, with durability back on) and broker
   documented form) and through a psycopg connection; the half message + PostgreSQL
   transaction (``send_in_transaction``) against psycopg's INSERT + COMMIT as before, and
   the half message whose local transaction is the producer's own (``db=engine``:
-  ``half_message(...) as conn``, no checker) against the same (and SQLAlchemy's alone).
+  ``half_message(...) as conn``, no checker; its block ends once the rows and the marker
+  are committed, the message's COMMIT written but its answer not awaited, and the session's
+  close waits for the last answers) against the same (and SQLAlchemy's alone).
   Median tx/s of the rounds, ratio to ``alone`` of the same API and thread count.
 * **commit -> readable**: 4 threads commit ``--rate`` transactions per second with an
   outbox row each; a consumer in a child process (no shared GIL) reads the topic; latency =

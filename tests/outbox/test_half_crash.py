@@ -128,9 +128,8 @@ def test_application_killed_around_its_database_commit(
     assert [got.count(b) for b in committed] == [1, 1]
     assert f"order {before}".encode() not in got
     with engine.connect() as c:
-        states: dict[str, int] = dict(
-            c.execute(sa.text("SELECT tx_key, state FROM notify_outbox_half")).tuples().all()
-        )
+        rows = c.execute(sa.text("SELECT tx_key, state FROM notify_outbox_half")).all()
+    states = {str(k): int(v) for k, v in rows}
     assert sorted(states.values()) == [1, 1, 2]  # the committed markers and the tombstone
     hc_broker.restart(kill=True)
     got = bodies(addr, "paid", 2)

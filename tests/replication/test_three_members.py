@@ -91,7 +91,14 @@ def test_slave_with_most_data_leads_and_the_other_follows(trio: list[BrokerProce
         a.kill()
     finally:
         os.kill(c.proc.pid, signal.SIGCONT)
-    _wait(lambda: _stats_or_empty(b.addr).get("failover_leader") == "True", what="b leads")
+    # b holds the group's lock a moment before its broker turns master: wait for both
+    _wait(
+        lambda: (
+            _stats_or_empty(b.addr).get("failover_leader") == "True"
+            and _stats_or_empty(b.addr).get("role") == "master"
+        ),
+        what="b leads and is master",
+    )
     assert stats(b.addr)["failover_epoch"] == "2"
     assert "handing the lock on" in c.log_path.read_text()  # c had the lock first
     want = [b"both-%d" % i for i in range(5)] + [b"b-only-%d" % i for i in range(20)]

@@ -217,6 +217,8 @@ class AdminVerbs:
             items += ctx.sync_master.stats_items()
         elif ctx.replication_stats is not None:
             items += ctx.replication_stats()
+        elif ctx.role != "slave":  # a master without a synchronous slave, or promoting
+            items.append(("role", ctx.role))  # (a slave says "slave" once it pulls)
         if ctx.failover_stats is not None:
             items += ctx.failover_stats()
         return items

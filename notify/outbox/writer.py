@@ -15,6 +15,10 @@ connection it is given:
   savepoint drops its rows; a two-phase transaction writes them before PREPARE.
 * a psycopg 3 connection: the row is inserted at once (psycopg has no commit hook), its
   key lock held until the transaction ends; send last in such transactions.
+* their asyncio counterparts, with :meth:`Outbox.send_async` (:mod:`.aio`): a SQLAlchemy
+  ``AsyncConnection``/``AsyncSession`` as the connection under it (the commit hook runs in
+  SQLAlchemy's greenlet; on PostgreSQL with psycopg the rows and ``COMMIT`` are still one
+  query, awaited), a psycopg ``AsyncConnection`` as a psycopg connection, awaited.
 
 Order: a key's rows get their ids under that key's lock (PostgreSQL advisory lock,
 MySQL/MariaDB ``notify_outbox_keylock`` row, SQLite's single writer) held to the end of
@@ -32,7 +36,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -44,6 +48,7 @@ from sqlalchemy.orm import Session
 
 from notify.protocol.properties import HeaderValue
 
+from . import aio
 from .publisher import Publisher
 from .relay import Relay, RelayConfig
 from .rows import (
@@ -70,6 +75,14 @@ log = logging.getLogger("notify.outbox")
 _INFO_KEY: Final = "notify.outbox.pending"
 
 AppConnection = Connection | Session | psycopg.Connection[Any]
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+    #: What :meth:`Outbox.send_async` takes: an asyncio connection, or a blocking one.
+    AsyncAppConnection = (
+        AsyncConnection | AsyncSession | psycopg.AsyncConnection[Any] | AppConnection
+    )
 
 
 class HasPublisher(Protocol):
@@ -106,7 +119,9 @@ class _Pending:
     """The rows a SQLAlchemy connection's transaction will write at commit."""
 
     tx: object
-    dc: psycopg.Connection[Any] | None  # the psycopg connection of the fast path, if any
+    # the psycopg connection of the one-query commit, if any (an AsyncConnection under a
+    # SQLAlchemy AsyncConnection: awaited in SQLAlchemy's greenlet)
+    dc: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None
     rows: list[tuple[OutboxConfig, Row | Marker]] = field(default_factory=list)
     marks: list[tuple[str | None, int]] = field(default_factory=list)  # savepoint, rows
 
@@ -338,7 +353,8 @@ def _pending(conn: Connection, create: bool) -> _Pending | None:
         p = None  # left by a transaction that ended without our events: stale
         conn.info.pop(_INFO_KEY, None)
     if p is None and create:
-        p = conn.info[_INFO_KEY] = _Pending(tx, _fast_driver(conn))
+        dc = _fast_driver(conn) or aio.async_pg_driver(conn)
+        p = conn.info[_INFO_KEY] = _Pending(tx, dc)
     return p
 
 
@@ -357,7 +373,10 @@ def _on_commit(conn: Connection) -> None:
     if dc is not None and dc.pgconn.pipeline_status == pq.PipelineStatus.OFF:
         # the rows and COMMIT in one round trip; the driver's own commit then finds the
         # connection idle and sends nothing (psycopg skips COMMIT outside a transaction)
-        _pg_exec(conn, dc, p.rows, b";COMMIT")
+        if isinstance(dc, psycopg.AsyncConnection):  # in SQLAlchemy's greenlet: awaited
+            aio.pg_exec_in_greenlet(conn, dc, pg_statements(p.rows) + b";COMMIT")
+        else:
+            _pg_exec(conn, dc, p.rows, b";COMMIT")
     else:
         _write_or_roll_back(conn, p.rows)
 
@@ -453,6 +472,8 @@ def write_entries(conn: AppConnection, entries: Entries) -> None:
     if isinstance(conn, psycopg.Connection):
         _pg_exec(None, conn, entries, b"")
         return
+    if not isinstance(conn, Connection):
+        raise check_connection(conn)
     p = _pending(conn, create=False)
     if p is not None:  # not the first row of this transaction: nothing more to check
         p.rows.extend(entries)
@@ -491,25 +512,44 @@ class Outbox:
     """The application's outbox: messages written as rows in its own transactions and
     published by a relay (:meth:`relay`, ``notify outbox relay``), exactly once.
 
-    ``engine``: the application's SQLAlchemy engine (the relay and :meth:`status` use it;
-    ``send`` works with the connection it is given). The tables come from
-    ``notify db upgrade``::
+    ``engine``: the application's SQLAlchemy engine, or its ``AsyncEngine`` (the relay and
+    :meth:`status` use it; ``send`` works with the connection it is given). The tables come
+    from ``notify db upgrade``::
 
         outbox = Outbox(engine)
         with engine.begin() as conn:
             conn.execute(insert(orders).values(id=42))
             outbox.send(conn, "orders", b"order 42", key="42", headers={"type": "created"})
 
-    Thread-safe: one instance serves every thread of the application.
+    From asyncio, :meth:`send_async` on the application's ``AsyncConnection``,
+    ``AsyncSession`` or psycopg ``AsyncConnection``::
+
+        async with async_engine.begin() as conn:
+            await conn.execute(insert(orders).values(id=42))
+            await outbox.send_async(conn, "orders", b"order 42", key="42")
+
+    Thread-safe: one instance serves every thread (and event loop) of the application.
     """
 
-    def __init__(self, engine: Engine | None = None, *, config: OutboxConfig | None = None):
-        self.engine = engine
+    def __init__(
+        self, engine: Engine | AsyncEngine | None = None, *, config: OutboxConfig | None = None
+    ):
+        if aio.is_sa_engine(engine):
+            engine = aio.sync_engine(engine)
+        elif engine is not None and not isinstance(engine, Engine):
+            raise OutboxArgumentError(
+                f"Outbox takes a SQLAlchemy Engine or AsyncEngine, not {type(engine).__name__}"
+            )
+        #: The application's engine (an AsyncEngine's ``sync_engine``).
+        self.engine: Engine | None = engine
         self.config = config or OutboxConfig()
         self._shards: int | None = None
         self._rr = itertools.count()
+        self._twin: Engine | None = None
+        self._twin_lock = threading.Lock()
         if engine is not None:
             dialect_name(engine.dialect)
+            aio.check_driver(engine)
             install_hooks(engine)
             _outboxes.setdefault(engine, self)
 
@@ -541,6 +581,62 @@ class Outbox:
         conn, row = self.build(conn, topic, data, attribute, key, headers, delay, deliver_at)
         write(conn, self.config, row)
 
+    async def send_async(
+        self,
+        conn: AsyncAppConnection,
+        topic: str,
+        data: bytes,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        *,
+        headers: Mapping[str, HeaderValue] | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+    ) -> None:
+        """:meth:`send` for asyncio applications: write a message in ``conn``'s
+        transaction, published once it commits, never if it rolls back.
+
+        ``conn``: a SQLAlchemy ``AsyncConnection`` or ``AsyncSession`` (the rows wait on
+        it and are written at its commit, as :meth:`send`'s on a ``Connection``; the first
+        send reads the shard count, awaited), or a psycopg ``AsyncConnection`` (the row is
+        inserted at once, awaited). A blocking connection is written as :meth:`send` does.
+        Arguments and errors: :meth:`send`'s."""
+        if aio.is_sa_connection(conn) or aio.is_sa_session(conn):
+            aio.require_greenlet()
+            await conn.run_sync(
+                self._send_in_greenlet, topic, data, attribute, key, headers, delay, deliver_at
+            )
+        elif isinstance(conn, psycopg.AsyncConnection):
+            shards = await self._shard_count_pg_async(conn)
+            row = self._row(topic, data, shards, attribute, key, headers, delay, deliver_at)
+            await conn.execute(pg_statements([(self.config, row)]), prepare=False)
+        else:
+            self.send(
+                conn,  # type: ignore[arg-type]
+                topic,
+                data,
+                attribute,
+                key,
+                headers=headers,
+                delay=delay,
+                deliver_at=deliver_at,
+            )
+
+    def _send_in_greenlet(
+        self,
+        conn: Connection | Session,
+        topic: str,
+        data: bytes,
+        attribute: str | None,
+        key: bytes | str | None,
+        headers: Mapping[str, HeaderValue] | None,
+        delay: float | None,
+        deliver_at: datetime | float | None,
+    ) -> None:
+        self.send(
+            conn, topic, data, attribute, key, headers=headers, delay=delay, deliver_at=deliver_at
+        )
+
     def build(
         self,
         conn: AppConnection,
@@ -555,21 +651,32 @@ class Outbox:
         """Check :meth:`send`'s arguments and build its row, writing nothing: the
         connection to write it on (a Session's connection) and the row. Raises as
         :meth:`send` does."""
-        if isinstance(conn, Session):
-            conn = conn.connection()
-        if isinstance(conn, Connection):
-            shards = self._shard_count_sa(conn)
-        elif isinstance(conn, psycopg.Connection):
-            shards = self._shard_count_pg(conn)
-        else:
-            raise check_connection(conn)
+        conn, shards = self._shard_count_on(conn)
         return conn, self._row(topic, data, shards, attribute, key, headers, delay, deliver_at)
 
-    def sends(self, conn: AppConnection) -> OutboxSends:
+    def build_row(
+        self,
+        topic: str,
+        data: bytes,
+        attribute: str | None = None,
+        key: bytes | str | None = None,
+        headers: Mapping[str, HeaderValue] | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+    ) -> Row:
+        """Check :meth:`send`'s arguments and build its row with the shard count already
+        read (:meth:`shard_count_async`), writing nothing and doing no I/O."""
+        shards = self._shards
+        if shards is None:
+            raise OutboxArgumentError("the shard count is not read yet: shard_count_async()")
+        return self._row(topic, data, shards, attribute, key, headers, delay, deliver_at)
+
+    def sends(self, conn: AsyncAppConnection) -> OutboxSends:
         """A batch of messages for ``conn``'s transaction, written together: each
         :meth:`OutboxSends.add` checks and builds its row at once (nothing written), then
         :meth:`OutboxSends.write` writes them all in ``conn``'s transaction as
-        :meth:`send` would (``producer.transaction(db=conn)`` is built on it)."""
+        :meth:`send` would (``producer.transaction(db=conn)`` is built on it). An asyncio
+        connection: :meth:`OutboxSends.prepare` first, :meth:`OutboxSends.write_async`."""
         return OutboxSends(self, conn)
 
     def _row(
@@ -600,9 +707,40 @@ class Outbox:
 
     # -- the shard count (rows of notify_outbox_relay), read once
 
+    def _shard_count_on(
+        self, conn: object
+    ) -> tuple[Connection | psycopg.Connection[Any], int]:
+        """The connection to write on (a Session's) and the shard count, read on it."""
+        if isinstance(conn, Session):
+            conn = conn.connection()
+        if isinstance(conn, Connection):
+            return conn, self._shard_count_sa(conn)
+        if isinstance(conn, psycopg.Connection):
+            return conn, self._shard_count_pg(conn)
+        raise check_connection(conn)
+
     def _shard_count_sa(self, conn: Connection) -> int:
         if self._shards is None:
             self._shards = _shard_count_on(conn)
+        return self._shards
+
+    async def shard_count_async(self, conn: AsyncAppConnection) -> int:
+        """The shard count, read (once) on asyncio connection ``conn``, awaited."""
+        if self._shards is not None:
+            return self._shards
+        if aio.is_sa_connection(conn):
+            aio.require_greenlet()
+            return await conn.run_sync(self._shard_count_sa)
+        if aio.is_sa_session(conn):
+            aio.require_greenlet()
+            return await conn.run_sync(lambda s: self._shard_count_sa(s.connection()))
+        if isinstance(conn, psycopg.AsyncConnection):
+            return await self._shard_count_pg_async(conn)
+        return self._shard_count_on(conn)[1]
+
+    async def _shard_count_pg_async(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        if self._shards is None:
+            self._shards = _checked_shards(await aio.pg_shard_count(conn))
         return self._shards
 
     def _shard_count_pg(self, conn: psycopg.Connection[Any]) -> int:
@@ -625,33 +763,47 @@ class Outbox:
 
             with connect(["127.0.0.1:8123"]) as session, outbox.relay(session):
                 ...   # the application runs; its outbox rows are published
+
+        An outbox made on an ``AsyncEngine`` relays through a blocking engine of its own
+        on the same database (psycopg, PyMySQL or sqlite3: the relay runs in threads).
         """
-        if self.engine is None:
-            raise OutboxArgumentError("Outbox(engine) is needed to run a relay")
+        engine = self._blocking_engine("Outbox(engine) is needed to run a relay")
         if isinstance(source, Publisher):
-            return Relay(self.engine, source, config, self.config.pg_lock_base).start()
+            return Relay(engine, source, config, self.config.pg_lock_base).start()
         publisher = source.publisher()
         return Relay(
-            self.engine, publisher, config, self.config.pg_lock_base, own_publisher=True
+            engine, publisher, config, self.config.pg_lock_base, own_publisher=True
         ).start()
 
     def status(self, interval_s: float = 0.0) -> OutboxStatus:
         """Backlog, oldest row's age, shards and leaders; with ``interval_s`` > 0 also
-        the rows published per second over that interval."""
-        if self.engine is None:
-            raise OutboxArgumentError("Outbox(engine) is needed for the status")
+        the rows published per second over that interval (blocking: from asyncio,
+        ``await asyncio.to_thread(outbox.status)``)."""
+        engine = self._blocking_engine("Outbox(engine) is needed for the status")
         if interval_s > 0:
-            return sampled_status(self.engine, interval_s)
-        return outbox_status(self.engine)
+            return sampled_status(engine, interval_s)
+        return outbox_status(engine)
 
     @property
     def shards(self) -> int:
         """The outbox's shard count (read from the database once)."""
         if self._shards is None:
-            if self.engine is None:
-                raise OutboxArgumentError("this Outbox has no engine: send once first")
-            self._shards = read_shard_count(self.engine)
+            engine = self._blocking_engine("this Outbox has no engine: send once first")
+            self._shards = read_shard_count(engine)
         return self._shards
+
+    def _blocking_engine(self, missing: str) -> Engine:
+        """The engine, or for an async one a blocking engine on its database (made once,
+        disposed with this outbox)."""
+        if self.engine is None:
+            raise OutboxArgumentError(missing)
+        if not self.engine.dialect.is_async:
+            return self.engine
+        with self._twin_lock:
+            if self._twin is None:
+                self._twin = aio.blocking_twin(self.engine)
+                weakref.finalize(self, self._twin.dispose)
+            return self._twin
 
 
 class OutboxSends:
@@ -659,15 +811,30 @@ class OutboxSends:
 
     Thread-safe to :meth:`add` from several threads; :meth:`write` once, on the
     connection's own thread. Nothing is written before :meth:`write`; :meth:`discard`
-    drops what was added."""
+    drops what was added. On an asyncio connection: ``await`` :meth:`prepare` (it reads
+    the shard count once per outbox) before :meth:`add`, and :meth:`write_async`."""
 
-    def __init__(self, outbox: Outbox, conn: AppConnection):
-        if not isinstance(conn, Connection | Session | psycopg.Connection):
+    def __init__(self, outbox: Outbox, conn: AsyncAppConnection):
+        self.is_async = aio.is_async_connection(conn)
+        if not self.is_async and not isinstance(conn, Connection | Session | psycopg.Connection):
             raise check_connection(conn)
+        if self.is_async and not isinstance(conn, psycopg.AsyncConnection):
+            aio.require_greenlet()
         self.outbox = outbox
         self.conn = conn
         self._rows: list[tuple[OutboxConfig, Row | Marker]] = []
-        self._target: AppConnection = conn
+        self._target: AsyncAppConnection = conn
+
+    @property
+    def ready(self) -> bool:
+        """Whether :meth:`add` can build rows now (a blocking connection, or the shard
+        count already read): else ``await`` :meth:`prepare` first."""
+        return not self.is_async or self.outbox._shards is not None
+
+    async def prepare(self) -> None:
+        """Read the shard count on the asyncio connection (once per outbox), awaited."""
+        if not self.ready:
+            await self.outbox.shard_count_async(self.conn)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -685,17 +852,45 @@ class OutboxSends:
     ) -> None:
         """Check and build one message's row (:class:`OutboxArgumentError` when its
         arguments are bad: nothing added)."""
-        target, row = self.outbox.build(
-            self.conn, topic, data, attribute, key, headers, delay, deliver_at
-        )
-        self._target = target
+        if self.is_async:
+            row = self.outbox.build_row(topic, data, attribute, key, headers, delay, deliver_at)
+        else:
+            target, row = self.outbox.build(
+                self.conn,  # type: ignore[arg-type]
+                topic,
+                data,
+                attribute,
+                key,
+                headers,
+                delay,
+                deliver_at,
+            )
+            self._target = target
         self._rows.append((self.outbox.config, row))
 
     def write(self) -> int:
         """Write the rows added so far in the connection's transaction (at its commit,
         through SQLAlchemy; at once on a psycopg connection); how many."""
+        if self.is_async:
+            raise aio.wrong_api(self.conn)
         rows, self._rows = self._rows, []
-        write_entries(self._target, rows)
+        write_entries(self._target, rows)  # type: ignore[arg-type]
+        return len(rows)
+
+    async def write_async(self) -> int:
+        """:meth:`write`, awaited on an asyncio connection (a SQLAlchemy one: in its
+        greenlet, the rows then wait for its commit; a psycopg one: inserted now); how
+        many. A blocking connection is written as :meth:`write` does."""
+        if not self.is_async:
+            return self.write()
+        rows, self._rows = self._rows, []
+        if not rows:
+            return 0
+        conn = self.conn
+        if isinstance(conn, psycopg.AsyncConnection):
+            await conn.execute(pg_statements(rows), prepare=False)
+        elif aio.is_sa_connection(conn) or aio.is_sa_session(conn):
+            await conn.run_sync(write_entries, rows)
         return len(rows)
 
     def discard(self) -> int:
@@ -707,10 +902,13 @@ class OutboxSends:
 
 def check_connection(conn: object) -> OutboxArgumentError:
     """The error for what is not a connection the outbox writes on."""
-    if isinstance(conn, Engine):
+    if isinstance(conn, Engine) or aio.is_sa_engine(conn):
         return OutboxArgumentError(
-            "the outbox takes the connection of a transaction (engine.begin()), not an Engine"
+            "the outbox takes the connection of a transaction (engine.begin()), not an "
+            f"{type(conn).__name__}"
         )
+    if aio.is_async_connection(conn):
+        return aio.wrong_api(conn)
     return OutboxArgumentError(
         "the outbox takes a SQLAlchemy Connection or Session, or a psycopg connection, "
         f"not {type(conn).__name__}"
@@ -722,16 +920,22 @@ _outboxes: weakref.WeakKeyDictionary[object, Outbox] = weakref.WeakKeyDictionary
 _outboxes_lock = threading.Lock()
 
 
-def outbox_for(conn: AppConnection | Engine) -> Outbox:
+def outbox_for(conn: AsyncAppConnection | Engine) -> Outbox:
     """The :class:`Outbox` of ``conn``'s engine: the one the application made with
     ``Outbox(engine)`` (its settings), else one with the default settings, kept for the
-    engine's life (a psycopg connection: for the connection's)."""
+    engine's life (a psycopg connection: for the connection's). Asyncio connections too
+    (an ``AsyncConnection``'s engine is the ``sync_engine`` ``Outbox(async_engine)`` keeps);
+    nothing here does I/O."""
     anchor: object
-    if isinstance(conn, Session):
-        conn = conn.connection()
-    if isinstance(conn, Connection):
+    if aio.is_sa_connection(conn):
+        anchor = aio.sync_engine(conn.engine)
+    elif aio.is_sa_session(conn):
+        anchor = _session_anchor(conn.sync_session)
+    elif isinstance(conn, Session):
+        anchor = conn.connection().engine
+    elif isinstance(conn, Connection):
         anchor = conn.engine
-    elif isinstance(conn, Engine | psycopg.Connection):
+    elif isinstance(conn, Engine | psycopg.Connection | psycopg.AsyncConnection):
         anchor = conn
     else:
         raise check_connection(conn)
@@ -744,6 +948,15 @@ def outbox_for(conn: AppConnection | Engine) -> Outbox:
                 found = Outbox(engine)
                 _outboxes.setdefault(anchor, found)
     return found
+
+
+def _session_anchor(s: Session) -> Engine:
+    """The engine of Session ``s`` (no connection checked out: an AsyncSession's cannot
+    be outside SQLAlchemy's greenlet)."""
+    bind = s.get_bind()
+    engine = bind if isinstance(bind, Engine) else bind.engine
+    aio.check_driver(engine)
+    return engine
 
 
 def _checked_shards(n: int) -> int:

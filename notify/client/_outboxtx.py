@@ -20,6 +20,18 @@ relay``) once, and only if, ``conn``'s transaction commits. The transaction's ``
 and offset -1 (the relay picks the partition: the key's, as the producer's key hash would).
 A send with ``delay``/``deliver_at`` joins the transaction too (a delayed row, published
 when due), unlike in a broker transaction.
+
+The asyncio producer also takes the application's asyncio connections (a SQLAlchemy
+``AsyncConnection`` or ``AsyncSession``, a psycopg ``AsyncConnection``)::
+
+    async with engine.begin() as conn:                 # engine: an AsyncEngine
+        await conn.execute(insert(orders).values(id=42))
+        async with producer.transaction(db=conn):
+            await producer.send("orders", b"order 42", key="42")
+
+There the first send of an outbox reads its shard count, awaited (the sends of the block
+stay in call order), and the block's exit hands the rows over, awaited; the blocking
+producer refuses an asyncio connection with a :class:`ClientTransactionError`.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from notify import outbox
+from notify.outbox.aio import is_async_connection
 from notify.outbox.rows import OutboxError
 
 from ._errors import ClientTransactionError
@@ -82,18 +95,22 @@ class OutboxTransaction:
     def hand_over(self) -> None:
         """Commit: hand the rows to the database transaction (or roll back and raise when
         a send failed)."""
+        self.start_hand_over()
+        try:
+            self.sends.write()
+        except BaseException:
+            self.core.fire(TxEvent.ERROR)
+            raise
+        self.core.fire(TxEvent.COMMITTED)
+
+    def start_hand_over(self) -> None:
+        """Start the commit: roll back and raise when a send failed."""
         core = self.core
         core.start_commit()
         if core.failure is not None:
             self.sends.discard()
             core.fire(TxEvent.ROLLBACK)
             raise core.abort()
-        try:
-            self.sends.write()
-        except BaseException:
-            core.fire(TxEvent.ERROR)
-            raise
-        core.fire(TxEvent.COMMITTED)
 
     def drop(self) -> None:
         """Roll back: drop the rows not handed over yet."""
@@ -104,6 +121,16 @@ class OutboxTransaction:
 
 class OutboxBackend(OutboxTransaction):
     """The blocking API's backend of ``transaction(db=...)``."""
+
+    def __init__(self, db: object, key: str, session_id: str, raise_on_error: bool):
+        if is_async_connection(db):
+            raise ClientTransactionError(
+                f"transaction(db=...): {type(db).__name__} is an asyncio connection: the "
+                "blocking producer takes a Connection, a Session or a psycopg.Connection; "
+                "use an AsyncProducer's `async with producer.transaction(db=conn)`",
+                key,
+            )
+        super().__init__(db, key, session_id, raise_on_error)
 
     def send_future(self, msg: Draft) -> concurrent.futures.Future[SendResult]:
         fut: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
@@ -121,22 +148,85 @@ class OutboxBackend(OutboxTransaction):
 
 
 class AsyncOutboxBackend(OutboxTransaction):
-    """The asyncio API's backend of ``transaction(db=...)`` (``db`` is a blocking
-    connection: handing rows to a SQLAlchemy connection does no I/O; a psycopg connection
-    inserts them at commit, on the loop)."""
+    """The asyncio API's backend of ``transaction(db=...)``.
+
+    ``db`` an asyncio connection: a send waits for the outbox's shard count when it is
+    not read yet (one read per outbox, awaited), sends queued meanwhile wait behind it (a
+    chain: rows are added in call order), and the block's exit awaits the hand-over.
+    ``db`` a blocking connection: handing rows to a SQLAlchemy connection does no I/O; a
+    psycopg connection inserts them at commit, on the loop."""
+
+    def __init__(self, db: object, key: str, session_id: str, raise_on_error: bool):
+        super().__init__(db, key, session_id, raise_on_error)
+        #: the last send still waiting for the shard count (None: none waits)
+        self._last: asyncio.Task[SendResult] | None = None
 
     def send_nowait(self, msg: Draft) -> asyncio.Future[SendResult]:
-        fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        return self.send_later(msg, None, None)
+
+    def send_later(
+        self, msg: Draft, delay: float | None, deliver_at: datetime | float | None
+    ) -> asyncio.Future[SendResult]:
+        """Add ``msg`` (a delayed row with ``delay``/``deliver_at``): now when the rows can
+        be built, else once the shard count is read, after the sends before it."""
+        if self._last is None and self.sends.ready:
+            fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+            try:
+                fut.set_result(self.add(msg, delay, deliver_at))
+            except Exception as e:
+                fut.set_exception(e)
+            return fut
+        self.core.check_open()
+        task = asyncio.ensure_future(self._add_after(self._last, msg, delay, deliver_at))
+        self._last = task
+        task.add_done_callback(self._settled)
+        # a caller cancelled while it waits does not take the send back (as a queued send
+        # of a broker transaction): the row is added all the same, in its place
+        return asyncio.shield(task)
+
+    async def _add_after(
+        self,
+        before: asyncio.Task[SendResult] | None,
+        msg: Draft,
+        delay: float | None,
+        deliver_at: datetime | float | None,
+    ) -> SendResult:
+        if before is not None:
+            await asyncio.wait([before])  # its outcome is its own caller's
         try:
-            fut.set_result(self.add(msg))
-        except Exception as e:
-            fut.set_exception(e)
-        return fut
+            await self.sends.prepare()
+        except OutboxError as e:  # e.g. the tables are missing: as a refused send
+            self.core.mark(e)
+            return self._failed(e)
+        return self.add(msg, delay, deliver_at)
+
+    def _settled(self, task: asyncio.Task[SendResult]) -> None:
+        if self._last is task:
+            self._last = None
+        if not task.cancelled():
+            task.exception()  # retrieved: a caller that did not await it is not warned
+
+    async def _queued(self) -> None:
+        """Wait for the sends still waiting for the shard count."""
+        last = self._last
+        if last is not None:
+            await asyncio.wait([last])
 
     async def commit(self) -> None:
-        self.hand_over()
+        await self._queued()
+        if not self.sends.is_async:
+            self.hand_over()
+            return
+        self.start_hand_over()
+        try:
+            await self.sends.write_async()
+        except BaseException:
+            self.core.fire(TxEvent.ERROR)
+            raise
+        self.core.fire(TxEvent.COMMITTED)
 
     async def rollback(self) -> None:
+        await self._queued()
         self.drop()
 
 

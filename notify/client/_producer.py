@@ -51,7 +51,7 @@ from ._halfmsg import (
 )
 from ._identity import ProducerIdentity
 from ._message import BatchSendResult, Draft, Headers, Key, PostFailure, build_payload
-from ._outboxtx import outbox_of
+from ._outboxtx import AsyncOutboxBackend, outbox_of
 from ._routing import TopicRouter
 from ._sender import Delivery, Sender
 from ._transaction import AsyncTransaction
@@ -170,8 +170,9 @@ class AsyncProducer:
         """
         if delay is not None or deliver_at is not None:
             rows = outbox_of(self._tx_var.get())
-            if rows is not None:  # transaction(db=...): a delayed row in it
-                return rows.add((topic, data, attribute, key, headers), delay, deliver_at)
+            if isinstance(rows, AsyncOutboxBackend):  # transaction(db=...): a delayed row
+                msg = (topic, data, attribute, key, headers)
+                return await rows.send_later(msg, delay, deliver_at)
             return await self.send_delayed(
                 topic, data, delay, deliver_at, attribute, key, headers=headers
             )

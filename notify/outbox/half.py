@@ -46,6 +46,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from notify.faults import crashpoint
 
+from .aio import is_sa_engine
 from .rows import Marker, OutboxArgumentError, OutboxError, build_marker
 from .sql import NOW_MS, dialect_name
 from .writer import AppConnection, OutboxConfig, write
@@ -87,6 +88,13 @@ class HalfMarkers:
         tidy_every_s: float = 600.0,
     ):
         build_marker(group, "k")
+        if is_sa_engine(engine):
+            raise OutboxArgumentError(
+                "half messages with db= take a blocking SQLAlchemy Engine (the block runs on "
+                "one of its connections), not an AsyncEngine: pass create_engine(url) on the "
+                "same database, or publish from asyncio with the outbox "
+                "(AsyncProducer.transaction(db=conn), Outbox.send_async)"
+            )
         if not isinstance(engine, Engine):
             raise OutboxArgumentError(
                 f"half-message markers need a SQLAlchemy Engine, not {type(engine).__name__}"

@@ -1,0 +1,262 @@
+"""The outbox from asyncio applications, on SQLite (aiosqlite), PostgreSQL (psycopg's async
+driver) and MariaDB (asyncmy): ``Outbox.send_async`` on a SQLAlchemy ``AsyncConnection`` or
+``AsyncSession`` or a psycopg ``AsyncConnection``, and an ``AsyncProducer``'s
+``transaction(db=conn)`` on them. Committed rows are published exactly once by a relay (read
+back from the broker), rolled-back ones (transaction, savepoint, producer block) never; a
+key's messages keep their order; bad arguments and asyncio connections handed to the
+blocking API raise clear errors with nothing written."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+
+from notify.client import (
+    AsyncMessageSessionFactory,
+    ClientTransactionError,
+    ProducerConfig,
+    TransactionAbortedError,
+    connect,
+)
+from notify.outbox import HalfMarkers, Outbox, OutboxArgumentError
+from notify.testing import BrokerProcess
+from tests.outbox.conftest import FAST, assert_exactly_once, backlog, published, wait_published
+
+ASYNC_DRIVER = {
+    "postgresql": "postgresql+psycopg",
+    "mysql": "mysql+asyncmy",
+    "sqlite": "sqlite+aiosqlite",
+}
+
+
+def async_url(engine: Engine) -> URL:
+    """``engine``'s database through the async driver of its dialect."""
+    return engine.url.set(drivername=ASYNC_DRIVER[engine.dialect.name])
+
+
+@asynccontextmanager
+async def async_engine(engine: Engine) -> AsyncIterator[AsyncEngine]:
+    ae = create_async_engine(async_url(engine))
+    try:
+        yield ae
+    finally:
+        await ae.dispose()
+
+
+def run(main: Callable[[AsyncEngine], Coroutine[Any, Any, None]], engine: Engine) -> None:
+    async def with_engine() -> None:
+        async with async_engine(engine) as ae:
+            await main(ae)
+
+    asyncio.run(with_engine())
+
+
+def _orders(engine: Engine) -> list[int]:
+    with engine.connect() as c:
+        return list(c.execute(sa.text("SELECT id FROM orders ORDER BY id")).scalars())
+
+
+def test_send_async_commits_rolls_back_and_publishes_once(
+    engine: Engine, ob_broker: BrokerProcess, topic: str
+) -> None:
+    outbox_of_app: list[Outbox] = []
+
+    async def main(ae: AsyncEngine) -> None:
+        outbox = Outbox(ae)  # the AsyncEngine itself
+        outbox_of_app.append(outbox)
+        async with ae.begin() as conn:  # the application's transaction
+            await conn.execute(sa.text("INSERT INTO orders (id) VALUES (1)"))
+            await outbox.send_async(conn, topic, b"a", key="k")
+            await outbox.send_async(conn, topic, b"b", key="k", headers={"n": 2})
+        with pytest.raises(RuntimeError):
+            async with ae.begin() as conn:
+                await conn.execute(sa.text("INSERT INTO orders (id) VALUES (2)"))
+                await outbox.send_async(conn, topic, b"rolled back")
+                raise RuntimeError("the application fails")
+        async with ae.begin() as conn:  # savepoints: a rolled-back one drops only its rows
+            await outbox.send_async(conn, topic, b"c", key="k")
+            sp = await conn.begin_nested()
+            await outbox.send_async(conn, topic, b"savepoint rolled back", key="k")
+            await sp.rollback()
+            async with conn.begin_nested():
+                await outbox.send_async(conn, topic, b"d", key="k")
+        async with AsyncSession(ae) as s, s.begin():  # an AsyncSession
+            await s.execute(sa.text("INSERT INTO orders (id) VALUES (3)"))
+            await outbox.send_async(s, topic, b"e")
+        async with ae.connect() as conn:  # commit as you go
+            await outbox.send_async(conn, topic, b"f", key="k")
+            await conn.commit()
+            await outbox.send_async(conn, topic, b"never committed")
+        # bad arguments: nothing written, the transaction goes on
+        async with ae.begin() as conn:
+            with pytest.raises(OutboxArgumentError, match="invalid topic"):
+                await outbox.send_async(conn, "bad topic!", b"x")
+            with pytest.raises(OutboxArgumentError, match="must be bytes"):
+                await outbox.send_async(conn, topic, "not bytes")  # type: ignore[arg-type]
+            with pytest.raises(OutboxArgumentError, match="not an AsyncEngine"):
+                await outbox.send_async(ae, topic, b"x")  # type: ignore[arg-type]
+            with pytest.raises(OutboxArgumentError, match=r"send_async\(conn"):
+                outbox.send(conn, topic, b"x")  # type: ignore[arg-type]
+            await conn.execute(sa.text("INSERT INTO orders (id) VALUES (4)"))
+
+    run(main, engine)
+    assert _orders(engine) == [1, 3, 4] and backlog(engine) == 6
+    addr = ob_broker.addr
+    with connect([addr]) as session, outbox_of_app[0].relay(session, FAST):  # its own engine
+        wait_published(addr, topic, 6)
+    got = published(addr, topic)
+    assert_exactly_once([m.body for m in got], [b"a", b"b", b"c", b"d", b"e", b"f"])
+    keyed = [m for m in got if m.key == "k"]
+    assert [m.body for m in keyed] == [b"a", b"b", b"c", b"d", b"f"]
+    assert len({m.partition for m in keyed}) == 1 and keyed[1].headers == {"n": 2}
+    assert backlog(engine) == 0
+
+
+def test_async_producer_transaction_with_db(
+    engine: Engine, ob_broker: BrokerProcess, topic: str
+) -> None:
+    async def main(ae: AsyncEngine) -> None:
+        async with AsyncMessageSessionFactory([ob_broker.addr]) as s:
+            p = s.create_producer()
+            async with ae.begin() as conn:
+                await conn.execute(sa.text("INSERT INTO orders (id) VALUES (1)"))
+                async with p.transaction(db=conn) as tx:
+                    # queued before the outbox read its shard count: rows in call order
+                    futs = [p.send_nowait(topic, b"k%d" % i, key="k") for i in range(3)]
+                    await tx.send(topic, b"k3", key="k")
+                    assert (await p.send(topic, b"later", delay=3600)).success
+                    assert [(await f).success for f in futs] == [True] * 3
+                assert tx.status == "committed"
+            # the block fails: its rows dropped; the database's transaction goes on
+            async with ae.begin() as conn:
+                await conn.execute(sa.text("INSERT INTO orders (id) VALUES (2)"))
+                with pytest.raises(RuntimeError):
+                    async with p.transaction(db=conn):
+                        await p.send(topic, b"dropped")
+                        raise RuntimeError("the block fails")
+            # the database's transaction rolls back: the rows with it
+            with pytest.raises(RuntimeError):
+                async with ae.begin() as conn, p.transaction(db=conn):
+                    await p.send(topic, b"never")
+                    raise RuntimeError("the application fails")
+            async with AsyncSession(ae) as session, session.begin(), p.transaction(db=session):
+                await p.send(topic, b"session", key="k")
+            # a bad send: a clear error, nothing written, the transaction rolled back
+            async with ae.begin() as conn:
+                with pytest.raises(OutboxArgumentError, match="invalid topic"):
+                    async with p.transaction(db=conn):
+                        await p.send(topic, b"not written")
+                        await p.send("bad topic!", b"x")
+                with pytest.raises(ClientTransactionError, match="not an AsyncEngine"):
+                    p.transaction(db=ae)
+            lax = s.create_producer(ProducerConfig(raise_on_error=False))
+            async with ae.begin() as conn:
+                tx = lax.begin_transaction(db=conn)
+                assert not (await lax.send("bad topic!", b"x")).success
+                await lax.send(topic, b"not written either")
+                with pytest.raises(TransactionAbortedError):
+                    await tx.commit()
+        with connect([ob_broker.addr]) as session:  # the blocking producer refuses it
+            async with ae.begin() as conn:
+                with pytest.raises(ClientTransactionError, match="AsyncProducer"):
+                    session.create_producer().transaction(db=conn)
+                with pytest.raises(ClientTransactionError, match="not an AsyncEngine"):
+                    session.create_transactional_producer("shop", db=ae)  # type: ignore[arg-type]
+
+    run(main, engine)
+    assert _orders(engine) == [1, 2]
+    with engine.connect() as c:
+        delayed = c.execute(sa.text("SELECT count(*) FROM notify_outbox_delayed")).scalar()
+    assert delayed == 1 and backlog(engine) == 5
+    addr = ob_broker.addr
+    with connect([addr]) as session, Outbox(engine).relay(session, FAST):
+        wait_published(addr, topic, 5)
+    got = published(addr, topic)
+    assert [m.body for m in got if m.key == "k"] == [b"k0", b"k1", b"k2", b"k3", b"session"]
+    assert len(got) == 5
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_postgres_commit_is_one_query_and_psycopg_async(
+    engine: Engine, ob_broker: BrokerProcess
+) -> None:
+    """On PostgreSQL an AsyncConnection's commit carries its rows (no statement of the
+    outbox through SQLAlchemy, as with a blocking connection); a failed one leaves the
+    pooled connection clean. A bare psycopg AsyncConnection inserts at once."""
+    dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    statements: list[str] = []
+
+    async def main(ae: AsyncEngine) -> None:
+        outbox = Outbox(ae)
+        event.listen(ae.sync_engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        async with ae.begin() as conn:
+            await conn.execute(sa.text("INSERT INTO orders (id) VALUES (1)"))
+            await outbox.send_async(conn, "t", b"one query", key="k")
+            statements.clear()  # the shard count was read by the first send
+        assert statements == []  # the rows went with the COMMIT, not as statements
+        # a failed commit (a half message's marker already there) rolls back, cleanly
+        markers = HalfMarkers(ae.sync_engine, "shop")
+        async with ae.begin() as conn:
+            await conn.run_sync(markers.mark, "TX:x:1")
+        small = create_async_engine(async_url(engine), pool_size=1, max_overflow=0)
+        try:
+            with pytest.raises(sa_exc.IntegrityError):
+                async with small.begin() as conn:
+                    await conn.execute(sa.text("INSERT INTO orders (id) VALUES (2)"))
+                    await outbox.send_async(conn, "t", b"never")
+                    await conn.run_sync(markers.mark, "TX:x:1")
+            async with small.begin() as conn:  # the same (only) connection
+                await outbox.send_async(conn, "t", b"next")
+        finally:
+            await small.dispose()
+        # psycopg's own AsyncConnection: the row inserted at once, in its transaction
+        plain = Outbox()
+        async with await psycopg.AsyncConnection.connect(dsn) as pc:
+            await plain.send_async(pc, "t", b"psycopg rolled back", key="k")
+            await pc.rollback()
+            async with pc.transaction():
+                await plain.send_async(pc, "t", b"psycopg", key="k")
+            with pytest.raises(OutboxArgumentError, match="invalid topic"):
+                await plain.send_async(pc, "bad topic!", b"x")
+            with pytest.raises(OutboxArgumentError, match="send_async"):
+                plain.send(pc, "t", b"x")  # type: ignore[arg-type]
+        async with AsyncMessageSessionFactory([ob_broker.addr]) as s:
+            p = s.create_producer()
+            async with await psycopg.AsyncConnection.connect(dsn) as pc, p.transaction(db=pc):
+                await p.send("t", b"psycopg producer", key="k")
+
+    run(main, engine)
+    with engine.connect() as c:
+        rows = [
+            bytes(r[0]) for r in c.execute(sa.text("SELECT payload FROM notify_outbox ORDER BY id"))
+        ]
+    assert [r.rsplit(b"}", 1)[-1] for r in rows] == [
+        b"one query",
+        b"next",
+        b"psycopg",
+        b"psycopg producer",
+    ]
+    assert _orders(engine) == [1]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_missing_greenlet_is_named(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLAlchemy's asyncio objects without greenlet: the error names the extra."""
+
+    async def main(ae: AsyncEngine) -> None:
+        monkeypatch.setitem(sys.modules, "greenlet", None)
+        with pytest.raises(OutboxArgumentError, match=r"notify\[asyncio\]"):
+            Outbox(ae)
+
+    run(main, engine)

@@ -42,7 +42,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from notify import outbox
-from notify.outbox.aio import is_async_connection
 from notify.outbox.rows import OutboxError
 
 from ._errors import ClientTransactionError
@@ -123,7 +122,7 @@ class OutboxBackend(OutboxTransaction):
     """The blocking API's backend of ``transaction(db=...)``."""
 
     def __init__(self, db: object, key: str, session_id: str, raise_on_error: bool):
-        if is_async_connection(db):
+        if outbox.is_async_connection(db):
             raise ClientTransactionError(
                 f"transaction(db=...): {type(db).__name__} is an asyncio connection: the "
                 "blocking producer takes a Connection, a Session or a psycopg.Connection; "

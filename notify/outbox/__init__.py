@@ -18,6 +18,7 @@ The tables come from ``notify db upgrade``. Layering: this package sits below th
 :class:`Publisher` Protocol, which a session provides (``session.publisher()``).
 
 Modules: :mod:`.rows` (the formats, once), :mod:`.writer` (``Outbox.send``),
+:mod:`.aio` (asyncio connections: ``Outbox.send_async``),
 :mod:`.plan` (the relay's pure decisions), :mod:`.relay` (the relay's threads),
 :mod:`.relaydb` (its SQL: leadership, cycles, heartbeats), :mod:`.publisher` (the
 Protocol), :mod:`.status`, :mod:`.half` (half-message markers), :mod:`.sql`.
@@ -27,6 +28,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
+    from .aio import is_async_connection
     from .half import HalfMarkers, HalfMessageCheckedBackError, HalfState, MarkedTransaction
     from .plan import Limits
     from .publisher import Batch, Identity, PublishAck, Publisher, PublishError
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 #: Where each name lives: loaded on first use (PEP 562), so that importing one module of
 #: the package (the client imports :mod:`.publisher`) does not load the database drivers.
 _WHERE: Final = {
+    "is_async_connection": "aio",
     "HalfMarkers": "half",
     "HalfMessageCheckedBackError": "half",
     "HalfState": "half",
@@ -103,6 +106,7 @@ __all__ = [
     "RelayConfig",
     "ShardStats",
     "ShardStatus",
+    "is_async_connection",
     "key_hash",
     "outbox_for",
 ]

@@ -59,6 +59,7 @@ def test_the_guides_have_their_examples() -> None:
     assert "TransactionManager(" in code["guides/transactions/xa.md"]
     assert "outbox.relay(session)" in code["guides/transactions/outbox.md"]
     assert "transaction(db=conn)" in code["guides/transactions/outbox.md"]
+    assert "send_async(conn" in code["guides/transactions/outbox.md"]
     assert 'producer("returns", db=engine)' in half
     first = code["getting-started/first-transaction.md"]
     assert "dev-db.sh postgres start" in first and 'b"receipt 1" in seen' in first

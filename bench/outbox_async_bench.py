@@ -33,14 +33,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from bench.xa_bench import DurablePostgres
 from notify.migrations import upgrade
-from notify.outbox import Outbox, aio
+from notify.outbox import Outbox, writer
 from tests.services import PostgresServer, fresh_database
 
 INSERT = sa.text("INSERT INTO orders (id) VALUES (:id)")
@@ -121,18 +122,25 @@ def statements_per_commit(ae: AsyncEngine, outbox: Outbox, one_query: bool) -> i
 
 
 class _one_query:
-    """Switch the one-query commit of asyncio connections on or off (A/B)."""
+    """Switch the one-query commit of asyncio connections on or off (A/B): off, the
+    writer finds no psycopg AsyncConnection under them (statements before COMMIT)."""
 
     def __init__(self, on: bool):
         self.on = on
-        self.saved: Callable[..., Any] = aio.async_pg_driver
+        self.saved = writer._pg_driver
 
     def __enter__(self) -> None:
         if not self.on:
-            aio.async_pg_driver = lambda conn: None
+            saved = self.saved
+
+            def blocking_only(conn: Connection) -> psycopg.Connection[Any] | None:
+                dc = saved(conn)
+                return dc if isinstance(dc, psycopg.Connection) else None
+
+            writer._pg_driver = blocking_only
 
     def __exit__(self, *exc: object) -> None:
-        aio.async_pg_driver = self.saved
+        writer._pg_driver = self.saved
 
 
 def main() -> int:

@@ -151,20 +151,6 @@ async def pg_shard_count(conn: psycopg.AsyncConnection[Any]) -> int:
     return int(n[0]) if n else 0
 
 
-def async_pg_driver(conn: Connection) -> psycopg.AsyncConnection[Any] | None:
-    """The psycopg ``AsyncConnection`` under SQLAlchemy connection ``conn``, if it is one
-    and free for a query of the outbox's own (no pipeline)."""
-    try:
-        dc = conn.connection.driver_connection
-    except sa_exc.SQLAlchemyError:
-        return None
-    if not isinstance(dc, psycopg.AsyncConnection):
-        return None
-    if dc.pgconn.pipeline_status != pq.PipelineStatus.OFF:
-        return None
-    return dc
-
-
 def pg_exec_in_greenlet(conn: Connection, dc: psycopg.AsyncConnection[Any], sql: bytes) -> None:
     """Run ``sql`` (the rows' statements and ``COMMIT``) on ``dc`` as one simple query,
     awaited from SQLAlchemy's greenlet (the commit hook of an ``AsyncConnection``).

@@ -304,17 +304,27 @@ def _raise_pg(conn: Connection, dc: psycopg.Connection[Any], res: Any, sql: byte
     ) from err
 
 
-def _fast_driver(conn: Connection) -> psycopg.Connection[Any] | None:
-    """The psycopg connection under ``conn`` when the fast path can use it."""
+def _pg_driver(
+    conn: Connection,
+) -> psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None:
+    """The psycopg connection under ``conn`` when the one-query commit can use it: a
+    blocking one, or the ``AsyncConnection`` under a SQLAlchemy ``AsyncConnection`` (its
+    commit hook runs in SQLAlchemy's greenlet, where it is awaited)."""
     try:
         dc = conn.connection.driver_connection
     except sa_exc.SQLAlchemyError:
         return None
-    if not isinstance(dc, psycopg.Connection):
+    if not isinstance(dc, psycopg.Connection | psycopg.AsyncConnection):
         return None
     if dc.pgconn.pipeline_status != pq.PipelineStatus.OFF:
         return None
     return dc
+
+
+def _fast_driver(conn: Connection) -> psycopg.Connection[Any] | None:
+    """The blocking psycopg connection under ``conn`` when the fast path can use it."""
+    dc = _pg_driver(conn)
+    return dc if isinstance(dc, psycopg.Connection) else None
 
 
 def _pg_exec(
@@ -353,8 +363,7 @@ def _pending(conn: Connection, create: bool) -> _Pending | None:
         p = None  # left by a transaction that ended without our events: stale
         conn.info.pop(_INFO_KEY, None)
     if p is None and create:
-        dc = _fast_driver(conn) or aio.async_pg_driver(conn)
-        p = conn.info[_INFO_KEY] = _Pending(tx, dc)
+        p = conn.info[_INFO_KEY] = _Pending(tx, _pg_driver(conn))
     return p
 
 
@@ -604,7 +613,14 @@ class Outbox:
         if aio.is_sa_connection(conn) or aio.is_sa_session(conn):
             aio.require_greenlet()
             await conn.run_sync(
-                self._send_in_greenlet, topic, data, attribute, key, headers, delay, deliver_at
+                self.send,
+                topic,
+                data,
+                attribute,
+                key,
+                headers=headers,
+                delay=delay,
+                deliver_at=deliver_at,
             )
         elif isinstance(conn, psycopg.AsyncConnection):
             shards = await self._shard_count_pg_async(conn)
@@ -621,21 +637,6 @@ class Outbox:
                 delay=delay,
                 deliver_at=deliver_at,
             )
-
-    def _send_in_greenlet(
-        self,
-        conn: Connection | Session,
-        topic: str,
-        data: bytes,
-        attribute: str | None,
-        key: bytes | str | None,
-        headers: Mapping[str, HeaderValue] | None,
-        delay: float | None,
-        deliver_at: datetime | float | None,
-    ) -> None:
-        self.send(
-            conn, topic, data, attribute, key, headers=headers, delay=delay, deliver_at=deliver_at
-        )
 
     def build(
         self,

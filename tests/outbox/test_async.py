@@ -32,6 +32,7 @@ from notify.client import (
 from notify.outbox import HalfMarkers, Outbox, OutboxArgumentError
 from notify.testing import BrokerProcess
 from tests.outbox.conftest import FAST, assert_exactly_once, backlog, published, wait_published
+from tests.outbox.test_producer_db import _orders
 
 ASYNC_DRIVER = {
     "postgresql": "postgresql+psycopg",
@@ -60,11 +61,6 @@ def run(main: Callable[[AsyncEngine], Coroutine[Any, Any, None]], engine: Engine
             await main(ae)
 
     asyncio.run(with_engine())
-
-
-def _orders(engine: Engine) -> list[int]:
-    with engine.connect() as c:
-        return list(c.execute(sa.text("SELECT id FROM orders ORDER BY id")).scalars())
 
 
 def test_send_async_commits_rolls_back_and_publishes_once(

@@ -53,8 +53,9 @@ from ._message import Draft
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
-    from notify.outbox.half import HalfMarkers, MarkedTransaction
+    from notify.outbox.half import AsyncMarkedTransaction, HalfMarkers, MarkedTransaction
 
 log = logging.getLogger("notify.client")
 
@@ -117,8 +118,9 @@ class DbHalfMessageBlock:
 
 class AsyncDbHalfMessageBlock:
     """``async with producer.half_message(...) as conn:`` for a producer made with
-    ``db=`` (asyncio API; ``db`` is a blocking engine: the block's database calls, and
-    the commit here, run on the loop)."""
+    ``db=`` (asyncio API). ``db`` an ``AsyncEngine``: ``conn`` is an ``AsyncConnection``
+    of it, opened, committed and rolled back awaited; a blocking engine: a ``Connection``
+    (the block's database calls, and the commit here, run on the loop)."""
 
     def __init__(self, host: HalfHost, msg: Draft, timeout: float | None, markers: HalfMarkers):
         self._host = host
@@ -127,10 +129,14 @@ class AsyncDbHalfMessageBlock:
         self.markers = markers
         self.half: HalfMessage | None = None
         self.tx: MarkedTransaction | None = None
+        self.atx: AsyncMarkedTransaction | None = None  # on an AsyncEngine
 
-    async def __aenter__(self) -> Connection:
+    async def __aenter__(self) -> Connection | AsyncConnection:
         half = self.half = await HalfMessage.send(self._host, self._msg, self._timeout)
         try:
+            if self.markers.async_engine is not None:
+                self.atx = await self.markers.begin_async(half.tx_key)
+                return self.atx.conn
             self.tx = self.markers.begin(half.tx_key)
         except BaseException:
             await half.close(True)
@@ -138,22 +144,35 @@ class AsyncDbHalfMessageBlock:
         return self.tx.conn
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        half, tx = self.half, self.tx
-        assert half is not None and tx is not None
+        half = self.half
+        assert half is not None
         if exc_type is not None:
             try:
-                tx.rollback()
+                await self._end(False)
             finally:
                 await half.close(True)
             return
         try:
             await half.prepared()
         except BaseException:
-            tx.rollback()
+            await self._end(False)
             raise
-        tx.commit()  # raises: the message stays prepared, the check-back decides
+        await self._end(True)  # raises: the message stays prepared, the check-back decides
         self.markers.tidy()
         _commit_later(self._host, half)
+
+    async def _end(self, commit: bool) -> None:
+        """Commit or roll back the block's database transaction (awaited on an
+        AsyncEngine)."""
+        atx, tx = self.atx, self.tx
+        if atx is not None:
+            await (atx.commit() if commit else atx.rollback())
+            return
+        assert tx is not None
+        if commit:
+            tx.commit()
+        else:
+            tx.rollback()
 
 
 def _start(

@@ -61,6 +61,7 @@ from .offsets import OffsetStore
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
     from notify.outbox.half import HalfMarkers
 
@@ -201,7 +202,7 @@ class AsyncMessageSessionFactory:
     def create_transactional_producer(
         self, group: str, checker: TransactionChecker | None = None,
         config: ProducerConfig | None = None, selector: PartitionSelector | None = None, *,
-        db: Engine | HalfMarkers | None = None,
+        db: Engine | AsyncEngine | HalfMarkers | None = None,
     ) -> AsyncProducer:
         """A producer of the producer group ``group`` for half messages (call on the loop).
 
@@ -217,7 +218,12 @@ class AsyncMessageSessionFactory:
         outbox's tables, ``notify db upgrade``; or :class:`notify.outbox.HalfMarkers` for
         its settings): ``half_message`` then yields a connection of the engine whose
         transaction commits with the half message's marker, and check-backs are answered
-        from the marker table (:mod:`notify.client._halfdb`).
+        from the marker table (:mod:`notify.client._halfdb`). An ``AsyncEngine`` yields an
+        ``AsyncConnection``::
+
+            producer = session.create_transactional_producer("shop", db=async_engine)
+            async with producer.half_message("orders", b"paid 7") as conn:
+                await conn.execute(update(accounts).where(accounts.c.id == 7).values(paid=True))
         """
         self._check_open()
         _check_group(group)
@@ -511,7 +517,7 @@ class MessageSessionFactory(Closes):
     def create_transactional_producer(
         self, group: str, checker: TransactionChecker | None = None,
         config: ProducerConfig | None = None, selector: PartitionSelector | None = None, *,
-        db: Engine | HalfMarkers | None = None,
+        db: Engine | AsyncEngine | HalfMarkers | None = None,
     ) -> Producer:
         """A synchronous producer of producer group ``group`` for half messages.
 
@@ -532,9 +538,18 @@ class MessageSessionFactory(Closes):
                 conn.execute(update(accounts).where(accounts.c.id == 7).values(paid=True))
         """
         core = self.core
+        _check_group(group)
+        markers = _markers(group, checker, db)
+        if markers is not None and markers.async_engine is not None:
+            raise ClientTransactionError(
+                "db=: the blocking producer's half_message runs on a blocking Engine, not an "
+                "AsyncEngine: make the producer from an AsyncMessageSessionFactory"
+            )
 
         async def make() -> AsyncProducer:
-            return core.create_transactional_producer(group, checker, config, selector, db=db)
+            return core.create_transactional_producer(
+                group, checker, config, selector, db=markers
+            )
 
         return Producer(self._lt.run(make()), self._lt, self.core.pool)
 
@@ -590,7 +605,7 @@ class MessageSessionFactory(Closes):
 
 
 def _markers(
-    group: str, checker: TransactionChecker | None, db: Engine | HalfMarkers | None
+    group: str, checker: TransactionChecker | None, db: Engine | AsyncEngine | HalfMarkers | None
 ) -> HalfMarkers | None:
     """The group's marker table for ``db=`` (None with a checker); exactly one of them."""
     if (checker is None) == (db is None):

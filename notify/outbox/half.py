@@ -28,17 +28,23 @@ A marker inserted late (the check-back's tombstone was first: the transaction to
 than the broker's ``txCheckBackDelay``) fails that commit, so the database transaction and
 the message are rolled back together.
 
+Markers on a SQLAlchemy ``AsyncEngine``: :meth:`HalfMarkers.begin_async` opens the same
+transaction on an ``AsyncConnection`` of it (awaited); the check-backs and the tidying,
+which run on threads, use a blocking engine of their own on the same database.
+
 Crash points (``NOTIFY_CRASHPOINTS``, :mod:`notify.faults`): ``half_before_db_commit``,
 ``half_after_db_commit`` (the database committed, the message not yet).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+import weakref
 from enum import Enum
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -46,10 +52,13 @@ from sqlalchemy.engine import Connection, Engine
 
 from notify.faults import crashpoint
 
-from .aio import is_sa_engine
+from .aio import blocking_twin, is_sa_engine, sync_engine
 from .rows import Marker, OutboxArgumentError, OutboxError, build_marker
 from .sql import NOW_MS, dialect_name
 from .writer import AppConnection, OutboxConfig, write
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = logging.getLogger("notify.outbox")
 
@@ -81,27 +90,30 @@ class HalfMarkers:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | AsyncEngine,
         group: str,
         lock_timeout_s: float = 5.0,
         retention_s: float = DEFAULT_RETENTION_S,
         tidy_every_s: float = 600.0,
     ):
         build_marker(group, "k")
+        #: the application's AsyncEngine (None: a blocking Engine); see begin_async
+        self.async_engine: AsyncEngine | None = None
         if is_sa_engine(engine):
+            dialect_name(sync_engine(engine).dialect)
+            self.async_engine = engine
+            # check-backs and tidying run on threads: a blocking engine on the database
+            engine = blocking_twin(engine.sync_engine)
+            weakref.finalize(self, engine.dispose)
+        elif not isinstance(engine, Engine):
             raise OutboxArgumentError(
-                "half messages with db= take a blocking SQLAlchemy Engine (the block runs on "
-                "one of its connections), not an AsyncEngine: pass create_engine(url) on the "
-                "same database, or publish from asyncio with the outbox "
-                "(AsyncProducer.transaction(db=conn), Outbox.send_async)"
-            )
-        if not isinstance(engine, Engine):
-            raise OutboxArgumentError(
-                f"half-message markers need a SQLAlchemy Engine, not {type(engine).__name__}"
+                "half-message markers need a SQLAlchemy Engine or AsyncEngine, not "
+                f"{type(engine).__name__}"
             )
         if not lock_timeout_s > 0 or not retention_s > 0 or not tidy_every_s > 0:
             raise ValueError("lock_timeout_s, retention_s and tidy_every_s must be > 0")
-        self.engine = engine
+        #: the blocking engine: the application's, or one of the markers' own
+        self.engine: Engine = engine
         self.group = group
         self.d = dialect_name(engine.dialect)
         self.lock_timeout_s = lock_timeout_s
@@ -119,7 +131,24 @@ class HalfMarkers:
         """The database side of half message ``tx_key``: a connection of the engine in a
         transaction with the marker pending (see the module doc). Raises
         :class:`OutboxArgumentError` for a key a marker cannot hold (nothing opened)."""
+        if self.async_engine is not None:
+            raise OutboxArgumentError(
+                "these markers are on an AsyncEngine: await begin_async() (an AsyncProducer's "
+                "half_message), not begin()"
+            )
         return MarkedTransaction(self, build_marker(self.group, tx_key))
+
+    async def begin_async(self, tx_key: str) -> AsyncMarkedTransaction:
+        """:meth:`begin` on the ``AsyncEngine`` these markers were made with: an
+        ``AsyncConnection`` in a transaction with the marker pending, awaited."""
+        marker = build_marker(self.group, tx_key)
+        if self.async_engine is None:
+            raise OutboxArgumentError(
+                "these markers are on a blocking Engine: begin(), not begin_async()"
+            )
+        tx = AsyncMarkedTransaction(self, marker)
+        await tx.open(self.async_engine)
+        return tx
 
     def check(self, tx_key: str) -> HalfState:
         """The outcome of ``tx_key``'s database transaction, decided for good."""
@@ -270,3 +299,60 @@ class MarkedTransaction:
             self.conn.rollback()
         finally:
             self.conn.close()
+
+
+class AsyncMarkedTransaction:
+    """:class:`MarkedTransaction` on an ``AsyncConnection`` (made by
+    :meth:`HalfMarkers.begin_async`): ``conn`` in a transaction with the marker pending;
+    ``await`` :meth:`commit` or :meth:`rollback` ends it and returns the connection."""
+
+    def __init__(self, markers: HalfMarkers, marker: Marker):
+        self.tx_key = marker.tx_key
+        self.markers = markers
+        self._marker = marker
+        self._conn: AsyncConnection | None = None
+
+    @property
+    def conn(self) -> AsyncConnection:
+        """The application's connection for the block's database work."""
+        assert self._conn is not None, "not open"
+        return self._conn
+
+    async def open(self, engine: AsyncEngine) -> None:
+        conn = await engine.connect()
+        try:
+            await conn.begin()
+            await conn.run_sync(write, self.markers._cfg, self._marker)
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+
+    async def commit(self) -> None:
+        """Commit the application's rows and the marker (raises what the commit raises:
+        the transaction is then rolled back, the marker with it)."""
+        conn = self.conn
+        crashpoint("half_before_db_commit")
+        try:
+            await conn.commit()
+        except sa_exc.IntegrityError as e:
+            await conn.close()
+            state = await asyncio.to_thread(self.markers.state, self.tx_key)
+            if state == ROLLED_BACK:
+                raise HalfMessageCheckedBackError(
+                    f"half message {self.tx_key}: the broker checked back before this database "
+                    "transaction committed (it ran longer than txCheckBackDelay) and the answer "
+                    "was ROLLBACK: the transaction and the message are rolled back"
+                ) from e
+            raise
+        finally:
+            await conn.close()
+        crashpoint("half_after_db_commit")
+
+    async def rollback(self) -> None:
+        """Roll the application's rows and the marker back."""
+        conn = self.conn
+        try:
+            await conn.rollback()
+        finally:
+            await conn.close()

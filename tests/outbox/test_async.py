@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from notify.client import (
     AsyncMessageSessionFactory,
@@ -29,9 +29,16 @@ from notify.client import (
     TransactionAbortedError,
     connect,
 )
-from notify.outbox import HalfMarkers, Outbox, OutboxArgumentError
+from notify.outbox import HalfMarkers, HalfState, Outbox, OutboxArgumentError
 from notify.testing import BrokerProcess
-from tests.outbox.conftest import FAST, assert_exactly_once, backlog, published, wait_published
+from tests.outbox.conftest import (
+    FAST,
+    assert_exactly_once,
+    backlog,
+    bodies,
+    published,
+    wait_published,
+)
 from tests.outbox.test_producer_db import _orders
 
 ASYNC_DRIVER = {
@@ -235,6 +242,42 @@ def test_postgres_commit_is_one_query_and_psycopg_async(
         b"psycopg producer",
     ]
     assert _orders(engine) == [1]
+
+
+def test_half_message_on_an_async_engine(
+    engine: Engine, ob_broker: BrokerProcess, topic: str
+) -> None:
+    """``create_transactional_producer(group, db=async_engine)``: ``half_message`` yields an
+    AsyncConnection whose transaction commits with the marker, then the message is
+    committed; an exception rolls back both; the check-back's answer comes from the marker
+    table (a blocking engine of the markers' own)."""
+    keys: list[str] = []
+
+    async def main(ae: AsyncEngine) -> None:
+        async with AsyncMessageSessionFactory([ob_broker.addr]) as s:
+            p = s.create_transactional_producer("shop", db=ae)
+            async with p.half_message(topic, b"paid 1", key="1") as conn:
+                assert isinstance(conn, AsyncConnection)
+                await conn.execute(sa.text("INSERT INTO orders (id) VALUES (1)"))
+            with pytest.raises(RuntimeError):
+                async with p.half_message(topic, b"never") as conn:
+                    await conn.execute(sa.text("INSERT INTO orders (id) VALUES (2)"))
+                    raise RuntimeError("the application fails")
+            await p.flush()
+            markers = HalfMarkers(ae, "shop")
+            with pytest.raises(OutboxArgumentError, match="begin_async"):
+                markers.begin("TX:x:1")
+            async with ae.connect() as c:
+                keys.extend(
+                    (await c.execute(sa.text("SELECT tx_key FROM notify_outbox_half"))).scalars()
+                )
+            assert len(keys) == 1
+            assert await asyncio.to_thread(markers.check, keys[0]) is HalfState.COMMIT
+            assert await asyncio.to_thread(markers.check, "TX:x:2") is HalfState.ROLLBACK
+
+    run(main, engine)
+    assert _orders(engine) == [1]
+    assert bodies(ob_broker.addr, topic) == [b"paid 1"]
 
 
 def test_a_failed_commit_leaves_the_pooled_connection_clean(engine: Engine) -> None:

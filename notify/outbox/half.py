@@ -283,11 +283,7 @@ class MarkedTransaction:
         except sa_exc.IntegrityError as e:
             self.conn.close()
             if self.markers.state(self.tx_key) == ROLLED_BACK:
-                raise HalfMessageCheckedBackError(
-                    f"half message {self.tx_key}: the broker checked back before this database "
-                    "transaction committed (it ran longer than txCheckBackDelay) and the answer "
-                    "was ROLLBACK: the transaction and the message are rolled back"
-                ) from e
+                raise _checked_back(self.tx_key) from e
             raise
         finally:
             self.conn.close()
@@ -299,6 +295,15 @@ class MarkedTransaction:
             self.conn.rollback()
         finally:
             self.conn.close()
+
+
+def _checked_back(tx_key: str) -> HalfMessageCheckedBackError:
+    """The error of a commit that lost to the check-back's tombstone."""
+    return HalfMessageCheckedBackError(
+        f"half message {tx_key}: the broker checked back before this database transaction "
+        "committed (it ran longer than txCheckBackDelay) and the answer was ROLLBACK: the "
+        "transaction and the message are rolled back"
+    )
 
 
 class AsyncMarkedTransaction:
@@ -339,11 +344,7 @@ class AsyncMarkedTransaction:
             await conn.close()
             state = await asyncio.to_thread(self.markers.state, self.tx_key)
             if state == ROLLED_BACK:
-                raise HalfMessageCheckedBackError(
-                    f"half message {self.tx_key}: the broker checked back before this database "
-                    "transaction committed (it ran longer than txCheckBackDelay) and the answer "
-                    "was ROLLBACK: the transaction and the message are rolled back"
-                ) from e
+                raise _checked_back(self.tx_key) from e
             raise
         finally:
             await conn.close()

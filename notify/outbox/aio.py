@@ -101,11 +101,26 @@ def sync_engine(engine: AsyncEngine) -> Engine:
 def check_driver(engine: Engine) -> None:
     """Raise for an async driver the outbox does not write through."""
     d = engine.dialect
-    if d.is_async and (d.name, d.driver) not in ASYNC_DRIVERS:
+    if not d.is_async:
+        return
+    if (d.name, d.driver) not in ASYNC_DRIVERS:
         known = ", ".join(sorted({f"{n}+{drv}" for n, drv in ASYNC_DRIVERS}))
         raise OutboxArgumentError(
             f"the outbox writes through the async drivers {known}, not {d.name}+{d.driver}"
         )
+    if d.driver == "aiomysql" and not _aiomysql_sends_bytes():
+        raise OutboxArgumentError(
+            "aiomysql cannot send bytes parameters with PyMySQL >= 1.2 (it imports the "
+            "escape_bytes_prefixed that PyMySQL 1.2 replaced): use mysql+asyncmy, or PyMySQL "
+            "< 1.2 under aiomysql"
+        )
+
+
+def _aiomysql_sends_bytes() -> bool:
+    """Whether aiomysql's escaping of bytes works with the PyMySQL it loaded (PyMySQL 1.2
+    left a string where aiomysql 0.3 expects a function)."""
+    conv = sys.modules.get("pymysql.converters")
+    return conv is None or callable(getattr(conv, "escape_bytes_prefixed", None))
 
 
 def blocking_twin(engine: Engine) -> Engine:

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+import pymysql.converters
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -278,6 +279,30 @@ def test_half_message_on_an_async_engine(
     run(main, engine)
     assert _orders(engine) == [1]
     assert bodies(ob_broker.addr, topic) == [b"paid 1"]
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_aiomysql_writes_or_is_refused_clearly(engine: Engine) -> None:
+    """aiomysql 0.3 imports a PyMySQL function that PyMySQL 1.2 replaced by a string: with
+    such a PyMySQL it cannot send bytes, and the outbox says so (naming asyncmy) instead of
+    failing at the first commit; with an older PyMySQL it writes as asyncmy does."""
+    works = callable(getattr(pymysql.converters, "escape_bytes_prefixed", None))
+
+    async def main() -> None:
+        ae = create_async_engine(engine.url.set(drivername="mysql+aiomysql"))
+        try:
+            if not works:
+                with pytest.raises(OutboxArgumentError, match=r"mysql\+asyncmy"):
+                    Outbox(ae)
+                return
+            outbox = Outbox(ae)
+            async with ae.begin() as conn:
+                await outbox.send_async(conn, "t", b"\x00\xff", key="k")
+        finally:
+            await ae.dispose()
+
+    asyncio.run(main())
+    assert backlog(engine) == (1 if works else 0)
 
 
 def test_a_failed_commit_leaves_the_pooled_connection_clean(engine: Engine) -> None:

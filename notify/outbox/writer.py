@@ -12,7 +12,9 @@ connection it is given:
   held only for the commit itself, never while the transaction does other work: no
   deadlock with the application's own locks).
   Elsewhere the rows are inserted just before the COMMIT. A rolled-back transaction or
-  savepoint drops its rows; a two-phase transaction writes them before PREPARE.
+  savepoint drops its rows; a two-phase transaction writes them before PREPARE. A
+  connection in autocommit mode (``isolation_level="AUTOCOMMIT"``, the engine's or the
+  connection's) has no commit to wait for: the row is written at once, a commit of its own.
 * a psycopg 3 connection: the row is inserted at once (psycopg has no commit hook), its
   key lock held until the transaction ends; send last in such transactions.
 * their asyncio counterparts, with :meth:`Outbox.send_async` (:mod:`.aio`): a SQLAlchemy
@@ -503,6 +505,12 @@ def write_entries(conn: AppConnection, entries: Entries) -> None:
 
 
 def _autocommit(conn: Connection) -> bool:
+    """Whether ``conn`` commits each statement: SQLAlchemy's ``AUTOCOMMIT`` isolation level
+    (the engine's or the connection's; the only sign on SQLite, whose Python 3.11 driver
+    has no ``autocommit`` flag) or the driver's own flag."""
+    is_auto = getattr(conn, "_is_autocommit_isolation", None)  # SQLAlchemy 2's own test
+    if is_auto is not None and is_auto():
+        return True
     try:
         dc = conn.connection.driver_connection
     except sa_exc.SQLAlchemyError:

@@ -201,3 +201,22 @@ def test_a_failed_commit_leaves_the_pooled_connection_clean(db_url: str) -> None
             assert c.execute(sa.text("SELECT count(*) FROM t")).scalar_one() == 0
     finally:
         e.dispose()
+
+
+def test_autocommit_connections_write_their_rows_at_once(db_url: str) -> None:
+    """A connection in autocommit mode (the engine's isolation level or the connection's
+    execution option) has no transaction to wait for: each send is a row of its own at
+    once, on every database (no commit is ever called here; closing drops nothing)."""
+    plain = sa.create_engine(db_url)
+    auto_engine = sa.create_engine(db_url, isolation_level="AUTOCOMMIT")
+    try:
+        with auto_engine.connect() as c:  # the engine's level
+            Outbox(auto_engine).send(c, "t", b"engine-level")
+        with plain.connect() as c, c.execution_options(isolation_level="AUTOCOMMIT"):
+            Outbox(plain).send(c, "t", b"connection-level")
+        with plain.connect() as c:  # an ordinary connection: nothing until its commit
+            Outbox(plain).send(c, "t", b"never committed")
+        assert [bytes(r[3]) for r in _rows(plain)] == [b"engine-level", b"connection-level"]
+    finally:
+        plain.dispose()
+        auto_engine.dispose()

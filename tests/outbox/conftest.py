@@ -80,13 +80,15 @@ def ob_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProces
     b.stop()
 
 
-_topic_ids = itertools.count()
+#: per test module (each has its own broker): a worker that runs several modules does not
+#: run out of topics however the files are spread over the workers
+_topic_ids: dict[str, itertools.count[int]] = {}
 
 
 @pytest.fixture
-def topic() -> str:
-    """A topic of the module broker no other test of the session used."""
-    n = next(_topic_ids)
+def topic(request: pytest.FixtureRequest) -> str:
+    """A topic of the module broker no other test of the module used."""
+    n = next(_topic_ids.setdefault(request.module.__name__, itertools.count()))
     if n >= TOPICS // 2:  # the upper half: second topics of tests that need two
         pytest.fail("out of topics: raise TOPICS in tests/outbox/conftest.py")
     return f"t{n}"

@@ -145,15 +145,70 @@ APP = textwrap.dedent(
     """
 )
 
+#: The same application in asyncio: an AsyncEngine on the database's async driver,
+#: ``send_async`` and an AsyncProducer's ``transaction(db=conn)`` in one transaction (its
+#: commit hook runs in SQLAlchemy's greenlet, where the hold stops the whole process).
+ASYNC_APP = textwrap.dedent(
+    """
+    import asyncio, sys, threading
+    import psycopg
+    import sqlalchemy as sa
+    from sqlalchemy import event
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from notify.client import AsyncMessageSessionFactory
+    from notify.outbox import Outbox
+    url, topic, mode, addr = sys.argv[1:5]
+    drivers = {"postgresql": "psycopg", "mysql": "asyncmy", "sqlite": "aiosqlite"}
+    u = sa.make_url(url)
+    backend = u.get_backend_name()
+    engine = create_async_engine(u.set(drivername=f"{backend}+{drivers[backend]}"))
+    outbox = Outbox(engine)
 
+    def hold(conn):  # after the outbox's insert, before COMMIT
+        if conn.info.pop("hold", None):
+            print("inserted", flush=True)
+            threading.Event().wait()
+
+    event.listen(engine.sync_engine, "commit", hold)
+
+    async def main():
+        if backend == "postgresql" and mode == "before":  # the row at send time
+            conn = await psycopg.AsyncConnection.connect("postgresql://" + url.split("://", 1)[1])
+            await conn.execute("INSERT INTO orders (id) VALUES (1)")
+            await outbox.send_async(conn, topic, b"never", key="x")
+            print("inserted", flush=True)
+            threading.Event().wait()
+        body = b"never" if mode == "before" else b"committed"
+        async with AsyncMessageSessionFactory([addr]) as session:
+            producer = session.create_producer()
+            async with engine.begin() as c:
+                order = 2 if mode == "after" else 1
+                await c.execute(sa.text("INSERT INTO orders (id) VALUES (:i)"), {"i": order})
+                await outbox.send_async(c, topic, body, key="x")
+                async with producer.transaction(db=c):
+                    await producer.send(topic, body + b" (tx)", key="x")
+                c.sync_connection.info["hold"] = mode == "before"
+            print("committed", flush=True)
+            threading.Event().wait()
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("api", ["blocking", "asyncio"])
 def test_application_killed_before_and_after_its_commit(
-    engine: Engine, db_url: str, ob_broker: BrokerProcess, topic: str
+    engine: Engine, db_url: str, ob_broker: BrokerProcess, topic: str, api: str
 ) -> None:
+    """SIGKILL with the rows written and the COMMIT not sent (SQLite, MariaDB; on PostgreSQL
+    the rows and COMMIT are one query, so a psycopg connection's rows, inserted at send
+    time, stand for it), then SIGKILL right after the COMMIT: only the committed messages
+    are published, once."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [APP, db_url, topic] if api == "blocking" else [ASYNC_APP, db_url, topic]
     for mode, line in (("before", b"inserted"), ("after", b"committed")):
-        with subprocess.Popen(
-            [sys.executable, "-c", APP, db_url, topic, mode], stdout=subprocess.PIPE, env=env
-        ) as p:
+        cmd = [sys.executable, "-c", *args, mode, ob_broker.addr]
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env) as p:
             try:
                 assert p.stdout is not None
                 assert p.stdout.readline().strip() == line
@@ -162,8 +217,9 @@ def test_application_killed_before_and_after_its_commit(
     with engine.connect() as c:
         assert c.execute(sa.text("SELECT id FROM orders")).scalars().all() == [2]
     with connect([ob_broker.addr]) as session, Outbox(engine).relay(session, FAST):
-        wait_until(lambda: backlog(engine) == 0, timeout=20, what="the committed row published")
-    assert bodies(ob_broker.addr, topic) == [b"committed"]
+        wait_until(lambda: backlog(engine) == 0, timeout=20, what="the committed rows published")
+    want = [b"committed"] if api == "blocking" else [b"committed", b"committed (tx)"]
+    assert bodies(ob_broker.addr, topic) == want
 
 
 class _App:

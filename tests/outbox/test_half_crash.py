@@ -54,6 +54,38 @@ APP = textwrap.dedent(
     """
 )
 
+#: The same application in asyncio: an AsyncEngine on the database's async driver, the
+#: asyncio producer's half message yielding an AsyncConnection.
+ASYNC_APP = textwrap.dedent(
+    """
+    import asyncio
+    import os
+    import signal
+    import sys
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from notify.client import AsyncMessageSessionFactory
+
+    url, addr, topic, n, after_block = sys.argv[1:6]
+    drivers = {"postgresql": "psycopg", "mysql": "asyncmy", "sqlite": "aiosqlite"}
+    u = sa.make_url(url)
+    backend = u.get_backend_name()
+    engine = create_async_engine(u.set(drivername=f"{backend}+{drivers[backend]}"))
+
+    async def main():
+        async with AsyncMessageSessionFactory([addr]) as session:
+            producer = session.create_transactional_producer("shop", db=engine)
+            async with producer.half_message(topic, f"order {n}".encode(), key=n) as conn:
+                await conn.execute(sa.text("INSERT INTO orders (id) VALUES (:n)"), {"n": int(n)})
+            if after_block == "kill":  # COMMIT written, its reply not awaited: killed now
+                print("killed after the block", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    asyncio.run(main())
+    print("not killed")
+    """
+)
+
 
 @pytest.fixture(scope="module")
 def hc_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
@@ -68,15 +100,16 @@ def hc_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProces
     b.stop()
 
 
-def _app_killed_at(point: str, url: str, addr: str, n: int) -> None:
-    """Run the application, killed at crash point ``point`` ("after block": right after
-    its ``with`` block, the message's COMMIT written but not answered)."""
+def _app_killed_at(point: str, url: str, addr: str, n: int, app: str = APP) -> None:
+    """Run the application (``app``: APP or ASYNC_APP), killed at crash point ``point``
+    ("after block": right after its ``with`` block, the message's COMMIT written but not
+    answered)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if point != "after block":
         env["NOTIFY_CRASHPOINTS"] = point
     after = "kill" if point == "after block" else "-"
     r = subprocess.run(
-        [sys.executable, "-c", APP, url, addr, "paid", str(n), after],
+        [sys.executable, "-c", app, url, addr, "paid", str(n), after],
         env=env,
         capture_output=True,
         timeout=60,
@@ -100,20 +133,23 @@ def _settled(addr: str, rolled_back: int, committed: int) -> bool:
     )
 
 
+@pytest.mark.parametrize("api", ["blocking", "asyncio"])
 def test_application_killed_around_its_database_commit(
-    engine: Engine, db_url: str, hc_broker: BrokerProcess
+    engine: Engine, db_url: str, hc_broker: BrokerProcess, api: str
 ) -> None:
     addr = hc_broker.addr
+    app = APP if api == "blocking" else ASYNC_APP
     base = {"sqlite": 100, "postgresql": 200, "mysql": 300}[engine.dialect.name]
+    base += 0 if api == "blocking" else 1000  # the module's broker serves both
     before, after, exited = base + 1, base + 2, base + 3
     s0 = stats(addr)
     rolled0, committed0 = int(s0.get("tx_rolled_back", "0")), int(s0.get("tx_committed", "0"))
     # the block ended (the rows and the marker committed, COMMIT written, its reply not
     # awaited) and the process died at once: committed by that COMMIT if it got through,
     # else by the check-back; once either way
-    _app_killed_at("after block", db_url, addr, exited)
-    _app_killed_at("half_before_db_commit", db_url, addr, before)
-    _app_killed_at("half_after_db_commit", db_url, addr, after)  # the last of the group
+    _app_killed_at("after block", db_url, addr, exited, app)
+    _app_killed_at("half_before_db_commit", db_url, addr, before, app)
+    _app_killed_at("half_after_db_commit", db_url, addr, after, app)  # the last of the group
     assert _orders(engine) == [after, exited]  # the first died before its commit
     assert f"order {after}".encode() not in bodies(addr, "paid", 2)  # prepared, not committed
     with connect([addr]) as session:  # another process of the group: it answers from the table

@@ -114,106 +114,96 @@ def test_relay_killed_at_every_step_of_a_batch(
 
 APP = textwrap.dedent(
     """
-    import sys, threading
-    import sqlalchemy as sa
-    from sqlalchemy import event
-    from notify.outbox import Outbox
-    url, topic, mode = sys.argv[1:4]
-    engine = sa.create_engine(url)
-    outbox = Outbox(engine)
-
-    def hold(conn):  # after the outbox's insert, before COMMIT
-        if conn.info.pop("hold", None):
-            print("inserted", flush=True)
-            threading.Event().wait()
-
-    event.listen(engine, "commit", hold)
-    if url.startswith("postgresql") and mode == "before":
-        import psycopg  # the row and its lock at send time
-        conn = psycopg.connect("postgresql://" + url.split("://", 1)[1])
-        conn.execute("INSERT INTO orders (id) VALUES (1)")
-        outbox.send(conn, topic, b"never", key="x")
-        print("inserted", flush=True)
-        threading.Event().wait()
-    with engine.begin() as c:
-        order = 2 if mode == "after" else 1
-        c.execute(sa.text("INSERT INTO orders (id) VALUES (:i)"), {"i": order})
-        outbox.send(c, topic, b"never" if mode == "before" else b"committed", key="x")
-        c.info["hold"] = mode == "before"
-    print("committed", flush=True)
-    threading.Event().wait()
-    """
-)
-
-#: The same application in asyncio: an AsyncEngine on the database's async driver,
-#: ``send_async`` and an AsyncProducer's ``transaction(db=conn)`` in one transaction (its
-#: commit hook runs in SQLAlchemy's greenlet, where the hold stops the whole process).
-ASYNC_APP = textwrap.dedent(
-    """
     import asyncio, sys, threading
-    import psycopg
     import sqlalchemy as sa
     from sqlalchemy import event
     from sqlalchemy.ext.asyncio import create_async_engine
     from notify.client import AsyncMessageSessionFactory
     from notify.outbox import Outbox
-    url, topic, mode, addr = sys.argv[1:5]
+    url, topic, mode, api, addr = sys.argv[1:6]
+    blocking = api == "blocking"
     drivers = {"postgresql": "psycopg", "mysql": "asyncmy", "sqlite": "aiosqlite"}
-    u = sa.make_url(url)
-    backend = u.get_backend_name()
-    engine = create_async_engine(u.set(drivername=f"{backend}+{drivers[backend]}"))
-    outbox = Outbox(engine)
+    backend = sa.make_url(url).get_backend_name()
+    aurl = sa.make_url(url).set(drivername=f"{backend}+{drivers[backend]}")
+    engine = sa.create_engine(url) if blocking else create_async_engine(aurl)
+    outbox = Outbox(engine)  # its commit hook first: hold() runs after the rows are written
 
-    def hold(conn):  # after the outbox's insert, before COMMIT
+    def hold(conn):  # after the outbox's rows, before COMMIT
         if conn.info.pop("hold", None):
             print("inserted", flush=True)
             threading.Event().wait()
 
-    event.listen(engine.sync_engine, "commit", hold)
+    event.listen(engine if blocking else engine.sync_engine, "commit", hold)
+    body = b"never" if mode == "before" else b"committed"
+    order = 2 if mode == "after" else 1
+    insert = sa.text("INSERT INTO orders (id) VALUES (:i)")
+    if blocking and url.startswith("postgresql") and mode == "before":
+        import psycopg  # the row and its lock at send time
+        conn = psycopg.connect("postgresql://" + url.split("://", 1)[1])
+        conn.execute("INSERT INTO orders (id) VALUES (1)")
+        outbox.send(conn, topic, body, key="x")
+        print("inserted", flush=True)
+        threading.Event().wait()
+    if blocking:
+        with engine.begin() as c:
+            c.execute(insert, {"i": order})
+            outbox.send(c, topic, body, key="x")
+            c.info["hold"] = mode == "before"
+        print("committed", flush=True)
+        threading.Event().wait()
 
-    async def main():
-        if backend == "postgresql" and mode == "before":  # the row at send time
-            conn = await psycopg.AsyncConnection.connect("postgresql://" + url.split("://", 1)[1])
+    async def send(producer, conn):  # send_async, then the producer's transaction
+        await outbox.send_async(conn, topic, body, key="x")
+        async with producer.transaction(db=conn):
+            await producer.send(topic, body + b" (tx)", key="x")
+
+    async def main(producer):
+        if url.startswith("postgresql") and mode == "before":
+            # the one-query commit writes the rows and COMMIT in one round trip: no point
+            # between them; a psycopg AsyncConnection inserts at send time, killed there
+            import psycopg
+            conn = await psycopg.AsyncConnection.connect("postgresql://" + url.split("://")[1])
             await conn.execute("INSERT INTO orders (id) VALUES (1)")
-            await outbox.send_async(conn, topic, b"never", key="x")
+            await send(producer, conn)
             print("inserted", flush=True)
             threading.Event().wait()
-        body = b"never" if mode == "before" else b"committed"
-        async with AsyncMessageSessionFactory([addr]) as session:
-            producer = session.create_producer()
-            async with engine.begin() as c:
-                order = 2 if mode == "after" else 1
-                await c.execute(sa.text("INSERT INTO orders (id) VALUES (:i)"), {"i": order})
-                await outbox.send_async(c, topic, body, key="x")
-                async with producer.transaction(db=c):
-                    await producer.send(topic, body + b" (tx)", key="x")
-                c.sync_connection.info["hold"] = mode == "before"
-            print("committed", flush=True)
-            threading.Event().wait()
+        async with engine.begin() as c:
+            await c.execute(insert, {"i": order})
+            await send(producer, c)
+            c.sync_connection.info["hold"] = mode == "before"
+        print("committed", flush=True)
+        threading.Event().wait()
 
-    asyncio.run(main())
+    async def run():
+        async with AsyncMessageSessionFactory([addr]) as session:
+            await main(session.create_producer())
+
+    asyncio.run(run())
     """
 )
 
 
+# the blocking application, and the asyncio one: ``send_async`` and an AsyncProducer's
+# ``transaction(db=conn)`` in one transaction of an AsyncEngine's connection (its commit
+# hook runs in SQLAlchemy's greenlet, where the hold stops the whole process)
 @pytest.mark.parametrize("api", ["blocking", "asyncio"])
 def test_application_killed_before_and_after_its_commit(
     engine: Engine, db_url: str, ob_broker: BrokerProcess, topic: str, api: str
 ) -> None:
-    """SIGKILL with the rows written and the COMMIT not sent (SQLite, MariaDB; on PostgreSQL
-    the rows and COMMIT are one query, so a psycopg connection's rows, inserted at send
-    time, stand for it), then SIGKILL right after the COMMIT: only the committed messages
-    are published, once."""
+    """Killed in its commit (the rows written, COMMIT not sent; on PostgreSQL, whose
+    one-query commit sends both at once, killed with the rows inserted at send time by a
+    psycopg connection), and right after its COMMIT: the relay publishes the committed
+    messages once each and never the others."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [APP, db_url, topic] if api == "blocking" else [ASYNC_APP, db_url, topic]
     for mode, line in (("before", b"inserted"), ("after", b"committed")):
-        cmd = [sys.executable, "-c", *args, mode, ob_broker.addr]
+        cmd = [sys.executable, "-c", APP, db_url, topic, mode, api, ob_broker.addr]
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env) as p:
             try:
                 assert p.stdout is not None
                 assert p.stdout.readline().strip() == line
             finally:
                 p.kill()
+            assert p.wait() == -signal.SIGKILL
     with engine.connect() as c:
         assert c.execute(sa.text("SELECT id FROM orders")).scalars().all() == [2]
     with connect([ob_broker.addr]) as session, Outbox(engine).relay(session, FAST):

@@ -35,53 +35,42 @@ ROOT = Path(__file__).resolve().parents[2]
 
 APP = textwrap.dedent(
     """
-    import os
-    import signal
-    import sys
-    import sqlalchemy as sa
-    from notify.client import connect
-
-    url, addr, topic, n, after_block = sys.argv[1:6]
-    engine = sa.create_engine(url)
-    with connect([addr]) as session:
-        producer = session.create_transactional_producer("shop", db=engine)
-        with producer.half_message(topic, f"order {n}".encode(), key=n) as conn:
-            conn.execute(sa.text("INSERT INTO orders (id) VALUES (:n)"), {"n": int(n)})
-        if after_block == "kill":  # COMMIT written, its reply not awaited: killed now
-            print("killed after the block", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-    print("not killed")
-    """
-)
-
-#: The same application in asyncio: an AsyncEngine on the database's async driver, the
-#: asyncio producer's half message yielding an AsyncConnection.
-ASYNC_APP = textwrap.dedent(
-    """
     import asyncio
     import os
     import signal
     import sys
     import sqlalchemy as sa
     from sqlalchemy.ext.asyncio import create_async_engine
-    from notify.client import AsyncMessageSessionFactory
+    from notify.client import AsyncMessageSessionFactory, connect
 
-    url, addr, topic, n, after_block = sys.argv[1:6]
-    drivers = {"postgresql": "psycopg", "mysql": "asyncmy", "sqlite": "aiosqlite"}
-    u = sa.make_url(url)
-    backend = u.get_backend_name()
-    engine = create_async_engine(u.set(drivername=f"{backend}+{drivers[backend]}"))
+    url, addr, topic, n, after_block, api = sys.argv[1:7]
+    insert = sa.text("INSERT INTO orders (id) VALUES (:n)")
 
-    async def main():
+    def killed_after_the_block():
+        if after_block == "kill":  # COMMIT written, its reply not awaited: killed now
+            print("killed after the block", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def main():  # the asyncio API on an AsyncEngine
+        drivers = {"postgresql": "psycopg", "mysql": "asyncmy", "sqlite": "aiosqlite"}
+        u = sa.make_url(url)
+        backend = u.get_backend_name()
+        engine = create_async_engine(u.set(drivername=f"{backend}+{drivers[backend]}"))
         async with AsyncMessageSessionFactory([addr]) as session:
             producer = session.create_transactional_producer("shop", db=engine)
             async with producer.half_message(topic, f"order {n}".encode(), key=n) as conn:
-                await conn.execute(sa.text("INSERT INTO orders (id) VALUES (:n)"), {"n": int(n)})
-            if after_block == "kill":  # COMMIT written, its reply not awaited: killed now
-                print("killed after the block", file=sys.stderr, flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+                await conn.execute(insert, {"n": int(n)})
+            killed_after_the_block()
 
-    asyncio.run(main())
+    if api == "asyncio":
+        asyncio.run(main())
+    else:
+        engine = sa.create_engine(url)
+        with connect([addr]) as session:
+            producer = session.create_transactional_producer("shop", db=engine)
+            with producer.half_message(topic, f"order {n}".encode(), key=n) as conn:
+                conn.execute(insert, {"n": int(n)})
+            killed_after_the_block()
     print("not killed")
     """
 )
@@ -100,16 +89,15 @@ def hc_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProces
     b.stop()
 
 
-def _app_killed_at(point: str, url: str, addr: str, n: int, app: str = APP) -> None:
-    """Run the application (``app``: APP or ASYNC_APP), killed at crash point ``point``
-    ("after block": right after its ``with`` block, the message's COMMIT written but not
-    answered)."""
+def _app_killed_at(point: str, url: str, addr: str, n: int, api: str) -> None:
+    """Run the application, killed at crash point ``point`` ("after block": right after
+    its ``with`` block, the message's COMMIT written but not answered)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if point != "after block":
         env["NOTIFY_CRASHPOINTS"] = point
     after = "kill" if point == "after block" else "-"
     r = subprocess.run(
-        [sys.executable, "-c", app, url, addr, "paid", str(n), after],
+        [sys.executable, "-c", APP, url, addr, "paid", str(n), after, api],
         env=env,
         capture_output=True,
         timeout=60,
@@ -137,8 +125,9 @@ def _settled(addr: str, rolled_back: int, committed: int) -> bool:
 def test_application_killed_around_its_database_commit(
     engine: Engine, db_url: str, hc_broker: BrokerProcess, api: str
 ) -> None:
+    """The blocking API, and the asyncio one (``AsyncMessageSessionFactory``, ``db=`` an
+    ``AsyncEngine``, ``async with producer.half_message(...)``)."""
     addr = hc_broker.addr
-    app = APP if api == "blocking" else ASYNC_APP
     base = {"sqlite": 100, "postgresql": 200, "mysql": 300}[engine.dialect.name]
     base += 0 if api == "blocking" else 1000  # the module's broker serves both
     before, after, exited = base + 1, base + 2, base + 3
@@ -147,9 +136,9 @@ def test_application_killed_around_its_database_commit(
     # the block ended (the rows and the marker committed, COMMIT written, its reply not
     # awaited) and the process died at once: committed by that COMMIT if it got through,
     # else by the check-back; once either way
-    _app_killed_at("after block", db_url, addr, exited, app)
-    _app_killed_at("half_before_db_commit", db_url, addr, before, app)
-    _app_killed_at("half_after_db_commit", db_url, addr, after, app)  # the last of the group
+    _app_killed_at("after block", db_url, addr, exited, api)
+    _app_killed_at("half_before_db_commit", db_url, addr, before, api)
+    _app_killed_at("half_after_db_commit", db_url, addr, after, api)  # the last of the group
     assert _orders(engine) == [after, exited]  # the first died before its commit
     assert f"order {after}".encode() not in bodies(addr, "paid", 2)  # prepared, not committed
     with connect([addr]) as session:  # another process of the group: it answers from the table

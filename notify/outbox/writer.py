@@ -31,6 +31,7 @@ row that commits late nor publish a key's messages out of commit order.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -618,33 +619,20 @@ class Outbox:
         send reads the shard count, awaited), or a psycopg ``AsyncConnection`` (the row is
         inserted at once, awaited). A blocking connection is written as :meth:`send` does.
         Arguments and errors: :meth:`send`'s."""
-        if aio.is_sa_connection(conn) or aio.is_sa_session(conn):
-            aio.require_greenlet()
-            await conn.run_sync(
-                self.send,
-                topic,
-                data,
-                attribute,
-                key,
-                headers=headers,
-                delay=delay,
-                deliver_at=deliver_at,
-            )
-        elif isinstance(conn, psycopg.AsyncConnection):
+        if isinstance(conn, psycopg.AsyncConnection):
             shards = await self._shard_count_pg_async(conn)
             row = self._row(topic, data, shards, attribute, key, headers, delay, deliver_at)
             await conn.execute(pg_statements([(self.config, row)]), prepare=False)
+            return
+        send = functools.partial(
+            self.send, topic=topic, data=data, attribute=attribute, key=key,
+            headers=headers, delay=delay, deliver_at=deliver_at,
+        )  # fmt: skip
+        if aio.is_sa_connection(conn) or aio.is_sa_session(conn):
+            aio.require_greenlet()
+            await conn.run_sync(send)  # in SQLAlchemy's greenlet: its I/O is awaited
         else:
-            self.send(
-                conn,  # type: ignore[arg-type]
-                topic,
-                data,
-                attribute,
-                key,
-                headers=headers,
-                delay=delay,
-                deliver_at=deliver_at,
-            )
+            send(conn)  # type: ignore[arg-type]
 
     def build(
         self,
